@@ -1,0 +1,105 @@
+"""One job's storage: named tables of ``(key group, primary, secondary) -> bytes``.
+
+The keyed-state logic (kinds, TTL, namespaces) lives above this interface and is shared by
+all backends; a backend only stores bytes. A table is *nested* when one primary key holds
+many secondary keys (map state: primary = key + namespace, secondary = user key); in a flat
+table the secondary key is always empty.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+META_TABLE = "$meta"  # job metadata; "$" cannot occur in a state name, so no clash
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOp:
+    """One write of an atomic batch.
+
+    ``put``/``delete`` address one (primary, secondary); ``clear`` removes every secondary
+    of a primary (a whole map, or the single entry of a flat table).
+    """
+
+    kind: Literal["put", "delete", "clear"]
+    table: str
+    key_group: int
+    primary: bytes
+    secondary: bytes = b""
+    value: bytes | None = None
+
+
+class FrozenView(ABC):
+    """A consistent read-only view of a partition taken at one instant (for snapshots).
+
+    Writes to the partition after the view was taken are not visible in it.
+    """
+
+    @abstractmethod
+    def tables(self) -> dict[str, bool]:
+        """Table name -> nested, as of the freeze."""
+
+    @abstractmethod
+    def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """``(primary, secondary, value)`` of one key group, in byte order."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Let the partition stop preserving this view."""
+
+    def __enter__(self) -> FrozenView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class StorePartition(ABC):
+    """The bytes of one job on one replica. Every partition has the flat table ``$meta``."""
+
+    max_parallelism: int
+
+    @abstractmethod
+    def tables(self) -> dict[str, bool]:
+        """Table name -> nested."""
+
+    @abstractmethod
+    def create_table(self, table: str, nested: bool) -> None: ...
+
+    @abstractmethod
+    def drop_table(self, table: str) -> None: ...
+
+    @abstractmethod
+    def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None: ...
+
+    @abstractmethod
+    def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """``(secondary, value)`` under one primary key, in byte order."""
+
+    @abstractmethod
+    def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """``(primary, secondary, value)`` of one key group in byte order.
+
+        Safe to interleave with writes: the iteration sees the data as of its start.
+        """
+
+    @abstractmethod
+    def write(self, ops: list[WriteOp]) -> None:
+        """Apply all ops atomically and in order."""
+
+    @abstractmethod
+    def freeze(self) -> FrozenView:
+        """The cheap synchronous part of a snapshot: a consistent view, no full copy."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self.get(META_TABLE, 0, key)
+
+    def meta_items(self) -> Iterator[tuple[bytes, bytes]]:
+        for primary, _secondary, value in self.scan(META_TABLE, 0):
+            yield primary, value

@@ -1,0 +1,89 @@
+"""Read-your-writes transactions over a partition, committed as one atomic write.
+
+Every keyed operation runs in a transaction: a batch of operations sees its own earlier
+writes, and if any operation fails nothing reaches the partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from backends.base.partition import StorePartition, WriteOp
+
+_DELETED = None
+
+
+class _PendingKey:
+    """Uncommitted changes under one primary key."""
+
+    __slots__ = ("cleared", "values")
+
+    def __init__(self) -> None:
+        self.cleared = False
+        self.values: dict[bytes, bytes | None] = {}
+
+
+class PartitionTransaction:
+    def __init__(self, partition: StorePartition) -> None:
+        self.partition = partition
+        self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
+
+    def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
+        slot = self._pending.get((table, key_group, primary))
+        if slot is None:
+            slot = self._pending[(table, key_group, primary)] = _PendingKey()
+        return slot
+
+    def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
+        slot = self._pending.get((table, key_group, primary))
+        if slot is not None:
+            if secondary in slot.values:
+                return slot.values[secondary]
+            if slot.cleared:
+                return None
+        return self.partition.get(table, key_group, primary, secondary)
+
+    def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
+        slot = self._pending.get((table, key_group, primary))
+        if slot is None:
+            return self.partition.items(table, key_group, primary)
+        merged = {} if slot.cleared else dict(self.partition.items(table, key_group, primary))
+        for secondary, value in slot.values.items():
+            if value is _DELETED:
+                merged.pop(secondary, None)
+            else:
+                merged[secondary] = value
+        return iter(sorted(merged.items()))
+
+    def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
+        self._slot(table, key_group, primary).values[secondary] = value
+
+    def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
+        self._slot(table, key_group, primary).values[secondary] = _DELETED
+
+    def clear(self, table: str, key_group: int, primary: bytes) -> None:
+        slot = self._slot(table, key_group, primary)
+        slot.cleared = True
+        slot.values.clear()
+
+    def write_ops(self) -> list[WriteOp]:
+        ops: list[WriteOp] = []
+        for (table, key_group, primary), slot in self._pending.items():
+            if slot.cleared:
+                ops.append(WriteOp("clear", table, key_group, primary))
+            for secondary, value in slot.values.items():
+                if value is _DELETED:
+                    if not slot.cleared:
+                        ops.append(WriteOp("delete", table, key_group, primary, secondary))
+                else:
+                    ops.append(WriteOp("put", table, key_group, primary, secondary, value))
+        return ops
+
+    def commit(self) -> None:
+        ops = self.write_ops()
+        self._pending.clear()
+        if ops:
+            self.partition.write(ops)
+
+    def rollback(self) -> None:
+        self._pending.clear()

@@ -1,0 +1,85 @@
+"""The jobs one replica serves: created, looked up, listed, deleted; reopened on restart."""
+
+from __future__ import annotations
+
+import threading
+
+from backends.base.store import Store
+from backends.errors import InvalidArgument, JobConflict, JobNotFound
+from backends.job import Job
+from backends.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
+from backends.names import validate_name
+from backends.ttl import Clock, SystemClock
+
+
+class JobCatalog:
+    def __init__(
+        self, store: Store, *, replica_index: int = 0, replica_count: int = 1, clock: Clock | None = None
+    ) -> None:
+        if replica_count < 1 or not 0 <= replica_index < replica_count:
+            raise ValueError(f"replica index {replica_index} must be in [0, replica count {replica_count})")
+        self.store = store
+        self.replica_index = replica_index
+        self.replica_count = replica_count
+        self.clock: Clock = clock or SystemClock()
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        for name in store.existing():
+            self._jobs[name] = self._job(name, store.open_partition(name, None))
+
+    def _job(self, name: str, partition) -> Job:
+        return Job(
+            name, partition, replica_index=self.replica_index, replica_count=self.replica_count, clock=self.clock
+        )
+
+    def create(self, name: str, max_parallelism: int | None = None) -> tuple[Job, bool]:
+        """Create a job or confirm an existing one; ``(job, created)``.
+
+        Without ``max_parallelism`` a new job gets Flink's default for the replica count.
+        A different max parallelism for an existing job is refused: key groups are fixed
+        for the life of the state.
+        """
+        validate_name(name, "job")
+        if max_parallelism is not None:
+            if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int):
+                raise InvalidArgument("max_parallelism must be an integer")
+            if not self.replica_count <= max_parallelism <= UPPER_BOUND_MAX_PARALLELISM:
+                raise InvalidArgument(
+                    f"max_parallelism must be in [{self.replica_count} (the replica count), "
+                    f"{UPPER_BOUND_MAX_PARALLELISM}]; got {max_parallelism}"
+                )
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is not None:
+                if max_parallelism is not None and max_parallelism != job.max_parallelism:
+                    raise JobConflict(
+                        f"job {name!r} exists with max_parallelism {job.max_parallelism}; it cannot change "
+                        f"to {max_parallelism} (restore a savepoint into a new job instead)"
+                    )
+                return job, False
+            partition = self.store.open_partition(name, max_parallelism or default_max_parallelism(self.replica_count))
+            job = self._jobs[name] = self._job(name, partition)
+            return job, True
+
+    def get(self, name: str) -> Job:
+        job = self._jobs.get(name)
+        if job is None:
+            validate_name(name, "job")
+            raise JobNotFound(f"no job {name!r}; create it with PUT /v1/jobs/{name}")
+        return job
+
+    def names(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            job = self.get(name)
+            del self._jobs[name]
+            job.close()
+            self.store.destroy_partition(name)
+
+    def close(self) -> None:
+        with self._lock:
+            for job in self._jobs.values():
+                job.close()
+            self._jobs.clear()

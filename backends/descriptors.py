@@ -1,0 +1,99 @@
+"""Keyed state descriptors: what a state is, and whether a re-registration is compatible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from backends.errors import IncompatibleState, InvalidArgument
+from backends.functions import AGGREGATE_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
+from backends.keygroups import KEY_TYPES, KeyType
+from backends.names import validate_name
+from backends.ttl import TtlConfig
+
+StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
+STATE_KINDS: tuple[StateKind, ...] = ("value", "list", "map", "reducing", "aggregating")
+
+
+@dataclass(frozen=True, slots=True)
+class StateDescriptor:
+    """Flink's ``StateDescriptor``: name, kind, key type, optional default, function and TTL."""
+
+    name: str
+    kind: StateKind
+    key_type: KeyType = "string"
+    default: Any = None
+    function: str | None = None
+    ttl: TtlConfig | None = None
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "state")
+        if self.kind not in STATE_KINDS:
+            raise InvalidArgument(f"kind must be one of {', '.join(STATE_KINDS)}; got {self.kind!r}")
+        if self.key_type not in KEY_TYPES:
+            raise InvalidArgument(f"key_type must be one of {', '.join(KEY_TYPES)}; got {self.key_type!r}")
+        if self.default is not None and self.kind != "value":
+            raise InvalidArgument("only value states take a default (as in Flink's ValueStateDescriptor)")
+        functions = self.available_functions()
+        if functions is None:
+            if self.function is not None:
+                raise InvalidArgument(f"a {self.kind} state takes no function; remove 'function'")
+        elif self.function not in functions:
+            raise InvalidArgument(
+                f"a {self.kind} state needs 'function', one of: {', '.join(sorted(functions))}"
+                + (f" (got {self.function!r})" if self.function is not None else "")
+            )
+
+    def available_functions(self) -> dict[str, StateFunction] | None:
+        if self.kind == "reducing":
+            return REDUCE_FUNCTIONS
+        if self.kind == "aggregating":
+            return AGGREGATE_FUNCTIONS
+        return None
+
+    @property
+    def state_function(self) -> StateFunction:
+        functions = self.available_functions()
+        assert functions is not None and self.function is not None
+        return functions[self.function]
+
+    def check_compatible(self, existing: StateDescriptor) -> None:
+        """Refuse what would misread stored bytes, as Flink refuses incompatible state.
+
+        The TTL duration, update type and visibility may change (stored timestamps stay
+        valid); switching TTL on or off changes the stored layout and is refused.
+        """
+        for field in ("kind", "key_type", "function"):
+            old, new = getattr(existing, field), getattr(self, field)
+            if old != new:
+                raise IncompatibleState(
+                    f"state {self.name!r} exists with {field}={old!r}; cannot re-register it with "
+                    f"{field}={new!r}. Delete the state first or use another name."
+                )
+        if (existing.ttl is None) != (self.ttl is None):
+            raise IncompatibleState(
+                f"state {self.name!r} exists {'with' if existing.ttl else 'without'} TTL; "
+                "switching TTL on or off for existing state is not supported"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "key_type": self.key_type,
+            "default": self.default,
+            "function": self.function,
+            "ttl": self.ttl.to_dict() if self.ttl else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StateDescriptor:
+        ttl = data.get("ttl")
+        return cls(
+            name=data["name"],
+            kind=data["kind"],
+            key_type=data.get("key_type", "string"),
+            default=data.get("default"),
+            function=data.get("function"),
+            ttl=TtlConfig(**ttl) if ttl else None,
+        )

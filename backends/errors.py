@@ -1,0 +1,76 @@
+"""Domain errors of the state engine.
+
+Each carries a stable ``code``; the HTTP layer maps codes to status codes in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StateError(Exception):
+    """Base class: ``code`` is stable and documented, ``detail`` says what to fix."""
+
+    code = "state_error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidName(StateError):
+    code = "invalid_name"
+
+
+class InvalidArgument(StateError):
+    code = "invalid_argument"
+
+
+class InvalidKey(StateError):
+    code = "invalid_key"
+
+
+class InvalidValue(StateError):
+    code = "invalid_value"
+
+
+class JobNotFound(StateError):
+    code = "job_not_found"
+
+
+class JobConflict(StateError):
+    """E.g. a different max_parallelism for a job that exists."""
+
+    code = "job_conflict"
+
+
+class StateNotFound(StateError):
+    code = "state_not_found"
+
+
+class IncompatibleState(StateError):
+    """Re-registering a state under an incompatible descriptor (Flink: StateMigrationException)."""
+
+    code = "incompatible_state"
+
+
+class WrongStateKind(StateError):
+    code = "wrong_state_kind"
+
+
+class KeyNotOwned(StateError):
+    """The key's key group belongs to another replica; ``owner`` says which."""
+
+    code = "key_not_owned"
+
+    def __init__(self, detail: str, *, key_group: int, owner: int) -> None:
+        super().__init__(detail, key_group=key_group, owner=owner)
+        self.key_group = key_group
+        self.owner = owner
+
+
+class OperatorStateConflict(StateError):
+    """E.g. an operator list state re-declared with another distribution mode."""
+
+    code = "operator_state_conflict"

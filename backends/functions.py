@@ -1,0 +1,130 @@
+"""Built-in reduce and aggregate functions, chosen by name in a state descriptor.
+
+No user code runs on the server, so reducing and aggregating states pick one of these.
+Each function is an accumulator machine: ``add(acc, value)`` folds one input into the
+accumulator (``acc is None`` before the first input) and ``result(acc)`` is what a read
+returns. For reducing functions the accumulator is the result (Flink's ``ReduceFunction``);
+aggregating functions may have an accumulator, input and output of different types
+(Flink's ``AggregateFunction``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from backends.errors import InvalidValue
+
+
+def _number(function: str, value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValue(f"function {function!r} adds numbers; got {type(value).__name__} {value!r}")
+    return value
+
+
+def _comparable(function: str, acc: Any, value: Any) -> Any:
+    """min/max accept numbers or strings, but never a mix of the two."""
+    if isinstance(value, str):
+        if acc is not None and not isinstance(acc, str):
+            raise InvalidValue(f"function {function!r} cannot compare string {value!r} with a number")
+        return value
+    value = _number(function, value)
+    if acc is not None and isinstance(acc, str):
+        raise InvalidValue(f"function {function!r} cannot compare number {value!r} with a string")
+    return value
+
+
+class StateFunction(ABC):
+    name: str
+    description: str
+
+    @abstractmethod
+    def add(self, acc: Any | None, value: Any) -> Any: ...
+
+    def result(self, acc: Any) -> Any:
+        return acc
+
+
+class Sum(StateFunction):
+    name, description = "sum", "sum of numbers"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        value = _number(self.name, value)
+        return value if acc is None else acc + value
+
+
+class Min(StateFunction):
+    name, description = "min", "smallest number or string"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        value = _comparable(self.name, acc, value)
+        return value if acc is None or value < acc else acc
+
+
+class Max(StateFunction):
+    name, description = "max", "largest number or string"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        value = _comparable(self.name, acc, value)
+        return value if acc is None or value > acc else acc
+
+
+class Count(StateFunction):
+    name, description = "count", "number of values added"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        return 1 if acc is None else acc + 1
+
+
+class First(StateFunction):
+    name, description = "first", "the first value added"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        return value if acc is None else acc
+
+
+class Last(StateFunction):
+    name, description = "last", "the latest value added"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        return value
+
+
+class Avg(StateFunction):
+    """Accumulator ``[sum, count]``, result the mean (a float)."""
+
+    name, description = "avg", "mean of numbers"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        value = _number(self.name, value)
+        if acc is None:
+            return [value, 1]
+        return [acc[0] + value, acc[1] + 1]
+
+    def result(self, acc: Any) -> Any:
+        return acc[0] / acc[1]
+
+
+class Summary(StateFunction):
+    """Accumulator ``[count, sum, min, max]``, result an object with the mean as well."""
+
+    name, description = "summary", "count, sum, min, max and mean of numbers"
+
+    def add(self, acc: Any | None, value: Any) -> Any:
+        value = _number(self.name, value)
+        if acc is None:
+            return [1, value, value, value]
+        count, total, low, high = acc
+        return [count + 1, total + value, min(low, value), max(high, value)]
+
+    def result(self, acc: Any) -> Any:
+        count, total, low, high = acc
+        return {"count": count, "sum": total, "min": low, "max": high, "avg": total / count}
+
+
+def _by_name(*functions: StateFunction) -> dict[str, StateFunction]:
+    return {f.name: f for f in functions}
+
+
+REDUCE_FUNCTIONS = _by_name(Sum(), Min(), Max(), Count(), First(), Last())
+AGGREGATE_FUNCTIONS = _by_name(Avg(), Count(), Sum(), Min(), Max(), Summary())

@@ -1,0 +1,20 @@
+"""Heap store: partitions live in memory only; durability comes from checkpoints."""
+
+from __future__ import annotations
+
+from backends.base.store import Store
+from backends.heap.partition import HeapPartition
+from backends.keygroups import default_max_parallelism
+
+
+class HeapStore(Store):
+    name = "heap"
+
+    def existing(self) -> list[str]:
+        return []
+
+    def open_partition(self, job: str, max_parallelism: int | None) -> HeapPartition:
+        return HeapPartition(max_parallelism or default_max_parallelism(1))
+
+    def destroy_partition(self, job: str) -> None:
+        """Nothing on disk; the partition is dropped with its job."""

@@ -1,0 +1,236 @@
+"""A job: one namespace of state with a fixed max parallelism, served by this replica for
+its key-group range (Flink: one operator's keyed backend on one subtask)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from backends.base.partition import META_TABLE, StorePartition
+from backends.base.transaction import PartitionTransaction
+from backends.codec import decode_primary, encode_key, encode_namespace
+from backends.descriptors import StateDescriptor
+from backends.errors import KeyNotOwned, StateNotFound, WrongStateKind
+from backends.keyed import (
+    STATE_CLASSES,
+    AggregatingState,
+    KeyedState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+    ttl_cleaner,
+)
+from backends.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
+from backends.ttl import Clock, SystemClock
+
+_STATE_META = b"state:"
+
+
+class Job:
+    def __init__(
+        self,
+        name: str,
+        partition: StorePartition,
+        *,
+        replica_index: int = 0,
+        replica_count: int = 1,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self.partition = partition
+        self.max_parallelism = partition.max_parallelism
+        self.replica_index = replica_index
+        self.replica_count = replica_count
+        self.key_group_range = KeyGroupRange.for_operator(self.max_parallelism, replica_count, replica_index)
+        self.clock: Clock = clock or SystemClock()
+        partition.create_table(LIST_TABLE, nested=False)
+        partition.create_table(BROADCAST_TABLE, nested=True)
+        self.descriptors: dict[str, StateDescriptor] = {}
+        for key, value in partition.meta_items():
+            if key.startswith(_STATE_META):
+                descriptor = StateDescriptor.from_dict(json.loads(value))
+                self.descriptors[descriptor.name] = descriptor
+        self._cleanup_cursors: dict[str, Iterator[tuple[int, bytes, bytes]]] = {}
+
+    # -- descriptors ---------------------------------------------------------------------
+
+    def register_state(self, descriptor: StateDescriptor) -> bool:
+        """Register a keyed state; ``False`` when an equal-or-compatible one exists.
+
+        A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor.
+        """
+        existing = self.descriptors.get(descriptor.name)
+        if existing is not None:
+            descriptor.check_compatible(existing)
+            if existing == descriptor:
+                return False
+        self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
+        tx = PartitionTransaction(self.partition)
+        tx.put(META_TABLE, 0, _STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
+        tx.commit()
+        self.descriptors[descriptor.name] = descriptor
+        return existing is None
+
+    def descriptor(self, name: str) -> StateDescriptor:
+        try:
+            return self.descriptors[name]
+        except KeyError:
+            raise StateNotFound(f"job {self.name!r} has no state {name!r}; register it first") from None
+
+    def drop_state(self, name: str) -> None:
+        self.descriptor(name)
+        tx = PartitionTransaction(self.partition)
+        tx.delete(META_TABLE, 0, _STATE_META + name.encode())
+        tx.commit()
+        del self.descriptors[name]
+        self._cleanup_cursors.pop(name, None)
+        self.partition.drop_table(name)
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def key_group(self, descriptor: StateDescriptor, key: str | int) -> int:
+        return assign_to_key_group(key, descriptor.key_type, self.max_parallelism)
+
+    def owner_of(self, key_group: int) -> int:
+        return operator_index(self.max_parallelism, self.replica_count, key_group)
+
+    def check_owned(self, key_group: int) -> None:
+        if key_group not in self.key_group_range:
+            owner = self.owner_of(key_group)
+            raise KeyNotOwned(
+                f"key group {key_group} of job {self.name!r} belongs to replica {owner}, not to replica "
+                f"{self.replica_index} (which owns key groups {self.key_group_range.start}-{self.key_group_range.end})",
+                key_group=key_group,
+                owner=owner,
+            )
+
+    def locate(self, descriptor: StateDescriptor, key: str | int, namespace: str) -> tuple[int, bytes]:
+        """Key group and stored primary key of (key, namespace); refuses keys of other replicas."""
+        key_bytes = encode_key(key, descriptor.key_type)  # validates the key's type first
+        key_group = self.key_group(descriptor, key)
+        self.check_owned(key_group)
+        return key_group, key_bytes + encode_namespace(namespace)
+
+    def keys(
+        self, state: str, namespace: str | None = "", key_group: int | None = None
+    ) -> Iterator[tuple[int, str | int, str]]:
+        """``(key group, key, namespace)`` of every stored entry, in key-group then byte order.
+
+        ``namespace=None`` lists all namespaces. Expired-but-uncleaned entries are included,
+        as in Flink's ``getKeys``.
+        """
+        descriptor = self.descriptor(state)
+        groups = [key_group] if key_group is not None else list(self.key_group_range)
+        for kg in groups:
+            previous = None
+            for primary, _secondary, _value in self.partition.scan(state, kg):
+                if primary == previous:
+                    continue  # further entries of one map
+                previous = primary
+                key, ns = decode_primary(primary, descriptor.key_type)
+                if namespace is None or ns == namespace:
+                    yield kg, key, ns
+
+    # -- transactions --------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[JobTransaction]:
+        """All operations inside commit together, or (on an exception) not at all."""
+        tx = JobTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+
+    def incremental_cleanup(self, descriptor: StateDescriptor, tx: PartitionTransaction) -> None:
+        """Check the next few entries of a TTL state and drop what expired (Flink's
+        ``TtlIncrementalCleanup``): a lazy iterator over the whole state that wraps around."""
+        assert descriptor.ttl is not None
+        clean = ttl_cleaner(descriptor)
+        assert clean is not None
+        name = descriptor.name
+        now = self.clock.now_ms()
+        checked = 0
+        restarted = False
+        while checked < descriptor.ttl.cleanup_incremental_size:
+            cursor = self._cleanup_cursors.get(name)
+            if cursor is None:
+                if restarted:
+                    return  # the state is empty
+                cursor = self._cleanup_cursors[name] = self._all_entries(name)
+                restarted = True
+            entry = next(cursor, None)
+            if entry is None:
+                del self._cleanup_cursors[name]
+                continue
+            kg, primary, secondary = entry
+            checked += 1
+            raw = tx.get(name, kg, primary, secondary)
+            if raw is None:
+                continue
+            cleaned = clean(raw, now)
+            if cleaned is None:
+                tx.delete(name, kg, primary, secondary)
+            elif cleaned is not raw:
+                tx.put(name, kg, primary, cleaned, secondary)
+
+    def _all_entries(self, state: str) -> Iterator[tuple[int, bytes, bytes]]:
+        for kg in self.key_group_range:
+            for primary, secondary, _value in self.partition.scan(state, kg):
+                yield kg, primary, secondary
+
+    def close(self) -> None:
+        self._cleanup_cursors.clear()
+        self.partition.close()
+
+
+class JobTransaction:
+    """Typed access to a job's states inside one transaction."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self._tx = PartitionTransaction(job.partition)
+        self._states: dict[str, KeyedState] = {}
+        self.operator = OperatorState(self._tx)
+
+    def state(self, name: str) -> KeyedState:
+        state = self._states.get(name)
+        if state is None:
+            descriptor = self.job.descriptor(name)
+            state = self._states[name] = STATE_CLASSES[descriptor.kind](self.job, self._tx, descriptor)
+        return state
+
+    def _typed(self, name: str, *kinds: str) -> Any:
+        state = self.state(name)
+        if state.descriptor.kind not in kinds:
+            raise WrongStateKind(
+                f"state {name!r} is a {state.descriptor.kind} state; this operation needs a {' or '.join(kinds)} state"
+            )
+        return state
+
+    def value(self, name: str) -> ValueState:
+        return self._typed(name, "value")
+
+    def list(self, name: str) -> ListState:
+        return self._typed(name, "list")
+
+    def map(self, name: str) -> MapState:
+        return self._typed(name, "map")
+
+    def reducing(self, name: str) -> ReducingState:
+        return self._typed(name, "reducing")
+
+    def aggregating(self, name: str) -> AggregatingState:
+        return self._typed(name, "aggregating")
+
+    def commit(self) -> None:
+        self._tx.commit()
+
+    def rollback(self) -> None:
+        self._tx.rollback()

@@ -1,0 +1,121 @@
+"""Operator (non-keyed) state: list state per (operator, subtask) and broadcast state.
+
+List state has a redistribution mode, fixed when the state is first written:
+``split`` (Flink's SPLIT_DISTRIBUTE, even split on rescale) or ``union`` (every subtask
+gets all elements). Broadcast state is one map per (operator, name), the same on every
+subtask. Both live in the job's partition, outside key groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from backends.base.transaction import PartitionTransaction
+from backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
+from backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
+from backends.names import validate_name
+
+ListMode = Literal["split", "union"]
+LIST_MODES: tuple[ListMode, ...] = ("split", "union")
+LIST_TABLE = "$operator-lists"
+BROADCAST_TABLE = "$broadcast"
+_NO_KEY_GROUP = 0
+_MODE_META = b"operator-list-mode:"
+
+
+class OperatorState:
+    """Operator state of one job, bound to one transaction."""
+
+    def __init__(self, tx: PartitionTransaction) -> None:
+        self._tx = tx
+
+    # -- list state ----------------------------------------------------------------------
+
+    @staticmethod
+    def _list_primary(operator: str, subtask: int, name: str) -> bytes:
+        validate_name(operator, "operator")
+        validate_name(name, "operator state")
+        if isinstance(subtask, bool) or not isinstance(subtask, int) or subtask < 0:
+            raise InvalidArgument(f"subtask index must be a non-negative integer, got {subtask!r}")
+        return encode_fields(operator, name, str(subtask))
+
+    def list_mode(self, operator: str, name: str) -> ListMode | None:
+        raw = self._tx.get("$meta", _NO_KEY_GROUP, _MODE_META + encode_fields(operator, name))
+        return raw.decode() if raw is not None else None  # type: ignore[return-value]
+
+    def _declare(self, operator: str, name: str, mode: ListMode | None) -> None:
+        if mode is None:
+            return
+        if mode not in LIST_MODES:
+            raise InvalidArgument(f"mode must be one of {', '.join(LIST_MODES)}; got {mode!r}")
+        existing = self.list_mode(operator, name)
+        if existing is None:
+            self._tx.put("$meta", _NO_KEY_GROUP, _MODE_META + encode_fields(operator, name), mode.encode())
+        elif existing != mode:
+            raise OperatorStateConflict(
+                f"operator list state {operator}/{name} exists with mode {existing!r}; it cannot become {mode!r}"
+            )
+
+    def list_get(self, operator: str, subtask: int, name: str) -> list[Any] | None:
+        raw = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
+        return None if raw is None else list(iter_values(raw))
+
+    def list_update(
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
+    ) -> None:
+        primary = self._list_primary(operator, subtask, name)
+        elements = _elements(values)
+        self._declare(operator, name, mode)
+        if elements:
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, b"".join(encode_value(v) for v in elements))
+        else:
+            self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, primary)
+
+    def list_add(
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
+    ) -> None:
+        primary = self._list_primary(operator, subtask, name)
+        elements = _elements(values)
+        self._declare(operator, name, mode)
+        if elements:
+            existing = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, primary) or b""
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + b"".join(encode_value(v) for v in elements))
+
+    def list_clear(self, operator: str, subtask: int, name: str) -> None:
+        self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
+
+    # -- broadcast state -----------------------------------------------------------------
+
+    @staticmethod
+    def _broadcast_primary(operator: str, name: str) -> bytes:
+        validate_name(operator, "operator")
+        validate_name(name, "broadcast state")
+        return encode_fields(operator, name)
+
+    def broadcast_get(self, operator: str, name: str, key: str) -> Any:
+        raw = self._tx.get(
+            BROADCAST_TABLE, _NO_KEY_GROUP, self._broadcast_primary(operator, name), encode_user_key(key)
+        )
+        return None if raw is None else decode_value(raw)
+
+    def broadcast_put(self, operator: str, name: str, key: str, value: Any) -> None:
+        if value is None:
+            raise InvalidValue("broadcast values must not be null; remove the entry instead")
+        primary = self._broadcast_primary(operator, name)
+        self._tx.put(BROADCAST_TABLE, _NO_KEY_GROUP, primary, encode_value(value), encode_user_key(key))
+
+    def broadcast_remove(self, operator: str, name: str, key: str) -> None:
+        primary = self._broadcast_primary(operator, name)
+        self._tx.delete(BROADCAST_TABLE, _NO_KEY_GROUP, primary, encode_user_key(key))
+
+    def broadcast_entries(self, operator: str, name: str) -> dict[str, Any]:
+        primary = self._broadcast_primary(operator, name)
+        return {s.decode(): decode_value(v) for s, v in self._tx.items(BROADCAST_TABLE, _NO_KEY_GROUP, primary)}
+
+
+def _elements(values: Iterable[Any]) -> list[Any]:
+    elements = list(values)
+    if any(v is None for v in elements):
+        raise InvalidValue("operator list elements must not be null")
+    return elements
