@@ -1,0 +1,35 @@
+import pytest
+
+from backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
+
+
+@pytest.fixture(params=["heap", "rocksdb"])
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def clock():
+    return ManualClock(1_000)
+
+
+@pytest.fixture
+def make_catalog(backend, tmp_path, clock):
+    """Open catalogs of the parametrized backend; all are closed at teardown."""
+    opened = []
+
+    def make(replica_index=0, replica_count=1, data_dir=None):
+        store = HeapStore() if backend == "heap" else RocksDBStore(str(data_dir or tmp_path / "data"))
+        catalog = JobCatalog(store, replica_index=replica_index, replica_count=replica_count, clock=clock)
+        opened.append(catalog)
+        return catalog
+
+    yield make
+    for catalog in opened:
+        catalog.close()
+
+
+@pytest.fixture
+def job(make_catalog):
+    job, _created = make_catalog().create("job1", 128)
+    return job

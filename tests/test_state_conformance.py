@@ -1,0 +1,508 @@
+"""One conformance suite for every backend: state kinds, namespaces, TTL, atomicity,
+ownership, operator state and consistent frozen views."""
+
+import pytest
+
+from backends import StateDescriptor, TtlConfig
+from backends.errors import (
+    IncompatibleState,
+    InvalidArgument,
+    InvalidKey,
+    InvalidName,
+    InvalidValue,
+    JobConflict,
+    KeyNotOwned,
+    OperatorStateConflict,
+    StateNotFound,
+    WrongStateKind,
+)
+from backends.keygroups import assign_to_key_group
+
+
+def register(job, name, kind, **kwargs):
+    job.register_state(StateDescriptor(name, kind, **kwargs))
+
+
+def run(job, fn):
+    with job.transaction() as tx:
+        return fn(tx)
+
+
+# -- state kinds -------------------------------------------------------------------------
+
+
+def test_value_state(job):
+    register(job, "v", "value")
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+    run(job, lambda tx: tx.value("v").update("k", {"a": [1, 2.5, "x", None, True]}))
+    assert run(job, lambda tx: tx.value("v").get("k")) == {"a": [1, 2.5, "x", None, True]}
+    run(job, lambda tx: tx.value("v").update("k", b"\x00bytes"))
+    assert run(job, lambda tx: tx.value("v").get("k")) == b"\x00bytes"
+    run(job, lambda tx: tx.value("v").clear("k"))
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+    run(job, lambda tx: tx.value("v").update("k", 5))
+    run(job, lambda tx: tx.value("v").update("k", None))  # Flink: update(null) clears
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+
+
+def test_value_default(job):
+    register(job, "v", "value", default=0)
+    assert run(job, lambda tx: tx.value("v").get("k")) == 0
+
+
+def test_list_state(job):
+    register(job, "l", "list")
+    assert run(job, lambda tx: tx.list("l").get("k")) is None
+    run(job, lambda tx: tx.list("l").add("k", 1))
+    run(job, lambda tx: tx.list("l").add_all("k", [2, "three", [4]]))
+    assert run(job, lambda tx: tx.list("l").get("k")) == [1, 2, "three", [4]]
+    run(job, lambda tx: tx.list("l").update("k", [9]))
+    assert run(job, lambda tx: tx.list("l").get("k")) == [9]
+    run(job, lambda tx: tx.list("l").update("k", []))
+    assert run(job, lambda tx: tx.list("l").get("k")) is None
+    run(job, lambda tx: tx.list("l").add("k", 1))
+    run(job, lambda tx: tx.list("l").clear("k"))
+    assert run(job, lambda tx: tx.list("l").get("k")) is None
+    with pytest.raises(InvalidValue):
+        run(job, lambda tx: tx.list("l").add("k", None))
+
+
+def test_map_state(job):
+    register(job, "m", "map")
+    m = lambda tx: tx.map("m")  # noqa: E731
+    assert run(job, lambda tx: m(tx).is_empty("k"))
+    run(job, lambda tx: m(tx).put("k", "b", 2))
+    run(job, lambda tx: m(tx).put_all("k", {"a": 1, "c": {"x": 3}}))
+    assert run(job, lambda tx: m(tx).get("k", "a")) == 1
+    assert run(job, lambda tx: m(tx).get("k", "zzz")) is None
+    assert run(job, lambda tx: m(tx).contains("k", "b"))
+    assert not run(job, lambda tx: m(tx).contains("k", "zzz"))
+    assert run(job, lambda tx: m(tx).entries("k")) == [("a", 1), ("b", 2), ("c", {"x": 3})]
+    assert run(job, lambda tx: m(tx).keys("k")) == ["a", "b", "c"]
+    assert run(job, lambda tx: m(tx).values("k")) == [1, 2, {"x": 3}]
+    assert run(job, lambda tx: m(tx).get_all("k")) == {"a": 1, "b": 2, "c": {"x": 3}}
+    run(job, lambda tx: m(tx).remove("k", "b"))
+    assert run(job, lambda tx: m(tx).keys("k")) == ["a", "c"]
+    run(job, lambda tx: m(tx).update("k", {"z": 26}))
+    assert run(job, lambda tx: m(tx).get_all("k")) == {"z": 26}
+    run(job, lambda tx: m(tx).clear("k"))
+    assert run(job, lambda tx: m(tx).get_all("k")) is None
+    assert run(job, lambda tx: m(tx).is_empty("k"))
+    with pytest.raises(InvalidValue):
+        run(job, lambda tx: m(tx).put("k", "a", None))
+
+
+@pytest.mark.parametrize(
+    ("function", "inputs", "expected"),
+    [("sum", [1, 2, 3.5], 6.5), ("min", [3, 1, 2], 1), ("max", ["b", "c", "a"], "c"), ("count", ["x", {}], 2),
+     ("first", [7, 8], 7), ("last", [7, 8], 8)],
+)  # fmt: skip
+def test_reducing_state(job, function, inputs, expected):
+    register(job, "r", "reducing", function=function)
+    assert run(job, lambda tx: tx.reducing("r").get("k")) is None
+    for value in inputs:
+        run(job, lambda tx, value=value: tx.reducing("r").add("k", value))
+    assert run(job, lambda tx: tx.reducing("r").get("k")) == expected
+    run(job, lambda tx: tx.reducing("r").clear("k"))
+    assert run(job, lambda tx: tx.reducing("r").get("k")) is None
+
+
+@pytest.mark.parametrize(
+    ("function", "inputs", "expected"),
+    [("avg", [1, 2, 6], 3.0), ("count", [5, 5], 2), ("sum", [1, 2], 3), ("min", [2, 1], 1), ("max", [2, 1], 2),
+     ("summary", [4, 1, 7], {"count": 3, "sum": 12, "min": 1, "max": 7, "avg": 4.0})],
+)  # fmt: skip
+def test_aggregating_state(job, function, inputs, expected):
+    register(job, "a", "aggregating", function=function)
+    run(job, lambda tx: tx.aggregating("a").add_all("k", inputs))
+    assert run(job, lambda tx: tx.aggregating("a").get("k")) == expected
+
+
+def test_function_input_validation(job):
+    register(job, "s", "reducing", function="sum")
+    register(job, "mx", "reducing", function="max")
+    run(job, lambda tx: tx.reducing("s").add("k", 1))
+    for bad in ("x", True, None, [1]):
+        with pytest.raises(InvalidValue):
+            run(job, lambda tx, bad=bad: tx.reducing("s").add("k", bad))
+    assert run(job, lambda tx: tx.reducing("s").get("k")) == 1
+    run(job, lambda tx: tx.reducing("mx").add("k", 1))
+    with pytest.raises(InvalidValue):
+        run(job, lambda tx: tx.reducing("mx").add("k", "a"))
+
+
+# -- keys, namespaces, descriptors -------------------------------------------------------
+
+
+def test_namespaces_are_separate(job):
+    register(job, "v", "value")
+    register(job, "m", "map")
+    run(job, lambda tx: tx.value("v").update("k", "void"))
+    run(job, lambda tx: tx.value("v").update("k", "w1", namespace="window-1"))
+    run(job, lambda tx: tx.map("m").put("k", "a", 1, namespace="window-1"))
+    assert run(job, lambda tx: tx.value("v").get("k")) == "void"
+    assert run(job, lambda tx: tx.value("v").get("k", "window-1")) == "w1"
+    assert run(job, lambda tx: tx.map("m").get_all("k")) is None
+    assert run(job, lambda tx: tx.map("m").get_all("k", "window-1")) == {"a": 1}
+    run(job, lambda tx: tx.value("v").clear("k", "window-1"))
+    assert run(job, lambda tx: tx.value("v").get("k")) == "void"
+
+
+@pytest.mark.parametrize(("key_type", "keys"), [("int", [0, -1, 42, 2**31 - 1]), ("long", [-1, 1 << 32, -(2**63)])])
+def test_numeric_keys(job, key_type, keys):
+    register(job, "v", "value", key_type=key_type)
+    for k in keys:
+        run(job, lambda tx, k=k: tx.value("v").update(k, str(k)))
+    for k in keys:
+        assert run(job, lambda tx, k=k: tx.value("v").get(k)) == str(k)
+    assert sorted(k for _kg, k, _ns in job.keys("v")) == sorted(keys)
+    with pytest.raises(InvalidKey):
+        run(job, lambda tx: tx.value("v").get("not-a-number"))
+    with pytest.raises(InvalidKey):
+        run(job, lambda tx: tx.value("v").get(2**64))
+
+
+def test_key_listing_by_state_namespace_and_key_group(job):
+    register(job, "m", "map")
+    keys = [f"user-{i}" for i in range(50)]
+    for k in keys:
+        run(job, lambda tx, k=k: (tx.map("m").put(k, "a", 1), tx.map("m").put(k, "b", 2)))
+    run(job, lambda tx: tx.map("m").put("other", "a", 1, namespace="w"))
+    listed = list(job.keys("m"))
+    assert sorted(k for _kg, k, _ns in listed) == sorted(keys)  # each key once, though 2 entries
+    assert [kg for kg, _k, _ns in listed] == sorted(kg for kg, _k, _ns in listed)
+    for kg, k, _ns in listed:
+        assert kg == assign_to_key_group(k, "string", 128)
+    kg = listed[0][0]
+    assert {k for _g, k, _ns in job.keys("m", key_group=kg)} == {k for g, k, _ns in listed if g == kg}
+    assert [k for _kg, k, _ns in job.keys("m", namespace="w")] == ["other"]
+    assert len(list(job.keys("m", namespace=None))) == 51
+
+
+def test_descriptor_registration_rules(job):
+    register(job, "v", "value")
+    assert job.register_state(StateDescriptor("v", "value")) is False  # idempotent
+    with pytest.raises(IncompatibleState):
+        register(job, "v", "list")
+    with pytest.raises(IncompatibleState):
+        register(job, "v", "value", key_type="int")
+    with pytest.raises(IncompatibleState):
+        register(job, "v", "value", ttl=TtlConfig(100))
+    register(job, "r", "reducing", function="sum")
+    with pytest.raises(IncompatibleState):
+        register(job, "r", "reducing", function="max")
+    register(job, "t", "value", ttl=TtlConfig(100))
+    register(job, "t", "value", ttl=TtlConfig(500))  # a new TTL duration is compatible
+    assert job.descriptor("t").ttl.ttl_ms == 500
+    for bad in [
+        lambda: StateDescriptor("x", "reducing"),
+        lambda: StateDescriptor("x", "reducing", function="avg"),
+        lambda: StateDescriptor("x", "value", function="sum"),
+        lambda: StateDescriptor("x", "list", default=1),
+        lambda: StateDescriptor("x", "tree"),
+        lambda: StateDescriptor("x", "value", key_type="uuid"),
+    ]:
+        with pytest.raises(InvalidArgument):
+            bad()
+    for name in ["", "a/b", "..", "a" * 129, "sp ace", "$meta"]:
+        with pytest.raises(InvalidName):
+            StateDescriptor(name, "value")
+
+
+def test_unknown_state_and_wrong_kind(job):
+    register(job, "v", "value")
+    with pytest.raises(StateNotFound):
+        run(job, lambda tx: tx.value("nope"))
+    with pytest.raises(WrongStateKind):
+        run(job, lambda tx: tx.list("v"))
+
+
+def test_drop_state(job):
+    register(job, "v", "value")
+    run(job, lambda tx: tx.value("v").update("k", 1))
+    job.drop_state("v")
+    with pytest.raises(StateNotFound):
+        job.descriptor("v")
+    register(job, "v", "list")  # the name is free again, with nothing left behind
+    assert run(job, lambda tx: tx.list("v").get("k")) is None
+
+
+def test_job_max_parallelism_is_fixed(make_catalog):
+    catalog = make_catalog()
+    job, created = catalog.create("j", 256)
+    assert created and job.max_parallelism == 256
+    assert catalog.create("j") == (job, False)
+    with pytest.raises(JobConflict):
+        catalog.create("j", 128)
+    default_job, _ = catalog.create("k")
+    assert default_job.max_parallelism == 128
+    with pytest.raises(InvalidArgument):
+        catalog.create("z", 0)
+    with pytest.raises(InvalidName):
+        catalog.create("../escape")
+
+
+# -- atomicity ---------------------------------------------------------------------------
+
+
+def test_transaction_reads_its_own_writes_and_applies_atomically(job):
+    register(job, "v", "value")
+    register(job, "m", "map")
+    register(job, "s", "reducing", function="sum")
+
+    def ops(tx):
+        tx.value("v").update("k", 1)
+        assert tx.value("v").get("k") == 1
+        tx.map("m").put("k", "a", 1)
+        tx.map("m").clear("k")
+        tx.map("m").put("k", "b", 2)
+        assert tx.map("m").get_all("k") == {"b": 2}
+        tx.reducing("s").add("k", 5)
+        tx.reducing("s").add("k", 6)
+        assert tx.reducing("s").get("k") == 11
+
+    run(job, ops)
+    assert run(job, lambda tx: (tx.value("v").get("k"), tx.map("m").get_all("k"), tx.reducing("s").get("k"))) == (
+        1,
+        {"b": 2},
+        11,
+    )
+
+    def failing(tx):
+        tx.value("v").update("k", 2)
+        tx.map("m").clear("k")
+        tx.reducing("s").add("k", 100)
+        tx.reducing("s").add("k", "not a number")
+
+    with pytest.raises(InvalidValue):
+        run(job, failing)
+    assert run(job, lambda tx: (tx.value("v").get("k"), tx.map("m").get_all("k"), tx.reducing("s").get("k"))) == (
+        1,
+        {"b": 2},
+        11,
+    )
+
+
+# -- ownership ---------------------------------------------------------------------------
+
+
+def test_ownership_vectors(make_catalog):
+    catalog = make_catalog(replica_index=1, replica_count=3)
+    job, _ = catalog.create("j", 128)
+    register(job, "v", "value", key_type="int")
+    # "hello" (string) has key group 35 -> replica 0; int 42 -> key group 29 -> replica 0;
+    # int 1 -> key group 86 -> replica 2; int -1 -> key group 80 -> replica 1.
+    run(job, lambda tx: tx.value("v").update(-1, "mine"))
+    assert run(job, lambda tx: tx.value("v").get(-1)) == "mine"
+    for key, kg, owner in [(42, 29, 0), (1, 86, 2)]:
+        with pytest.raises(KeyNotOwned) as info:
+            run(job, lambda tx, key=key: tx.value("v").update(key, "theirs"))
+        assert (info.value.key_group, info.value.owner) == (kg, owner)
+        assert f"replica {owner}" in info.value.detail
+
+
+# -- TTL (reference vectors, ttl = 100 ms) -----------------------------------------------
+
+
+def ttl(**kwargs):
+    return TtlConfig(100, cleanup_incremental_size=0, **kwargs)
+
+
+def test_ttl_value_expires_at_boundary(job, clock):
+    register(job, "v", "value", ttl=ttl())
+    run(job, lambda tx: tx.value("v").update("k", "x"))  # t = 1000
+    clock.now = 1099
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"
+    clock.now = 1100
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+    assert job.partition.get("v", job.key_group(job.descriptor("v"), "k"), _primary(job, "v", "k")) is None
+
+
+def _primary(job, state, key, ns=""):
+    return job.locate(job.descriptor(state), key, ns)[1]
+
+
+def test_ttl_on_read_and_write_refreshes(job, clock):
+    register(job, "v", "value", ttl=ttl(update_type="on_read_and_write"))
+    run(job, lambda tx: tx.value("v").update("k", "x"))
+    clock.now = 1050
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"
+    clock.now = 1149
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"
+    clock.now = 1249
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+
+
+def test_ttl_on_create_and_write_does_not_refresh_on_read(job, clock):
+    register(job, "v", "value", ttl=ttl())
+    run(job, lambda tx: tx.value("v").update("k", "x"))
+    clock.now = 1050
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"
+    clock.now = 1100
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+
+
+def test_ttl_return_expired_if_not_cleaned_up(job, clock):
+    register(job, "v", "value", ttl=ttl(visibility="return_expired_if_not_cleaned_up"))
+    run(job, lambda tx: tx.value("v").update("k", "x"))
+    clock.now = 1100
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"  # returned once, and cleared
+    clock.now = 1101
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+
+
+def test_ttl_list_elements_expire_individually(job, clock):
+    register(job, "l", "list", ttl=ttl())
+    clock.now = 0
+    run(job, lambda tx: tx.list("l").add("k", "a"))
+    clock.now = 50
+    run(job, lambda tx: tx.list("l").add("k", "b"))
+    clock.now = 120
+    assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]
+    kg = job.key_group(job.descriptor("l"), "k")
+    assert job.partition.get("l", kg, _primary(job, "l", "k")) is not None  # a is still stored
+    clock.now = 150
+    assert run(job, lambda tx: tx.list("l").get("k")) is None
+    assert job.partition.get("l", kg, _primary(job, "l", "k")) is None  # and the list is cleared
+
+
+def test_ttl_list_on_read_and_write_rewrites_unexpired(job, clock):
+    register(job, "l", "list", ttl=ttl(update_type="on_read_and_write"))
+    clock.now = 0
+    run(job, lambda tx: tx.list("l").add("k", "a"))
+    clock.now = 50
+    run(job, lambda tx: tx.list("l").add("k", "b"))
+    clock.now = 120
+    assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]  # b refreshed to 120
+    clock.now = 219
+    assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]
+
+
+def test_ttl_map_entries_expire_individually(job, clock):
+    register(job, "m", "map", ttl=ttl())
+    clock.now = 0
+    run(job, lambda tx: tx.map("m").put("k", "old", 1))
+    clock.now = 60
+    run(job, lambda tx: tx.map("m").put("k", "new", 2))
+    clock.now = 100
+    assert run(job, lambda tx: tx.map("m").get("k", "old")) is None
+    assert not run(job, lambda tx: tx.map("m").contains("k", "old"))
+    assert run(job, lambda tx: tx.map("m").get_all("k")) == {"new": 2}
+    clock.now = 160
+    assert run(job, lambda tx: tx.map("m").is_empty("k"))
+    kg = job.key_group(job.descriptor("m"), "k")
+    assert list(job.partition.items("m", kg, _primary(job, "m", "k"))) == []  # iteration removed them
+
+
+def test_ttl_reducing_never_folds_into_expired_accumulator(job, clock):
+    register(job, "s", "reducing", function="sum", ttl=ttl(visibility="return_expired_if_not_cleaned_up"))
+    run(job, lambda tx: tx.reducing("s").add("k", 5))
+    clock.now = 1100
+    run(job, lambda tx: tx.reducing("s").add("k", 1))
+    assert run(job, lambda tx: tx.reducing("s").get("k")) == 1
+
+
+def test_ttl_timestamp_overflow(job, clock):
+    max_long = (1 << 63) - 1
+    register(job, "v", "value", ttl=ttl())
+    clock.now = max_long - 7
+    run(job, lambda tx: tx.value("v").update("k", "x"))
+    clock.now = max_long - 1
+    assert run(job, lambda tx: tx.value("v").get("k")) == "x"
+    clock.now = max_long
+    assert run(job, lambda tx: tx.value("v").get("k")) is None
+
+
+def test_ttl_incremental_cleanup_removes_untouched_expired_entries(job, clock):
+    register(job, "v", "value", ttl=TtlConfig(100, cleanup_incremental_size=5))
+    keys = [f"k{i}" for i in range(20)]
+    for k in keys:
+        run(job, lambda tx, k=k: tx.value("v").update(k, 1))
+    clock.now = 2000
+    run(job, lambda tx: tx.value("v").update("fresh", 1))
+    for _ in range(10):  # each access checks up to 5 entries; 21 entries in all
+        run(job, lambda tx: tx.value("v").get("fresh"))
+    assert [k for _kg, k, _ns in job.keys("v")] == ["fresh"]
+
+
+def test_ttl_cleaner_for_full_snapshots(job, clock):
+    from backends.keyed import ttl_cleaner
+
+    register(job, "l", "list", ttl=ttl())
+    clock.now = 0
+    run(job, lambda tx: tx.list("l").add("k", "a"))
+    clock.now = 50
+    run(job, lambda tx: tx.list("l").add("k", "b"))
+    kg = job.key_group(job.descriptor("l"), "k")
+    raw = job.partition.get("l", kg, _primary(job, "l", "k"))
+    clean = ttl_cleaner(job.descriptor("l"))
+    assert clean(raw, 10) is raw
+    shorter = clean(raw, 120)
+    assert shorter is not None and len(shorter) < len(raw)
+    assert clean(raw, 150) is None
+
+
+# -- operator state ----------------------------------------------------------------------
+
+
+def test_operator_list_and_broadcast_state(job):
+    def write(tx):
+        tx.operator.list_update("source", 0, "offsets", [1, 2])
+        tx.operator.list_add("source", 0, "offsets", [3])
+        tx.operator.list_add("source", 1, "offsets", [10])
+        tx.operator.list_update("source", 0, "all", ["u"], mode="union")
+        tx.operator.broadcast_put("rules", "config", "threshold", 5)
+        tx.operator.broadcast_put("rules", "config", "mode", "strict")
+
+    run(job, write)
+    assert run(job, lambda tx: tx.operator.list_get("source", 0, "offsets")) == [1, 2, 3]
+    assert run(job, lambda tx: tx.operator.list_get("source", 1, "offsets")) == [10]
+    assert run(job, lambda tx: tx.operator.list_get("source", 2, "offsets")) is None
+    assert run(job, lambda tx: tx.operator.list_mode("source", "all")) == "union"
+    assert run(job, lambda tx: tx.operator.broadcast_entries("rules", "config")) == {"mode": "strict", "threshold": 5}
+    run(job, lambda tx: tx.operator.broadcast_remove("rules", "config", "mode"))
+    assert run(job, lambda tx: tx.operator.broadcast_get("rules", "config", "mode")) is None
+    with pytest.raises(OperatorStateConflict):
+        run(job, lambda tx: tx.operator.list_add("source", 0, "offsets", [4], mode="union"))
+    with pytest.raises(InvalidName):
+        run(job, lambda tx: tx.operator.list_get("../x", 0, "offsets"))
+
+
+# -- frozen views (the synchronous part of a snapshot) ----------------------------------
+
+
+def _dump(view, job, table):
+    return [entry for kg in job.key_group_range for entry in view.scan(table, kg)]
+
+
+def test_frozen_view_is_unchanged_by_later_writes(job):
+    register(job, "v", "value")
+    register(job, "m", "map")
+    for i in range(200):
+        run(job, lambda tx, i=i: (tx.value("v").update(f"k{i}", i), tx.map("m").put(f"k{i}", "a", i)))
+    view = job.partition.freeze()
+    before_v, before_m = _dump(view, job, "v"), _dump(view, job, "m")
+    live_before = [list(job.partition.scan("m", kg)) for kg in job.key_group_range]
+    for i in range(200):
+        run(job, lambda tx, i=i: (tx.value("v").update(f"k{i}", -i), tx.map("m").put(f"k{i}", "b", i)))
+    run(job, lambda tx: (tx.value("v").update("new", 1), tx.map("m").clear("k1"), tx.map("m").remove("k2", "a")))
+    assert _dump(view, job, "v") == before_v
+    assert _dump(view, job, "m") == before_m
+    assert [list(job.partition.scan("m", kg)) for kg in job.key_group_range] != live_before
+    assert run(job, lambda tx: tx.value("v").get("k5")) == -5  # writes were not blocked
+    view.release()
+
+
+def test_two_frozen_views(job):
+    register(job, "v", "value")
+    run(job, lambda tx: tx.value("v").update("k", 1))
+    first = job.partition.freeze()
+    run(job, lambda tx: tx.value("v").update("k", 2))
+    second = job.partition.freeze()
+    run(job, lambda tx: tx.value("v").update("k", 3))
+    assert [v for *_k, v in _dump(first, job, "v")] == [b"\x01"]
+    assert [v for *_k, v in _dump(second, job, "v")] == [b"\x02"]
+    first.release()
+    second.release()
+    run(job, lambda tx: tx.value("v").update("k", 4))
+    assert run(job, lambda tx: tx.value("v").get("k")) == 4
