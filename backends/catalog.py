@@ -8,13 +8,20 @@ from backends.base.store import Store
 from backends.errors import InvalidArgument, JobConflict, JobNotFound
 from backends.job import Job
 from backends.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
+from backends.limits import Limits
 from backends.names import validate_name
 from backends.ttl import Clock, SystemClock
 
 
 class JobCatalog:
     def __init__(
-        self, store: Store, *, replica_index: int = 0, replica_count: int = 1, clock: Clock | None = None
+        self,
+        store: Store,
+        *,
+        replica_index: int = 0,
+        replica_count: int = 1,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if replica_count < 1 or not 0 <= replica_index < replica_count:
             raise ValueError(f"replica index {replica_index} must be in [0, replica count {replica_count})")
@@ -22,6 +29,7 @@ class JobCatalog:
         self.replica_index = replica_index
         self.replica_count = replica_count
         self.clock: Clock = clock or SystemClock()
+        self.limits = limits or Limits()
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         for name in store.existing():
@@ -29,7 +37,12 @@ class JobCatalog:
 
     def _job(self, name: str, partition) -> Job:
         return Job(
-            name, partition, replica_index=self.replica_index, replica_count=self.replica_count, clock=self.clock
+            name,
+            partition,
+            replica_index=self.replica_index,
+            replica_count=self.replica_count,
+            clock=self.clock,
+            limits=self.limits,
         )
 
     def create(self, name: str, max_parallelism: int | None = None) -> tuple[Job, bool]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from backends.base.partition import META_TABLE, StorePartition
 from backends.base.transaction import PartitionTransaction
@@ -24,10 +24,18 @@ from backends.keyed import (
     ttl_cleaner,
 )
 from backends.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from backends.limits import Limits
 from backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
 from backends.ttl import Clock, SystemClock
 
 _STATE_META = b"state:"
+
+
+class StoredKey(NamedTuple):
+    key_group: int
+    key: str | int
+    namespace: str
+    position: tuple[int, bytes]  # where a listing resumes after this key
 
 
 class Job:
@@ -39,8 +47,10 @@ class Job:
         replica_index: int = 0,
         replica_count: int = 1,
         clock: Clock | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.name = name
+        self.limits = limits or Limits()
         self.partition = partition
         self.max_parallelism = partition.max_parallelism
         self.replica_index = replica_index
@@ -111,29 +121,43 @@ class Job:
     def locate(self, descriptor: StateDescriptor, key: str | int, namespace: str) -> tuple[int, bytes]:
         """Key group and stored primary key of (key, namespace); refuses keys of other replicas."""
         key_bytes = encode_key(key, descriptor.key_type)  # validates the key's type first
+        self.limits.check_key(key_bytes)
         key_group = self.key_group(descriptor, key)
         self.check_owned(key_group)
-        return key_group, key_bytes + encode_namespace(namespace)
+        ns_bytes = encode_namespace(namespace)
+        self.limits.check_key(ns_bytes, "namespace")
+        return key_group, key_bytes + ns_bytes
 
     def keys(
-        self, state: str, namespace: str | None = "", key_group: int | None = None
-    ) -> Iterator[tuple[int, str | int, str]]:
-        """``(key group, key, namespace)`` of every stored entry, in key-group then byte order.
+        self,
+        state: str,
+        namespace: str | None = "",
+        key_group: int | None = None,
+        start_after: tuple[int, bytes] | None = None,
+    ) -> Iterator[StoredKey]:
+        """Every stored (key, namespace) of a state, in key-group then byte order.
 
-        ``namespace=None`` lists all namespaces. Expired-but-uncleaned entries are included,
-        as in Flink's ``getKeys``.
+        ``namespace=None`` lists all namespaces; ``start_after`` is a previous item's
+        ``position`` (for paging). Expired-but-uncleaned entries are included, as in Flink's
+        ``getKeys``.
         """
         descriptor = self.descriptor(state)
-        groups = [key_group] if key_group is not None else list(self.key_group_range)
+        if key_group is not None:
+            self.check_owned(key_group)
+            groups = [key_group]
+        else:
+            groups = list(self.key_group_range)
         for kg in groups:
-            previous = None
+            if start_after is not None and kg < start_after[0]:
+                continue
+            previous = start_after[1] if start_after is not None and kg == start_after[0] else None
             for primary, _secondary, _value in self.partition.scan(state, kg):
-                if primary == previous:
-                    continue  # further entries of one map
+                if previous is not None and primary <= previous:
+                    continue  # already listed, or a further entry of one map
                 previous = primary
                 key, ns = decode_primary(primary, descriptor.key_type)
                 if namespace is None or ns == namespace:
-                    yield kg, key, ns
+                    yield StoredKey(kg, key, ns, (kg, primary))
 
     # -- transactions --------------------------------------------------------------------
 
@@ -197,7 +221,7 @@ class JobTransaction:
         self.job = job
         self._tx = PartitionTransaction(job.partition)
         self._states: dict[str, KeyedState] = {}
-        self.operator = OperatorState(self._tx)
+        self.operator = OperatorState(self._tx, job.limits)
 
     def state(self, name: str) -> KeyedState:
         state = self._states.get(name)

@@ -41,6 +41,7 @@ class KeyedState:
         self._table = descriptor.name
         self._ttl: TtlConfig | None = descriptor.ttl
         self._clock = job.clock
+        self._limits = job.limits
 
     def _locate(self, key: Key, namespace: str) -> tuple[int, bytes]:
         located = self._job.locate(self.descriptor, key, namespace)
@@ -71,8 +72,18 @@ class KeyedState:
             self._tx.put(self._table, kg, primary, encode_timestamped(now, payload), secondary)
         return decode_value(payload)
 
-    def _record(self, value: Any) -> bytes:
+    def _encode(self, value: Any) -> bytes:
         payload = encode_value(value)
+        self._limits.check_value(payload)
+        return payload
+
+    def _user_key(self, user_key: str) -> bytes:
+        encoded = encode_user_key(user_key)
+        self._limits.check_key(encoded, "map user key")
+        return encoded
+
+    def _record(self, value: Any) -> bytes:
+        payload = self._encode(value)
         return payload if self._ttl is None else encode_timestamped(self._clock.now_ms(), payload)
 
     def _write(self, kg: int, primary: bytes, value: Any, secondary: bytes = b"") -> None:
@@ -105,9 +116,9 @@ class ListState(KeyedState):
 
     def _records(self, elements: list[Any]) -> bytes:
         if self._ttl is None:
-            return b"".join(encode_value(v) for v in elements)
+            return b"".join(self._encode(v) for v in elements)
         now = self._clock.now_ms()
-        return b"".join(encode_timestamped(now, encode_value(v)) for v in elements)
+        return b"".join(encode_timestamped(now, self._encode(v)) for v in elements)
 
     def get(self, key: Key, namespace: str = "") -> list[Any] | None:
         kg, primary = self._locate(key, namespace)
@@ -153,7 +164,7 @@ class MapState(KeyedState):
 
     def get(self, key: Key, user_key: str, namespace: str = "") -> Any:
         kg, primary = self._locate(key, namespace)
-        return self._read(kg, primary, encode_user_key(user_key))
+        return self._read(kg, primary, self._user_key(user_key))
 
     def contains(self, key: Key, user_key: str, namespace: str = "") -> bool:
         return self.get(key, user_key, namespace) is not None
@@ -162,7 +173,7 @@ class MapState(KeyedState):
         self.put_all(key, {user_key: value}, namespace)
 
     def put_all(self, key: Key, entries: Mapping[str, Any], namespace: str = "") -> None:
-        encoded = [(encode_user_key(uk), v) for uk, v in entries.items()]
+        encoded = [(self._user_key(uk), v) for uk, v in entries.items()]
         if any(v is None for _uk, v in encoded):
             raise InvalidValue("map values must not be null; remove the entry instead")
         kg, primary = self._locate(key, namespace)
@@ -177,7 +188,7 @@ class MapState(KeyedState):
 
     def remove(self, key: Key, user_key: str, namespace: str = "") -> None:
         kg, primary = self._locate(key, namespace)
-        self._tx.delete(self._table, kg, primary, encode_user_key(user_key))
+        self._tx.delete(self._table, kg, primary, self._user_key(user_key))
 
     def entries(self, key: Key, namespace: str = "") -> list[tuple[str, Any]]:
         """All live entries in user-key byte order; iteration applies the TTL rules per entry."""

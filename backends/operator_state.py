@@ -14,6 +14,7 @@ from typing import Any, Literal
 from backends.base.transaction import PartitionTransaction
 from backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
 from backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
+from backends.limits import Limits
 from backends.names import validate_name
 
 ListMode = Literal["split", "union"]
@@ -27,8 +28,14 @@ _MODE_META = b"operator-list-mode:"
 class OperatorState:
     """Operator state of one job, bound to one transaction."""
 
-    def __init__(self, tx: PartitionTransaction) -> None:
+    def __init__(self, tx: PartitionTransaction, limits: Limits) -> None:
         self._tx = tx
+        self._limits = limits
+
+    def _encode(self, value: Any) -> bytes:
+        encoded = encode_value(value)
+        self._limits.check_value(encoded)
+        return encoded
 
     # -- list state ----------------------------------------------------------------------
 
@@ -68,7 +75,7 @@ class OperatorState:
         elements = _elements(values)
         self._declare(operator, name, mode)
         if elements:
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, b"".join(encode_value(v) for v in elements))
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, b"".join(self._encode(v) for v in elements))
         else:
             self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, primary)
 
@@ -80,7 +87,7 @@ class OperatorState:
         self._declare(operator, name, mode)
         if elements:
             existing = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, primary) or b""
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + b"".join(encode_value(v) for v in elements))
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + b"".join(self._encode(v) for v in elements))
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
         self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
@@ -103,7 +110,9 @@ class OperatorState:
         if value is None:
             raise InvalidValue("broadcast values must not be null; remove the entry instead")
         primary = self._broadcast_primary(operator, name)
-        self._tx.put(BROADCAST_TABLE, _NO_KEY_GROUP, primary, encode_value(value), encode_user_key(key))
+        user_key = encode_user_key(key)
+        self._limits.check_key(user_key, "broadcast key")
+        self._tx.put(BROADCAST_TABLE, _NO_KEY_GROUP, primary, self._encode(value), user_key)
 
     def broadcast_remove(self, operator: str, name: str, key: str) -> None:
         primary = self._broadcast_primary(operator, name)

@@ -155,7 +155,7 @@ def test_numeric_keys(job, key_type, keys):
         run(job, lambda tx, k=k: tx.value("v").update(k, str(k)))
     for k in keys:
         assert run(job, lambda tx, k=k: tx.value("v").get(k)) == str(k)
-    assert sorted(k for _kg, k, _ns in job.keys("v")) == sorted(keys)
+    assert sorted(e.key for e in job.keys("v")) == sorted(keys)
     with pytest.raises(InvalidKey):
         run(job, lambda tx: tx.value("v").get("not-a-number"))
     with pytest.raises(InvalidKey):
@@ -169,14 +169,16 @@ def test_key_listing_by_state_namespace_and_key_group(job):
         run(job, lambda tx, k=k: (tx.map("m").put(k, "a", 1), tx.map("m").put(k, "b", 2)))
     run(job, lambda tx: tx.map("m").put("other", "a", 1, namespace="w"))
     listed = list(job.keys("m"))
-    assert sorted(k for _kg, k, _ns in listed) == sorted(keys)  # each key once, though 2 entries
-    assert [kg for kg, _k, _ns in listed] == sorted(kg for kg, _k, _ns in listed)
-    for kg, k, _ns in listed:
-        assert kg == assign_to_key_group(k, "string", 128)
-    kg = listed[0][0]
-    assert {k for _g, k, _ns in job.keys("m", key_group=kg)} == {k for g, k, _ns in listed if g == kg}
-    assert [k for _kg, k, _ns in job.keys("m", namespace="w")] == ["other"]
+    assert sorted(e.key for e in listed) == sorted(keys)  # each key once, though 2 entries
+    assert [e.key_group for e in listed] == sorted(e.key_group for e in listed)
+    for e in listed:
+        assert e.key_group == assign_to_key_group(e.key, "string", 128)
+    kg = listed[0].key_group
+    assert {e.key for e in job.keys("m", key_group=kg)} == {e.key for e in listed if e.key_group == kg}
+    assert [e.key for e in job.keys("m", namespace="w")] == ["other"]
     assert len(list(job.keys("m", namespace=None))) == 51
+    resumed = list(job.keys("m", start_after=listed[9].position))
+    assert resumed == listed[10:]
 
 
 def test_descriptor_registration_rules(job):
@@ -422,7 +424,7 @@ def test_ttl_incremental_cleanup_removes_untouched_expired_entries(job, clock):
     run(job, lambda tx: tx.value("v").update("fresh", 1))
     for _ in range(10):  # each access checks up to 5 entries; 21 entries in all
         run(job, lambda tx: tx.value("v").get("fresh"))
-    assert [k for _kg, k, _ns in job.keys("v")] == ["fresh"]
+    assert [e.key for e in job.keys("v")] == ["fresh"]
 
 
 def test_ttl_cleaner_for_full_snapshots(job, clock):
