@@ -33,3 +33,33 @@ def make_catalog(backend, tmp_path, clock):
 def job(make_catalog):
     job, _created = make_catalog().create("job1", 128)
     return job
+
+
+# -- real HTTP servers -------------------------------------------------------------------
+
+import itertools  # noqa: E402
+
+import httpx  # noqa: E402
+
+from tests.server import start_server  # noqa: E402
+
+_job_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session", params=["heap", "rocksdb"])
+def server(request, tmp_path_factory):
+    """One real server per backend for the whole session; tests isolate themselves by job name."""
+    srv = start_server(tmp_path_factory.mktemp(f"server-{request.param}"), {"STATEHOUSE_BACKEND": request.param})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url + "/v1", timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def job_name():
+    return f"job-{next(_job_numbers)}"

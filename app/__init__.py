@@ -1,0 +1,1 @@
+"""Statehouse's HTTP service: thin routers over the state engine in ``backends``."""

@@ -1,0 +1,55 @@
+"""Shared concerns as FastAPI dependencies: the service, the job lookup, bearer-token auth."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from app.metrics import Metrics
+from app.problems import ApiError
+from app.settings import Settings
+from backends.catalog import JobCatalog
+from backends.job import Job
+
+NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+
+
+@dataclass
+class Service:
+    """Everything one replica process holds; lives on ``app.state.service``."""
+
+    settings: Settings
+    catalog: JobCatalog
+    metrics: Metrics
+    draining: bool = False
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+def get_service(request: Request) -> Service:
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError("not_ready", "the service is starting; retry shortly")
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def get_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Job:
+    return service.catalog.get(job)
+
+
+JobDep = Annotated[Job, Depends(get_job)]
+
+
+def require_token(request: Request) -> None:
+    """When ``STATEHOUSE_API_TOKENS`` is set, every /v1 call needs ``Authorization: Bearer <token>``."""
+    tokens = get_service(request).settings.tokens
+    if not tokens:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not any(secrets.compare_digest(token.strip(), t) for t in tokens):
+        raise ApiError("unauthorized", "missing or invalid bearer token: send 'Authorization: Bearer <token>'")

@@ -1,0 +1,97 @@
+"""The ASGI application: ``uvicorn app.main:app``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from starlette.responses import Response
+
+from app import problems
+from app.body_limit import BodyLimitMiddleware
+from app.dependencies import Service, require_token
+from app.metrics import Metrics, MetricsMiddleware
+from app.models import BatchRequest
+from app.routers import batch, health, jobs, keyed, operators
+from app.settings import Settings
+from backends.base.store import Store
+from backends.catalog import JobCatalog
+from backends.heap import HeapStore
+from backends.limits import Limits
+from backends.rocksdb import RocksDBStore
+
+log = logging.getLogger("statehouse")
+
+DESCRIPTION = """Apache Flink's state-backend model over HTTP: keyed state (value, list, map, reducing,
+aggregating) with namespaces and TTL, operator state, key groups and replicas. Errors are RFC 9457
+problem+json with a stable `code`."""
+
+
+def open_store(settings: Settings) -> Store:
+    return RocksDBStore(settings.data_dir) if settings.backend == "rocksdb" else HeapStore()
+
+
+def open_catalog(settings: Settings) -> JobCatalog:
+    return JobCatalog(
+        open_store(settings),
+        replica_index=settings.replica_index,
+        replica_count=settings.replica_count,
+        limits=Limits(max_key_bytes=settings.max_key_bytes, max_value_bytes=settings.max_value_bytes),
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        catalog = open_catalog(settings)
+        app.state.service = Service(settings=settings, catalog=catalog, metrics=metrics)
+        log.info(
+            "statehouse replica %d/%d, backend %s, data in %s",
+            settings.replica_index,
+            settings.replica_count,
+            settings.backend,
+            settings.data_dir,
+        )
+        try:
+            yield
+        finally:
+            app.state.service.draining = True
+            catalog.close()
+
+    app = FastAPI(title="Statehouse", version="1", description=DESCRIPTION, lifespan=lifespan)
+    problems.install(app)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        metrics.errors.labels("internal_error").inc()
+        return problems.problem_response(500, "internal_error", "internal error; see the server log", request.url.path)
+
+    app.include_router(health.router)
+    v1 = [Depends(require_token)]
+    for router in (jobs.router, keyed.router, operators.router, batch.router):
+        app.include_router(router, prefix="/v1", dependencies=v1)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            defs = BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(defs.pop("$defs", {}))
+            components["BatchRequest"] = defs
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+app = create_app()

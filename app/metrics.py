@@ -1,0 +1,62 @@
+"""Prometheus metrics: requests and latencies per route, state operations per kind, errors by code."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "statehouse_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "statehouse_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.state_ops = Counter(
+            "statehouse_state_operations_total", "Keyed state operations", ["kind", "op"], registry=self.registry
+        )
+        self.errors = Counter("statehouse_errors_total", "Problem responses by code", ["code"], registry=self.registry)
+
+    def count_ops(self, tally: Tally[tuple[str, str]]) -> None:
+        for (kind, op), n in tally.items():
+            self.state_ops.labels(kind, op).inc(n)
+
+
+class MetricsMiddleware:
+    """Pure ASGI (cheaper than BaseHTTPMiddleware): labels by route template, not raw path."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            method = scope["method"]
+            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)

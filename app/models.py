@@ -1,0 +1,164 @@
+"""Request and response models at the edge (they document the API in /docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from backends.descriptors import StateDescriptor
+from backends.job import Job
+from backends.ttl import TtlConfig
+
+Name = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobBody(Strict):
+    max_parallelism: int | None = Field(
+        None, ge=1, le=32768, description="number of key groups; Flink's default for the replica count when absent"
+    )
+
+
+class JobInfo(BaseModel):
+    job: str
+    max_parallelism: int
+    key_group_range: tuple[int, int] = Field(description="inclusive key-group range this replica owns")
+    replica_index: int
+    replica_count: int
+    states: list[str]
+
+    @classmethod
+    def of(cls, job: Job) -> JobInfo:
+        r = job.key_group_range
+        return cls(
+            job=job.name,
+            max_parallelism=job.max_parallelism,
+            key_group_range=(r.start, r.end),
+            replica_index=job.replica_index,
+            replica_count=job.replica_count,
+            states=sorted(job.descriptors),
+        )
+
+
+class TtlBody(Strict):
+    """Flink's StateTtlConfig."""
+
+    ttl_ms: int = Field(gt=0, description="time to live in milliseconds (processing time)")
+    update_type: Literal["on_create_and_write", "on_read_and_write"] = "on_create_and_write"
+    visibility: Literal["never_return_expired", "return_expired_if_not_cleaned_up"] = "never_return_expired"
+    cleanup_full_snapshot: bool = Field(True, description="drop expired entries when writing a full snapshot")
+    cleanup_incremental_size: int = Field(5, ge=0, description="entries checked per state access; 0 = off")
+
+
+class DescriptorBody(Strict):
+    kind: Literal["value", "list", "map", "reducing", "aggregating"]
+    key_type: Literal["string", "int", "long"] = "string"
+    default: JsonValue = Field(None, description="value state only: returned for an absent key")
+    function: str | None = Field(
+        None,
+        description="reducing: sum, min, max, count, first, last; aggregating: avg, count, sum, min, max, summary",
+    )
+    ttl: TtlBody | None = None
+
+    def to_descriptor(self, name: str) -> StateDescriptor:
+        return StateDescriptor(
+            name=name,
+            kind=self.kind,
+            key_type=self.key_type,
+            default=self.default,
+            function=self.function,
+            ttl=TtlConfig(**self.ttl.model_dump()) if self.ttl else None,
+        )
+
+
+class DescriptorInfo(BaseModel):
+    name: str
+    kind: str
+    key_type: str
+    default: JsonValue = None
+    function: str | None = None
+    ttl: TtlBody | None = None
+
+
+class ValueBody(Strict):
+    value: JsonValue = Field(description="the new value (list state: a list; map state: an object)")
+
+
+class AddBody(Strict):
+    value: JsonValue = Field(None, description="one value to add")
+    values: list[JsonValue] | None = Field(None, description="several values to add (list addAll)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_of(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("value" in data) == ("values" in data):
+            raise ValueError("give exactly one of 'value' or 'values'")
+        return data
+
+    def as_op(self) -> dict[str, Any]:
+        return {"values": self.values} if self.values is not None else {"value": self.value}
+
+
+class ValueResponse(BaseModel):
+    value: JsonValue
+
+
+class OperatorListResponse(BaseModel):
+    value: list[JsonValue]
+    mode: Literal["split", "union"] | None
+
+
+class KeyItem(BaseModel):
+    key: str | int
+    key_group: int
+    ns: str
+
+
+class EntryItem(BaseModel):
+    key: str
+    value: JsonValue
+
+
+class Page(BaseModel):
+    items: list[Any]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page; null on the last")
+
+
+class KeyPage(Page):
+    items: list[KeyItem]
+
+
+class EntryPage(Page):
+    items: list[EntryItem]
+
+
+class JobPage(Page):
+    items: list[JobInfo]
+
+
+class DescriptorPage(Page):
+    items: list[DescriptorInfo]
+
+
+class BatchOp(BaseModel):
+    """One operation of a batch (documentation only: batches are decoded without models)."""
+
+    op: Literal["get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains"]
+    state: str
+    key: str | int
+    ns: str = ""
+    user_key: str | None = None
+    value: JsonValue = None
+    values: list[JsonValue] | None = None
+
+
+class BatchRequest(BaseModel):
+    ops: list[BatchOp]
+
+
+class BatchResponse(BaseModel):
+    results: list[dict[str, JsonValue]] = Field(description='per op, in order: {"value": ...} for reads, {} for writes')

@@ -1,0 +1,107 @@
+"""RFC 9457 problem+json: every error leaves the service through here, with a stable code.
+
+Domain exceptions from the engine carry a ``code``; ``STATUS_BY_CODE`` is the one place
+that decides their HTTP status.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from backends.errors import StateError
+
+PROBLEM_TYPE_BASE = "https://statehouse.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_name": 422,
+    "invalid_argument": 422,
+    "invalid_key": 422,
+    "invalid_value": 422,
+    "validation_error": 422,
+    "key_too_large": 413,
+    "value_too_large": 413,
+    "batch_too_large": 413,
+    "body_too_large": 413,
+    "malformed_body": 400,
+    "unsupported_media_type": 415,
+    "unauthorized": 401,
+    "job_not_found": 404,
+    "state_not_found": 404,
+    "key_not_found": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "job_conflict": 409,
+    "incompatible_state": 409,
+    "wrong_state_kind": 409,
+    "operator_state_conflict": 409,
+    "key_not_owned": 421,
+    "not_ready": 503,
+}
+
+
+class ApiError(StateError):
+    """An error of the HTTP layer itself (malformed body, auth, ...), with an explicit code."""
+
+    def __init__(self, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.code = code
+
+
+def register_status(code: str, status: int) -> None:
+    """Let another package (e.g. snapshots) declare the status of its error codes."""
+    STATUS_BY_CODE[code] = status
+
+
+def problem_response(
+    status: int, code: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None, **extra
+) -> Response:
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE_BASE + code,
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "code": code,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(extra)
+    return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def _state_error(request: Request, exc: StateError) -> Response:
+    status = STATUS_BY_CODE.get(exc.code, 400)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.code == "unauthorized" else None
+    return problem_response(status, exc.code, exc.detail, request.url.path, headers, **exc.extra)
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem_response(400, "malformed_body", f"request body is not valid JSON: {detail}", request.url.path)
+    return problem_response(422, "validation_error", detail, request.url.path, errors=errors)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 415: "unsupported_media_type"}
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no such resource: {request.method} {request.url.path}"
+    return problem_response(exc.status_code, code, detail, request.url.path, exc.headers)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(StateError, _state_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

@@ -1,0 +1,57 @@
+"""The batch endpoint: the hot path for Spark executors."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from app.dependencies import JobDep, ServiceDep
+from app.models import BatchRequest, BatchResponse
+from app.problems import ApiError
+from app.wire import JSON, MSGPACK, read_body, render
+from backends import ops
+from backends.errors import StateError
+
+router = APIRouter(tags=["batch"])
+
+_BODY_DOC = {"schema": {"$ref": "#/components/schemas/BatchRequest"}}
+
+
+@router.post(
+    "/jobs/{job}/batch",
+    response_model=BatchResponse,
+    openapi_extra={"requestBody": {"required": True, "content": {JSON: _BODY_DOC, MSGPACK: _BODY_DOC}}},
+    responses={200: {"content": {MSGPACK: {}}}},
+)
+async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
+    """Many keyed operations in one request, applied in order and atomically: later operations see
+    earlier ones; if any fails, nothing is applied and the problem names the failing op's index.
+    Send and receive `application/json` or `application/msgpack` (bytes values allowed)."""
+    body = await read_body(request)
+    operations = body.get("ops") if isinstance(body, dict) else None
+    if not isinstance(operations, list):
+        raise ApiError("invalid_argument", 'the body must be an object {"ops": [...]}')
+    if len(operations) > service.settings.max_batch_ops:
+        raise ApiError(
+            "batch_too_large",
+            f"{len(operations)} operations exceed the limit of {service.settings.max_batch_ops} "
+            "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
+        )
+    results: list[dict[str, Any]] = []
+    tally: Counter[tuple[str, str]] = Counter()
+    with job.transaction() as tx:
+        for index, op in enumerate(operations):
+            try:
+                results.append(ops.apply(tx, op))
+            except StateError as exc:
+                exc.detail = f"op {index}: {exc.detail}"
+                exc.extra["op_index"] = index
+                raise
+            tally[(tx.state(op["state"]).descriptor.kind, op["op"])] += 1
+    service.metrics.count_ops(tally)
+    return render(request, {"results": results})
+
+
+_ = BatchRequest  # referenced by the OpenAPI document above

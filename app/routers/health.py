@@ -1,0 +1,33 @@
+"""Probes and metrics (never behind auth)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.dependencies import get_service
+from app.problems import problem_response
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+async def readyz(request: Request) -> dict[str, object] | Response:
+    """Readiness: state is open and the replica is not draining."""
+    service = getattr(request.app.state, "service", None)
+    if service is None or service.draining:
+        return problem_response(503, "not_ready", "starting up or shutting down", "/readyz")
+    s = service.settings
+    return {"status": "ready", "backend": s.backend, "replica_index": s.replica_index, "replica_count": s.replica_count}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition."""
+    return Response(generate_latest(get_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,84 @@
+"""Jobs and their keyed state descriptors."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Path, Query, Response
+
+from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
+from app.models import DescriptorBody, DescriptorInfo, DescriptorPage, JobBody, JobInfo, JobPage
+from app.paging import decode_cursor, take_page
+
+router = APIRouter(tags=["jobs"])
+
+StateName = Annotated[str, Path(description="state name", pattern=NAME_PATTERN)]
+Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
+Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
+
+
+def _limit(service: ServiceDep, limit: int) -> int:
+    return min(limit, service.settings.max_page_size)
+
+
+@router.put("/jobs/{job}", response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}})
+async def put_job(
+    service: ServiceDep,
+    response: Response,
+    job: Annotated[str, Path(description="job name")],
+    body: Annotated[JobBody | None, Body()] = None,
+) -> JobInfo:
+    """Create a job, or confirm one exists; a different `max_parallelism` for an existing job is refused (409)."""
+    created_job, created = service.catalog.create(job, body.max_parallelism if body else None)
+    if created:
+        response.status_code = 201
+    return JobInfo.of(created_job)
+
+
+@router.get("/jobs", response_model=JobPage)
+async def list_jobs(service: ServiceDep, limit: Limit = 100, cursor: Cursor = None) -> JobPage:
+    after = decode_cursor(cursor)
+    names = (n for n in service.catalog.names() if after is None or n.encode() > after)
+    page, next_cursor = take_page(names, _limit(service, limit), str.encode)
+    return JobPage(items=[JobInfo.of(service.catalog.get(n)) for n in page], next_cursor=next_cursor)
+
+
+@router.get("/jobs/{job}", response_model=JobInfo)
+async def get_job(job: JobDep) -> JobInfo:
+    return JobInfo.of(job)
+
+
+@router.delete("/jobs/{job}", status_code=204)
+async def delete_job(service: ServiceDep, job: JobDep) -> Response:
+    """Delete a job and all its local state (checkpoints in storage are kept)."""
+    service.catalog.delete(job.name)
+    return Response(status_code=204)
+
+
+@router.put("/jobs/{job}/states/{state}", response_model=DescriptorInfo, responses={201: {"model": DescriptorInfo}})
+async def put_state(job: JobDep, state: StateName, body: DescriptorBody, response: Response) -> DescriptorInfo:
+    """Register a keyed state. Registering again with a compatible descriptor is a no-op (or updates the TTL);
+    an incompatible one (other kind, key type, function, TTL on/off) is refused with 409."""
+    if job.register_state(body.to_descriptor(state)):
+        response.status_code = 201
+    return DescriptorInfo(**job.descriptor(state).to_dict())
+
+
+@router.get("/jobs/{job}/states", response_model=DescriptorPage)
+async def list_states(service: ServiceDep, job: JobDep, limit: Limit = 100, cursor: Cursor = None) -> DescriptorPage:
+    after = decode_cursor(cursor)
+    names = (n for n in sorted(job.descriptors) if after is None or n.encode() > after)
+    page, next_cursor = take_page(names, _limit(service, limit), str.encode)
+    return DescriptorPage(items=[DescriptorInfo(**job.descriptor(n).to_dict()) for n in page], next_cursor=next_cursor)
+
+
+@router.get("/jobs/{job}/states/{state}", response_model=DescriptorInfo)
+async def get_state(job: JobDep, state: str) -> DescriptorInfo:
+    return DescriptorInfo(**job.descriptor(state).to_dict())
+
+
+@router.delete("/jobs/{job}/states/{state}", status_code=204)
+async def delete_state(job: JobDep, state: str) -> Response:
+    """Drop a state and all its data."""
+    job.drop_state(state)
+    return Response(status_code=204)

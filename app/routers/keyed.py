@@ -1,0 +1,148 @@
+"""Keyed state, one operation per request (the batch endpoint does many)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from app.dependencies import JobDep, ServiceDep
+from app.models import AddBody, EntryItem, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
+from app.paging import decode_cursor, take_page
+from app.problems import ApiError
+from backends import ops
+from backends.errors import InvalidKey
+from backends.job import Job
+
+router = APIRouter(tags=["keyed state"])
+
+Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
+Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
+Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
+BASE = "/jobs/{job}/states/{state}/keys/{key}"
+
+
+def parse_key(job: Job, state: str, key: str) -> str | int:
+    """Path keys are text; int and long states take their decimal form."""
+    if job.descriptor(state).key_type == "string":
+        return key
+    try:
+        return int(key)
+    except ValueError:
+        raise InvalidKey(
+            f"state {state!r} has {job.descriptor(state).key_type} keys; {key!r} is not an integer"
+        ) from None
+
+
+def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
+    op["key"] = parse_key(job, op["state"], op["key"])
+    with job.transaction() as tx:
+        result = ops.apply(tx, op)
+    service.metrics.state_ops.labels(job.descriptor(op["state"]).kind, op["op"]).inc()
+    return result
+
+
+def found(result: dict[str, Any], what: str) -> ValueResponse:
+    if result["value"] is None:
+        raise ApiError("key_not_found", f"{what} has no value")
+    return ValueResponse(value=result["value"])
+
+
+@router.get(BASE, response_model=ValueResponse, responses={404: {"description": "absent key"}})
+async def get_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> ValueResponse:
+    """Read: the value, the list, the whole map, or the reduced / aggregated result."""
+    result = run_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
+    return found(result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
+
+
+@router.put(BASE, status_code=204)
+async def put_key(
+    service: ServiceDep, job: JobDep, state: str, key: str, body: ValueBody, ns: Namespace = ""
+) -> Response:
+    """Update: value state sets it (null clears); list state replaces the list; map state replaces the map."""
+    run_op(service, job, {"op": "put", "state": state, "key": key, "ns": ns, "value": body.value})
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/add", status_code=204)
+async def add_to_key(
+    service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
+) -> Response:
+    """List add / addAll, or reducing / aggregating add."""
+    run_op(service, job, {"op": "add", "state": state, "key": key, "ns": ns, **body.as_op()})
+    return Response(status_code=204)
+
+
+@router.delete(BASE, status_code=204)
+async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> Response:
+    run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse)
+async def get_entry(
+    service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
+) -> ValueResponse:
+    result = run_op(service, job, {"op": "map_get", "state": state, "key": key, "ns": ns, "user_key": user_key})
+    return found(result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
+
+
+@router.put(BASE + "/entries/{user_key}", status_code=204)
+async def put_entry(
+    service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: ValueBody, ns: Namespace = ""
+) -> Response:
+    op = {"op": "map_put", "state": state, "key": key, "ns": ns, "user_key": user_key, "value": body.value}
+    run_op(service, job, op)
+    return Response(status_code=204)
+
+
+@router.delete(BASE + "/entries/{user_key}", status_code=204)
+async def remove_entry(
+    service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
+) -> Response:
+    run_op(service, job, {"op": "map_remove", "state": state, "key": key, "ns": ns, "user_key": user_key})
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/entries", response_model=EntryPage)
+async def list_entries(
+    service: ServiceDep,
+    job: JobDep,
+    state: str,
+    key: str,
+    ns: Namespace = "",
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> EntryPage:
+    """Map iteration in user-key order, paged."""
+    parsed = parse_key(job, state, key)
+    after = decode_cursor(cursor)
+    with job.transaction() as tx:
+        entries = tx.map(state).entries(parsed, ns)
+    remaining = (e for e in entries if after is None or e[0].encode() > after)
+    page, next_cursor = take_page(remaining, min(limit, service.settings.max_page_size), lambda e: e[0].encode())
+    return EntryPage(items=[EntryItem(key=k, value=v) for k, v in page], next_cursor=next_cursor)
+
+
+@router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage)
+async def list_keys(
+    service: ServiceDep,
+    job: JobDep,
+    state: str,
+    ns: Namespace = "",
+    key_group: Annotated[int | None, Query(ge=0, description="only this key group")] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> KeyPage:
+    """Keys of a state in one namespace, in key-group order, paged; optionally one key group only."""
+    after = decode_cursor(cursor)
+    start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
+    if key_group is not None and key_group >= job.max_parallelism:
+        raise ApiError("invalid_argument", f"key_group must be < max_parallelism ({job.max_parallelism})")
+    keys = job.keys(state, ns, key_group, start_after)
+    page, next_cursor = take_page(
+        keys, min(limit, service.settings.max_page_size), lambda k: k.position[0].to_bytes(2, "big") + k.position[1]
+    )
+    return KeyPage(
+        items=[KeyItem(key=k.key, key_group=k.key_group, ns=k.namespace) for k in page], next_cursor=next_cursor
+    )

@@ -1,0 +1,103 @@
+"""Operator (non-keyed) state: list state per subtask, broadcast state per operator."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app.dependencies import JobDep
+from app.models import AddBody, EntryItem, EntryPage, OperatorListResponse, ValueBody, ValueResponse
+from app.paging import decode_cursor, take_page
+from app.problems import ApiError
+
+router = APIRouter(tags=["operator state"])
+
+LIST = "/jobs/{job}/operators/{operator}/subtasks/{index}/lists/{name}"
+BROADCAST = "/jobs/{job}/operators/{operator}/broadcast/{name}/entries"
+Index = Annotated[int, Path(ge=0, description="subtask index")]
+Mode = Annotated[
+    Literal["split", "union"] | None,
+    Query(description="redistribution mode, fixed on first write: split (default) or union"),
+]
+
+
+@router.get(LIST, response_model=OperatorListResponse)
+async def get_list(job: JobDep, operator: str, index: Index, name: str) -> OperatorListResponse:
+    with job.transaction() as tx:
+        values = tx.operator.list_get(operator, index, name)
+        mode = tx.operator.list_mode(operator, name)
+    if values is None:
+        raise ApiError("key_not_found", f"operator list state {operator}/{index}/{name} is empty")
+    return OperatorListResponse(value=values, mode=mode)
+
+
+@router.put(LIST, status_code=204)
+async def put_list(job: JobDep, operator: str, index: Index, name: str, body: ValueBody, mode: Mode = None) -> Response:
+    """Replace the subtask's list (`{"value": [...]}`)."""
+    if not isinstance(body.value, list):
+        raise ApiError("invalid_argument", "'value' must be a list")
+    with job.transaction() as tx:
+        tx.operator.list_update(operator, index, name, body.value, mode or _existing_or_split(tx, operator, name))
+    return Response(status_code=204)
+
+
+@router.post(LIST, status_code=204)
+async def add_to_list(
+    job: JobDep, operator: str, index: Index, name: str, body: AddBody, mode: Mode = None
+) -> Response:
+    """Append `{"value": v}` or `{"values": [...]}`."""
+    values = body.values if body.values is not None else [body.value]
+    with job.transaction() as tx:
+        tx.operator.list_add(operator, index, name, values, mode or _existing_or_split(tx, operator, name))
+    return Response(status_code=204)
+
+
+@router.delete(LIST, status_code=204)
+async def clear_list(job: JobDep, operator: str, index: Index, name: str) -> Response:
+    with job.transaction() as tx:
+        tx.operator.list_clear(operator, index, name)
+    return Response(status_code=204)
+
+
+def _existing_or_split(tx, operator: str, name: str) -> str:
+    return tx.operator.list_mode(operator, name) or "split"
+
+
+@router.get(BROADCAST, response_model=EntryPage)
+async def list_broadcast(
+    job: JobDep,
+    operator: str,
+    name: str,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    cursor: str | None = None,
+) -> EntryPage:
+    after = decode_cursor(cursor)
+    with job.transaction() as tx:
+        entries = tx.operator.broadcast_entries(operator, name)
+    remaining = ((k, v) for k, v in entries.items() if after is None or k.encode() > after)
+    page, next_cursor = take_page(remaining, limit, lambda e: e[0].encode())
+    return EntryPage(items=[EntryItem(key=k, value=v) for k, v in page], next_cursor=next_cursor)
+
+
+@router.get(BROADCAST + "/{key}", response_model=ValueResponse)
+async def get_broadcast(job: JobDep, operator: str, name: str, key: str) -> ValueResponse:
+    with job.transaction() as tx:
+        value = tx.operator.broadcast_get(operator, name, key)
+    if value is None:
+        raise ApiError("key_not_found", f"broadcast state {operator}/{name} has no entry {key!r}")
+    return ValueResponse(value=value)
+
+
+@router.put(BROADCAST + "/{key}", status_code=204)
+async def put_broadcast(job: JobDep, operator: str, name: str, key: str, body: ValueBody) -> Response:
+    with job.transaction() as tx:
+        tx.operator.broadcast_put(operator, name, key, body.value)
+    return Response(status_code=204)
+
+
+@router.delete(BROADCAST + "/{key}", status_code=204)
+async def remove_broadcast(job: JobDep, operator: str, name: str, key: str) -> Response:
+    with job.transaction() as tx:
+        tx.operator.broadcast_remove(operator, name, key)
+    return Response(status_code=204)

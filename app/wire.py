@@ -1,0 +1,72 @@
+"""Content negotiation for the binary-capable endpoints: JSON or msgpack, both ways.
+
+Bodies are decoded straight into Python values (orjson / msgpack), never into one pydantic
+model per item: this is the hot path of Spark executors.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgpack
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.problems import ApiError
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+_MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+
+
+def _json_default(value: Any) -> Any:
+    # JSON has no bytes: values stored through the msgpack API come back base64-encoded.
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
+
+
+async def read_body(request: Request) -> Any:
+    """Decode the body by its Content-Type (JSON when absent); 400/415 when it cannot be."""
+    content_type = request.headers.get("content-type")
+    raw = await request.body()
+    if is_msgpack(content_type):
+        try:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise ApiError("malformed_body", f"request body is not valid msgpack: {exc}") from None
+    media = (content_type or JSON).split(";", 1)[0].strip().lower()
+    if media != JSON and not media.endswith("+json"):
+        raise ApiError(
+            "unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {JSON} or {MSGPACK}"
+        )
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError("malformed_body", f"request body is not valid JSON: {exc}") from None
+
+
+def wants_msgpack(request: Request) -> bool:
+    """Answer in msgpack when Accept asks for it, or when the request was msgpack and Accept is silent."""
+    accept = request.headers.get("accept", "")
+    if any(t in accept for t in _MSGPACK_TYPES):
+        return True
+    if JSON in accept:
+        return False
+    return is_msgpack(request.headers.get("content-type"))
+
+
+def render(request: Request, content: Any, status_code: int = 200) -> Response:
+    if wants_msgpack(request):
+        return Response(msgpack.packb(content, use_bin_type=True), status_code=status_code, media_type=MSGPACK)
+    return Response(
+        orjson.dumps(content, default=_json_default, option=orjson.OPT_NON_STR_KEYS),
+        status_code=status_code,
+        media_type=JSON,
+    )
