@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     v1 = [Depends(require_token)]
     for router in (jobs.router, keyed.router, operators.router, batch.router):
-        app.include_router(router, prefix="/v1", dependencies=v1)
+        app.include_router(router, dependencies=v1)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 

@@ -21,9 +21,12 @@ def decode_cursor(cursor: str | None) -> bytes | None:
     if cursor is None:
         return None
     try:
-        return base64.urlsafe_b64decode(cursor.encode("ascii"))
+        decoded = base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True)
+        if decoded:
+            return decoded
     except (binascii.Error, ValueError, UnicodeEncodeError):
-        raise ApiError("invalid_argument", "cursor is not valid: pass back a next_cursor unchanged") from None
+        pass
+    raise ApiError("invalid_argument", "cursor is not valid: pass back a next_cursor unchanged")
 
 
 def take_page(items: Iterable[T], limit: int, position: Callable[[T], bytes]) -> tuple[list[T], str | None]:

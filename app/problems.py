@@ -76,7 +76,14 @@ def problem_response(
     return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
+def _count(request: Request, code: str) -> None:
+    service = getattr(request.app.state, "service", None)
+    if service is not None:
+        service.metrics.errors.labels(code).inc()
+
+
 def _state_error(request: Request, exc: StateError) -> Response:
+    _count(request, exc.code)
     status = STATUS_BY_CODE.get(exc.code, 400)
     headers = {"WWW-Authenticate": "Bearer"} if exc.code == "unauthorized" else None
     return problem_response(status, exc.code, exc.detail, request.url.path, headers, **exc.extra)
@@ -85,7 +92,9 @@ def _state_error(request: Request, exc: StateError) -> Response:
 def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
     detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
-    if any(e["type"] == "json_invalid" for e in errors):
+    malformed = any(e["type"] == "json_invalid" for e in errors)
+    _count(request, "malformed_body" if malformed else "validation_error")
+    if malformed:
         return problem_response(400, "malformed_body", f"request body is not valid JSON: {detail}", request.url.path)
     return problem_response(422, "validation_error", detail, request.url.path, errors=errors)
 
@@ -95,6 +104,7 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
+    _count(request, code)
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no such resource: {request.method} {request.url.path}"

@@ -14,7 +14,7 @@ from app.wire import JSON, MSGPACK, read_body, render
 from backends import ops
 from backends.errors import StateError
 
-router = APIRouter(tags=["batch"])
+router = APIRouter(prefix="/v1", tags=["batch"])
 
 _BODY_DOC = {"schema": {"$ref": "#/components/schemas/BatchRequest"}}
 

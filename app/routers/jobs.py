@@ -10,7 +10,7 @@ from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
 from app.models import DescriptorBody, DescriptorInfo, DescriptorPage, JobBody, JobInfo, JobPage
 from app.paging import decode_cursor, take_page
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(prefix="/v1", tags=["jobs"])
 
 StateName = Annotated[str, Path(description="state name", pattern=NAME_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]

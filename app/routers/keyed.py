@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from app.dependencies import JobDep, ServiceDep
-from app.models import AddBody, EntryItem, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
+from app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
 from app.paging import decode_cursor, take_page
 from app.problems import ApiError
+from app.wire import MSGPACK, render
 from backends import ops
 from backends.errors import InvalidKey
 from backends.job import Job
 
-router = APIRouter(tags=["keyed state"])
+router = APIRouter(prefix="/v1", tags=["keyed state"])
 
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
 Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
 Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
 BASE = "/jobs/{job}/states/{state}/keys/{key}"
+VALUE_CONTENT: dict[int | str, dict[str, Any]] = {200: {"content": {MSGPACK: {}}}}
 
 
 def parse_key(job: Job, state: str, key: str) -> str | int:
@@ -42,17 +44,20 @@ def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def found(result: dict[str, Any], what: str) -> ValueResponse:
+def found(request: Request, result: dict[str, Any], what: str) -> Response:
+    """The value as JSON (bytes as base64) or msgpack per Accept; 404 when absent."""
     if result["value"] is None:
         raise ApiError("key_not_found", f"{what} has no value")
-    return ValueResponse(value=result["value"])
+    return render(request, result)
 
 
-@router.get(BASE, response_model=ValueResponse, responses={404: {"description": "absent key"}})
-async def get_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> ValueResponse:
+@router.get(BASE, response_model=ValueResponse, responses={404: {"description": "absent key"}, **VALUE_CONTENT})
+async def get_key(
+    request: Request, service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = ""
+) -> Response:
     """Read: the value, the list, the whole map, or the reduced / aggregated result."""
     result = run_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
-    return found(result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
+    return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
 @router.put(BASE, status_code=204)
@@ -79,12 +84,12 @@ async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: 
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse)
+@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse, responses=VALUE_CONTENT)
 async def get_entry(
-    service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
-) -> ValueResponse:
+    request: Request, service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
+) -> Response:
     result = run_op(service, job, {"op": "map_get", "state": state, "key": key, "ns": ns, "user_key": user_key})
-    return found(result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
+    return found(request, result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
 @router.put(BASE + "/entries/{user_key}", status_code=204)
@@ -104,8 +109,9 @@ async def remove_entry(
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries", response_model=EntryPage)
+@router.get(BASE + "/entries", response_model=EntryPage, responses=VALUE_CONTENT)
 async def list_entries(
+    request: Request,
     service: ServiceDep,
     job: JobDep,
     state: str,
@@ -121,7 +127,7 @@ async def list_entries(
         entries = tx.map(state).entries(parsed, ns)
     remaining = (e for e in entries if after is None or e[0].encode() > after)
     page, next_cursor = take_page(remaining, min(limit, service.settings.max_page_size), lambda e: e[0].encode())
-    return EntryPage(items=[EntryItem(key=k, value=v) for k, v in page], next_cursor=next_cursor)
+    return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 
 @router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from app.dependencies import JobDep
-from app.models import AddBody, EntryItem, EntryPage, OperatorListResponse, ValueBody, ValueResponse
+from app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
 from app.paging import decode_cursor, take_page
 from app.problems import ApiError
+from app.wire import render
 
-router = APIRouter(tags=["operator state"])
+router = APIRouter(prefix="/v1", tags=["operator state"])
 
 LIST = "/jobs/{job}/operators/{operator}/subtasks/{index}/lists/{name}"
 BROADCAST = "/jobs/{job}/operators/{operator}/broadcast/{name}/entries"
@@ -23,13 +24,13 @@ Mode = Annotated[
 
 
 @router.get(LIST, response_model=OperatorListResponse)
-async def get_list(job: JobDep, operator: str, index: Index, name: str) -> OperatorListResponse:
+async def get_list(request: Request, job: JobDep, operator: str, index: Index, name: str) -> Response:
     with job.transaction() as tx:
         values = tx.operator.list_get(operator, index, name)
         mode = tx.operator.list_mode(operator, name)
     if values is None:
         raise ApiError("key_not_found", f"operator list state {operator}/{index}/{name} is empty")
-    return OperatorListResponse(value=values, mode=mode)
+    return render(request, {"value": values, "mode": mode})
 
 
 @router.put(LIST, status_code=204)
@@ -66,6 +67,7 @@ def _existing_or_split(tx, operator: str, name: str) -> str:
 
 @router.get(BROADCAST, response_model=EntryPage)
 async def list_broadcast(
+    request: Request,
     job: JobDep,
     operator: str,
     name: str,
@@ -77,16 +79,16 @@ async def list_broadcast(
         entries = tx.operator.broadcast_entries(operator, name)
     remaining = ((k, v) for k, v in entries.items() if after is None or k.encode() > after)
     page, next_cursor = take_page(remaining, limit, lambda e: e[0].encode())
-    return EntryPage(items=[EntryItem(key=k, value=v) for k, v in page], next_cursor=next_cursor)
+    return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 
 @router.get(BROADCAST + "/{key}", response_model=ValueResponse)
-async def get_broadcast(job: JobDep, operator: str, name: str, key: str) -> ValueResponse:
+async def get_broadcast(request: Request, job: JobDep, operator: str, name: str, key: str) -> Response:
     with job.transaction() as tx:
         value = tx.operator.broadcast_get(operator, name, key)
     if value is None:
         raise ApiError("key_not_found", f"broadcast state {operator}/{name} has no entry {key!r}")
-    return ValueResponse(value=value)
+    return render(request, {"value": value})
 
 
 @router.put(BROADCAST + "/{key}", status_code=204)
