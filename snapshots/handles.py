@@ -1,0 +1,167 @@
+"""State handles: small serializable values saying where snapshot bytes are.
+
+Flink's roles: :class:`StreamHandle` is a ``StreamStateHandle`` (one file, its size and
+checksum), :class:`KeyGroupsHandle` a ``KeyGroupsStateHandle`` (a stream plus
+``KeyGroupRangeOffsets``), :class:`IncrementalHandle` an ``IncrementalRemoteKeyedStateHandle``
+(RocksDB files, the SSTs shared between checkpoints). Paths inside a handle are relative
+to the snapshot directory that holds the ``_metadata`` (shared files are ``../shared/...``),
+so a savepoint directory can be moved as a whole.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends.keygroups import KeyGroupRange
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHandle:
+    """One durable file: its path, size in bytes and SHA-256 (hex)."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def relative_to(self, base: str) -> StreamHandle:
+        return replace(self, path=posixpath.relpath(self.path, base or "."))
+
+    def under(self, base: str) -> StreamHandle:
+        return replace(self, path=posixpath.normpath(posixpath.join(base, self.path)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamHandle:
+        return cls(data["path"], int(data["size"]), data["sha256"])
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupSection:
+    """Where one key group's section is in a full-snapshot stream (and its checksum)."""
+
+    offset: int
+    length: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupRangeOffsets:
+    """Flink's ``KeyGroupRangeOffsets``: the section of every key group of a range."""
+
+    key_group_range: KeyGroupRange
+    sections: tuple[KeyGroupSection, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sections) != len(self.key_group_range):
+            raise ValueError("one section per key group of the range")
+
+    def section(self, key_group: int) -> KeyGroupSection:
+        return self.sections[key_group - self.key_group_range.start]
+
+    def intersection(self, other: KeyGroupRange) -> KeyGroupRangeOffsets | None:
+        common = self.key_group_range.intersection(other)
+        if not len(common):
+            return None
+        first = common.start - self.key_group_range.start
+        return KeyGroupRangeOffsets(common, self.sections[first : first + len(common)])
+
+    def to_dict(self) -> dict[str, Any]:
+        # Columns rather than objects: with 32768 key groups this stays compact.
+        return {
+            "key_group_range": self.key_group_range.as_list(),
+            "offsets": [s.offset for s in self.sections],
+            "lengths": [s.length for s in self.sections],
+            "sha256": [s.sha256 for s in self.sections],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KeyGroupRangeOffsets:
+        start, end = data["key_group_range"]
+        sections = tuple(
+            KeyGroupSection(o, n, h) for o, n, h in zip(data["offsets"], data["lengths"], data["sha256"], strict=True)
+        )
+        return cls(KeyGroupRange(start, end), sections)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupsHandle:
+    """A full (canonical) keyed snapshot: one stream, a header, one section per key group."""
+
+    stream: StreamHandle
+    header: KeyGroupSection  # the header block at the start of the stream
+    offsets: KeyGroupRangeOffsets
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return self.offsets.key_group_range
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "key_groups",
+            "stream": self.stream.to_dict(),
+            "header": [self.header.offset, self.header.length, self.header.sha256],
+            "offsets": self.offsets.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KeyGroupsHandle:
+        return cls(
+            StreamHandle.from_dict(data["stream"]),
+            KeyGroupSection(*data["header"]),
+            KeyGroupRangeOffsets.from_dict(data["offsets"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalHandle:
+    """An incremental RocksDB checkpoint: SST files shared by reference, the rest private.
+
+    ``shared`` and ``private`` map the file's local RocksDB name to its handle;
+    ``backend_uid`` is the RocksDB identity of the database the files came from, so local
+    SST names are only reused against checkpoints of the same database.
+    """
+
+    backend_uid: str
+    key_group_range: KeyGroupRange
+    checkpoint_id: int
+    shared: dict[str, StreamHandle] = field(default_factory=dict)
+    private: dict[str, StreamHandle] = field(default_factory=dict)
+    tables: dict[str, bool] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "incremental",
+            "backend_uid": self.backend_uid,
+            "key_group_range": self.key_group_range.as_list(),
+            "checkpoint_id": self.checkpoint_id,
+            "shared": {n: h.to_dict() for n, h in sorted(self.shared.items())},
+            "private": {n: h.to_dict() for n, h in sorted(self.private.items())},
+            "tables": self.tables,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IncrementalHandle:
+        start, end = data["key_group_range"]
+        return cls(
+            data["backend_uid"],
+            KeyGroupRange(start, end),
+            int(data["checkpoint_id"]),
+            {n: StreamHandle.from_dict(h) for n, h in data["shared"].items()},
+            {n: StreamHandle.from_dict(h) for n, h in data["private"].items()},
+            dict(data["tables"]),
+        )
+
+
+KeyedHandle = KeyGroupsHandle | IncrementalHandle
+
+
+def keyed_handle_from_dict(data: dict[str, Any]) -> KeyedHandle:
+    if data["type"] == "key_groups":
+        return KeyGroupsHandle.from_dict(data)
+    if data["type"] == "incremental":
+        return IncrementalHandle.from_dict(data)
+    raise ValueError(f"unknown keyed handle type {data['type']!r}")

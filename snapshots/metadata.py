@@ -1,0 +1,105 @@
+"""``_metadata``: what one replica's part of a checkpoint or savepoint holds.
+
+Written last, after every file it names is durable: a part without metadata does not exist
+for restore. It is JSON (readable by operators with ``cat``) wrapped with a SHA-256 of its
+own body, so a torn or edited file is refused rather than misread. Handle paths are
+relative to the snapshot directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from backends.keygroups import KeyGroupRange
+from snapshots.errors import SnapshotCorrupt
+from snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle, keyed_handle_from_dict
+from snapshots.layout import SnapshotKind
+
+SnapshotFormat = Literal["full", "incremental"]
+_MAGIC = "statehouse-snapshot"
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMetadata:
+    job: str
+    checkpoint_id: int
+    kind: SnapshotKind
+    format: SnapshotFormat
+    replica_index: int
+    replica_count: int
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    backend: str
+    timestamp_ms: int
+    states: list[dict[str, Any]]  # keyed state descriptors
+    keyed: KeyedHandle
+    operator: StreamHandle
+    bytes_uploaded: int
+    bytes_reused: int
+    duration_ms: int
+
+    def shared_handles(self) -> dict[str, StreamHandle]:
+        return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "magic": _MAGIC,
+            "version": _VERSION,
+            "job": self.job,
+            "checkpoint_id": self.checkpoint_id,
+            "kind": self.kind,
+            "format": self.format,
+            "replica_index": self.replica_index,
+            "replica_count": self.replica_count,
+            "max_parallelism": self.max_parallelism,
+            "key_group_range": self.key_group_range.as_list(),
+            "backend": self.backend,
+            "timestamp_ms": self.timestamp_ms,
+            "states": self.states,
+            "keyed": self.keyed.to_dict(),
+            "operator": self.operator.to_dict(),
+            "bytes_uploaded": self.bytes_uploaded,
+            "bytes_reused": self.bytes_reused,
+            "duration_ms": self.duration_ms,
+        }
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        return json.dumps({"sha256": digest, "body": body}, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> SnapshotMetadata:
+        try:
+            wrapper = json.loads(data)
+            body = wrapper["body"]
+            canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+            if hashlib.sha256(canonical.encode()).hexdigest() != wrapper["sha256"]:
+                raise SnapshotCorrupt(f"snapshot metadata {where} fails its checksum; it is corrupt")
+            if body["magic"] != _MAGIC or body["version"] != _VERSION:
+                raise SnapshotCorrupt(f"{where} is not Statehouse snapshot metadata of version {_VERSION}")
+            start, end = body["key_group_range"]
+            return cls(
+                job=body["job"],
+                checkpoint_id=int(body["checkpoint_id"]),
+                kind=body["kind"],
+                format=body["format"],
+                replica_index=int(body["replica_index"]),
+                replica_count=int(body["replica_count"]),
+                max_parallelism=int(body["max_parallelism"]),
+                key_group_range=KeyGroupRange(start, end),
+                backend=body["backend"],
+                timestamp_ms=int(body["timestamp_ms"]),
+                states=list(body["states"]),
+                keyed=keyed_handle_from_dict(body["keyed"]),
+                operator=StreamHandle.from_dict(body["operator"]),
+                bytes_uploaded=int(body["bytes_uploaded"]),
+                bytes_reused=int(body["bytes_reused"]),
+                duration_ms=int(body["duration_ms"]),
+            )
+        except SnapshotCorrupt:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SnapshotCorrupt(f"snapshot metadata {where} is unreadable: {exc}") from None

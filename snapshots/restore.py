@@ -1,0 +1,212 @@
+"""Restore: one replica's key-group range from one or many snapshot parts (Flink's
+``StateAssignmentOperation`` + the backends' restore operations).
+
+Every part whose key-group range intersects the replica's range contributes: a full part
+through a ranged read of just those key groups, an incremental part by downloading its
+RocksDB files, opening them in a temporary directory and copying the owned key groups out
+(Flink's "copy" restore path; correct for any rescale and for either target backend).
+Everything is fetched and verified *before* the live job is touched, so a corrupt or
+missing file leaves the current state as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from backends.base.partition import WriteOp
+from backends.catalog import JobCatalog
+from backends.descriptors import StateDescriptor
+from backends.errors import JobNotFound
+from backends.job import Job
+from backends.keygroups import KeyGroupRange
+from backends.rocksdb.partition import RocksDBPartition
+from snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
+from snapshots.full_format import FetchedKeyGroups, fetch_key_groups
+from snapshots.handles import IncrementalHandle, KeyGroupsHandle
+from snapshots.metadata import SnapshotMetadata
+from snapshots.operator_format import OperatorSnapshot, merge_for_replica, write_ops
+from snapshots.storage.base import CheckpointStorage
+
+_BATCH = 5_000
+
+
+@dataclass(frozen=True)
+class SnapshotPart:
+    """One replica's part of a snapshot: its metadata and the directory it lives in."""
+
+    directory: str
+    metadata: SnapshotMetadata
+
+
+@dataclass
+class _FetchedPart:
+    part: SnapshotPart
+    wanted: KeyGroupRange
+    full: FetchedKeyGroups | None = None
+    db_dir: str | None = None
+
+
+def target_range(parts: list[SnapshotPart], replica_index: int, replica_count: int) -> KeyGroupRange:
+    """This replica's key groups for the snapshot's max parallelism; checks the parts fit."""
+    if not parts:
+        raise RestoreIncomplete("the snapshot has no completed parts")
+    max_parallelisms = {p.metadata.max_parallelism for p in parts}
+    if len(max_parallelisms) != 1:
+        raise SnapshotCorrupt(f"the snapshot's parts disagree on max_parallelism: {sorted(max_parallelisms)}")
+    max_parallelism = max_parallelisms.pop()
+    if replica_count > max_parallelism:
+        raise RestoreIncompatible(
+            f"the snapshot has max_parallelism {max_parallelism}; it cannot be spread over {replica_count} replicas"
+        )
+    return KeyGroupRange.for_operator(max_parallelism, replica_count, replica_index)
+
+
+def check_coverage(parts: list[SnapshotPart], target: KeyGroupRange) -> list[SnapshotPart]:
+    """The parts intersecting ``target``; refuses gaps and overlaps inside it."""
+    relevant = sorted(
+        (p for p in parts if len(p.metadata.key_group_range.intersection(target))),
+        key=lambda p: p.metadata.key_group_range.start,
+    )
+    next_needed = target.start
+    for part in relevant:
+        kg_range = part.metadata.key_group_range
+        if kg_range.start > next_needed:
+            break
+        if kg_range.start < next_needed:
+            raise SnapshotCorrupt(
+                f"snapshot parts overlap at key group {kg_range.start} "
+                f"(replica {part.metadata.replica_index} of {part.metadata.replica_count})"
+            )
+        next_needed = kg_range.end + 1
+    if next_needed <= target.end:
+        found = ", ".join(
+            f"replica-{p.metadata.replica_index}-of-{p.metadata.replica_count} "
+            f"{p.metadata.key_group_range.start}-{p.metadata.key_group_range.end}"
+            for p in parts
+        )
+        raise RestoreIncomplete(
+            f"the snapshot's parts do not cover key groups {next_needed}-{target.end} of this replica's range "
+            f"{target.start}-{target.end} (parts found: {found or 'none'}); wait until every replica has "
+            "completed it, or restore another checkpoint"
+        )
+    return relevant
+
+
+class RestoreOperation:
+    """Restores one job on one replica from the parts of one snapshot."""
+
+    def __init__(
+        self,
+        catalog: JobCatalog,
+        storage: CheckpointStorage,
+        job: str,
+        parts: list[SnapshotPart],
+        *,
+        operator_parallelism: dict[str, int] | None = None,
+        work_dir: str | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.storage = storage
+        self.job_name = job
+        self.parts = parts
+        self.operator_parallelism = operator_parallelism
+        self.work_dir = work_dir
+        self.entries = 0
+
+    def run(self) -> Job:
+        target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
+        relevant = check_coverage(self.parts, target)
+        temp = tempfile.mkdtemp(prefix="statehouse-restore-", dir=self.work_dir)
+        try:
+            fetched = [self._fetch(part, target, temp) for part in relevant]
+            operator_parts = [
+                OperatorSnapshot.from_bytes(self.storage.read_verified(p.metadata.operator.under(p.directory)))
+                for p in sorted(self.parts, key=lambda p: p.metadata.replica_index)
+            ]
+            operator = merge_for_replica(
+                operator_parts, self.catalog.replica_index, self.catalog.replica_count, self.operator_parallelism
+            )
+            return self._apply(fetched, operator, temp)
+        finally:
+            gc.collect()
+            shutil.rmtree(temp, ignore_errors=True)
+
+    # -- fetch: storage -> verified local bytes --------------------------------------------
+
+    def _fetch(self, part: SnapshotPart, target: KeyGroupRange, temp: str) -> _FetchedPart:
+        keyed = part.metadata.keyed
+        wanted = part.metadata.key_group_range.intersection(target)
+        if isinstance(keyed, KeyGroupsHandle):
+            handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
+            return _FetchedPart(part, wanted, full=fetch_key_groups(self.storage, handle, wanted))
+        assert isinstance(keyed, IncrementalHandle)
+        db_dir = tempfile.mkdtemp(prefix="part-", dir=temp)
+        for name, handle in {**keyed.shared, **keyed.private}.items():
+            self.storage.download_verified(handle.under(part.directory), os.path.join(db_dir, name))
+        return _FetchedPart(part, wanted, db_dir=db_dir)
+
+    # -- apply: replace the live job -------------------------------------------------------
+
+    def _apply(self, fetched: list[_FetchedPart], operator: OperatorSnapshot, temp: str) -> Job:
+        max_parallelism = self.parts[0].metadata.max_parallelism
+        with contextlib.suppress(JobNotFound):
+            self.catalog.delete(self.job_name)  # clear: the job's state is replaced, not merged
+        job, _created = self.catalog.create(self.job_name, max_parallelism)
+        for state in _descriptors(self.parts):
+            job.register_state(state)
+        for item in fetched:
+            tables = item.full.header.tables if item.full is not None else item.part.metadata.keyed.tables
+            for table, nested in tables.items():
+                job.partition.create_table(table, nested)  # a no-op for registered states
+        for item in fetched:
+            self._write(job, self._records(item, temp))
+        self._write(job, write_ops(operator))
+        return job
+
+    def _records(self, item: _FetchedPart, temp: str) -> Iterator[WriteOp]:
+        if item.full is not None:
+            for kg, table, primary, secondary, value in item.full.records():
+                yield WriteOp("put", table, kg, primary, secondary, value)
+            return
+        assert item.db_dir is not None
+        keyed = item.part.metadata.keyed
+        assert isinstance(keyed, IncrementalHandle)
+        source = RocksDBPartition(item.db_dir, None, frozen_dir=os.path.join(temp, "frozen"))
+        try:
+            if source.max_parallelism != item.part.metadata.max_parallelism:
+                raise SnapshotCorrupt("an incremental part's database disagrees with its metadata")
+            for table in keyed.tables:
+                if table not in source.tables():
+                    raise SnapshotCorrupt(f"an incremental part's database has no table {table!r}")
+                for kg in item.wanted:
+                    for primary, secondary, value in source.scan(table, kg):
+                        yield WriteOp("put", table, kg, primary, secondary, value)
+        finally:
+            source.close()
+
+    def _write(self, job: Job, ops: Iterator[WriteOp]) -> None:
+        batch: list[WriteOp] = []
+        for op in ops:
+            batch.append(op)
+            if len(batch) >= _BATCH:
+                job.partition.write(batch)
+                self.entries += len(batch)
+                batch = []
+        if batch:
+            job.partition.write(batch)
+            self.entries += len(batch)
+
+
+def _descriptors(parts: list[SnapshotPart]) -> list[StateDescriptor]:
+    seen: dict[str, StateDescriptor] = {}
+    for part in parts:
+        for data in part.metadata.states:
+            descriptor = StateDescriptor.from_dict(data)
+            seen.setdefault(descriptor.name, descriptor)
+    return [seen[name] for name in sorted(seen)]

@@ -1,0 +1,41 @@
+"""Checkpoint storage behind one interface: local directory, S3, memory."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from snapshots.errors import InvalidLocation
+from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from snapshots.storage.local import LocalStorage
+from snapshots.storage.memory import MemoryStorage
+from snapshots.storage.s3 import S3Storage
+
+
+def open_storage(location: str, *, s3_endpoint_url: str | None = None) -> CheckpointStorage:
+    """Storage for a location: a path, ``file:///path``, ``s3://bucket/prefix`` or ``memory://name/prefix``."""
+    if not isinstance(location, str) or not location.strip():
+        raise InvalidLocation("a checkpoint location must be a non-empty path or URL")
+    if "://" not in location:
+        return LocalStorage(location)
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise InvalidLocation(f"file locations must be local: file:///path, got {location!r}")
+        return LocalStorage(parsed.path)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise InvalidLocation(f"an S3 location needs a bucket: s3://bucket/prefix, got {location!r}")
+        return S3Storage(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url)
+    if parsed.scheme == "memory":
+        return MemoryStorage(parsed.netloc or "default", parsed.path)
+    raise InvalidLocation(f"unsupported checkpoint location {location!r}: use a path, file://, s3:// or memory://")
+
+
+__all__ = [
+    "CheckpointOutputStream",
+    "CheckpointStorage",
+    "LocalStorage",
+    "MemoryStorage",
+    "S3Storage",
+    "open_storage",
+]

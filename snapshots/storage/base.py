@@ -1,0 +1,171 @@
+"""Checkpoint storage: where snapshot files live (Flink's ``CheckpointStorageAccess`` and
+``CheckpointStreamFactory``).
+
+Paths are ``/``-separated and relative to the storage root; ``..`` segments are resolved
+(handles refer to ``../shared/...``) but can never leave the root's own container.
+Nothing written through an output stream is visible under its final path until
+:meth:`CheckpointOutputStream.close_and_get_handle` returned, and then it is durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from snapshots.errors import SnapshotCorrupt
+from snapshots.handles import StreamHandle
+
+_CHUNK = 1 << 20
+
+
+class CheckpointOutputStream(ABC):
+    """A file being written; hashes what it writes so the handle carries the checksum."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._digest = hashlib.sha256()
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        self._size += len(data)
+        self._write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._size
+
+    def close_and_get_handle(self) -> StreamHandle:
+        """Make the bytes durable under :attr:`path`; only then return the handle."""
+        self._commit()
+        return StreamHandle(self.path, self._size, self._digest.hexdigest())
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _commit(self) -> None: ...
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Drop everything written; nothing appears under the path."""
+
+    def __enter__(self) -> CheckpointOutputStream:
+        return self
+
+    def __exit__(self, exc_type, *_exc: object) -> None:
+        if exc_type is not None:
+            self.discard()
+
+
+class CheckpointStorage(ABC):
+    """One storage root (a directory, an S3 prefix, a memory bucket)."""
+
+    location: str  # the root as a location string, e.g. "s3://bucket/prefix"
+
+    def __init__(self) -> None:
+        self._counter_lock = threading.Lock()
+        self.bytes_read = 0  # counters for metrics and tests
+        self.bytes_written = 0
+
+    def _count(self, read: int = 0, written: int = 0) -> None:
+        with self._counter_lock:
+            self.bytes_read += read
+            self.bytes_written += written
+
+    # -- primitives each storage implements ------------------------------------------------
+
+    @abstractmethod
+    def create_output(self, path: str) -> CheckpointOutputStream: ...
+
+    @abstractmethod
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset+length)`` of a file (a ranged GET on S3, a seek locally)."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Paths of all files under a directory prefix (recursive), sorted."""
+
+    @abstractmethod
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete files; missing ones are ignored."""
+
+    def exists(self, path: str) -> bool:
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        return path in self.list(parent)
+
+    def delete_prefix(self, prefix: str) -> None:
+        self.delete(self.list(prefix))
+
+    def put_file(self, path: str, local_path: str) -> StreamHandle:
+        """Upload a local file (S3 overrides this with a multipart-capable upload)."""
+        with open(local_path, "rb") as source, self.create_output(path) as out:
+            while chunk := source.read(_CHUNK):
+                out.write(chunk)
+            return out.close_and_get_handle()
+
+    def download(self, path: str, local_path: str) -> None:
+        with open(local_path, "wb") as target:
+            target.write(self.read(path))
+
+    # -- verified reads ----------------------------------------------------------------------
+
+    def read_verified(self, handle: StreamHandle) -> bytes:
+        data = self._read_existing(handle)
+        check_bytes(handle.path, data, handle.size, handle.sha256)
+        return data
+
+    def download_verified(self, handle: StreamHandle, local_path: str) -> None:
+        try:
+            self.download(handle.path, local_path)
+        except FileNotFoundError:
+            raise SnapshotCorrupt(f"snapshot file {handle.path!r} is missing from {self.location}") from None
+        digest = hashlib.sha256()
+        size = 0
+        with open(local_path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        if size != handle.size or digest.hexdigest() != handle.sha256:
+            raise SnapshotCorrupt(
+                f"snapshot file {handle.path!r} in {self.location} fails its checksum "
+                f"(expected {handle.size} bytes sha256 {handle.sha256[:12]}..., got {size} bytes)"
+            )
+
+    def _read_existing(self, handle: StreamHandle, offset: int = 0, length: int | None = None) -> bytes:
+        try:
+            return self.read(handle.path, offset, length)
+        except FileNotFoundError:
+            raise SnapshotCorrupt(f"snapshot file {handle.path!r} is missing from {self.location}") from None
+
+    def read_range_verified(self, handle: StreamHandle, offset: int, length: int, sha256: str) -> bytes:
+        """A section of a file that carries its own checksum (e.g. one key group)."""
+        data = self._read_existing(handle, offset, length)
+        check_bytes(f"{handle.path}@{offset}", data, length, sha256)
+        return data
+
+    def close(self) -> None:  # noqa: B027 - optional hook: only S3 holds a client
+        """Release clients and connections."""
+
+
+def check_bytes(what: str, data: bytes, size: int, sha256: str) -> None:
+    if len(data) != size:
+        raise SnapshotCorrupt(f"snapshot file {what!r} is truncated: expected {size} bytes, found {len(data)}")
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SnapshotCorrupt(f"snapshot file {what!r} fails its sha256 checksum; it is corrupt")
+
+
+def copy_local(source: str, target: str) -> None:
+    shutil.copyfile(source, target)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
