@@ -30,6 +30,7 @@ class JobInfo(BaseModel):
     replica_index: int
     replica_count: int
     states: list[str]
+    epoch: int = Field(description="current writer epoch (see /fence)")
 
     @classmethod
     def of(cls, job: Job) -> JobInfo:
@@ -41,6 +42,7 @@ class JobInfo(BaseModel):
             replica_index=job.replica_index,
             replica_count=job.replica_count,
             states=sorted(job.descriptors),
+            epoch=job.epoch,
         )
 
 
@@ -158,6 +160,15 @@ class BatchOp(BaseModel):
 
 class BatchRequest(BaseModel):
     ops: list[BatchOp]
+    epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
+
+
+class FenceBody(Strict):
+    epoch: int = Field(ge=0, description="raise the job's writer epoch to at least this")
+
+
+class FenceResponse(BaseModel):
+    epoch: int
 
 
 class BatchResponse(BaseModel):

@@ -43,6 +43,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "wrong_state_kind": 409,
     "operator_state_conflict": 409,
     "key_not_owned": 421,
+    "stale_epoch": 409,
     "not_ready": 503,
 }
 

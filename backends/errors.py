@@ -70,6 +70,12 @@ class KeyNotOwned(StateError):
         self.owner = owner
 
 
+class StaleEpoch(StateError):
+    """A write carried a writer epoch other than the job's current one (a fenced-off attempt)."""
+
+    code = "stale_epoch"
+
+
 class OperatorStateConflict(StateError):
     """E.g. an operator list state re-declared with another distribution mode."""
 

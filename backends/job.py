@@ -12,7 +12,7 @@ from backends.base.partition import META_TABLE, StorePartition
 from backends.base.transaction import PartitionTransaction
 from backends.codec import decode_primary, encode_key, encode_namespace
 from backends.descriptors import StateDescriptor
-from backends.errors import KeyNotOwned, StateNotFound, WrongStateKind
+from backends.errors import InvalidArgument, KeyNotOwned, StaleEpoch, StateNotFound, WrongStateKind
 from backends.keyed import (
     STATE_CLASSES,
     AggregatingState,
@@ -29,6 +29,7 @@ from backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
 from backends.ttl import Clock, SystemClock
 
 _STATE_META = b"state:"
+_EPOCH_META = b"writer-epoch"
 
 
 class StoredKey(NamedTuple):
@@ -99,6 +100,35 @@ class Job:
         del self.descriptors[name]
         self._cleanup_cursors.pop(name, None)
         self.partition.drop_table(name)
+
+    # -- writer epochs (fencing) ---------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The current writer epoch; writes that name an epoch must name this one."""
+        raw = self.partition.get_meta(_EPOCH_META)
+        return int(raw) if raw is not None else 0
+
+    def fence(self, epoch: int) -> int:
+        """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
+        current = self.epoch
+        if epoch > current:
+            tx = PartitionTransaction(self.partition)
+            tx.put(META_TABLE, 0, _EPOCH_META, str(epoch).encode())
+            tx.commit()
+            current = epoch
+        return current
+
+    def check_epoch(self, epoch: int) -> None:
+        current = self.epoch
+        if epoch != current:
+            raise StaleEpoch(
+                f"write epoch {epoch} is not the job's current writer epoch {current}: this attempt was fenced off "
+                "(or the coordinator has not fenced yet)",
+                epoch=current,
+            )
 
     # -- keys ----------------------------------------------------------------------------
 

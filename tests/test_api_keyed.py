@@ -25,6 +25,7 @@ def test_jobs_lifecycle(http, job_name):
         "replica_index": 0,
         "replica_count": 1,
         "states": [],
+        "epoch": 0,
     }
     assert http.put(f"/jobs/{job_name}", json={"max_parallelism": 256}).status_code == 200
     assert http.put(f"/jobs/{job_name}").status_code == 200  # confirm without a body
@@ -167,3 +168,17 @@ def test_ttl_over_http(http, job):
 
     time.sleep(0.01)
     assert http.get(f"{job}/states/seen/keys/k").status_code == 404
+
+
+def test_writer_epoch_fences_stale_batches(http, job):
+    register(http, job, "v", kind="value")
+    put = {"op": "put", "state": "v", "key": "k"}
+    assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 0}], "epoch": 0}).status_code == 200
+    assert http.post(f"{job}/fence", json={"epoch": 3}).json() == {"epoch": 3}
+    assert http.post(f"{job}/fence", json={"epoch": 2}).json() == {"epoch": 3}  # never lowered
+    stale = http.post(f"{job}/batch", json={"ops": [{**put, "value": 1}], "epoch": 2})
+    assert stale.status_code == 409 and stale.json()["code"] == "stale_epoch" and stale.json()["epoch"] == 3
+    assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 2}], "epoch": 3}).status_code == 200
+    assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 9}]}).status_code == 200  # no epoch: unfenced
+    assert http.get(f"{job}/states/v/keys/k").json() == {"value": 9}
+    assert http.get(job).json()["epoch"] == 3

@@ -28,11 +28,18 @@ _BODY_DOC = {"schema": {"$ref": "#/components/schemas/BatchRequest"}}
 async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     """Many keyed operations in one request, applied in order and atomically: later operations see
     earlier ones; if any fails, nothing is applied and the problem names the failing op's index.
+    An optional `"epoch"` fences writers: a batch naming another epoch than the job's current writer
+    epoch (see `POST /v1/jobs/{job}/fence`) is refused with 409 `stale_epoch`.
     Send and receive `application/json` or `application/msgpack` (bytes values allowed)."""
     body = await read_body(request)
     operations = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(operations, list):
         raise ApiError("invalid_argument", 'the body must be an object {"ops": [...]}')
+    epoch = body.get("epoch")
+    if epoch is not None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ApiError("invalid_argument", "'epoch' must be an integer")
+        job.check_epoch(epoch)
     if len(operations) > service.settings.max_batch_ops:
         raise ApiError(
             "batch_too_large",

@@ -7,7 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Query, Response
 
 from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
-from app.models import DescriptorBody, DescriptorInfo, DescriptorPage, JobBody, JobInfo, JobPage
+from app.models import (
+    DescriptorBody,
+    DescriptorInfo,
+    DescriptorPage,
+    FenceBody,
+    FenceResponse,
+    JobBody,
+    JobInfo,
+    JobPage,
+)
 from app.paging import decode_cursor, take_page
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -53,6 +62,13 @@ async def delete_job(service: ServiceDep, job: JobDep) -> Response:
     """Delete a job and all its local state (checkpoints in storage are kept)."""
     service.catalog.delete(job.name)
     return Response(status_code=204)
+
+
+@router.post("/jobs/{job}/fence", response_model=FenceResponse)
+async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
+    """Raise the job's writer epoch (never lowers it). Batches that carry an older epoch are then refused,
+    so a stale attempt of a Spark micro-batch cannot overwrite a newer one."""
+    return FenceResponse(epoch=job.fence(body.epoch))
 
 
 @router.put("/jobs/{job}/states/{state}", response_model=DescriptorInfo, responses={201: {"model": DescriptorInfo}})
