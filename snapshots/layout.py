@@ -54,11 +54,11 @@ def parse_job_listing(paths: list[str]) -> list[tuple[SnapshotKind, int, int, in
     return found
 
 
-def parse_snapshot_dir_ids(paths: list[str]) -> set[int]:
-    """Every checkpoint/savepoint id that has a directory (complete or not) in a job listing."""
+def parse_snapshot_dir_ids(paths: list[str], part: str) -> set[int]:
+    """Ids of snapshots that hold files of replica part ``part`` (complete or not) in a job listing."""
     ids = set()
     for path in paths:
-        match = re.match(r"^(?:chk-(\d+)|savepoints/sp-(\d+))/", path)
-        if match:
+        match = re.match(r"^(?:chk-(\d+)|savepoints/sp-(\d+))/(?:_metadata\.)?([^/]+)", path)
+        if match and match[3] == part:
             ids.add(int(match[1] or match[2]))
     return ids

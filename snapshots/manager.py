@@ -171,9 +171,14 @@ class CheckpointManager:
     def _load(self, job: str) -> _JobCheckpoints:
         state = _JobCheckpoints()
         listing = [p[len(job) + 1 :] for p in self.storage.list(job)]
-        state.known_ids = parse_snapshot_dir_ids(listing)
+        # Ids in use: this replica's own parts (complete or not), and every snapshot that was
+        # completed under another replica count (ids keep increasing across a rescale).
+        # Other replicas' parts of this layout are the same checkpoints, not conflicts.
+        state.known_ids = parse_snapshot_dir_ids(listing, self._part)
         mine = (self.catalog.replica_index, self.catalog.replica_count)
         for kind, checkpoint_id, index, count in parse_job_listing(listing):
+            if count != self.catalog.replica_count:
+                state.known_ids.add(checkpoint_id)
             if (index, count) != mine:
                 continue
             directory = snapshot_dir(job, checkpoint_id, kind)

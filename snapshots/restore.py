@@ -74,16 +74,18 @@ def check_coverage(parts: list[SnapshotPart], target: KeyGroupRange) -> list[Sna
         key=lambda p: p.metadata.key_group_range.start,
     )
     next_needed = target.start
+    previous_end: int | None = None
     for part in relevant:
         kg_range = part.metadata.key_group_range
-        if kg_range.start > next_needed:
-            break
-        if kg_range.start < next_needed:
+        if previous_end is not None and kg_range.start <= previous_end:
             raise SnapshotCorrupt(
                 f"snapshot parts overlap at key group {kg_range.start} "
                 f"(replica {part.metadata.replica_index} of {part.metadata.replica_count})"
             )
+        if kg_range.start > next_needed:
+            break
         next_needed = kg_range.end + 1
+        previous_end = kg_range.end
     if next_needed <= target.end:
         found = ", ".join(
             f"replica-{p.metadata.replica_index}-of-{p.metadata.replica_count} "
