@@ -63,3 +63,18 @@ def http(server):
 @pytest.fixture
 def job_name():
     return f"job-{next(_job_numbers)}"
+
+
+@pytest.fixture(scope="session")
+def two_replicas(tmp_path_factory):
+    """Replicas 0 and 1 of a two-replica RocksDB deployment."""
+    servers = [
+        start_server(
+            tmp_path_factory.mktemp(f"replica-{i}"),
+            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2"},
+        )
+        for i in range(2)
+    ]
+    yield servers
+    for srv in servers:
+        srv.stop()

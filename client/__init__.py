@@ -1,0 +1,42 @@
+"""Statehouse's Python client for Spark drivers and executors (no FastAPI inside).
+
+from client import StatehouseClient
+with StatehouseClient(["http://sh-0:8000", "http://sh-1:8000"]) as sh:
+    job = sh.job("features", max_parallelism=128)
+    spent = job.register("spent", "reducing", function="sum")
+    spent.add("alice", 12.5)
+    with job.batch() as batch:
+        total = batch.get("spent", "alice")
+    print(total.value)
+"""
+
+from client.batch import Batch, PendingResult
+from client.client import StatehouseClient
+from client.config import ClientConfig
+from client.errors import (
+    Conflict,
+    InvalidRequest,
+    KeyNotOwned,
+    NotFound,
+    StaleEpoch,
+    StatehouseError,
+    Unauthorized,
+    Unavailable,
+)
+from client.job import JobClient
+
+__all__ = [
+    "Batch",
+    "ClientConfig",
+    "Conflict",
+    "InvalidRequest",
+    "JobClient",
+    "KeyNotOwned",
+    "NotFound",
+    "PendingResult",
+    "StaleEpoch",
+    "StatehouseClient",
+    "StatehouseError",
+    "Unauthorized",
+    "Unavailable",
+]

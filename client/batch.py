@@ -1,0 +1,117 @@
+"""Batching: queue many keyed operations, send one msgpack request per replica."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from client.job import JobClient
+
+# Operations whose repetition cannot change the outcome: a batch made only of these may be
+# retried after a timeout. ``add`` is not among them.
+IDEMPOTENT_OPS = frozenset({"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains"})
+_UNSET = object()
+
+
+class PendingResult:
+    """The result of a queued operation, available after the batch is flushed."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self) -> None:
+        self._result: Any = _UNSET
+
+    @property
+    def done(self) -> bool:
+        return self._result is not _UNSET
+
+    @property
+    def value(self) -> Any:
+        if self._result is _UNSET:
+            raise RuntimeError("the batch has not been flushed yet")
+        return self._result.get("value")
+
+
+class Batch:
+    """Operations grouped per owning replica and sent as one atomic msgpack batch each.
+
+    Each replica's part is atomic and ordered; parts on different replicas are independent
+    (a failure on one replica does not undo another's). Use as a context manager to flush on
+    exit, or call :meth:`flush`. ``epoch`` fences the writes (see the coordinator).
+    """
+
+    def __init__(self, job: JobClient, *, epoch: int | None = None, max_ops: int = 5000) -> None:
+        self._job = job
+        self.epoch = epoch
+        self.max_ops = max_ops
+        self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in job.replicas]
+
+    def _queue(self, op: dict[str, Any]) -> PendingResult:
+        replica = self._job.replica_for(op["state"], op["key"])
+        pending = PendingResult()
+        queue = self._queued[replica]
+        queue.append((op, pending))
+        if len(queue) >= self.max_ops:
+            self._flush_replica(replica)
+        return pending
+
+    @staticmethod
+    def _op(op: str, state: str, key: Any, ns: str, **fields: Any) -> dict[str, Any]:
+        body = {"op": op, "state": state, "key": key, **fields}
+        if ns:
+            body["ns"] = ns
+        return body
+
+    def get(self, state: str, key: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("get", state, key, ns))
+
+    def put(self, state: str, key: Any, value: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("put", state, key, ns, value=value))
+
+    def add(self, state: str, key: Any, value: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("add", state, key, ns, value=value))
+
+    def add_all(self, state: str, key: Any, values: list[Any], ns: str = "") -> PendingResult:
+        return self._queue(self._op("add", state, key, ns, values=list(values)))
+
+    def clear(self, state: str, key: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("clear", state, key, ns))
+
+    def map_get(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
+        return self._queue(self._op("map_get", state, key, ns, user_key=user_key))
+
+    def map_put(self, state: str, key: Any, user_key: str, value: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("map_put", state, key, ns, user_key=user_key, value=value))
+
+    def map_remove(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
+        return self._queue(self._op("map_remove", state, key, ns, user_key=user_key))
+
+    def map_contains(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
+        return self._queue(self._op("map_contains", state, key, ns, user_key=user_key))
+
+    def _flush_replica(self, replica: int) -> None:
+        queue, self._queued[replica] = self._queued[replica], []
+        if not queue:
+            return
+        ops = [op for op, _pending in queue]
+        idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
+        results = self._job.replicas[replica].batch(self._job.name, ops, epoch=self.epoch, idempotent=idempotent)
+        for (_op, pending), result in zip(queue, results, strict=True):
+            pending._result = result
+
+    def flush(self) -> None:
+        """Send everything queued: one request per replica, replicas in parallel."""
+        busy = [i for i, queue in enumerate(self._queued) if queue]
+        if len(busy) <= 1:
+            for i in busy:
+                self._flush_replica(i)
+            return
+        for future in [self._job.client.executor.submit(self._flush_replica, i) for i in busy]:
+            future.result()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.flush()

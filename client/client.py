@@ -1,0 +1,50 @@
+"""The entry point: ``StatehouseClient(["http://replica-0:8000", ...])``."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from client.config import ClientConfig
+from client.errors import Conflict
+from client.job import JobClient
+from client.transport import ReplicaConnection
+
+
+class StatehouseClient:
+    """Connections to every replica of one Statehouse deployment, in replica-index order."""
+
+    def __init__(self, urls: str | list[str] | ClientConfig, **options: Any) -> None:
+        self.config = urls if isinstance(urls, ClientConfig) else ClientConfig.of(urls, **options)
+        c = self.config
+        self.replicas = [
+            ReplicaConnection(url, token=c.token, timeout=c.timeout, retries=c.retries, backoff=c.backoff)
+            for url in c.urls
+        ]
+        self.executor = ThreadPoolExecutor(max_workers=max(1, len(self.replicas)), thread_name_prefix="statehouse")
+
+    def job(self, name: str, max_parallelism: int | None = None) -> JobClient:
+        """Create the job on every replica (or confirm it) and check they agree on it."""
+        body = {"max_parallelism": max_parallelism} if max_parallelism else None
+        infos = [r.json("PUT", f"/v1/jobs/{name}", body) for r in self.replicas]
+        for index, info in enumerate(infos):
+            if info["replica_count"] != len(self.replicas) or info["replica_index"] != index:
+                raise Conflict(
+                    f"{self.replicas[index].url} is replica {info['replica_index']} of {info['replica_count']}, "
+                    f"but the client has it as replica {index} of {len(self.replicas)}: fix the URL list"
+                )
+        parallelisms = {info["max_parallelism"] for info in infos}
+        if len(parallelisms) != 1:
+            raise Conflict(f"replicas disagree on job {name!r}'s max_parallelism: {sorted(parallelisms)}")
+        return JobClient(self, name, parallelisms.pop())
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        for replica in self.replicas:
+            replica.close()
+
+    def __enter__(self) -> StatehouseClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""Exceptions raised by the client, mapped from the server's problem+json responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class StatehouseError(Exception):
+    """An error answer from Statehouse (or no answer at all)."""
+
+    def __init__(self, detail: str, *, status: int | None = None, code: str | None = None, problem: Any = None):
+        super().__init__(f"{code}: {detail}" if code else detail)
+        self.detail = detail
+        self.status = status
+        self.code = code
+        self.problem = problem if isinstance(problem, dict) else {}
+
+
+class InvalidRequest(StatehouseError):
+    """400, 413, 415, 422: the request must change before it can succeed."""
+
+
+class Unauthorized(StatehouseError):
+    """401: missing or wrong bearer token."""
+
+
+class NotFound(StatehouseError):
+    """404: no such job, state, key or checkpoint."""
+
+
+class Conflict(StatehouseError):
+    """409: e.g. an incompatible descriptor, a wrong state kind, a checkpoint id in use."""
+
+
+class StaleEpoch(Conflict):
+    """409 ``stale_epoch``: this writer was fenced off by a newer attempt."""
+
+
+class KeyNotOwned(StatehouseError):
+    """421: the key belongs to another replica (the client's replica list is misordered)."""
+
+    @property
+    def owner(self) -> int | None:
+        return self.problem.get("owner")
+
+
+class Unavailable(StatehouseError):
+    """503 or a transport failure: worth retrying later."""
+
+
+_BY_STATUS: dict[int, type[StatehouseError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    421: KeyNotOwned,
+    422: InvalidRequest,
+    503: Unavailable,
+}
+
+
+def error_from_response(response: httpx.Response) -> StatehouseError:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    code = problem.get("code")
+    detail = problem.get("detail") or response.text[:500] or response.reason_phrase
+    cls = StaleEpoch if code == "stale_epoch" else _BY_STATUS.get(response.status_code, StatehouseError)
+    return cls(detail, status=response.status_code, code=code, problem=problem)

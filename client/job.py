@@ -1,0 +1,127 @@
+"""A job seen from the client: routing by key group, descriptors, batches, operator state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from backends.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from client.batch import Batch
+from client.errors import InvalidRequest, StatehouseError
+from client.states import (
+    HANDLES,
+    AggregatingStateHandle,
+    ListStateHandle,
+    MapStateHandle,
+    ReducingStateHandle,
+    StateHandle,
+    ValueStateHandle,
+)
+
+if TYPE_CHECKING:
+    from client.client import StatehouseClient
+    from client.transport import ReplicaConnection
+
+
+class JobClient:
+    def __init__(self, client: StatehouseClient, name: str, max_parallelism: int) -> None:
+        self.client = client
+        self.name = name
+        self.max_parallelism = max_parallelism
+        self.replicas: list[ReplicaConnection] = client.replicas
+        self._key_types: dict[str, str] = {}
+
+    # -- routing -------------------------------------------------------------------------
+
+    def key_group(self, state: str, key: Any) -> int:
+        key_type = self._key_type(state)
+        if key_type == "string" and not isinstance(key, str):
+            raise InvalidRequest(f"state {state!r} has string keys; got {type(key).__name__} {key!r}")
+        if key_type != "string" and (isinstance(key, bool) or not isinstance(key, int)):
+            raise InvalidRequest(f"state {state!r} has {key_type} keys; got {type(key).__name__} {key!r}")
+        try:
+            return assign_to_key_group(key, key_type, self.max_parallelism)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    def replica_for(self, state: str, key: Any) -> int:
+        """The replica that owns ``key`` (the same function the server uses to refuse it)."""
+        return operator_index(self.max_parallelism, len(self.replicas), self.key_group(state, key))
+
+    def key_group_range(self, replica: int) -> KeyGroupRange:
+        return KeyGroupRange.for_operator(self.max_parallelism, len(self.replicas), replica)
+
+    def _key_type(self, state: str) -> str:
+        key_type = self._key_types.get(state)
+        if key_type is None:
+            key_type = self._key_types[state] = self.describe(state)["key_type"]
+        return key_type
+
+    # -- descriptors ---------------------------------------------------------------------
+
+    def register(self, name: str, kind: str, **descriptor: Any) -> StateHandle:
+        """Register a keyed state on every replica (idempotent) and return its typed handle."""
+        body = {"kind": kind, **{k: v for k, v in descriptor.items() if v is not None}}
+        for replica in self.replicas:
+            replica.json("PUT", f"/v1/jobs/{self.name}/states/{name}", body)
+        self._key_types[name] = body.get("key_type", "string")
+        return HANDLES[kind](self, name)
+
+    def describe(self, state: str) -> dict[str, Any]:
+        return self.replicas[0].json("GET", f"/v1/jobs/{self.name}/states/{state}")
+
+    def state(self, name: str) -> StateHandle:
+        return HANDLES[self.describe(name)["kind"]](self, name)
+
+    def _typed(self, name: str, cls: type[StateHandle]) -> Any:
+        handle = self.state(name)
+        if not isinstance(handle, cls):
+            raise InvalidRequest(f"state {name!r} is not a {cls.__name__.removesuffix('StateHandle').lower()} state")
+        return handle
+
+    def value_state(self, name: str) -> ValueStateHandle:
+        return self._typed(name, ValueStateHandle)
+
+    def list_state(self, name: str) -> ListStateHandle:
+        return self._typed(name, ListStateHandle)
+
+    def map_state(self, name: str) -> MapStateHandle:
+        return self._typed(name, MapStateHandle)
+
+    def reducing_state(self, name: str) -> ReducingStateHandle:
+        return self._typed(name, ReducingStateHandle)
+
+    def aggregating_state(self, name: str) -> AggregatingStateHandle:
+        return self._typed(name, AggregatingStateHandle)
+
+    # -- batches and fencing -------------------------------------------------------------
+
+    def batch(self, *, epoch: int | None = None, max_ops: int | None = None) -> Batch:
+        return Batch(self, epoch=epoch, max_ops=max_ops or self.client.config.max_batch_ops)
+
+    def fence(self, epoch: int) -> int:
+        """Raise the writer epoch on every replica; returns the epoch now in force everywhere."""
+        epochs = [r.json("POST", f"/v1/jobs/{self.name}/fence", {"epoch": epoch}) for r in self.replicas]
+        return max(e["epoch"] for e in epochs)
+
+    def epoch(self) -> int:
+        return max(r.json("GET", f"/v1/jobs/{self.name}")["epoch"] for r in self.replicas)
+
+    # -- operator state: subtask i lives on replica i % replica_count --------------------
+
+    def _operator_replica(self, subtask: int) -> ReplicaConnection:
+        return self.replicas[subtask % len(self.replicas)]
+
+    def operator_list(self, operator: str, subtask: int, name: str) -> list[Any]:
+        path = f"/v1/jobs/{self.name}/operators/{operator}/subtasks/{subtask}/lists/{name}"
+        try:
+            return self._operator_replica(subtask).json("GET", path)["value"]
+        except StatehouseError as exc:
+            if exc.status == 404 and exc.code == "key_not_found":
+                return []
+            raise
+
+    def update_operator_list(self, operator: str, subtask: int, name: str, values: list[Any], mode: str = "split"):
+        path = f"/v1/jobs/{self.name}/operators/{operator}/subtasks/{subtask}/lists/{name}"
+        self._operator_replica(subtask).request(
+            "PUT", path, idempotent=True, json={"value": list(values)}, params={"mode": mode}
+        )
