@@ -1,0 +1,126 @@
+"""Lifecycle guarantees: asynchronous uploads, corrupt files refused, survival across a restart."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from backends import HeapStore, JobCatalog
+from snapshots import CheckpointManager, CheckpointNotReady, SnapshotCorrupt, open_storage
+from snapshots.storage.local import LocalOutputStream, LocalStorage
+from tests.test_snapshot_support import dump, populate
+
+
+class GatedStorage(LocalStorage):
+    """A real local storage whose writes wait for a gate: an upload that takes as long as the test wants."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+
+    def create_output(self, path: str) -> LocalOutputStream:
+        if "_metadata" not in path:
+            assert self.gate.wait(30)
+        return super().create_output(path)
+
+    def put_file(self, path, local_path):
+        assert self.gate.wait(30)
+        return super().put_file(path, local_path)
+
+
+def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, tmp_path):
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    populate(job, 100)
+    expected = dump(job)
+    storage = GatedStorage(str(tmp_path / "cp"))
+    manager = CheckpointManager(catalog, storage, complete_timeout_s=0.2)
+
+    started = time.monotonic()
+    assert manager.trigger("orders", 1).status == "in_progress"
+    with job.transaction() as tx:  # the upload is stuck; writes go on
+        for i in range(200):
+            tx.value("v").update(f"k{i}", "after")
+        tx.value("v").update("late", 1)
+    assert time.monotonic() - started < 5
+    assert manager.get("orders", 1).status == "in_progress"
+    with pytest.raises(CheckpointNotReady):
+        manager.complete("orders", 1)
+
+    storage.gate.set()
+    assert manager.wait("orders", 1, 30).status == "uploaded"
+    manager.complete("orders", 1)
+    manager.restore("orders", 1)
+    assert dump(catalog.get("orders")) == expected
+    manager.close()
+
+
+@pytest.mark.parametrize("victim", ["keyed.bin", "operator.bin", "_metadata", ".sst"])
+def test_corrupt_file_is_refused_and_state_kept(make_catalog, tmp_path, backend, victim):
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    populate(job, 100)
+    storage = open_storage(str(tmp_path / "cp"))
+    manager = CheckpointManager(catalog, storage, incremental=(victim == ".sst"))
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    if victim == ".sst" and backend == "heap":
+        pytest.skip("heap checkpoints have no SST files")
+    path = next(p for p in storage.list("orders") if victim in p)
+    full = os.path.join(storage.root, path)
+    with open(full, "r+b") as f:
+        f.seek(os.path.getsize(full) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with job.transaction() as tx:
+        tx.value("v").update("k1", "live")
+    with pytest.raises(SnapshotCorrupt, match="corrupt|checksum"):
+        manager.restore("orders", 1)
+    with catalog.get("orders").transaction() as tx:  # nothing was touched
+        assert tx.value("v").get("k1") == "live"
+    manager.close()
+
+
+def test_partial_restore_checks_its_sections(tmp_path):
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog = JobCatalog(HeapStore())
+    populate(catalog.create("orders", 128)[0], 200)
+    manager = CheckpointManager(catalog, storage)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    path = os.path.join(storage.root, "orders/chk-1/replica-0-of-1/keyed.bin")
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF  # inside the last key group: replica 1 of 2 reads it, replica 0 does not
+    open(path, "wb").write(bytes(data))
+    CheckpointManager(JobCatalog(HeapStore(), replica_index=0, replica_count=2), storage).restore("orders", 1)
+    with pytest.raises(SnapshotCorrupt, match="key group 127"):
+        CheckpointManager(JobCatalog(HeapStore(), replica_index=1, replica_count=2), storage).restore("orders", 1)
+    manager.close()
+
+
+def test_completed_checkpoint_survives_the_process(make_catalog, tmp_path):
+    location = str(tmp_path / "cp")
+    catalog = make_catalog(data_dir=tmp_path / "a")
+    job, _ = catalog.create("orders", 128)
+    populate(job, 150)
+    expected = dump(job)
+    manager = CheckpointManager(catalog, open_storage(location), num_retained=2)
+    for checkpoint_id in (1, 2, 3):
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    manager.trigger("orders", 4)  # never completed: a crash loses it
+    manager.wait("orders", 4, 30)
+    manager.close()
+
+    fresh = make_catalog(data_dir=tmp_path / "b")  # a new process, empty local state
+    restarted = CheckpointManager(fresh, open_storage(location), num_retained=2)
+    assert [(i.checkpoint_id, i.status) for i in restarted.list("orders")] == [(2, "completed"), (3, "completed")]
+    info = restarted.restore("orders")  # the latest completed checkpoint
+    assert info.checkpoint_id == 3
+    assert dump(fresh.get("orders")) == expected
+    assert restarted.trigger("orders").checkpoint_id == 5  # ids keep increasing past the lost attempt
+    restarted.close()
