@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -13,6 +15,7 @@ from app.problems import ApiError
 from app.settings import Settings
 from backends.catalog import JobCatalog
 from backends.job import Job
+from snapshots.manager import CheckpointManager
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 
@@ -23,9 +26,25 @@ class Service:
 
     settings: Settings
     catalog: JobCatalog
+    checkpoints: CheckpointManager
     metrics: Metrics
     draining: bool = False
-    extras: dict[str, object] = field(default_factory=dict)
+    restoring_jobs: set[str] = field(default_factory=set)
+
+    @contextmanager
+    def restoring(self, job: str) -> Iterator[None]:
+        """While a job restores, its other requests are answered 503 (retry)."""
+        if job in self.restoring_jobs:
+            raise ApiError("not_ready", f"job {job!r} is being restored already")
+        self.restoring_jobs.add(job)
+        try:
+            yield
+        finally:
+            self.restoring_jobs.discard(job)
+
+    def check_available(self, job: str) -> None:
+        if job in self.restoring_jobs:
+            raise ApiError("not_ready", f"job {job!r} is being restored; retry shortly")
 
 
 def get_service(request: Request) -> Service:
@@ -39,6 +58,7 @@ ServiceDep = Annotated[Service, Depends(get_service)]
 
 
 def get_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Job:
+    service.check_available(job)
     return service.catalog.get(job)
 
 

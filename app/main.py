@@ -15,13 +15,14 @@ from app.body_limit import BodyLimitMiddleware
 from app.dependencies import Service, require_token
 from app.metrics import Metrics, MetricsMiddleware
 from app.models import BatchRequest
-from app.routers import batch, health, jobs, keyed, operators
+from app.routers import batch, checkpoints, health, jobs, keyed, operators
 from app.settings import Settings
 from backends.base.store import Store
 from backends.catalog import JobCatalog
 from backends.heap import HeapStore
 from backends.limits import Limits
 from backends.rocksdb import RocksDBStore
+from snapshots import CheckpointManager, open_storage
 
 log = logging.getLogger("statehouse")
 
@@ -50,7 +51,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         catalog = open_catalog(settings)
-        app.state.service = Service(settings=settings, catalog=catalog, metrics=metrics)
+        checkpoints = CheckpointManager(
+            catalog,
+            open_storage(settings.checkpoint_dir, s3_endpoint_url=settings.s3_endpoint_url),
+            num_retained=settings.num_retained,
+            compression=settings.snapshot_compression,
+            incremental=settings.incremental_checkpoints,
+            s3_endpoint_url=settings.s3_endpoint_url,
+        )
+        app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)
         log.info(
             "statehouse replica %d/%d, backend %s, data in %s",
             settings.replica_index,
@@ -61,7 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            # Uvicorn has stopped taking requests and finished in-flight ones; let running
+            # checkpoint uploads finish, then close RocksDB cleanly.
             app.state.service.draining = True
+            checkpoints.close()
             catalog.close()
 
     app = FastAPI(title="Statehouse", version="1", description=DESCRIPTION, lifespan=lifespan)
@@ -75,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(health.router)
     v1 = [Depends(require_token)]
-    for router in (jobs.router, keyed.router, operators.router, batch.router):
+    for router in (jobs.router, keyed.router, operators.router, batch.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

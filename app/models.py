@@ -163,6 +163,59 @@ class BatchRequest(BaseModel):
     epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
 
 
+class TriggerBody(Strict):
+    checkpoint_id: int | None = Field(None, ge=1, description="the id to use (the coordinator's); default last + 1")
+    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+
+
+class CheckpointInfoModel(BaseModel):
+    job: str
+    checkpoint_id: int
+    kind: Literal["checkpoint", "savepoint"]
+    status: Literal["in_progress", "uploaded", "completed", "failed", "aborted"]
+    error: str | None = None
+    bytes_uploaded: int = Field(description="bytes this replica uploaded for it")
+    bytes_reused: int = Field(description="bytes referenced from earlier checkpoints (incremental)")
+    duration_ms: int
+    location: str
+    format: Literal["full", "incremental"]
+    replica_index: int
+    replica_count: int
+    key_group_range: tuple[int, int]
+
+
+class CheckpointPage(Page):
+    items: list[CheckpointInfoModel]
+
+
+class RestoreBody(Strict):
+    checkpoint_id: int | None = Field(None, ge=1, description="a checkpoint or savepoint id of this job")
+    location: str | None = Field(None, description="a snapshot location (a checkpoint's or savepoint's `location`)")
+    operator_parallelism: dict[str, int] | None = Field(
+        None, description="new subtask count per operator, for redistributing operator list state"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RestoreBody:
+        if self.checkpoint_id is not None and self.location is not None:
+            raise ValueError("give checkpoint_id or location, not both")
+        return self
+
+
+class RestoreInfoModel(BaseModel):
+    job: str
+    checkpoint_id: int
+    kind: str
+    format: str
+    location: str
+    max_parallelism: int
+    key_group_range: tuple[int, int]
+    parts: list[str] = Field(description="the replica parts read, e.g. replica-0-of-2")
+    entries_restored: int
+    bytes_read: int
+    duration_ms: int
+
+
 class FenceBody(Strict):
     epoch: int = Field(ge=0, description="raise the job's writer epoch to at least this")
 

@@ -45,6 +45,15 @@ STATUS_BY_CODE: dict[str, int] = {
     "key_not_owned": 421,
     "stale_epoch": 409,
     "not_ready": 503,
+    "checkpoint_not_found": 404,
+    "checkpoint_conflict": 409,
+    "checkpoint_not_ready": 409,
+    "checkpoint_failed": 409,
+    "restore_incomplete": 409,
+    "restore_incompatible": 409,
+    "snapshot_corrupt": 422,
+    "invalid_location": 400,
+    "storage_unavailable": 503,
 }
 
 

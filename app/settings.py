@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint for S3-compatible servers")
     num_retained: int = Field(3, ge=1, description="completed checkpoints kept")
     api_tokens: str = Field("", description="comma-separated bearer tokens; empty = auth off")
+    snapshot_compression: Literal["zstd", "none"] = Field(
+        "zstd", description="per-key-group compression of full snapshots"
+    )
+    incremental_checkpoints: bool = Field(True, description="RocksDB checkpoints upload only new SST files")
 
     max_key_bytes: int = Field(4096, ge=1, description="largest key, namespace or map user key, in bytes")
     max_value_bytes: int = Field(1 << 20, ge=1, description="largest encoded value, in bytes")

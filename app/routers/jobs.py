@@ -38,6 +38,7 @@ async def put_job(
     body: Annotated[JobBody | None, Body()] = None,
 ) -> JobInfo:
     """Create a job, or confirm one exists; a different `max_parallelism` for an existing job is refused (409)."""
+    service.check_available(job)
     created_job, created = service.catalog.create(job, body.max_parallelism if body else None)
     if created:
         response.status_code = 201

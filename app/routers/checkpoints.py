@@ -1,0 +1,79 @@
+"""Checkpoints, savepoints and restore (Flink's snapshotState / notifyCheckpointComplete /
+notifyCheckpointAborted / initializeState), one replica's part of each."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from starlette.concurrency import run_in_threadpool
+
+from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
+from app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
+from app.paging import decode_cursor, take_page
+
+router = APIRouter(prefix="/v1", tags=["checkpoints"])
+
+CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id")]
+
+
+@router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202)
+async def trigger(service: ServiceDep, job: JobDep, body: TriggerBody | None = None) -> Any:
+    """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
+    in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it."""
+    body = body or TriggerBody()
+    return service.checkpoints.trigger(job.name, body.checkpoint_id, body.kind).to_dict()
+
+
+@router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage)
+async def list_checkpoints(
+    service: ServiceDep,
+    job: Annotated[str, Path(pattern=NAME_PATTERN)],
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    cursor: str | None = None,
+) -> Any:
+    """This replica's checkpoints and savepoints of the job, oldest first (including completed ones in storage)."""
+    after = decode_cursor(cursor)
+    infos = (i for i in service.checkpoints.list(job) if after is None or i.checkpoint_id > int(after))
+    page, next_cursor = take_page(infos, limit, lambda i: str(i.checkpoint_id).encode())
+    return {"items": [i.to_dict() for i in page], "next_cursor": next_cursor}
+
+
+@router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel)
+async def get_checkpoint(
+    service: ServiceDep, job: Annotated[str, Path(pattern=NAME_PATTERN)], checkpoint_id: CheckpointId
+) -> Any:
+    return service.checkpoints.get(job, checkpoint_id).to_dict()
+
+
+@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/complete", response_model=CheckpointInfoModel)
+async def complete(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
+    """notifyCheckpointComplete: waits for the upload if needed, writes this part's `_metadata` last, subsumes
+    older checkpoints and applies retention."""
+    info = await run_in_threadpool(service.checkpoints.complete, job.name, checkpoint_id)
+    return info.to_dict()
+
+
+@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/abort", response_model=CheckpointInfoModel)
+async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
+    """notifyCheckpointAborted: discards this attempt's private files."""
+    info = await run_in_threadpool(service.checkpoints.abort, job.name, checkpoint_id)
+    return info.to_dict()
+
+
+@router.post("/jobs/{job}/restore", response_model=RestoreInfoModel)
+async def restore(
+    service: ServiceDep, job: Annotated[str, Path(pattern=NAME_PATTERN)], body: RestoreBody | None = None
+) -> Any:
+    """Replace the job's state on this replica with its key groups of a completed checkpoint or savepoint
+    (`{"checkpoint_id": N}`, `{"location": "..."}`, or the latest completed checkpoint). Parts written by
+    any number of replicas are read (rescaling). The job answers 503 while it restores."""
+    body = body or RestoreBody()
+    previous_epoch = service.catalog.get(job).epoch if job in service.catalog.names() else 0
+    with service.restoring(job):
+        info = await run_in_threadpool(
+            service.checkpoints.restore, job, body.checkpoint_id, body.location, body.operator_parallelism
+        )
+        # Writer epochs only grow: a restore must not re-admit a fenced-off attempt.
+        service.catalog.get(job).fence(previous_epoch)
+    return info.to_dict()
