@@ -1,0 +1,211 @@
+"""The driver's checkpoint coordinator (the role of Flink's JobManager) and the exactly-once
+protocol for Spark micro-batches.
+
+A *global* checkpoint N is complete when every replica has completed its part of N. The
+coordinator triggers N on every replica, waits until every part is uploaded, then completes
+it everywhere — or aborts it everywhere on any failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from client.errors import StatehouseError
+
+if TYPE_CHECKING:
+    from client.job import JobClient
+
+
+class CheckpointFailed(StatehouseError):
+    """A global checkpoint could not be completed on every replica (it was aborted)."""
+
+
+@dataclass(frozen=True)
+class GlobalCheckpoint:
+    """Checkpoint or savepoint ``checkpoint_id``, completed on every replica."""
+
+    checkpoint_id: int
+    kind: str
+    metadata: dict[str, Any]
+    parts: tuple[dict[str, Any], ...]  # each replica's checkpoint info, in replica order
+
+    @property
+    def bytes_uploaded(self) -> int:
+        return sum(p.get("bytes_uploaded", 0) for p in self.parts)
+
+
+class CheckpointCoordinator:
+    def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
+        self.job = job
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
+
+    def _on_all(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> list[Any]:
+        futures = [
+            self.job.client.executor.submit(r.json, method, path, body, idempotent=idempotent)
+            for r in self.job.replicas
+        ]
+        return [f.result() for f in futures]
+
+    def _listings(self) -> list[list[dict[str, Any]]]:
+        listings = []
+        for replica in self.job.replicas:
+            items, cursor = [], None
+            while True:
+                params = f"?limit=1000&cursor={cursor}" if cursor else "?limit=1000"
+                page = replica.json("GET", self._path(params))
+                items += page["items"]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+            listings.append(items)
+        return listings
+
+    def next_id(self) -> int:
+        """One more than any checkpoint or savepoint id any replica knows."""
+        return 1 + max((c["checkpoint_id"] for listing in self._listings() for c in listing), default=0)
+
+    def completed(self) -> list[GlobalCheckpoint]:
+        """Checkpoints and savepoints completed on every replica, oldest first."""
+        per_replica = [
+            {c["checkpoint_id"]: c for c in listing if c["status"] == "completed"} for listing in self._listings()
+        ]
+        ids = set.intersection(*(set(d) for d in per_replica)) if per_replica else set()
+        result = []
+        for checkpoint_id in sorted(ids):
+            parts = tuple(d[checkpoint_id] for d in per_replica)
+            result.append(GlobalCheckpoint(checkpoint_id, parts[0]["kind"], parts[0].get("metadata") or {}, parts))
+        return result
+
+    def latest(self, kind: str | None = None) -> GlobalCheckpoint | None:
+        done = [c for c in self.completed() if kind is None or c.kind == kind]
+        return done[-1] if done else None
+
+    def checkpoint(
+        self, checkpoint_id: int | None = None, *, kind: str = "checkpoint", metadata: dict[str, Any] | None = None
+    ) -> GlobalCheckpoint:
+        """Trigger on every replica, wait for every upload, complete everywhere; abort everywhere on failure."""
+        checkpoint_id = checkpoint_id or self.next_id()
+        body = {"checkpoint_id": checkpoint_id, "kind": kind, "metadata": metadata or {}}
+        try:
+            self._on_all("POST", self._path(), body, idempotent=False)
+            self._wait_uploaded(checkpoint_id)
+            parts = self._on_all("POST", self._path(f"/{checkpoint_id}/complete"))
+        except Exception as exc:
+            self.abort(checkpoint_id)
+            raise CheckpointFailed(f"checkpoint {checkpoint_id} of job {self.job.name!r} failed: {exc}") from exc
+        return GlobalCheckpoint(checkpoint_id, kind, metadata or {}, tuple(parts))
+
+    def savepoint(self, checkpoint_id: int | None = None, *, metadata: dict[str, Any] | None = None):
+        return self.checkpoint(checkpoint_id, kind="savepoint", metadata=metadata)
+
+    def _wait_uploaded(self, checkpoint_id: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        pending = list(self.job.replicas)
+        while pending:
+            still = []
+            for replica in pending:
+                info = replica.json("GET", self._path(f"/{checkpoint_id}"))
+                if info["status"] in ("failed", "aborted"):
+                    raise CheckpointFailed(
+                        f"{replica.url}: checkpoint {checkpoint_id} {info['status']}: {info['error']}"
+                    )
+                if info["status"] == "in_progress":
+                    still.append(replica)
+            pending = still
+            if pending:
+                if time.monotonic() > deadline:
+                    raise CheckpointFailed(f"checkpoint {checkpoint_id} not uploaded within {self.timeout}s")
+                time.sleep(self.poll_interval)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Best effort, like Flink's notifyCheckpointAborted."""
+        for replica in self.job.replicas:
+            with contextlib.suppress(StatehouseError):
+                replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+
+    def restore(
+        self,
+        checkpoint_id: int | None = None,
+        *,
+        location: str | None = None,
+        operator_parallelism: dict[str, int] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Restore every replica (each takes its own key groups, whatever replica count wrote the snapshot)."""
+        body: dict[str, Any] = {}
+        if checkpoint_id is not None:
+            body["checkpoint_id"] = checkpoint_id
+        if location is not None:
+            body["location"] = location
+        if operator_parallelism:
+            body["operator_parallelism"] = operator_parallelism
+        return self._on_all("POST", f"/v1/jobs/{self.job.name}/restore", body)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What an attempt of micro-batch ``batch_id`` may do: write with ``epoch``, or, when the batch
+    was already applied and checkpointed (``replay``), only read."""
+
+    batch_id: int
+    epoch: int | None
+    replay: bool
+
+
+class StateBehind(StatehouseError):
+    """The state's last applied micro-batch is older than the one before ``batch_id``."""
+
+
+class MicroBatchCoordinator(CheckpointCoordinator):
+    """Exactly-once state updates for Spark micro-batches.
+
+    Every applied micro-batch ends with a global checkpoint whose metadata records the batch
+    id and the writer epoch it was written with. When an attempt of batch ``b`` begins:
+
+    * if the latest complete checkpoint already covers ``b``, the attempt is a *replay*: it
+      must not write (its outputs can be recomputed from state);
+    * if any writer epoch was opened after that checkpoint (an earlier attempt of ``b``
+      started, so it may have written part of its updates), every replica is restored to it;
+    * then a new epoch is fenced on every replica: writes of any older attempt (a zombie
+      task) are refused, and the attempt writes with the new epoch.
+
+    After the attempt's writes, :meth:`commit` takes the checkpoint for ``b``.
+    """
+
+    def anchor(self) -> GlobalCheckpoint:
+        """The latest complete checkpoint that records a batch; a baseline one (batch -1) if none."""
+        for candidate in reversed(self.completed()):
+            if "batch_id" in candidate.metadata:
+                return candidate
+        return self.checkpoint(metadata={"batch_id": -1, "epoch": self.job.epoch()})
+
+    def begin(self, batch_id: int) -> BatchPlan:
+        anchor = self.anchor()
+        applied = anchor.metadata["batch_id"]
+        if batch_id <= applied:
+            return BatchPlan(batch_id, None, replay=True)
+        if batch_id > applied + 1:
+            raise StateBehind(
+                f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
+                "cannot be applied exactly once; restore a matching checkpoint or start a new query"
+            )
+        current = self.job.epoch()
+        if current > anchor.metadata["epoch"]:
+            self.restore(anchor.checkpoint_id)
+        return BatchPlan(batch_id, self.job.fence(current + 1), replay=False)
+
+    def commit(self, plan: BatchPlan) -> GlobalCheckpoint | None:
+        if plan.replay:
+            return None
+        return self.checkpoint(metadata={"batch_id": plan.batch_id, "epoch": plan.epoch})
+
+    def carry_over(self, source: GlobalCheckpoint) -> GlobalCheckpoint:
+        """After restoring a savepoint into a new deployment (rescale), anchor its batch there."""
+        metadata = {"batch_id": source.metadata.get("batch_id", -1), "epoch": self.job.epoch()}
+        return self.checkpoint(metadata=metadata)
