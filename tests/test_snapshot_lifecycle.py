@@ -78,7 +78,7 @@ def test_corrupt_file_is_refused_and_state_kept(make_catalog, tmp_path, backend,
         f.write(bytes([byte[0] ^ 0xFF]))
     with job.transaction() as tx:
         tx.value("v").update("k1", "live")
-    with pytest.raises(SnapshotCorrupt, match="corrupt|checksum"):
+    with pytest.raises(SnapshotCorrupt, match=r"corrupt|checksum"):
         manager.restore("orders", 1)
     with catalog.get("orders").transaction() as tx:  # nothing was touched
         assert tx.value("v").get("k1") == "live"
@@ -93,9 +93,11 @@ def test_partial_restore_checks_its_sections(tmp_path):
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     path = os.path.join(storage.root, "orders/chk-1/replica-0-of-1/keyed.bin")
-    data = bytearray(open(path, "rb").read())
-    data[-3] ^= 0xFF  # inside the last key group: replica 1 of 2 reads it, replica 0 does not
-    open(path, "wb").write(bytes(data))
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)  # inside the last key group: replica 1 of 2 reads it, replica 0 does not
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
     CheckpointManager(JobCatalog(HeapStore(), replica_index=0, replica_count=2), storage).restore("orders", 1)
     with pytest.raises(SnapshotCorrupt, match="key group 127"):
         CheckpointManager(JobCatalog(HeapStore(), replica_index=1, replica_count=2), storage).restore("orders", 1)
