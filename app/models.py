@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from backends.descriptors import StateDescriptor
@@ -166,6 +167,15 @@ class BatchRequest(BaseModel):
 class TriggerBody(Strict):
     checkpoint_id: int | None = Field(None, ge=1, description="the id to use (the coordinator's); default last + 1")
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+    metadata: dict[str, JsonValue] = Field(
+        default_factory=dict, description="kept with the checkpoint, e.g. the coordinator's batch id"
+    )
+
+    @model_validator(mode="after")
+    def _small_metadata(self) -> TriggerBody:
+        if len(orjson.dumps(self.metadata)) > 65536:
+            raise ValueError("metadata must be at most 64 KiB of JSON")
+        return self
 
 
 class CheckpointInfoModel(BaseModel):
@@ -182,6 +192,7 @@ class CheckpointInfoModel(BaseModel):
     replica_index: int
     replica_count: int
     key_group_range: tuple[int, int]
+    metadata: dict[str, JsonValue]
 
 
 class CheckpointPage(Page):

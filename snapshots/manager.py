@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from backends.catalog import JobCatalog
 from backends.errors import InvalidArgument, StateError
+from backends.keygroups import KeyGroupRange
 from backends.rocksdb.partition import RocksDBPartition
 from snapshots.compression import codec
 from snapshots.errors import (
@@ -80,6 +81,7 @@ class CheckpointInfo:
     replica_index: int = 0
     replica_count: int = 1
     key_group_range: tuple[int, int] = (0, -1)
+    metadata: dict[str, Any] = field(default_factory=dict)  # given at trigger, kept in _metadata
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -227,6 +229,7 @@ class CheckpointManager:
             replica_index=metadata.replica_index,
             replica_count=metadata.replica_count,
             key_group_range=(metadata.key_group_range.start, metadata.key_group_range.end),
+            metadata=metadata.user_metadata,
         )
 
     def _location(self, directory: str) -> str:
@@ -234,7 +237,13 @@ class CheckpointManager:
 
     # -- trigger -------------------------------------------------------------------------------
 
-    def trigger(self, job: str, checkpoint_id: int | None = None, kind: SnapshotKind = "checkpoint") -> CheckpointInfo:
+    def trigger(
+        self,
+        job: str,
+        checkpoint_id: int | None = None,
+        kind: SnapshotKind = "checkpoint",
+        metadata: dict[str, Any] | None = None,
+    ) -> CheckpointInfo:
         """Freeze the job's state now and upload it in the background; returns ``in_progress``.
 
         Savepoints always use the canonical full format. Ids must be newer than every
@@ -274,6 +283,7 @@ class CheckpointManager:
                 replica_index=self.catalog.replica_index,
                 replica_count=self.catalog.replica_count,
                 key_group_range=(live.key_group_range.start, live.key_group_range.end),
+                metadata=dict(metadata or {}),
             )
             attempt = state.attempts[checkpoint_id] = _Attempt(info, ctx, time.monotonic())
             try:
@@ -390,7 +400,7 @@ class CheckpointManager:
                 replica_index=self.catalog.replica_index,
                 replica_count=self.catalog.replica_count,
                 max_parallelism=result.max_parallelism,
-                key_group_range=type(result.keyed.key_group_range)(*live_range),
+                key_group_range=KeyGroupRange(*live_range),
                 backend=self.catalog.store.name,
                 timestamp_ms=int(time.time() * 1000),
                 states=result.states,
@@ -399,6 +409,7 @@ class CheckpointManager:
                 bytes_uploaded=result.bytes_uploaded,
                 bytes_reused=result.bytes_reused,
                 duration_ms=attempt.info.duration_ms,
+                user_metadata=attempt.info.metadata,
             )
             if metadata.kind == "checkpoint":
                 # Flink registers shared state before finalizing: from here the files are retained.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from backends.keygroups import KeyGroupRange
@@ -41,6 +41,7 @@ class SnapshotMetadata:
     bytes_uploaded: int
     bytes_reused: int
     duration_ms: int
+    user_metadata: dict[str, Any] = field(default_factory=dict)  # the coordinator's, e.g. the batch id
 
     def shared_handles(self) -> dict[str, StreamHandle]:
         return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
@@ -65,6 +66,7 @@ class SnapshotMetadata:
             "bytes_uploaded": self.bytes_uploaded,
             "bytes_reused": self.bytes_reused,
             "duration_ms": self.duration_ms,
+            "user_metadata": self.user_metadata,
         }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()
@@ -98,6 +100,7 @@ class SnapshotMetadata:
                 bytes_uploaded=int(body["bytes_uploaded"]),
                 bytes_reused=int(body["bytes_reused"]),
                 duration_ms=int(body["duration_ms"]),
+                user_metadata=dict(body.get("user_metadata") or {}),
             )
         except SnapshotCorrupt:
             raise

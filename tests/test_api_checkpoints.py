@@ -42,11 +42,13 @@ def total(http, job, key):
 
 def test_checkpoint_lifecycle(http, job):
     add(http, job, "a", 1)
-    r = http.post(f"{job}/checkpoints", json={"checkpoint_id": 1})
+    r = http.post(f"{job}/checkpoints", json={"checkpoint_id": 1, "metadata": {"batch_id": 4}})
     assert r.status_code == 202 and r.json()["status"] == "in_progress"
+    assert r.json()["metadata"] == {"batch_id": 4}
     assert wait_status(http, job, 1)["status"] in ("uploaded", "completed")
     done = http.post(f"{job}/checkpoints/1/complete").json()
     assert done["status"] == "completed" and done["bytes_uploaded"] > 0
+    assert done["metadata"] == {"batch_id": 4}
     conflict = http.post(f"{job}/checkpoints", json={"checkpoint_id": 1})
     assert conflict.status_code == 409 and conflict.json()["code"] == "checkpoint_conflict"
     assert http.post(f"{job}/checkpoints", json={"checkpoint_id": 2}).status_code == 202
@@ -101,7 +103,7 @@ def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(tmp_pat
         http.put("/jobs/j/states/seen", json={"kind": "map"})
         for i in range(200):
             add(http, "/jobs/j", f"user-{i}", i)
-        http.post("/jobs/j/checkpoints", json={"checkpoint_id": 1})
+        http.post("/jobs/j/checkpoints", json={"checkpoint_id": 1, "metadata": {"n": 200}})
         wait_status(http, "/jobs/j", 1)
         assert http.post("/jobs/j/checkpoints/1/complete").json()["status"] == "completed"
         add(http, "/jobs/j", "user-1", 1000)  # after the checkpoint: may be lost
@@ -116,5 +118,8 @@ def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(tmp_pat
         assert [total(http, "/jobs/j", f"user-{i}") for i in range(200)] == list(range(200))
         assert http.get("/jobs/j/states/seen/keys/user-3").json() == {"value": {"3": True}}
         assert http.get("/jobs/j").json()["states"] == ["seen", "total"]
+        # the new process finds the checkpoint, and the metadata it was triggered with, in storage
+        listed = http.get("/jobs/j/checkpoints").json()["items"]
+        assert [(c["checkpoint_id"], c["status"], c["metadata"]) for c in listed] == [(1, "completed", {"n": 200})]
     finally:
         second.stop()

@@ -22,7 +22,7 @@ async def trigger(service: ServiceDep, job: JobDep, body: TriggerBody | None = N
     """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
     in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it."""
     body = body or TriggerBody()
-    return service.checkpoints.trigger(job.name, body.checkpoint_id, body.kind).to_dict()
+    return service.checkpoints.trigger(job.name, body.checkpoint_id, body.kind, body.metadata).to_dict()
 
 
 @router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage)
