@@ -127,6 +127,8 @@ class _JobCheckpoints:
     known_ids: set[int] = field(default_factory=set)
     registry: SharedStateRegistry = field(default_factory=SharedStateRegistry)
     uploaded: UploadedSstFiles = field(default_factory=UploadedSstFiles)
+    # completed checkpoint parts written under another replica count: id -> [(index, count)]
+    foreign: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class CheckpointManager:
@@ -181,6 +183,8 @@ class CheckpointManager:
         for kind, checkpoint_id, index, count in parse_job_listing(listing):
             if count != self.catalog.replica_count:
                 state.known_ids.add(checkpoint_id)
+                if kind == "checkpoint":
+                    state.foreign.setdefault(checkpoint_id, []).append((index, count))
             if (index, count) != mine:
                 continue
             directory = snapshot_dir(job, checkpoint_id, kind)
@@ -465,6 +469,48 @@ class CheckpointManager:
             self.storage.delete([h.path for h in unused])
         except Exception as exc:
             log.warning("could not delete %d unused shared files of job %s: %s", len(unused), job, exc)
+        if state.foreign and self.catalog.replica_index == 0:
+            self._retain_foreign(state, job, checkpoints[len(subsumed) :])
+
+    def _retain_foreign(self, state: _JobCheckpoints, job: str, retained: list[int]) -> None:
+        """After a rescale, replica 0 also subsumes the checkpoints of the old replica layout.
+
+        Their replicas are gone, so nobody else will. They count towards ``num_retained``
+        with this layout's checkpoints (all newer); their shared files go once no remaining
+        old-layout checkpoint references them.
+        """
+        keep = set(sorted(set(retained) | set(state.foreign))[-self.num_retained :])
+        doomed = sorted(i for i in state.foreign if i not in keep)
+        if not doomed:
+            return
+
+        def shared_of(checkpoint_id: int, index: int, count: int) -> set[str]:
+            directory = snapshot_dir(job, checkpoint_id, "checkpoint")
+            try:
+                metadata = self._read_metadata(self.storage, directory, metadata_name(index, count))
+            except StateError:
+                return set()
+            return {h.under(directory).path for h in metadata.shared_handles().values()}
+
+        still_used = set()
+        for checkpoint_id in state.foreign:
+            if checkpoint_id in keep:
+                for index, count in state.foreign[checkpoint_id]:
+                    still_used |= shared_of(checkpoint_id, index, count)
+        for checkpoint_id in doomed:
+            directory = snapshot_dir(job, checkpoint_id, "checkpoint")
+            parts = state.foreign[checkpoint_id]
+            try:
+                shared = set().union(*(shared_of(checkpoint_id, i, n) for i, n in parts))
+                self.storage.delete([f"{directory}/{metadata_name(i, n)}" for i, n in parts])
+                for index, count in parts:
+                    self.storage.delete_prefix(f"{directory}/{part_name(index, count)}")
+                self.storage.delete(sorted(shared - still_used))
+            except Exception as exc:
+                log.warning("could not delete old-layout checkpoint %s of job %s: %s", checkpoint_id, job, exc)
+                continue
+            with self._lock:
+                del state.foreign[checkpoint_id]
 
     def abort(self, job: str, checkpoint_id: int) -> CheckpointInfo:
         """notifyCheckpointAborted: stop the upload and discard what this attempt wrote."""

@@ -127,3 +127,41 @@ def test_partial_restore_reads_about_half(tmp_path):
     keyed_read = info.bytes_read
     assert 0.4 * keyed_size < keyed_read < 0.62 * keyed_size, (keyed_read, keyed_size)
     manager.close()
+
+
+def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, tmp_path):
+    storage = open_storage(f"memory://{uuid.uuid4().hex}")
+    before = _layout(make_catalog, 2, tmp_path, "old")
+    for catalog in before:
+        populate(catalog.create("orders", 128)[0], 100)
+    old_managers = _checkpoint(before, storage, 1, num_retained=2)
+    for m in old_managers:
+        m.trigger("orders", 2)
+        m.complete("orders", 2)
+        m.close()
+    after = _layout(make_catalog, 3, tmp_path, "new")
+    managers = [CheckpointManager(c, storage, num_retained=2) for c in after]
+    for m in managers:
+        m.restore("orders", 2)
+
+    for checkpoint_id in (3, 4):
+        for m in managers:
+            m.trigger("orders", checkpoint_id)
+        for m in managers:
+            m.complete("orders", checkpoint_id)
+        old_ids = {int(p.split("/")[1][4:]) for p in storage.list("orders") if "-of-2" in p}
+        assert old_ids == ({2} if checkpoint_id == 3 else set())
+    referenced = set()
+    for path in storage.list("orders"):
+        if "/_metadata." in path:
+            m = _metadata(storage, path)
+            referenced |= {h.under(path.rsplit("/", 1)[0]).path for h in m.shared_handles().values()}
+    assert set(storage.list("orders/shared")) == referenced
+    for m in managers:
+        m.close()
+
+
+def _metadata(storage, path):
+    from snapshots.metadata import SnapshotMetadata
+
+    return SnapshotMetadata.from_bytes(storage.read(path), path)
