@@ -197,6 +197,7 @@ class CheckpointInfoModel(BaseModel):
 
 class CheckpointPage(Page):
     items: list[CheckpointInfoModel]
+    next_checkpoint_id: int = Field(description="the smallest id a new checkpoint may take on this replica")
 
 
 class RestoreBody(Strict):

@@ -54,6 +54,9 @@ class CheckpointCoordinator:
         return [f.result() for f in futures]
 
     def _listings(self) -> list[list[dict[str, Any]]]:
+        return [items for items, _next_id in self._pages()]
+
+    def _pages(self) -> list[tuple[list[dict[str, Any]], int]]:
         listings = []
         for replica in self.job.replicas:
             items, cursor = [], None
@@ -64,12 +67,12 @@ class CheckpointCoordinator:
                 cursor = page["next_cursor"]
                 if cursor is None:
                     break
-            listings.append(items)
+            listings.append((items, page["next_checkpoint_id"]))
         return listings
 
     def next_id(self) -> int:
-        """One more than any checkpoint or savepoint id any replica knows."""
-        return 1 + max((c["checkpoint_id"] for listing in self._listings() for c in listing), default=0)
+        """An id no replica has used (ids keep growing across restarts and rescales)."""
+        return max(next_id for _items, next_id in self._pages())
 
     def completed(self) -> list[GlobalCheckpoint]:
         """Checkpoints and savepoints completed on every replica, oldest first."""

@@ -356,6 +356,12 @@ class CheckpointManager:
             infos.update({i: dataclasses.replace(a.info) for i, a in state.attempts.items()})
         return [infos[i] for i in sorted(infos)]
 
+    def next_checkpoint_id(self, job: str) -> int:
+        """The smallest id a new checkpoint of the job may take here (ids only grow, across rescales too)."""
+        state = self._state(job)
+        with self._lock:
+            return 1 + max(state.known_ids | set(state.attempts) | set(state.completed), default=0)
+
     def wait(self, job: str, checkpoint_id: int, timeout: float | None = None) -> CheckpointInfo:
         """Wait until the upload of a checkpoint finished (or ``timeout`` passed); returns its info."""
         state = self._state(job)

@@ -67,11 +67,12 @@ def job_name():
 
 @pytest.fixture(scope="session")
 def two_replicas(tmp_path_factory):
-    """Replicas 0 and 1 of a two-replica RocksDB deployment."""
+    """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
+    shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
     servers = [
         start_server(
             tmp_path_factory.mktemp(f"replica-{i}"),
-            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2"},
+            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared},
         )
         for i in range(2)
     ]

@@ -27,6 +27,7 @@ class ServerProcess:
     url: str
     process: subprocess.Popen
     log_path: Path
+    settings: dict[str, str]  # the STATEHOUSE_* environment it runs with
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.process.poll() is None:
@@ -61,7 +62,8 @@ def start_server(workdir: Path, env: dict[str, str] | None = None, timeout: floa
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+    settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
+    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

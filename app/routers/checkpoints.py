@@ -36,7 +36,11 @@ async def list_checkpoints(
     after = decode_cursor(cursor)
     infos = (i for i in service.checkpoints.list(job) if after is None or i.checkpoint_id > int(after))
     page, next_cursor = take_page(infos, limit, lambda i: str(i.checkpoint_id).encode())
-    return {"items": [i.to_dict() for i in page], "next_cursor": next_cursor}
+    return {
+        "items": [i.to_dict() for i in page],
+        "next_cursor": next_cursor,
+        "next_checkpoint_id": service.checkpoints.next_checkpoint_id(job),
+    }
 
 
 @router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel)

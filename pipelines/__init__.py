@@ -1,0 +1,1 @@
+"""Real PySpark jobs that keep their state in Statehouse."""
