@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -44,6 +45,16 @@ def open_catalog(settings: Settings) -> JobCatalog:
     )
 
 
+def restore_work_dir(settings: Settings) -> str:
+    """Restores stage downloaded snapshots beside the state (the data volume), not in /tmp.
+
+    "$" cannot occur in a job name, so no job's directory can collide with it.
+    """
+    path = os.path.join(settings.data_dir, "$restore")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
@@ -58,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             compression=settings.snapshot_compression,
             incremental=settings.incremental_checkpoints,
             s3_endpoint_url=settings.s3_endpoint_url,
+            work_dir=restore_work_dir(settings),
         )
         app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)
         log.info(
