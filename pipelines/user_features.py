@@ -18,6 +18,8 @@ overwritten on a replay, so the sink is idempotent). Run against a running servi
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from pyspark.sql import SparkSession
 
+    # Executors run this interpreter, which has the client's dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     config = ClientConfig.of(args.statehouse, token=args.token)
     setup(config, args.job, args.max_parallelism)
     spark = SparkSession.builder.appName("statehouse-user-features").getOrCreate()
