@@ -64,8 +64,17 @@ CheckpointStatus = Literal["in_progress", "uploaded", "completed", "failed", "ab
 _PENDING: tuple[CheckpointStatus, ...] = ("in_progress", "uploaded")
 
 
+class _Reportable:
+    """A result the service returns as JSON."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]
+        data["key_group_range"] = list(data["key_group_range"])
+        return data
+
+
 @dataclass
-class CheckpointInfo:
+class CheckpointInfo(_Reportable):
     """This replica's view of one checkpoint or savepoint."""
 
     job: str
@@ -83,14 +92,9 @@ class CheckpointInfo:
     key_group_range: tuple[int, int] = (0, -1)
     metadata: dict[str, Any] = field(default_factory=dict)  # given at trigger, kept in _metadata
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["key_group_range"] = list(self.key_group_range)
-        return data
-
 
 @dataclass
-class RestoreInfo:
+class RestoreInfo(_Reportable):
     job: str
     checkpoint_id: int
     kind: SnapshotKind
@@ -102,11 +106,6 @@ class RestoreInfo:
     entries_restored: int
     bytes_read: int
     duration_ms: int
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["key_group_range"] = list(self.key_group_range)
-        return data
 
 
 @dataclass
