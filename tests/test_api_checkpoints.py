@@ -91,10 +91,12 @@ def test_savepoint_and_restore_errors(http, job):
     assert both.status_code == 422
 
 
-@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
-def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(tmp_path, backend):
-    checkpoints = str(tmp_path / "checkpoints")
-    env = {"STATEHOUSE_BACKEND": backend, "STATEHOUSE_CHECKPOINT_DIR": checkpoints}
+@pytest.mark.parametrize(("backend", "storage"), [("rocksdb", "local"), ("heap", "local"), ("rocksdb", "s3")])
+def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(request, tmp_path, backend, storage):
+    env = {"STATEHOUSE_BACKEND": backend, "STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    if storage == "s3":  # real S3 (SeaweedFS); credentials the standard AWS way, from the environment
+        env["STATEHOUSE_CHECKPOINT_DIR"] = request.getfixturevalue("s3_location")
+        env["STATEHOUSE_S3_ENDPOINT_URL"] = request.getfixturevalue("s3_server").endpoint
     first = start_server(tmp_path / "first", env)
     try:
         http = httpx.Client(base_url=first.url + "/v1", timeout=10)
