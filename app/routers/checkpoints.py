@@ -3,7 +3,9 @@ notifyCheckpointAborted / initializeState), one replica's part of each."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
+from urllib.parse import urlparse
 
 from fastapi import APIRouter, Path, Query
 from starlette.concurrency import run_in_threadpool
@@ -11,10 +13,35 @@ from starlette.concurrency import run_in_threadpool
 from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
 from app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
 from app.paging import decode_cursor, take_page
+from app.problems import ApiError
 
 router = APIRouter(prefix="/v1", tags=["checkpoints"])
 
 CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id")]
+
+
+def _local_path(location: str) -> str | None:
+    if "://" not in location:
+        return location
+    parsed = urlparse(location)
+    return parsed.path if parsed.scheme == "file" else None
+
+
+def check_location(checkpoint_dir: str, location: str) -> None:
+    """A restore may read the local filesystem only inside the configured checkpoint storage
+    (no path traversal); S3 locations are governed by the S3 credentials instead."""
+    path = _local_path(location)
+    if path is None:
+        return
+    root = _local_path(checkpoint_dir)
+    inside = root is not None and os.path.commonpath(
+        [os.path.realpath(root), os.path.realpath(path)]
+    ) == os.path.realpath(root)
+    if not inside:
+        raise ApiError(
+            "invalid_location",
+            f"local restore locations must lie inside the checkpoint storage ({checkpoint_dir}); got {location!r}",
+        )
 
 
 @router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202)
@@ -73,6 +100,8 @@ async def restore(
     (`{"checkpoint_id": N}`, `{"location": "..."}`, or the latest completed checkpoint). Parts written by
     any number of replicas are read (rescaling). The job answers 503 while it restores."""
     body = body or RestoreBody()
+    if body.location is not None:
+        check_location(service.settings.checkpoint_dir, body.location)
     previous_epoch = service.catalog.get(job).epoch if job in service.catalog.names() else 0
     with service.restoring(job):
         info = await run_in_threadpool(
