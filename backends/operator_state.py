@@ -68,26 +68,31 @@ class OperatorState:
         raw = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
         return None if raw is None else list(iter_values(raw))
 
-    def list_update(
-        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
-    ) -> None:
+    def _records(
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None
+    ) -> tuple[bytes, bytes]:
+        """Validate a write and declare the mode; the stored key and the new elements' records."""
         primary = self._list_primary(operator, subtask, name)
         elements = _elements(values)
         self._declare(operator, name, mode)
-        if elements:
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, b"".join(self._encode(v) for v in elements))
+        return primary, b"".join(self._encode(v) for v in elements)
+
+    def list_update(
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
+    ) -> None:
+        primary, records = self._records(operator, subtask, name, values, mode)
+        if records:
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, records)
         else:
             self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, primary)
 
     def list_add(
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
-        primary = self._list_primary(operator, subtask, name)
-        elements = _elements(values)
-        self._declare(operator, name, mode)
-        if elements:
+        primary, records = self._records(operator, subtask, name, values, mode)
+        if records:
             existing = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, primary) or b""
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + b"".join(self._encode(v) for v in elements))
+            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + records)
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
         self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
