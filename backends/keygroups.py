@@ -7,6 +7,8 @@ functions to route a key to its replica, so this module has no dependencies.
 
 from __future__ import annotations
 
+import operator
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -27,16 +29,13 @@ def _to_int32(x: int) -> int:
     return x - (1 << 32) if x & 0x80000000 else x
 
 
-def _rotl32(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _M32
-
-
 def murmur_hash(code: int) -> int:
     """Flink's ``MathUtils.murmurHash(int)``: MurmurHash3 x86_32 of one int, made non-negative."""
+    # The rotations and the int32 conversions are inlined: this runs for every keyed operation.
     c = ((code & _M32) * 0xCC9E2D51) & _M32
-    c = _rotl32(c, 15)
+    c = ((c << 15) | (c >> 17)) & _M32
     c = (c * 0x1B873593) & _M32
-    c = _rotl32(c, 13)
+    c = ((c << 13) | (c >> 19)) & _M32
     c = (c * 5 + 0xE6546B64) & _M32
     c ^= 4
     c ^= c >> 16
@@ -44,19 +43,39 @@ def murmur_hash(code: int) -> int:
     c ^= c >> 13
     c = (c * 0xC2B2AE35) & _M32
     c ^= c >> 16
-    s = _to_int32(c)
-    if s >= 0:
-        return s
-    return -s if s != INT32_MIN else 0
+    if not c & 0x80000000:
+        return c
+    return (1 << 32) - c if c != 0x80000000 else 0  # -int32(c), and Integer.MIN_VALUE -> 0
+
+
+_POWERS_OF_31 = [1]  # 31**i mod 2**32; replaced (never mutated) when a longer key needs more
+
+
+def _powers_of_31(n: int) -> list[int]:
+    """``[31**(n-1), ..., 31**0]`` mod 2**32."""
+    global _POWERS_OF_31
+    powers = _POWERS_OF_31
+    if len(powers) < n:
+        powers = list(powers)
+        while len(powers) < n:
+            powers.append((powers[-1] * 31) & _M32)
+        _POWERS_OF_31 = powers  # one atomic rebind, so concurrent callers never see a half-built list
+    return powers[n - 1 :: -1]
 
 
 def java_string_hash(s: str) -> int:
-    """``String.hashCode``: ``h = 31*h + u`` over UTF-16 code units, int32 wrap-around."""
-    h = 0
-    data = s.encode("utf-16-be", "surrogatepass")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & _M32
-    return _to_int32(h)
+    """``String.hashCode``: ``h = 31*h + u`` over UTF-16 code units, int32 wrap-around.
+
+    Evaluated as ``sum(u[i] * 31**(n-1-i))`` mod 2**32, so the loop runs in C.
+    """
+    if s.isascii():
+        units: bytes | tuple[int, ...] = s.encode("ascii")  # ASCII bytes are their UTF-16 code units
+    else:
+        data = s.encode("utf-16-be", "surrogatepass")
+        units = struct.unpack(f">{len(data) // 2}H", data)
+    if not units:
+        return 0
+    return _to_int32(sum(map(operator.mul, units, _powers_of_31(len(units)))))
 
 
 def java_int_hash(v: int) -> int:

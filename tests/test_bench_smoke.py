@@ -1,0 +1,70 @@
+"""Every benchmark in bench/ runs end to end on tiny sizes, so the scripts never rot.
+
+No assertion on speed: only that each script runs, talks to the real servers it starts and
+reports a result for every configuration it was asked for.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench import batch_ops, checkpoint_cost, checkpoint_writes, latency, restore
+
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
+
+TINY_BATCH = ["--runs", "1", "--count", "200", "--keys", "200", "--batch-sizes", "100", "--clients", "1,2"]
+
+
+def test_batch_ops_statehouse_and_rocksdict():
+    out = batch_ops.main([*TINY_BATCH, "--backends", "rocksdb,heap", "--baselines", "rocksdict"])
+    systems = {(r["system"], r["format"], r["op"], r["clients"]) for r in out["results"]}
+    for backend in ("rocksdb", "heap"):
+        for op in batch_ops.OPS:
+            assert (f"statehouse {backend}", "msgpack", op, 1) in systems
+            assert (f"statehouse {backend}", "json", op, 1) in systems
+        assert (f"statehouse {backend}", "msgpack", "put", 2) in systems
+    assert ("rocksdict in-process", "raw", "put", 1) in systems
+    assert all(r["ops_per_s"]["median"] > 0 for r in out["results"])
+
+
+@needs_redis
+def test_batch_ops_redis_baseline():
+    out = batch_ops.main([*TINY_BATCH, "--clients", "1", "--backends", "", "--baselines", "redis"])
+    systems = {r["system"] for r in out["results"]}
+    assert systems == {"redis-py pipeline", "redis-py MGET", "redis-py MSET"}
+
+
+def test_latency():
+    args = ["--runs", "1", "--rates", "200", "--seconds", "0.5", "--count", "200", "--client-count", "20"]
+    out = latency.main([*args, "--keys", "50", "--backends", "heap", "--no-redis"])
+    modes = {(r["op"], r["mode"]) for r in out["results"]}
+    assert ("get", "open loop 200/s") in modes and ("put", "python client, 1 thread") in modes
+    for r in out["results"]:
+        assert r["runs"][0]["p99_ms"] > 0
+
+
+@needs_redis
+def test_latency_redis_baseline():
+    out = latency.main(["--runs", "1", "--client-count", "20", "--keys", "20", "--backends", ""])
+    assert {r["system"] for r in out["results"]} == {"redis-py"}
+
+
+def test_checkpoint_writes_local_dir():
+    args = ["--runs", "1", "--keys", "2000", "--rate", "200", "--baseline-seconds", "0.5", "--max-seconds", "20"]
+    out = checkpoint_writes.main([*args, "--storage", "local"])
+    assert {r["mode"] for r in out["results"]} == {"full", "incremental"}
+    for r in out["results"]:
+        assert r["runs"][0]["bytes_uploaded"] > 0
+
+
+def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
+    endpoint = ["--s3-endpoint", s3_server.endpoint]  # the session's SeaweedFS (s3_location: it is running)
+    cost = checkpoint_cost.main(["--runs", "1", "--sizes", "2000", *endpoint])
+    run = cost["results"][0]["runs"][0]
+    assert 0 < run["incremental_bytes"] < run["full_bytes"]
+    out = restore.main(["--runs", "1", "--keys", "2000", *endpoint])
+    targets = {(r["snapshot"], r["target"]) for r in out["results"]}
+    assert len(targets) == 4
+    assert all(r["runs"][0]["entries_restored"] > 0 for r in out["results"])
