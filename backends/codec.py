@@ -14,6 +14,7 @@ Stored layout (so a snapshot is independent of the backend and of the wire forma
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -92,7 +93,9 @@ def encode_key(key: str | int, key_type: KeyType) -> bytes:
     return _field(_I64.pack(key + (1 << 63)))
 
 
+@functools.lru_cache(maxsize=1024)
 def encode_namespace(namespace: str) -> bytes:
+    # Cached: a job uses few namespaces (often only ""), and every keyed operation encodes one.
     return _field(namespace.encode("utf-8"))
 
 

@@ -153,7 +153,9 @@ class Job:
         key_bytes = encode_key(key, descriptor.key_type)  # validates the key's type first
         self.limits.check_key(key_bytes)
         key_group = self.key_group(descriptor, key)
-        self.check_owned(key_group)
+        owned = self.key_group_range
+        if not owned.start <= key_group <= owned.end:
+            self.check_owned(key_group)  # raises key_not_owned
         ns_bytes = encode_namespace(namespace)
         self.limits.check_key(ns_bytes, "namespace")
         return key_group, key_bytes + ns_bytes

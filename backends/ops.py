@@ -124,7 +124,7 @@ READ_OPS = frozenset({"get", "map_get", "map_contains"})
 
 def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:
     """Run one operation inside ``tx``; raises a ``StateError`` that says what to fix."""
-    if not isinstance(op, Mapping):
+    if type(op) is not dict and not isinstance(op, Mapping):  # decoded bodies are dicts: skip the ABC check
         raise InvalidArgument(f"an operation must be an object; got {type(op).__name__}")
     name = op.get("op")
     handler = _HANDLERS.get(name)  # type: ignore[arg-type]
