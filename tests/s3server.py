@@ -85,12 +85,17 @@ class SeaweedS3:
         self._log = open(os.path.join(d, "weed.out"), "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         client = self.client()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while True:
             try:
+                # The S3 gateway answers before the volume server has joined (e.g. after a
+                # restart): ready means an object can be written and read back.
                 client.head_bucket(Bucket=self.bucket)
-                return
-            except (BotoCoreError, ClientError) as exc:
+                client.put_object(Bucket=self.bucket, Key="_ready", Body=b"ok")
+                if client.get_object(Bucket=self.bucket, Key="_ready")["Body"].read() == b"ok":
+                    return
+                raise RuntimeError("SeaweedFS returned a different object")
+            except (BotoCoreError, ClientError, RuntimeError) as exc:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"SeaweedFS S3 did not come up on {self.endpoint}: {exc}") from exc
