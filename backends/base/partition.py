@@ -94,6 +94,10 @@ class StorePartition(ABC):
     def freeze(self) -> FrozenView:
         """The cheap synchronous part of a snapshot: a consistent view, no full copy."""
 
+    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op unless a backend needs it
+        """Make a following :meth:`freeze` cheaper; safe to call from another thread while
+        writes continue (RocksDB: write the memtables out). Nothing to do by default."""
+
     @abstractmethod
     def close(self) -> None: ...
 
