@@ -23,7 +23,7 @@ from backends.keyed import (
     ValueState,
     ttl_cleaner,
 )
-from backends.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from backends.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 from backends.limits import Limits
 from backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
 from backends.ttl import Clock, SystemClock
@@ -57,6 +57,7 @@ class Job:
         self.replica_index = replica_index
         self.replica_count = replica_count
         self.key_group_range = KeyGroupRange.for_operator(self.max_parallelism, replica_count, replica_index)
+        self._assign = KeyGroupAssigner(self.max_parallelism)
         self.clock: Clock = clock or SystemClock()
         partition.create_table(LIST_TABLE, nested=False)
         partition.create_table(BROADCAST_TABLE, nested=True)
@@ -133,7 +134,7 @@ class Job:
     # -- keys ----------------------------------------------------------------------------
 
     def key_group(self, descriptor: StateDescriptor, key: str | int) -> int:
-        return assign_to_key_group(key, descriptor.key_type, self.max_parallelism)
+        return self._assign(key, descriptor.key_type)
 
     def owner_of(self, key_group: int) -> int:
         return operator_index(self.max_parallelism, self.replica_count, key_group)

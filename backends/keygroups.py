@@ -111,6 +111,30 @@ def assign_to_key_group(key: str | int, key_type: KeyType, max_parallelism: int)
     return murmur_hash(java_hash_code(key, key_type)) % max_parallelism
 
 
+class KeyGroupAssigner:
+    """:func:`assign_to_key_group` for one max parallelism, memoized.
+
+    Keys repeat in streams (the same users, again and again), and hashing a string key in
+    Python costs about a microsecond. The memo is bounded: when full it starts over.
+    """
+
+    def __init__(self, max_parallelism: int, capacity: int = 1 << 17) -> None:
+        check_max_parallelism(max_parallelism)
+        self.max_parallelism = max_parallelism
+        self.capacity = capacity
+        self._memo: dict[KeyType, dict[str | int, int]] = {t: {} for t in KEY_TYPES}
+
+    def __call__(self, key: str | int, key_type: KeyType) -> int:
+        memo = self._memo[key_type]
+        key_group = memo.get(key)
+        if key_group is None:
+            key_group = assign_to_key_group(key, key_type, self.max_parallelism)
+            if len(memo) >= self.capacity:
+                memo.clear()
+            memo[key] = key_group
+        return key_group
+
+
 def compute_key_group_for_hash(key_hash: int, max_parallelism: int) -> int:
     return murmur_hash(key_hash) % max_parallelism
 

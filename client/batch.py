@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
+
+from client.errors import StatehouseError
 
 if TYPE_CHECKING:
     from client.job import JobClient
@@ -38,6 +41,10 @@ class Batch:
     Each replica's part is atomic and ordered; parts on different replicas are independent
     (a failure on one replica does not undo another's). Use as a context manager to flush on
     exit, or call :meth:`flush`. ``epoch`` fences the writes (see the coordinator).
+
+    When a replica's part reaches ``max_ops`` it is sent at once, in the background, while
+    the caller goes on queueing (client and server work in parallel). Parts for one replica
+    are sent one after the other, in order; if one fails, the later ones are not sent.
     """
 
     def __init__(self, job: JobClient, *, epoch: int | None = None, max_ops: int = 5000) -> None:
@@ -45,6 +52,8 @@ class Batch:
         self.epoch = epoch
         self.max_ops = max_ops
         self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in job.replicas]
+        self._sending: list[Future[None]] = []
+        self._failed = False
 
     def _queue(self, op: dict[str, Any]) -> PendingResult:
         replica = self._job.replica_for(op["state"], op["key"])
@@ -52,8 +61,29 @@ class Batch:
         queue = self._queued[replica]
         queue.append((op, pending))
         if len(queue) >= self.max_ops:
-            self._flush_replica(replica)
+            self._send_in_background(replica)
         return pending
+
+    def _take(self, replica: int) -> list[tuple[dict[str, Any], PendingResult]]:
+        chunk, self._queued[replica] = self._queued[replica], []
+        return chunk
+
+    def _send_in_background(self, replica: int) -> None:
+        # One sender thread per replica keeps this batch's parts for it in order.
+        self._sending.append(self._job.client.senders[replica].submit(self._send, replica, self._take(replica)))
+
+    def _send(self, replica: int, chunk: list[tuple[dict[str, Any], PendingResult]]) -> None:
+        if self._failed:
+            raise StatehouseError("not sent: an earlier part of this batch failed")
+        ops = [op for op, _pending in chunk]
+        idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
+        try:
+            results = self._job.replicas[replica].batch(self._job.name, ops, epoch=self.epoch, idempotent=idempotent)
+        except BaseException:
+            self._failed = True
+            raise
+        for (_op, pending), result in zip(chunk, results, strict=True):
+            pending._result = result
 
     @staticmethod
     def _op(op: str, state: str, key: Any, ns: str, **fields: Any) -> dict[str, Any]:
@@ -89,25 +119,20 @@ class Batch:
     def map_contains(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
         return self._queue(self._op("map_contains", state, key, ns, user_key=user_key))
 
-    def _flush_replica(self, replica: int) -> None:
-        queue, self._queued[replica] = self._queued[replica], []
-        if not queue:
-            return
-        ops = [op for op, _pending in queue]
-        idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
-        results = self._job.replicas[replica].batch(self._job.name, ops, epoch=self.epoch, idempotent=idempotent)
-        for (_op, pending), result in zip(queue, results, strict=True):
-            pending._result = result
-
     def flush(self) -> None:
-        """Send everything queued: one request per replica, replicas in parallel."""
+        """Send everything queued (replicas in parallel) and wait for every part; raises the
+        first error. With nothing in flight and one replica to send to, it sends inline."""
         busy = [i for i, queue in enumerate(self._queued) if queue]
-        if len(busy) <= 1:
-            for i in busy:
-                self._flush_replica(i)
+        if not self._sending and len(busy) == 1:
+            self._send(busy[0], self._take(busy[0]))
             return
-        for future in [self._job.client.executor.submit(self._flush_replica, i) for i in busy]:
-            future.result()
+        for replica in busy:
+            self._send_in_background(replica)
+        sending, self._sending = self._sending, []
+        errors = [future.exception() for future in sending]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def __enter__(self) -> Batch:
         return self

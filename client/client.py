@@ -22,6 +22,10 @@ class StatehouseClient:
             for url in c.urls
         ]
         self.executor = ThreadPoolExecutor(max_workers=max(1, len(self.replicas)), thread_name_prefix="statehouse")
+        # One thread per replica sends batch parts in order, overlapping with the caller's work.
+        self.senders = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"statehouse-{i}") for i in range(len(self.replicas))
+        ]
 
     def job(self, name: str, max_parallelism: int | None = None) -> JobClient:
         """Create the job on every replica (or confirm it) and check they agree on it."""
@@ -40,6 +44,8 @@ class StatehouseClient:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
+        for sender in self.senders:
+            sender.shutdown(wait=True)
         for replica in self.replicas:
             replica.close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from backends.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from backends.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 from client.batch import Batch
 from client.errors import InvalidRequest, StatehouseError
 from client.states import (
@@ -29,22 +29,30 @@ class JobClient:
         self.max_parallelism = max_parallelism
         self.replicas: list[ReplicaConnection] = client.replicas
         self._key_types: dict[str, str] = {}
+        self._assign = KeyGroupAssigner(max_parallelism)
 
     # -- routing -------------------------------------------------------------------------
 
-    def key_group(self, state: str, key: Any) -> int:
+    def _checked_key_type(self, state: str, key: Any) -> str:
         key_type = self._key_type(state)
         if key_type == "string" and not isinstance(key, str):
             raise InvalidRequest(f"state {state!r} has string keys; got {type(key).__name__} {key!r}")
         if key_type != "string" and (isinstance(key, bool) or not isinstance(key, int)):
             raise InvalidRequest(f"state {state!r} has {key_type} keys; got {type(key).__name__} {key!r}")
+        return key_type
+
+    def key_group(self, state: str, key: Any) -> int:
+        key_type = self._checked_key_type(state, key)
         try:
-            return assign_to_key_group(key, key_type, self.max_parallelism)  # type: ignore[arg-type]
+            return self._assign(key, key_type)  # type: ignore[arg-type]
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
     def replica_for(self, state: str, key: Any) -> int:
         """The replica that owns ``key`` (the same function the server uses to refuse it)."""
+        if len(self.replicas) == 1:  # the only replica owns every key: no need to hash
+            self._checked_key_type(state, key)
+            return 0
         return operator_index(self.max_parallelism, len(self.replicas), self.key_group(state, key))
 
     def key_group_range(self, replica: int) -> KeyGroupRange:

@@ -106,3 +106,15 @@ def test_range_value_type():
     assert len(r) == 11 and 10 in r and 20 in r and 21 not in r
     assert r.intersection(KeyGroupRange(15, 30)) == KeyGroupRange(15, 20)
     assert len(r.intersection(KeyGroupRange(21, 30))) == 0
+
+
+def test_memoized_assigner_matches_and_stays_bounded():
+    from backends.keygroups import KeyGroupAssigner
+
+    assign = KeyGroupAssigner(128, capacity=10)
+    for _ in range(2):  # a second pass answers from the memo
+        assert [assign(f"user-{i}", "string") for i in range(25)] == [
+            assign_to_key_group(f"user-{i}", "string", 128) for i in range(25)
+        ]
+    assert assign(-1, "int") == 80 and assign(-1, "long") == 94  # one memo per key type
+    assert all(len(memo) <= 10 for memo in assign._memo.values())

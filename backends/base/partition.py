@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 META_TABLE = "$meta"  # job metadata; "$" cannot occur in a state name, so no clash
 
 
-@dataclass(frozen=True, slots=True)
-class WriteOp:
+class WriteOp(NamedTuple):
     """One write of an atomic batch.
 
     ``put``/``delete`` address one (primary, secondary); ``clear`` removes every secondary

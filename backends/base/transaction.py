@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from backends.base.partition import StorePartition, WriteOp
 
 _DELETED = None
+_ABSENT = object()
 
 
 class _PendingKey:
@@ -26,6 +27,10 @@ class _PendingKey:
 class PartitionTransaction:
     def __init__(self, partition: StorePartition) -> None:
         self.partition = partition
+        self._nested = partition.tables()
+        # Flat tables (one value per primary, the common case) keep a plain dict of pending
+        # values; nested tables (maps) keep per-primary entries that a clear can drop at once.
+        self._flat: dict[tuple[str, int, bytes], bytes | None] = {}
         self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
 
     def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
@@ -35,6 +40,9 @@ class PartitionTransaction:
         return slot
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
+        if not self._nested[table]:
+            value = self._flat.get((table, key_group, primary), _ABSENT)
+            return self.partition.get(table, key_group, primary) if value is _ABSENT else value  # type: ignore[return-value]
         slot = self._pending.get((table, key_group, primary))
         if slot is not None:
             if secondary in slot.values:
@@ -44,6 +52,9 @@ class PartitionTransaction:
         return self.partition.get(table, key_group, primary, secondary)
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
+        if not self._nested[table]:
+            value = self.get(table, key_group, primary)
+            return iter(() if value is None else ((b"", value),))
         slot = self._pending.get((table, key_group, primary))
         if slot is None:
             return self.partition.items(table, key_group, primary)
@@ -56,18 +67,31 @@ class PartitionTransaction:
         return iter(sorted(merged.items()))
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
-        self._slot(table, key_group, primary).values[secondary] = value
+        if self._nested[table]:
+            self._slot(table, key_group, primary).values[secondary] = value
+        else:
+            self._flat[(table, key_group, primary)] = value
 
     def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
-        self._slot(table, key_group, primary).values[secondary] = _DELETED
+        if self._nested[table]:
+            self._slot(table, key_group, primary).values[secondary] = _DELETED
+        else:
+            self._flat[(table, key_group, primary)] = _DELETED
 
     def clear(self, table: str, key_group: int, primary: bytes) -> None:
+        if not self._nested[table]:
+            self._flat[(table, key_group, primary)] = _DELETED
+            return
         slot = self._slot(table, key_group, primary)
         slot.cleared = True
         slot.values.clear()
 
     def write_ops(self) -> list[WriteOp]:
-        ops: list[WriteOp] = []
+        ops = [
+            WriteOp("delete", table, key_group, primary) if value is _DELETED else
+            WriteOp("put", table, key_group, primary, b"", value)
+            for (table, key_group, primary), value in self._flat.items()
+        ]  # fmt: skip
         for (table, key_group, primary), slot in self._pending.items():
             if slot.cleared:
                 ops.append(WriteOp("clear", table, key_group, primary))
@@ -81,9 +105,11 @@ class PartitionTransaction:
 
     def commit(self) -> None:
         ops = self.write_ops()
+        self._flat.clear()
         self._pending.clear()
         if ops:
             self.partition.write(ops)
 
     def rollback(self) -> None:
+        self._flat.clear()
         self._pending.clear()
