@@ -135,10 +135,6 @@ class KeyGroupAssigner:
         return key_group
 
 
-def compute_key_group_for_hash(key_hash: int, max_parallelism: int) -> int:
-    return murmur_hash(key_hash) % max_parallelism
-
-
 def operator_index(max_parallelism: int, parallelism: int, key_group: int) -> int:
     """``computeOperatorIndexForKeyGroup``: which of ``parallelism`` subtasks owns ``key_group``."""
     return key_group * parallelism // max_parallelism
@@ -197,7 +193,3 @@ class KeyGroupRange:
 
     def as_list(self) -> list[int]:
         return [self.start, self.end]
-
-
-def range_for_operator(max_parallelism: int, parallelism: int, index: int) -> KeyGroupRange:
-    return KeyGroupRange.for_operator(max_parallelism, parallelism, index)

@@ -119,8 +119,6 @@ _HANDLERS: dict[str, Callable[[KeyedState, Any, str, Mapping[str, Any]], dict[st
     "map_contains": _map_op(lambda s, k, ns, uk, op: {"value": s.contains(k, uk, ns)}, "map_contains"),
 }
 
-READ_OPS = frozenset({"get", "map_get", "map_contains"})
-
 
 def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:
     """Run one operation inside ``tx``; raises a ``StateError`` that says what to fix."""
