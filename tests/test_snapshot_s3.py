@@ -103,3 +103,15 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(s3_server, s3_loc
     assert manager.complete("orders", 3).status == "completed"
     manager.close()
     catalog.close()
+
+
+def test_downloads_count_as_bytes_read(s3_server, s3_location, tmp_path):
+    from snapshots import open_storage
+
+    storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
+    source = tmp_path / "f.sst"
+    source.write_bytes(b"x" * 12345)
+    storage.put_file("shared/f.sst", str(source))
+    before = storage.bytes_read
+    storage.download("shared/f.sst", str(tmp_path / "copy.sst"))
+    assert storage.bytes_read - before == 12345

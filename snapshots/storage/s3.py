@@ -8,6 +8,7 @@ not exist, so a failed upload never leaves a half file behind a valid key.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tempfile
 from collections.abc import Iterable
@@ -119,6 +120,7 @@ class S3Storage(CheckpointStorage):
             raise _unavailable(f"download {path}", exc) from exc
         except BotoCoreError as exc:
             raise _unavailable(f"download {path}", exc) from exc
+        self._count(read=os.path.getsize(local_path))
 
     def list(self, prefix: str) -> list[str]:
         base = self._key(prefix)
