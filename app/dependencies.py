@@ -47,17 +47,23 @@ class Service:
             raise ApiError("not_ready", f"job {job!r} is being restored; retry shortly")
 
 
-def get_service(request: Request) -> Service:
+def service_of(request: Request) -> Service:
     service = getattr(request.app.state, "service", None)
     if service is None:
         raise ApiError("not_ready", "the service is starting; retry shortly")
     return service
 
 
+# Dependencies are ``async def``: FastAPI runs plain ``def`` dependencies in a thread pool,
+# a thread hand-off per dependency per request.
+async def get_service(request: Request) -> Service:
+    return service_of(request)
+
+
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def get_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Job:
+async def get_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Job:
     service.check_available(job)
     return service.catalog.get(job)
 
@@ -65,9 +71,9 @@ def get_job(service: ServiceDep, job: Annotated[str, Path(description="job name"
 JobDep = Annotated[Job, Depends(get_job)]
 
 
-def require_token(request: Request) -> None:
+async def require_token(request: Request) -> None:
     """When ``STATEHOUSE_API_TOKENS`` is set, every /v1 call needs ``Authorization: Bearer <token>``."""
-    tokens = get_service(request).settings.tokens
+    tokens = service_of(request).settings.tokens
     if not tokens:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.dependencies import get_service
+from app.dependencies import service_of
 from app.problems import problem_response
 
 router = APIRouter(tags=["operations"])
@@ -30,4 +30,4 @@ async def readyz(request: Request) -> dict[str, object] | Response:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
-    return Response(generate_latest(get_service(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(service_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
