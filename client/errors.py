@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
-import httpx
 
 
 class StatehouseError(Exception):
@@ -63,14 +62,15 @@ _BY_STATUS: dict[int, type[StatehouseError]] = {
 }
 
 
-def error_from_response(response: httpx.Response) -> StatehouseError:
+def error_from_response(status: int, content: bytes, reason: str = "") -> StatehouseError:
+    """The exception for an error answer, from its problem+json body when it has one."""
     try:
-        problem = response.json()
+        problem = json.loads(content)
     except ValueError:
         problem = {}
     if not isinstance(problem, dict):
         problem = {}
     code = problem.get("code")
-    detail = problem.get("detail") or response.text[:500] or response.reason_phrase
-    cls = StaleEpoch if code == "stale_epoch" else _BY_STATUS.get(response.status_code, StatehouseError)
-    return cls(detail, status=response.status_code, code=code, problem=problem)
+    detail = problem.get("detail") or content[:500].decode("utf-8", "replace") or reason or f"HTTP {status}"
+    cls = StaleEpoch if code == "stale_epoch" else _BY_STATUS.get(status, StatehouseError)
+    return cls(detail, status=status, code=code, problem=problem)
