@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ from typing import Any
 import httpx
 
 from tests.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
-from tests.server import REPO, ServerProcess, free_port, start_server
+from tests.server import REPO, ServerProcess, free_port, start_server, stop_process
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -179,12 +178,7 @@ def redis_server() -> Iterator[int | None]:
             time.sleep(0.05)
         yield port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

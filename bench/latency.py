@@ -36,17 +36,20 @@ def requests_for(op: str, key_list: list[str]):
 def _client_loop(url: str, op: str, key_list: list[str], count: int) -> list[float]:
     from client import StatehouseClient
 
-    latencies = []
     with StatehouseClient([url]) as client:
         state = client.job(JOB).value_state("v")
-        for i in range(count):
-            key = key_list[i % len(key_list)]
-            started = time.perf_counter()
-            if op == "get":
-                state.value(key)
-            else:
-                state.update(key, VALUE)
-            latencies.append(time.perf_counter() - started)
+        call = state.value if op == "get" else lambda key: state.update(key, VALUE)
+        return _timed_calls(call, key_list, count)
+
+
+def _timed_calls(call, key_list: list[str], count: int) -> list[float]:
+    """Seconds each of ``count`` calls took, cycling through the keys."""
+    latencies = []
+    for i in range(count):
+        key = key_list[i % len(key_list)]
+        started = time.perf_counter()
+        call(key)
+        latencies.append(time.perf_counter() - started)
     return latencies
 
 
@@ -60,18 +63,11 @@ def _redis_loop(port: int, op: str, key_list: list[str], count: int) -> list[flo
     import redis
 
     r = redis.Redis(host="127.0.0.1", port=port)
-    latencies = []
     value = VALUE.encode()
-    for i in range(count):
-        key = key_list[i % len(key_list)]
-        started = time.perf_counter()
-        if op == "get":
-            r.get(key)
-        else:
-            r.set(key, value)
-        latencies.append(time.perf_counter() - started)
-    r.close()
-    return latencies
+    try:
+        return _timed_calls(r.get if op == "get" else lambda key: r.set(key, value), key_list, count)
+    finally:
+        r.close()
 
 
 def add_row(rows, results, system: str, op: str, mode: str, runs: list[dict[str, float]]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import time
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from tests.server import stop_process
 
 ACCESS_KEY = "testkey"
 SECRET_KEY = "testsecret"
@@ -103,13 +104,8 @@ class SeaweedS3:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        if process is not None:
+            stop_process(process)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -16,6 +16,18 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 
 
+def stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+    """Signal a child and wait for it; SIGKILL it if it has not exited within ``timeout``."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    return process.returncode
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -30,14 +42,7 @@ class ServerProcess:
     settings: dict[str, str]  # the STATEHOUSE_* environment it runs with
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        return self.process.returncode
+        return stop_process(self.process, sig, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
