@@ -353,12 +353,17 @@ def test_ttl_return_expired_if_not_cleaned_up(job, clock):
     assert run(job, lambda tx: tx.value("v").get("k")) is None
 
 
-def test_ttl_list_elements_expire_individually(job, clock):
-    register(job, "l", "list", ttl=ttl())
+def add_a_at_0_and_b_at_50(job, clock):
+    """The reference's list TTL vector: element a added at t=0, b at t=50."""
     clock.now = 0
     run(job, lambda tx: tx.list("l").add("k", "a"))
     clock.now = 50
     run(job, lambda tx: tx.list("l").add("k", "b"))
+
+
+def test_ttl_list_elements_expire_individually(job, clock):
+    register(job, "l", "list", ttl=ttl())
+    add_a_at_0_and_b_at_50(job, clock)
     clock.now = 120
     assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]
     kg = job.key_group(job.descriptor("l"), "k")
@@ -370,10 +375,7 @@ def test_ttl_list_elements_expire_individually(job, clock):
 
 def test_ttl_list_on_read_and_write_rewrites_unexpired(job, clock):
     register(job, "l", "list", ttl=ttl(update_type="on_read_and_write"))
-    clock.now = 0
-    run(job, lambda tx: tx.list("l").add("k", "a"))
-    clock.now = 50
-    run(job, lambda tx: tx.list("l").add("k", "b"))
+    add_a_at_0_and_b_at_50(job, clock)
     clock.now = 120
     assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]  # b refreshed to 120
     clock.now = 219
@@ -431,10 +433,7 @@ def test_ttl_cleaner_for_full_snapshots(job, clock):
     from backends.keyed import ttl_cleaner
 
     register(job, "l", "list", ttl=ttl())
-    clock.now = 0
-    run(job, lambda tx: tx.list("l").add("k", "a"))
-    clock.now = 50
-    run(job, lambda tx: tx.list("l").add("k", "b"))
+    add_a_at_0_and_b_at_50(job, clock)
     kg = job.key_group(job.descriptor("l"), "k")
     raw = job.partition.get("l", kg, _primary(job, "l", "k"))
     clean = ttl_cleaner(job.descriptor("l"))
