@@ -65,11 +65,6 @@ class ApiError(StateError):
         self.code = code
 
 
-def register_status(code: str, status: int) -> None:
-    """Let another package (e.g. snapshots) declare the status of its error codes."""
-    STATUS_BY_CODE[code] = status
-
-
 def problem_response(
     status: int, code: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None, **extra
 ) -> Response:
