@@ -14,14 +14,16 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# Dependencies first (pinned in pyproject.toml), so code changes do not re-download them.
+# Dependencies first (pinned in the two pyproject.toml files: the server's and the client's it
+# depends on), so code changes do not re-download them.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+COPY packaging/client/pyproject.toml packaging/client/
+RUN python -c "import tomllib; print('\n'.join(d for f in ('pyproject.toml', 'packaging/client/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('statehouse')))" \
         > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt
-# Then the project itself: runtime dependencies only, not the dev extra.
+# Then the project itself, both distributions: runtime dependencies only, not the dev extra.
 COPY . .
-RUN pip install --no-cache-dir --no-deps . \
+RUN pip install --no-cache-dir --no-deps ./packaging/client . \
     && pip check
 
 # ---- runtime: the venv and nothing else ----
@@ -54,5 +56,5 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
 # uvicorn runs as PID 1: SIGTERM → stop accepting, drain for up to 20 s, close RocksDB, exit 0.
 # Keep --timeout-graceful-shutdown below the orchestrator's grace period (Helm chart: 30 s).
 # One worker on purpose: one writer process per replica; scale out with replicas.
-CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", \
+CMD ["uvicorn", "statehouse.app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", \
      "--timeout-graceful-shutdown", "20", "--no-server-header"]

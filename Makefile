@@ -2,26 +2,35 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two distributions, both installed editable: the client (packaging/client) and the server
+# (the repository root). `make run` installs what the server needs; `make test` adds the dev tools.
+SERVER := $(VENV)/.server-installed
+DEV := $(VENV)/.dev-installed
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
 .PHONY: setup run test lint clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 
-setup: $(STAMP)
+$(SERVER): pyproject.toml packaging/client/pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e ./packaging/client -e .
+	touch $@
 
-run: $(STAMP)
-	$(BIN)/uvicorn app.main:app --host $${STATEHOUSE_HOST:-127.0.0.1} --port $${STATEHOUSE_PORT:-8000}
+$(DEV): pyproject.toml packaging/client/pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e "./packaging/client[spark]" -e ".[dev]"
+	touch $(SERVER) $@
 
-test: $(STAMP)
+setup: $(DEV)
+
+run: $(SERVER)
+	$(BIN)/uvicorn statehouse.app.main:app --host $${STATEHOUSE_HOST:-127.0.0.1} --port $${STATEHOUSE_PORT:-8000}
+
+test: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.problems import ApiError, problem_response
+from statehouse.app.problems import ApiError, problem_response
 
 
 class BodyLimitMiddleware:

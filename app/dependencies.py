@@ -10,12 +10,12 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from app.metrics import Metrics
-from app.problems import ApiError
-from app.settings import Settings
-from backends.catalog import JobCatalog
-from backends.job import Job
-from snapshots.manager import CheckpointManager
+from statehouse.app.metrics import Metrics
+from statehouse.app.problems import ApiError
+from statehouse.app.settings import Settings
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.job import Job
+from statehouse.snapshots.manager import CheckpointManager
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 

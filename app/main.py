@@ -1,4 +1,4 @@
-"""The ASGI application: ``uvicorn app.main:app``."""
+"""The ASGI application: ``uvicorn statehouse.app.main:app``."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from app import problems
-from app.body_limit import BodyLimitMiddleware
-from app.dependencies import Service, require_token
-from app.metrics import Metrics, MetricsMiddleware
-from app.models import BatchRequest
-from app.routers import batch, checkpoints, health, jobs, keyed, operators
-from app.settings import Settings
-from backends.base.store import Store
-from backends.catalog import JobCatalog
-from backends.heap import HeapStore
-from backends.limits import Limits
-from backends.rocksdb import RocksDBStore
-from snapshots import CheckpointManager, open_storage
+from statehouse.app import problems
+from statehouse.app.body_limit import BodyLimitMiddleware
+from statehouse.app.dependencies import Service, require_token
+from statehouse.app.metrics import Metrics, MetricsMiddleware
+from statehouse.app.models import BatchRequest
+from statehouse.app.routers import batch, checkpoints, health, jobs, keyed, operators
+from statehouse.app.settings import Settings
+from statehouse.backends.base.store import Store
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import HeapStore
+from statehouse.backends.limits import Limits
+from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.snapshots import CheckpointManager, open_storage
 
 log = logging.getLogger("statehouse")
 

@@ -7,9 +7,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from backends.descriptors import StateDescriptor
-from backends.job import Job
-from backends.ttl import TtlConfig
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.job import Job
+from statehouse.backends.ttl import TtlConfig
 
 Name = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
 

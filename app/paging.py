@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import TypeVar
 
-from app.problems import ApiError
+from statehouse.app.problems import ApiError
 
 T = TypeVar("T")
 

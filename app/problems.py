@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from backends.errors import StateError
+from statehouse.backends.errors import StateError
 
 PROBLEM_TYPE_BASE = "https://statehouse.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"

@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.problems import ApiError
+from statehouse.app.problems import ApiError
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"

@@ -1,7 +1,8 @@
 """Statehouse's state engine: Flink's keyed and operator state model, no HTTP inside.
 
-Exports load lazily, so light modules (``backends.keygroups``, used by the Spark client)
-import without pulling in RocksDB.
+Exports load lazily, so a heap-only process or a light module (``statehouse.backends.ttl``)
+imports without pulling in RocksDB. Key-group math lives in ``statehouse.keygroups``, which
+the client distribution ships too.
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "HeapStore": "backends.heap",
-    "Job": "backends.job",
-    "JobCatalog": "backends.catalog",
-    "JobTransaction": "backends.job",
-    "KeyGroupRange": "backends.keygroups",
-    "ManualClock": "backends.ttl",
-    "RocksDBStore": "backends.rocksdb",
-    "StateDescriptor": "backends.descriptors",
-    "SystemClock": "backends.ttl",
-    "TtlConfig": "backends.ttl",
+    "HeapStore": "statehouse.backends.heap",
+    "Job": "statehouse.backends.job",
+    "JobCatalog": "statehouse.backends.catalog",
+    "JobTransaction": "statehouse.backends.job",
+    "ManualClock": "statehouse.backends.ttl",
+    "RocksDBStore": "statehouse.backends.rocksdb",
+    "StateDescriptor": "statehouse.backends.descriptors",
+    "SystemClock": "statehouse.backends.ttl",
+    "TtlConfig": "statehouse.backends.ttl",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 
-from backends.base.store import Store
-from backends.errors import InvalidArgument, JobConflict, JobNotFound
-from backends.job import Job
-from backends.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
-from backends.limits import Limits
-from backends.names import validate_name
-from backends.ttl import Clock, SystemClock
+from statehouse.backends.base.store import Store
+from statehouse.backends.errors import InvalidArgument, JobConflict, JobNotFound
+from statehouse.backends.job import Job
+from statehouse.backends.limits import Limits
+from statehouse.backends.names import validate_name
+from statehouse.backends.ttl import Clock, SystemClock
+from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
 
 
 class JobCatalog:

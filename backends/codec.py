@@ -21,8 +21,8 @@ from typing import Any
 
 import msgpack
 
-from backends.errors import InvalidKey, InvalidValue
-from backends.keygroups import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, KeyType
+from statehouse.backends.errors import InvalidKey, InvalidValue
+from statehouse.keygroups import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, KeyType
 
 _LEN = struct.Struct(">I")
 _TS = struct.Struct(">q")

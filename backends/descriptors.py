@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from backends.errors import IncompatibleState, InvalidArgument
-from backends.functions import AGGREGATE_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
-from backends.keygroups import KEY_TYPES, KeyType
-from backends.names import validate_name
-from backends.ttl import TtlConfig
+from statehouse.backends.errors import IncompatibleState, InvalidArgument
+from statehouse.backends.functions import AGGREGATE_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
+from statehouse.backends.names import validate_name
+from statehouse.backends.ttl import TtlConfig
+from statehouse.keygroups import KEY_TYPES, KeyType
 
 StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
 STATE_KINDS: tuple[StateKind, ...] = ("value", "list", "map", "reducing", "aggregating")

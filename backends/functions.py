@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from backends.errors import InvalidValue
+from statehouse.backends.errors import InvalidValue
 
 
 def _number(function: str, value: Any) -> int | float:

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from backends.base.partition import META_TABLE, StorePartition
-from backends.base.transaction import PartitionTransaction
-from backends.codec import decode_primary, encode_key, encode_namespace
-from backends.descriptors import StateDescriptor
-from backends.errors import InvalidArgument, KeyNotOwned, StaleEpoch, StateNotFound, WrongStateKind
-from backends.keyed import (
+from statehouse.backends.base.partition import META_TABLE, StorePartition
+from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InvalidArgument, KeyNotOwned, StaleEpoch, StateNotFound, WrongStateKind
+from statehouse.backends.keyed import (
     STATE_CLASSES,
     AggregatingState,
     KeyedState,
@@ -23,10 +23,10 @@ from backends.keyed import (
     ValueState,
     ttl_cleaner,
 )
-from backends.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
-from backends.limits import Limits
-from backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
-from backends.ttl import Clock, SystemClock
+from statehouse.backends.limits import Limits
+from statehouse.backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
+from statehouse.backends.ttl import Clock, SystemClock
+from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 _STATE_META = b"state:"
 _EPOCH_META = b"writer-epoch"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from backends.base.transaction import PartitionTransaction
-from backends.codec import (
+from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.codec import (
     decode_user_key,
     decode_value,
     encode_timestamped,
@@ -21,12 +21,12 @@ from backends.codec import (
     iter_values,
     split_timestamped,
 )
-from backends.descriptors import StateDescriptor
-from backends.errors import InvalidValue
-from backends.ttl import TtlConfig, is_expired
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InvalidValue
+from statehouse.backends.ttl import TtlConfig, is_expired
 
 if TYPE_CHECKING:
-    from backends.job import Job
+    from statehouse.backends.job import Job
 
 Key = str | int
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.errors import StateError
+from statehouse.backends.errors import StateError
 
 
 class KeyTooLarge(StateError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from backends.errors import InvalidName
+from statehouse.backends.errors import InvalidName
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _NAME_RE = re.compile(NAME_PATTERN)

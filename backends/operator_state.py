@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from backends.base.transaction import PartitionTransaction
-from backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
-from backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
-from backends.limits import Limits
-from backends.names import validate_name
+from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
+from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
+from statehouse.backends.limits import Limits
+from statehouse.backends.names import validate_name
 
 ListMode = Literal["split", "union"]
 LIST_MODES: tuple[ListMode, ...] = ("split", "union")

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from backends.errors import InvalidArgument, WrongStateKind
-from backends.job import JobTransaction
-from backends.keyed import KeyedState, ListState, MapState, ReducingState, ValueState
+from statehouse.backends.errors import InvalidArgument, WrongStateKind
+from statehouse.backends.job import JobTransaction
+from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, ValueState
 
 OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains")
 _EMPTY: dict[str, Any] = {}

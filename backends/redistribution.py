@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.keygroups import java_string_hash
+from statehouse.keygroups import java_string_hash
 
 
 @dataclass

@@ -55,7 +55,7 @@ def _op_dict(op: str, key: str) -> dict[str, Any]:
 
 def run_msgpack(url: str, op: str, batch_size: int, key_list: list[str], count: int) -> float:
     """``count`` operations through the Python client; returns seconds."""
-    from client import StatehouseClient
+    from statehouse.client import StatehouseClient
 
     with StatehouseClient([url]) as client:
         job = client.job(JOB)

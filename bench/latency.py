@@ -34,7 +34,7 @@ def requests_for(op: str, key_list: list[str]):
 
 
 def _client_loop(url: str, op: str, key_list: list[str], count: int) -> list[float]:
-    from client import StatehouseClient
+    from statehouse.client import StatehouseClient
 
     with StatehouseClient([url]) as client:
         state = client.job(JOB).value_state("v")

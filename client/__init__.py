@@ -1,6 +1,6 @@
 """Statehouse's Python client for Spark drivers and executors (no FastAPI inside).
 
-from client import StatehouseClient
+from statehouse.client import StatehouseClient
 with StatehouseClient(["http://sh-0:8000", "http://sh-1:8000"]) as sh:
     job = sh.job("features", max_parallelism=128)
     spent = job.register("spent", "reducing", function="sum")
@@ -10,10 +10,10 @@ with StatehouseClient(["http://sh-0:8000", "http://sh-1:8000"]) as sh:
     print(total.value)
 """
 
-from client.batch import Batch, PendingResult
-from client.client import StatehouseClient
-from client.config import ClientConfig
-from client.errors import (
+from statehouse.client.batch import Batch, PendingResult
+from statehouse.client.client import StatehouseClient
+from statehouse.client.config import ClientConfig
+from statehouse.client.errors import (
     Conflict,
     InvalidRequest,
     KeyNotOwned,
@@ -23,7 +23,7 @@ from client.errors import (
     Unauthorized,
     Unavailable,
 )
-from client.job import JobClient
+from statehouse.client.job import JobClient
 
 __all__ = [
     "Batch",

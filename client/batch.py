@@ -5,10 +5,10 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from client.errors import StatehouseError
+from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
-    from client.job import JobClient
+    from statehouse.client.job import JobClient
 
 # Operations whose repetition cannot change the outcome: a batch made only of these may be
 # retried after a timeout. ``add`` is not among them.

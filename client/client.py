@@ -5,10 +5,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from client.config import ClientConfig
-from client.errors import Conflict
-from client.job import JobClient
-from client.transport import ReplicaConnection
+from statehouse.client.config import ClientConfig
+from statehouse.client.errors import Conflict
+from statehouse.client.job import JobClient
+from statehouse.client.transport import ReplicaConnection
 
 
 class StatehouseClient:

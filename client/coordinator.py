@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from client.errors import StatehouseError
+from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
-    from client.job import JobClient
+    from statehouse.client.job import JobClient
 
 
 class CheckpointFailed(StatehouseError):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from backends.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
-from client.batch import Batch
-from client.errors import InvalidRequest, StatehouseError
-from client.states import (
+from statehouse.client.batch import Batch
+from statehouse.client.errors import InvalidRequest, StatehouseError
+from statehouse.client.states import (
     HANDLES,
     AggregatingStateHandle,
     ListStateHandle,
@@ -16,10 +15,11 @@ from client.states import (
     StateHandle,
     ValueStateHandle,
 )
+from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
-    from client.client import StatehouseClient
-    from client.transport import ReplicaConnection
+    from statehouse.client.client import StatehouseClient
+    from statehouse.client.transport import ReplicaConnection
 
 
 class JobClient:

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from client.batch import Batch
-from client.client import StatehouseClient
-from client.config import ClientConfig
-from client.coordinator import MicroBatchCoordinator
-from client.job import JobClient
+from statehouse.client.batch import Batch
+from statehouse.client.client import StatehouseClient
+from statehouse.client.config import ClientConfig
+from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.job import JobClient
 
 
 @dataclass(frozen=True)

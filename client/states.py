@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client.job import JobClient
+    from statehouse.client.job import JobClient
 
 
 class StateHandle:

@@ -11,7 +11,7 @@ import httpx
 import msgpack
 import urllib3
 
-from client.errors import Unavailable, error_from_response
+from statehouse.client.errors import Unavailable, error_from_response
 
 MSGPACK = "application/msgpack"
 _RETRY_STATUSES = frozenset({502, 503, 504})

@@ -1,6 +1,6 @@
 """Write sample purchase events for the user-features pipeline.
 
-python -m pipelines.sample_events --output events/ --files 3 --events 1000
+python -m statehouse.pipelines.sample_events --output events/ --files 3 --events 1000
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ directory. For every micro-batch, each user's events update four states, exactly
 and the batch writes the touched users' features to ``<output>/batch_id=N/`` (JSON,
 overwritten on a replay, so the sink is idempotent). Run against a running service:
 
-    python -m pipelines.user_features --input events/ --output features/ \\
+    python -m statehouse.pipelines.user_features --input events/ --output features/ \\
         --checkpoint spark-checkpoint/ --statehouse http://127.0.0.1:8000
 """
 
@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from client import ClientConfig, StatehouseClient
-from client.job import JobClient
-from client.spark import BatchContext, exactly_once, with_state
+from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client.job import JobClient
+from statehouse.client.spark import BatchContext, exactly_once, with_state
 
 JOB = "user_features"
 EVENT_SCHEMA = "user_id STRING, item STRING, amount DOUBLE, event_time STRING"

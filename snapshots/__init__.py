@@ -5,7 +5,7 @@ Checkpoint storage (local directory, S3, memory), the full (canonical) and incre
 rescaling. :class:`CheckpointManager` is the entry point the service calls.
 """
 
-from snapshots.errors import (
+from statehouse.snapshots.errors import (
     CheckpointConflict,
     CheckpointFailed,
     CheckpointNotFound,
@@ -16,8 +16,8 @@ from snapshots.errors import (
     SnapshotCorrupt,
     StorageUnavailable,
 )
-from snapshots.manager import CheckpointInfo, CheckpointManager, RestoreInfo
-from snapshots.storage import CheckpointStorage, open_storage
+from statehouse.snapshots.manager import CheckpointInfo, CheckpointManager, RestoreInfo
+from statehouse.snapshots.storage import CheckpointStorage, open_storage
 
 __all__ = [
     "CheckpointConflict",

@@ -21,7 +21,7 @@ storage_unavailable    503     checkpoint storage unreachable or failing (retry 
 
 from __future__ import annotations
 
-from backends.errors import StateError
+from statehouse.backends.errors import StateError
 
 
 class CheckpointNotFound(StateError):

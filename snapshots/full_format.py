@@ -26,14 +26,14 @@ from typing import Any
 
 import msgpack
 
-from backends.base.partition import FrozenView
-from backends.descriptors import StateDescriptor
-from backends.keyed import ttl_cleaner
-from backends.keygroups import KeyGroupRange
-from snapshots.compression import Codec, codec_by_id
-from snapshots.errors import SnapshotCorrupt
-from snapshots.handles import KeyGroupRangeOffsets, KeyGroupSection, KeyGroupsHandle
-from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, check_bytes
+from statehouse.backends.base.partition import FrozenView
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.keyed import ttl_cleaner
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.compression import Codec, codec_by_id
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import KeyGroupRangeOffsets, KeyGroupSection, KeyGroupsHandle
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, check_bytes
 
 MAGIC = b"SHKG"
 FORMAT_VERSION = 1

@@ -14,7 +14,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from backends.keygroups import KeyGroupRange
+from statehouse.keygroups import KeyGroupRange
 
 
 @dataclass(frozen=True, slots=True)

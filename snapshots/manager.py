@@ -24,19 +24,19 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from backends.catalog import JobCatalog
-from backends.errors import InvalidArgument, StateError
-from backends.keygroups import KeyGroupRange
-from backends.rocksdb.partition import RocksDBPartition
-from snapshots.compression import codec
-from snapshots.errors import (
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.errors import InvalidArgument, StateError
+from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.compression import codec
+from statehouse.snapshots.errors import (
     CheckpointConflict,
     CheckpointFailed,
     CheckpointNotFound,
     CheckpointNotReady,
     SnapshotCorrupt,
 )
-from snapshots.layout import (
+from statehouse.snapshots.layout import (
     SnapshotKind,
     metadata_name,
     parse_job_listing,
@@ -45,11 +45,11 @@ from snapshots.layout import (
     part_name,
     snapshot_dir,
 )
-from snapshots.metadata import SnapshotFormat, SnapshotMetadata
-from snapshots.registry import SharedStateRegistry
-from snapshots.restore import RestoreOperation, SnapshotPart
-from snapshots.storage import CheckpointStorage, open_storage
-from snapshots.strategies import (
+from statehouse.snapshots.metadata import SnapshotFormat, SnapshotMetadata
+from statehouse.snapshots.registry import SharedStateRegistry
+from statehouse.snapshots.restore import RestoreOperation, SnapshotPart
+from statehouse.snapshots.storage import CheckpointStorage, open_storage
+from statehouse.snapshots.strategies import (
     AsyncSnapshot,
     FullSnapshotStrategy,
     IncrementalSnapshotStrategy,

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from backends.keygroups import KeyGroupRange
-from snapshots.errors import SnapshotCorrupt
-from snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle, keyed_handle_from_dict
-from snapshots.layout import SnapshotKind
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle, keyed_handle_from_dict
+from statehouse.snapshots.layout import SnapshotKind
 
 SnapshotFormat = Literal["full", "incremental"]
 _MAGIC = "statehouse-snapshot"

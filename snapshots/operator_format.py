@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from backends.base.partition import META_TABLE, FrozenView, WriteOp
-from backends.codec import decode_fields, encode_fields, encode_value, iter_values
-from backends.operator_state import BROADCAST_TABLE, LIST_TABLE
-from backends.redistribution import OperatorSubtaskState, redistribute
-from snapshots.compression import ZSTD
-from snapshots.errors import SnapshotCorrupt
+from statehouse.backends.base.partition import META_TABLE, FrozenView, WriteOp
+from statehouse.backends.codec import decode_fields, encode_fields, encode_value, iter_values
+from statehouse.backends.operator_state import BROADCAST_TABLE, LIST_TABLE
+from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
+from statehouse.snapshots.compression import ZSTD
+from statehouse.snapshots.errors import SnapshotCorrupt
 
 _MODE_META = b"operator-list-mode:"
 _STATE_META = b"state:"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from snapshots.handles import StreamHandle
+from statehouse.snapshots.handles import StreamHandle
 
 
 @dataclass

@@ -19,19 +19,19 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from backends.base.partition import WriteOp
-from backends.catalog import JobCatalog
-from backends.descriptors import StateDescriptor
-from backends.errors import JobNotFound
-from backends.job import Job
-from backends.keygroups import KeyGroupRange
-from backends.rocksdb.partition import RocksDBPartition
-from snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
-from snapshots.full_format import FetchedKeyGroups, fetch_key_groups
-from snapshots.handles import IncrementalHandle, KeyGroupsHandle
-from snapshots.metadata import SnapshotMetadata
-from snapshots.operator_format import OperatorSnapshot, merge_for_replica, write_ops
-from snapshots.storage.base import CheckpointStorage
+from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import JobNotFound
+from statehouse.backends.job import Job
+from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
+from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
+from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
+from statehouse.snapshots.metadata import SnapshotMetadata
+from statehouse.snapshots.operator_format import OperatorSnapshot, merge_for_replica, write_ops
+from statehouse.snapshots.storage.base import CheckpointStorage
 
 _BATCH = 5_000
 

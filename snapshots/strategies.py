@@ -22,16 +22,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends.base.partition import FrozenView
-from backends.job import Job
-from backends.rocksdb.partition import RocksDBPartition
-from snapshots.compression import Codec
-from snapshots.full_format import SnapshotHeader, keyed_tables, write_key_groups
-from snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle
-from snapshots.layout import SnapshotKind, shared_dir
-from snapshots.metadata import SnapshotFormat
-from snapshots.operator_format import OperatorSnapshot
-from snapshots.storage.base import CheckpointStorage
+from statehouse.backends.base.partition import FrozenView
+from statehouse.backends.job import Job
+from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.snapshots.compression import Codec
+from statehouse.snapshots.full_format import SnapshotHeader, keyed_tables, write_key_groups
+from statehouse.snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle
+from statehouse.snapshots.layout import SnapshotKind, shared_dir
+from statehouse.snapshots.metadata import SnapshotFormat
+from statehouse.snapshots.operator_format import OperatorSnapshot
+from statehouse.snapshots.storage.base import CheckpointStorage
 
 
 @dataclass

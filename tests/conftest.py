@@ -1,6 +1,6 @@
 import pytest
 
-from backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
+from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
 
 
 @pytest.fixture(params=["heap", "rocksdb"])

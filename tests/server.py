@@ -49,7 +49,7 @@ class ServerProcess:
 
 
 def start_server(workdir: Path, env: dict[str, str] | None = None, timeout: float = 20) -> ServerProcess:
-    """Run ``uvicorn app.main:app`` on a free port with ``STATEHOUSE_*`` settings from ``env``."""
+    """Run ``uvicorn statehouse.app.main:app`` on a free port with ``STATEHOUSE_*`` settings from ``env``."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     full_env = {
@@ -61,7 +61,7 @@ def start_server(workdir: Path, env: dict[str, str] | None = None, timeout: floa
     log_path = workdir / f"server-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(port)],
             cwd=REPO,
             env=full_env,
             stdout=log,

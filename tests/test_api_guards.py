@@ -5,7 +5,7 @@ import httpx
 import msgpack
 import pytest
 
-from backends.keygroups import KeyGroupRange, assign_to_key_group
+from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 from tests.server import start_server
 
 TOKEN = "s3cret-token"

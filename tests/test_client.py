@@ -3,8 +3,7 @@
 import httpx
 import pytest
 
-from backends.keygroups import KeyGroupRange, assign_to_key_group
-from client import (
+from statehouse.client import (
     ClientConfig,
     Conflict,
     InvalidRequest,
@@ -13,6 +12,7 @@ from client import (
     StatehouseClient,
     Unavailable,
 )
+from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 
 
 @pytest.fixture

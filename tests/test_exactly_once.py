@@ -2,8 +2,8 @@
 
 import pytest
 
-from client import StaleEpoch, StatehouseClient
-from client.coordinator import MicroBatchCoordinator, StateBehind
+from statehouse.client import StaleEpoch, StatehouseClient
+from statehouse.client.coordinator import MicroBatchCoordinator, StateBehind
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Heap copy-on-write: a freeze copies nothing up front; a write copies only what it touches."""
 
-from backends import HeapStore, JobCatalog, StateDescriptor
+from statehouse.backends import HeapStore, JobCatalog, StateDescriptor
 
 
 def make_job():

@@ -1,6 +1,6 @@
 """Operator-state redistribution, checked against the reference vectors (Flink's rules)."""
 
-from backends.redistribution import OperatorSubtaskState, java_hashmap_order, redistribute
+from statehouse.backends.redistribution import OperatorSubtaskState, java_hashmap_order, redistribute
 
 
 def split(*subtasks, name="s"):

@@ -1,6 +1,6 @@
 """RocksDB state survives closing and reopening the backend from its directory."""
 
-from backends import JobCatalog, RocksDBStore, StateDescriptor, TtlConfig
+from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor, TtlConfig
 
 
 def test_state_survives_reopen(tmp_path):

@@ -363,7 +363,7 @@ def test_notes_list_every_replica_url(rendered):
 def test_every_setting_is_wired_and_documented(rendered):
     env = env_of(rendered["full"][0])
     operations = (REPO / "docs" / "operations.md").read_text()
-    from app.settings import Settings
+    from statehouse.app.settings import Settings
 
     for name in SETTINGS:
         assert name.lower() in Settings.model_fields, name
@@ -441,7 +441,7 @@ def test_dockerfile_facts():
 def test_chart_runs_the_image_command(rendered):
     """The chart repeats the image's CMD (with its own drain timeout): keep the two in step."""
     cmd = image_json("CMD")
-    assert cmd[:2] == ["uvicorn", "app.main:app"] and "--timeout-graceful-shutdown" in cmd
+    assert cmd[:2] == ["uvicorn", "statehouse.app.main:app"] and "--timeout-graceful-shutdown" in cmd
     assert container(rendered["default"][0])["command"] == cmd
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert cmd[cmd.index("--timeout-graceful-shutdown") + 1] == str(values["gracefulShutdownSeconds"])
@@ -452,13 +452,16 @@ def test_dockerignore_keeps_the_context_small():
         line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip()[:1] not in ("", "#")
     }
     assert {".git", ".venv", "data", "checkpoints", ".pytest_cache", ".hypothesis", "bench"} <= patterns
-    # What `pip install .` needs must stay in the context: pyproject.toml, the readme, every package.
+    # What the image's two `pip install`s need must stay in the context: both pyproject.toml
+    # files, the readmes, every package folder they map into the statehouse namespace.
     import tomllib
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert {"app", "backends", "snapshots", "client"} <= packages
-    assert not patterns & (packages | {"pyproject.toml", project["project"]["readme"], "*.md"})
+    for pyproject in (REPO / "pyproject.toml", REPO / "packaging/client/pyproject.toml"):
+        folders = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"].values()
+        for folder in folders:
+            top = (pyproject.parent / folder).resolve().relative_to(REPO).parts[0]
+            assert top not in patterns, f"{top}/ is excluded from the build context but {pyproject.name} packages it"
+        assert not patterns & {"packaging", "pyproject.toml", "README.md", "*.md"}
 
 
 # -- the image's entrypoint, for real ------------------------------------------------------------

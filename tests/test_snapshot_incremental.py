@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from backends import JobCatalog, RocksDBStore, StateDescriptor
-from snapshots import CheckpointManager, open_storage
-from snapshots.handles import StreamHandle
-from snapshots.registry import SharedStateRegistry
+from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
+from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots.handles import StreamHandle
+from statehouse.snapshots.registry import SharedStateRegistry
 from tests.test_snapshot_support import dump
 
 

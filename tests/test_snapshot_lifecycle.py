@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from backends import HeapStore, JobCatalog, RocksDBStore
-from snapshots import CheckpointManager, CheckpointNotReady, SnapshotCorrupt, open_storage
-from snapshots.storage.local import LocalOutputStream, LocalStorage
+from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.snapshots import CheckpointManager, CheckpointNotReady, SnapshotCorrupt, open_storage
+from statehouse.snapshots.storage.local import LocalOutputStream, LocalStorage
 from tests.test_snapshot_support import dump, populate
 
 

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from backends import HeapStore, JobCatalog, RocksDBStore
-from backends.redistribution import OperatorSubtaskState, redistribute
-from snapshots import CheckpointManager, RestoreIncomplete, open_storage
+from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
+from statehouse.snapshots import CheckpointManager, RestoreIncomplete, open_storage
 from tests.test_snapshot_support import dump, operator_dump, owner, populate
 
 
@@ -162,6 +162,6 @@ def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, tmp_pat
 
 
 def _metadata(storage, path):
-    from snapshots.metadata import SnapshotMetadata
+    from statehouse.snapshots.metadata import SnapshotMetadata
 
     return SnapshotMetadata.from_bytes(storage.read(path), path)

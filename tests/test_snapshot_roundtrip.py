@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from backends import StateDescriptor, TtlConfig
-from snapshots import CheckpointManager, open_storage
-from snapshots.errors import CheckpointConflict, CheckpointNotFound
+from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from backends import HeapStore, JobCatalog, RocksDBStore
-from snapshots import CheckpointManager, SnapshotCorrupt, open_storage
-from snapshots.storage.s3 import S3Storage
+from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.snapshots import CheckpointManager, SnapshotCorrupt, open_storage
+from statehouse.snapshots.storage.s3 import S3Storage
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 
@@ -106,7 +106,7 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(s3_server, s3_loc
 
 
 def test_downloads_count_as_bytes_read(s3_server, s3_location, tmp_path):
-    from snapshots import open_storage
+    from statehouse.snapshots import open_storage
 
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
     source = tmp_path / "f.sst"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from backends import StateDescriptor, TtlConfig
-from backends.job import Job
-from backends.keygroups import assign_to_key_group, operator_index
-from snapshots.full_format import NON_KEYED_TABLES
+from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.backends.job import Job
+from statehouse.keygroups import assign_to_key_group, operator_index
+from statehouse.snapshots.full_format import NON_KEYED_TABLES
 
 STATES = [
     StateDescriptor("v", "value"),

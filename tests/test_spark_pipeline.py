@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from client import ClientConfig, StatehouseClient
-from client.coordinator import MicroBatchCoordinator
-from pipelines import user_features
+from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.pipelines import user_features
 from tests.server import start_server
 
 

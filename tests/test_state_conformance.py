@@ -3,8 +3,8 @@ ownership, operator state and consistent frozen views."""
 
 import pytest
 
-from backends import StateDescriptor, TtlConfig
-from backends.errors import (
+from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.backends.errors import (
     IncompatibleState,
     InvalidArgument,
     InvalidKey,
@@ -16,7 +16,7 @@ from backends.errors import (
     StateNotFound,
     WrongStateKind,
 )
-from backends.keygroups import assign_to_key_group
+from statehouse.keygroups import assign_to_key_group
 
 
 def register(job, name, kind, **kwargs):
@@ -430,7 +430,7 @@ def test_ttl_incremental_cleanup_removes_untouched_expired_entries(job, clock):
 
 
 def test_ttl_cleaner_for_full_snapshots(job, clock):
-    from backends.keyed import ttl_cleaner
+    from statehouse.backends.keyed import ttl_cleaner
 
     register(job, "l", "list", ttl=ttl())
     add_a_at_0_and_b_at_50(job, clock)

@@ -7,13 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from app.dependencies import JobDep, ServiceDep
-from app.models import BatchRequest, BatchResponse
-from app.problems import ApiError
-from app.wire import JSON, MSGPACK, read_body, render
-from backends import ops
-from backends.errors import StateError
-from backends.job import Job
+from statehouse.app.dependencies import JobDep, ServiceDep
+from statehouse.app.models import BatchRequest, BatchResponse
+from statehouse.app.problems import ApiError
+from statehouse.app.wire import JSON, MSGPACK, read_body, render
+from statehouse.backends import ops
+from statehouse.backends.errors import StateError
+from statehouse.backends.job import Job
 
 router = APIRouter(prefix="/v1", tags=["batch"])
 

@@ -11,10 +11,10 @@ from urllib.parse import urlparse
 from fastapi import APIRouter, Path, Query
 from starlette.concurrency import run_in_threadpool
 
-from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
-from app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
-from app.paging import decode_cursor, take_page
-from app.problems import ApiError
+from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
+from statehouse.app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
+from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.problems import ApiError
 
 router = APIRouter(prefix="/v1", tags=["checkpoints"])
 log = logging.getLogger(__name__)

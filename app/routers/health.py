@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.dependencies import service_of
-from app.problems import problem_response
+from statehouse.app.dependencies import service_of
+from statehouse.app.problems import problem_response
 
 router = APIRouter(tags=["operations"])
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query, Response
 
-from app.dependencies import NAME_PATTERN, JobDep, ServiceDep
-from app.models import (
+from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
+from statehouse.app.models import (
     DescriptorBody,
     DescriptorInfo,
     DescriptorPage,
@@ -17,7 +17,7 @@ from app.models import (
     JobInfo,
     JobPage,
 )
-from app.paging import decode_cursor, take_page
+from statehouse.app.paging import decode_cursor, take_page
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 

@@ -6,14 +6,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.dependencies import JobDep, ServiceDep
-from app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
-from app.paging import decode_cursor, take_page
-from app.problems import ApiError
-from app.wire import MSGPACK, render
-from backends import ops
-from backends.errors import InvalidKey
-from backends.job import Job
+from statehouse.app.dependencies import JobDep, ServiceDep
+from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
+from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.problems import ApiError
+from statehouse.app.wire import MSGPACK, render
+from statehouse.backends import ops
+from statehouse.backends.errors import InvalidKey
+from statehouse.backends.job import Job
 
 router = APIRouter(prefix="/v1", tags=["keyed state"])
 

@@ -6,11 +6,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from app.dependencies import JobDep
-from app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
-from app.paging import decode_cursor, take_page
-from app.problems import ApiError
-from app.wire import render
+from statehouse.app.dependencies import JobDep
+from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
+from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.problems import ApiError
+from statehouse.app.wire import render
 
 router = APIRouter(prefix="/v1", tags=["operator state"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from backends.base.partition import StorePartition
+from statehouse.backends.base.partition import StorePartition
 
 
 class Store(ABC):

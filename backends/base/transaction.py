@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from backends.base.partition import StorePartition, WriteOp
+from statehouse.backends.base.partition import StorePartition, WriteOp
 
 _DELETED = None
 _ABSENT = object()

@@ -1,6 +1,6 @@
 """Heap backend: state as Python dicts per key group, copy-on-write for snapshots."""
 
-from backends.heap.partition import HeapPartition
-from backends.heap.store import HeapStore
+from statehouse.backends.heap.partition import HeapPartition
+from statehouse.backends.heap.store import HeapStore
 
 __all__ = ["HeapPartition", "HeapStore"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
 
 
 class _Container:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from backends.base.store import Store
-from backends.heap.partition import HeapPartition
-from backends.keygroups import default_max_parallelism
+from statehouse.backends.base.store import Store
+from statehouse.backends.heap.partition import HeapPartition
+from statehouse.keygroups import default_max_parallelism
 
 
 class HeapStore(Store):

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch
 
-from backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
-from backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
+from statehouse.backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
+from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
 
 _DEFAULT_CF = "default"
 _MAX_PARALLELISM_KEY = b"max_parallelism"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from backends.base.store import Store
-from backends.names import validate_name
-from backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.base.store import Store
+from statehouse.backends.names import validate_name
+from statehouse.backends.rocksdb.partition import RocksDBPartition
 
 
 class RocksDBStore(Store):

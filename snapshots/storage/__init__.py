@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from snapshots.errors import InvalidLocation
-from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
-from snapshots.storage.local import LocalStorage
-from snapshots.storage.memory import MemoryStorage
-from snapshots.storage.s3 import S3Storage
+from statehouse.snapshots.errors import InvalidLocation
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from statehouse.snapshots.storage.local import LocalStorage
+from statehouse.snapshots.storage.memory import MemoryStorage
+from statehouse.snapshots.storage.s3 import S3Storage
 
 
 def open_storage(location: str, *, s3_endpoint_url: str | None = None) -> CheckpointStorage:

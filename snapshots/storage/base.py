@@ -16,8 +16,8 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from snapshots.errors import SnapshotCorrupt
-from snapshots.handles import StreamHandle
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import StreamHandle
 
 _CHUNK = 1 << 20
 

@@ -12,8 +12,8 @@ import posixpath
 import uuid
 from collections.abc import Iterable
 
-from snapshots.errors import InvalidLocation, StorageUnavailable
-from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, fsync_dir
+from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, fsync_dir
 
 
 class LocalOutputStream(CheckpointOutputStream):

@@ -11,8 +11,8 @@ import posixpath
 import threading
 from collections.abc import Iterable
 
-from snapshots.errors import InvalidLocation
-from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from statehouse.snapshots.errors import InvalidLocation
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
 
 _BUCKETS: dict[str, dict[str, bytes]] = {}
 _LOCK = threading.Lock()

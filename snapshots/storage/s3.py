@@ -18,9 +18,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from snapshots.errors import InvalidLocation, StorageUnavailable
-from snapshots.handles import StreamHandle
-from snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
+from statehouse.snapshots.handles import StreamHandle
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
 
 _PART = 8 << 20
 _TRANSFER = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART, max_concurrency=4)
