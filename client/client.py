@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from statehouse.client.config import ClientConfig
-from statehouse.client.errors import Conflict
+from statehouse.client.errors import Conflict, NotFound
 from statehouse.client.job import JobClient
 from statehouse.client.transport import ReplicaConnection
 
@@ -27,10 +27,30 @@ class StatehouseClient:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"statehouse-{i}") for i in range(len(self.replicas))
         ]
 
-    def job(self, name: str, max_parallelism: int | None = None) -> JobClient:
-        """Create the job on every replica (or confirm it) and check they agree on it."""
+    def create_job(self, name: str, max_parallelism: int | None = None) -> JobClient:
+        """Create the job on every replica, or confirm it exists there with this ``max_parallelism``
+        (a different one is refused with Conflict); then check the replicas agree on it."""
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
-        infos = [r.json("PUT", f"/v1/jobs/{name}", body) for r in self.replicas]
+        return self._checked(name, [r.json("PUT", f"/v1/jobs/{name}", body) for r in self.replicas])
+
+    def job(self, name: str) -> JobClient:
+        """An existing job; NotFound when a replica does not have it, so a misspelled name in a
+        backup or a coordinator fails instead of creating an empty job."""
+        infos = []
+        for replica in self.replicas:
+            try:
+                infos.append(replica.json("GET", f"/v1/jobs/{name}"))
+            except NotFound as exc:
+                raise NotFound(
+                    f"job {name!r} does not exist on {replica.url}; create it with create_job({name!r}, ...)",
+                    status=exc.status,
+                    code=exc.code,
+                    problem=exc.problem,
+                ) from None
+        return self._checked(name, infos)
+
+    def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
+        """The job's client, once every replica is where the URL list says and they agree on the job."""
         for index, info in enumerate(infos):
             if info["replica_count"] != len(self.replicas) or info["replica_index"] != index:
                 raise Conflict(

@@ -45,7 +45,7 @@ def states(recent_ttl_ms: int = WEEK_MS) -> dict[str, dict[str, Any]]:
 def setup(config: ClientConfig, job: str = JOB, max_parallelism: int = 128, recent_ttl_ms: int = WEEK_MS) -> None:
     """Create the job and register its states on every replica (idempotent)."""
     with StatehouseClient(config) as client:
-        job_client = client.job(job, max_parallelism)
+        job_client = client.create_job(job, max_parallelism)
         for name, descriptor in states(recent_ttl_ms).items():
             job_client.register(name, **descriptor)
 

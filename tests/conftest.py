@@ -41,7 +41,7 @@ import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
-from tests.server import start_server  # noqa: E402
+from tests.server import start_server, start_two_replicas  # noqa: E402
 
 _job_numbers = itertools.count()
 
@@ -68,14 +68,7 @@ def job_name():
 @pytest.fixture(scope="session")
 def two_replicas(tmp_path_factory):
     """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
-    shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
-    servers = [
-        start_server(
-            tmp_path_factory.mktemp(f"replica-{i}"),
-            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared},
-        )
-        for i in range(2)
-    ]
+    servers = start_two_replicas(tmp_path_factory)
     yield servers
     for srv in servers:
         srv.stop()

@@ -81,3 +81,15 @@ def start_server(workdir: Path, env: dict[str, str] | None = None, timeout: floa
         time.sleep(0.1)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server did not become ready in {timeout}s:\n{server.log()}")
+
+
+def start_two_replicas(tmp_path_factory) -> list[ServerProcess]:
+    """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
+    shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
+    return [
+        start_server(
+            tmp_path_factory.mktemp(f"replica-{i}"),
+            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared},
+        )
+        for i in range(2)
+    ]

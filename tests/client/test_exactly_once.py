@@ -9,7 +9,7 @@ from statehouse.client.coordinator import MicroBatchCoordinator, StateBehind
 @pytest.fixture
 def setup(two_replicas, job_name):
     client = StatehouseClient([s.url for s in two_replicas])
-    job = client.job(job_name, max_parallelism=128)
+    job = client.create_job(job_name, max_parallelism=128)
     job.register("total", "reducing", function="sum")
     yield job, MicroBatchCoordinator(job)
     client.close()

@@ -23,7 +23,7 @@ def sh(two_replicas):
 
 @pytest.fixture
 def job(sh, job_name):
-    return sh.job(job_name, max_parallelism=128)
+    return sh.create_job(job_name, max_parallelism=128)
 
 
 def test_every_key_goes_to_its_owner(sh, job, two_replicas):
@@ -94,7 +94,24 @@ def test_errors_are_mapped(sh, job):
 
 def test_misordered_replica_urls_are_caught(two_replicas, job_name):
     with StatehouseClient([two_replicas[1].url, two_replicas[0].url]) as swapped, pytest.raises(Conflict):
-        swapped.job(job_name)
+        swapped.create_job(job_name)
+
+
+def test_job_finds_an_existing_job_and_never_creates_one(sh, two_replicas, job_name):
+    with pytest.raises(NotFound, match="create_job"):
+        sh.job(job_name)
+    assert all(httpx.get(f"{s.url}/v1/jobs/{job_name}").status_code == 404 for s in two_replicas)
+    created = sh.create_job(job_name, max_parallelism=256)
+    assert sh.job(job_name).max_parallelism == created.max_parallelism == 256
+    assert sh.create_job(job_name).max_parallelism == 256  # confirming needs no parallelism
+    with pytest.raises(Conflict):
+        sh.create_job(job_name, max_parallelism=128)
+
+
+def test_job_missing_on_one_replica_names_it(sh, two_replicas, job_name):
+    httpx.put(f"{two_replicas[0].url}/v1/jobs/{job_name}", json={"max_parallelism": 128}).raise_for_status()
+    with pytest.raises(NotFound, match=two_replicas[1].url):
+        sh.job(job_name)
 
 
 def test_unreachable_replica_is_unavailable_after_retries():

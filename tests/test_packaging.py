@@ -1,0 +1,121 @@
+"""The two distributions: both wheels build, map into the one ``statehouse`` namespace, and the
+client wheel installs alone (no FastAPI, RocksDB or boto3) and passes the client tests.
+
+This is what a Spark executor's image does: ``pip install statehouse_client-*.whl``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.server import REPO
+
+SERVER_ONLY = ("fastapi", "uvicorn", "rocksdict", "boto3", "pydantic", "starlette")
+
+
+def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert result.returncode == 0, (
+        f"{cmd} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wheels")
+    for source in (REPO / "packaging/client", REPO):
+        # --no-isolation: the venv's setuptools builds them (no download); the tree stays clean.
+        run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)], 300)
+    built = {p.name.split("-")[0]: p for p in out.glob("*.whl")}
+    assert set(built) == {"statehouse", "statehouse_client"}, built
+    return built
+
+
+def wheel_files(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as z:
+        return {n for n in z.namelist() if ".dist-info/" not in n}
+
+
+def test_both_wheels_map_into_one_namespace(wheels):
+    client, server = wheel_files(wheels["statehouse_client"]), wheel_files(wheels["statehouse"])
+    assert all(n.startswith("statehouse/") for n in client | server)
+    assert "statehouse/__init__.py" not in client | server  # a PEP 420 namespace both install into
+    assert not client & server  # no file owned by both distributions
+    top = lambda files: {n.split("/")[1] for n in files}  # noqa: E731
+    assert top(client) == {"client", "keygroups", "pipelines"}
+    assert top(server) == {"app", "backends", "snapshots"}
+    # Every package folder of the repository is in its wheel (the package lists are explicit).
+    for folder in ("client", "keygroups", "pipelines", "app", "backends", "snapshots"):
+        for init in (REPO / folder).rglob("__init__.py"):
+            member = "statehouse/" + str(init.relative_to(REPO))
+            assert member in client | server, f"{member} is in no wheel: add it to a pyproject's packages"
+
+
+def test_server_wheel_depends_on_the_client_at_the_same_version(wheels):
+    client = tomllib.loads((REPO / "packaging/client/pyproject.toml").read_text())["project"]
+    server = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert f"statehouse-client=={client['version']}" in server["dependencies"]
+    assert client["version"] == server["version"]
+    for dependency in client["dependencies"]:
+        assert not dependency.split("=")[0].lower().startswith(SERVER_ONLY)
+
+
+def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_path, two_replicas):
+    env_dir = tmp_path / "executor-venv"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    pytest_pin = next(
+        d
+        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+        if d.startswith("pytest==")
+    )
+    run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            str(wheels["statehouse_client"]),
+            pytest_pin,
+        ],
+        600,
+    )
+
+    probe = run(
+        [
+            python,
+            "-c",
+            "import importlib.util as u, statehouse.client as c;"
+            f"print(c.__file__); print(*[m for m in {SERVER_ONLY!r} if u.find_spec(m)])",
+        ],
+        60,
+        cwd=tmp_path,
+    ).stdout.splitlines()
+    assert probe[0].startswith(str(env_dir)), probe  # the installed wheel, not the checkout
+    assert probe[1:] == [""], f"server-only packages in the client venv: {probe[1:]}"
+    wheel_kib = wheels["statehouse_client"].stat().st_size // 1024
+    site = sum(f.stat().st_size for f in (env_dir / "lib").rglob("*") if f.is_file()) // (1 << 20)
+    print(f"client wheel {wheel_kib} KiB; executor venv with its dependencies and pytest {site} MiB")
+
+    env = {**os.environ, "STATEHOUSE_TEST_REPLICAS": ",".join(s.url for s in two_replicas)}
+    result = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", "tests/client", "tests/client"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
