@@ -226,6 +226,9 @@ class RestoreInfoModel(BaseModel):
     entries_restored: int
     bytes_read: int
     duration_ms: int
+    aborted_checkpoints: list[int] = Field(
+        description="this replica's pending checkpoints of the job, aborted because they froze the replaced state"
+    )
 
 
 class FenceBody(Strict):

@@ -106,6 +106,7 @@ class RestoreInfo(_Reportable):
     entries_restored: int
     bytes_read: int
     duration_ms: int
+    aborted_checkpoints: list[int]  # this replica's pending checkpoints of the job, aborted first
 
 
 @dataclass
@@ -573,7 +574,7 @@ class CheckpointManager:
         if not parts:
             where = location or self._location(directory)
             raise CheckpointNotFound(f"no completed snapshot part (no _metadata.replica-*) at {where}")
-        self._quiesce(job)
+        aborted = self._quiesce(job)
         read_before = storage.bytes_read
         operation = RestoreOperation(
             self.catalog, storage, job, parts, operator_parallelism=operator_parallelism, work_dir=self.work_dir
@@ -592,6 +593,7 @@ class CheckpointManager:
             entries_restored=operation.entries,
             bytes_read=storage.bytes_read - read_before,
             duration_ms=int((time.monotonic() - started) * 1000),
+            aborted_checkpoints=aborted,
         )
 
     def _find_snapshot(self, job: str, checkpoint_id: int | None) -> str:
@@ -624,13 +626,15 @@ class CheckpointManager:
             parts = [p for p in parts if p.metadata.replica_count == newest]
         return parts
 
-    def _quiesce(self, job: str) -> None:
-        """Before replacing a job's state: abort this replica's pending checkpoints of it."""
+    def _quiesce(self, job: str) -> list[int]:
+        """Before replacing a job's state: abort this replica's pending checkpoints of it (they
+        froze the state being replaced, so completing one later would be wrong); their ids."""
         state = self._state(job)
         with self._lock:
             pending = [a for a in state.attempts.values() if a.info.status in _PENDING]
         for attempt in pending:
             self._abort_attempt(state, attempt)
+        return sorted(a.info.checkpoint_id for a in pending)
 
     # -- shutdown ------------------------------------------------------------------------------
 

@@ -58,6 +58,25 @@ def test_checkpoint_lifecycle(http, job):
     assert http.get(f"{job}/checkpoints/99").status_code == 404
     listed = http.get(f"{job}/checkpoints").json()["items"]
     assert [(c["checkpoint_id"], c["status"]) for c in listed] == [(1, "completed"), (2, "aborted")]
+
+
+def test_restore_aborts_pending_checkpoints_and_says_so(http, job):
+    """A pending checkpoint froze the state that a restore replaces: completing it afterwards
+    would record state that no longer exists, so the restore aborts it and reports it."""
+    add(http, job, "a", 1)
+    http.post(f"{job}/checkpoints", json={"checkpoint_id": 1})
+    wait_status(http, job, 1)
+    http.post(f"{job}/checkpoints/1/complete").raise_for_status()
+    add(http, job, "a", 10)
+    http.post(f"{job}/checkpoints", json={"checkpoint_id": 2})
+    assert wait_status(http, job, 2)["status"] == "uploaded"  # durable, waiting for complete
+    restored = http.post(f"{job}/restore", json={"checkpoint_id": 1}).json()
+    assert restored["aborted_checkpoints"] == [2] and total(http, job, "a") == 1
+    assert http.get(f"{job}/checkpoints/2").json()["status"] == "aborted"
+    refused = http.post(f"{job}/checkpoints/2/complete")
+    assert refused.status_code == 409 and refused.json()["code"] == "checkpoint_failed"
+    again = http.post(f"{job}/restore", json={"checkpoint_id": 1}).json()
+    assert again["aborted_checkpoints"] == []
     bad = http.post(f"{job}/checkpoints", json={"kind": "backup"})
     assert bad.status_code == 422
 
