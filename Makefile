@@ -8,7 +8,7 @@ SERVER := $(VENV)/.server-installed
 DEV := $(VENV)/.dev-installed
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint typecheck clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +28,19 @@ run: $(SERVER)
 
 test: $(DEV)
 	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python -m pytest -q
 
 lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Type-checked so far: the client distribution (backends/ and snapshots/ follow).
+TYPED := statehouse.client statehouse.keygroups
+typecheck: $(DEV)
+	@mkdir -p $(VENV)/typecheck/statehouse
+	@for d in app backends snapshots client keygroups pipelines; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
+	MYPYPATH=$(VENV)/typecheck $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
 clean:
 	rm -rf $(VENV) data checkpoints .pytest_cache .ruff_cache
