@@ -17,7 +17,7 @@ from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.models import BatchRequest
-from statehouse.app.routers import batch, checkpoints, health, jobs, keyed, operators
+from statehouse.app.routers import batch, checkpoints, docs, health, jobs, keyed, operators
 from statehouse.app.settings import Settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -92,7 +92,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             checkpoints.close()
             catalog.close()
 
-    app = FastAPI(title="Statehouse", version="1", description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc come from routers/docs.py: the same pages with bundled assets, no CDN.
+    app = FastAPI(
+        title="Statehouse", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     problems.install(app)
 
     @app.exception_handler(Exception)
@@ -102,6 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return problems.problem_response(500, "internal_error", "internal error; see the server log", request.url.path)
 
     app.include_router(health.router)
+    app.include_router(docs.router)
+    app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     v1 = [Depends(require_token)]
     for router in (jobs.router, keyed.router, operators.router, batch.router, checkpoints.router):
         app.include_router(router, dependencies=v1)

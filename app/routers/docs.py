@@ -1,0 +1,88 @@
+"""The API browser (/docs: Swagger UI, /redoc: ReDoc) served without the internet.
+
+FastAPI's own pages load their JavaScript, CSS and favicon from a CDN, so they stay blank in
+clusters without egress. These serve the same pages with the assets of the pinned
+``fastapi-offline`` package, read from its installed ``static`` directory (not copied into this
+repository). Like ``/openapi.json`` they are never behind auth.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.staticfiles import StaticFiles
+from starlette.responses import HTMLResponse
+
+STATIC_URL = "/docs/static"
+STATIC_DIR = os.fspath(files("fastapi_offline").joinpath("static"))  # type: ignore[arg-type]
+OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
+
+# Defaults under the app's own swagger_ui_parameters: keep the bearer token across reloads so the
+# Authorize button is usable, and no validator badge (it would fetch from validator.swagger.io).
+SWAGGER_UI_PARAMETERS: dict[str, Any] = {"persistAuthorization": True, "validatorUrl": None}
+
+# The bundles still name a few outside addresses (ReDoc's sidebar logo is an image on
+# cdn.redoc.ly): this policy keeps the browser from contacting any host but this one.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'"
+)
+
+router = APIRouter(include_in_schema=False)
+
+
+def _self_only(response: HTMLResponse) -> HTMLResponse:
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    return response
+
+
+def static_files() -> StaticFiles:
+    """The assets, to mount at ``STATIC_URL``; fails at startup if the package lacks them."""
+    return StaticFiles(directory=STATIC_DIR, check_dir=True)
+
+
+def _urls(request: Request) -> tuple[str, str]:
+    """The OpenAPI document and the assets, behind any root path (a proxy's prefix)."""
+    root = request.scope.get("root_path", "")
+    return root + (request.app.openapi_url or "/openapi.json"), root
+
+
+@router.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    openapi_url, root = _urls(request)
+    static = root + STATIC_URL
+    return _self_only(
+        get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{request.app.title} - Swagger UI",
+            oauth2_redirect_url=root + OAUTH2_REDIRECT_URL,
+            swagger_js_url=f"{static}/swagger-ui-bundle.js",
+            swagger_css_url=f"{static}/swagger-ui.css",
+            swagger_favicon_url=f"{static}/favicon.png",
+            swagger_ui_parameters={**SWAGGER_UI_PARAMETERS, **(request.app.swagger_ui_parameters or {})},
+        )
+    )
+
+
+@router.get(OAUTH2_REDIRECT_URL)
+async def swagger_ui_redirect() -> HTMLResponse:
+    return _self_only(get_swagger_ui_oauth2_redirect_html())
+
+
+@router.get("/redoc")
+async def redoc(request: Request) -> HTMLResponse:
+    openapi_url, root = _urls(request)
+    static = root + STATIC_URL
+    return _self_only(
+        get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{request.app.title} - ReDoc",
+            redoc_js_url=f"{static}/redoc.standalone.js",
+            redoc_favicon_url=f"{static}/favicon.png",
+            with_google_fonts=False,
+        )
+    )
