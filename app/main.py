@@ -18,7 +18,7 @@ from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.models import BatchRequest
 from statehouse.app.routers import batch, checkpoints, docs, health, jobs, keyed, operators
-from statehouse.app.settings import Settings
+from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.heap import HeapStore
@@ -57,7 +57,7 @@ def restore_work_dir(settings: Settings) -> str:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+    settings = settings or load_settings()  # a bad STATEHOUSE_* variable: one line each, exit 2
     metrics = Metrics()
 
     @asynccontextmanager

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import sys
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,7 +37,7 @@ class Settings(BaseSettings):
     def _check_replica(self) -> Settings:
         if self.replica_index >= self.replica_count:
             raise ValueError(
-                f"STATEHOUSE_REPLICA_INDEX ({self.replica_index}) must be < STATEHOUSE_REPLICA_COUNT "
+                f"STATEHOUSE_REPLICA_INDEX='{self.replica_index}' must be < STATEHOUSE_REPLICA_COUNT "
                 f"({self.replica_count})"
             )
         return self
@@ -44,3 +45,45 @@ class Settings(BaseSettings):
     @property
     def tokens(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; on a bad one, one line per problem on stderr and exit 2.
+
+    A pydantic traceback names the field (``backend``), not the variable the operator set
+    (``STATEHOUSE_BACKEND``), and buries it in fifty lines.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for problem in describe_errors(exc):
+            print(f"statehouse: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    """``STATEHOUSE_<FIELD>='given' <what is allowed>`` for each error of a Settings validation."""
+    return [_describe(error) for error in exc.errors(include_url=False)]
+
+
+def _describe(error: Any) -> str:
+    loc, kind, ctx = error["loc"], error["type"], error.get("ctx") or {}
+    if not loc:  # a model validator's message (it names the variables itself)
+        return str(ctx.get("error") or error["msg"])
+    field = str(loc[0])
+    variable = f"{Settings.model_config.get('env_prefix', '')}{field}".upper()
+    given = f"{variable}={error['input']!r}"
+    if kind == "literal_error":
+        annotation = Settings.model_fields[field].annotation
+        choices = get_args(annotation) if get_origin(annotation) is Literal else ()
+        allowed = ", ".join(map(str, choices)) if choices else ctx.get("expected", "")
+        return f"{given} is not one of: {allowed}"
+    if kind == "int_parsing":
+        return f"{given} is not an integer"
+    if kind == "bool_parsing":
+        return f"{given} is not a boolean (true/false, 1/0, yes/no, on/off)"
+    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+    if kind in bounds:
+        limit = next(iter(ctx.values()), "?")
+        return f"{given} must be {bounds[kind]} {limit}"
+    return f"{given}: {error['msg']}"
