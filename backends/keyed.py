@@ -8,7 +8,7 @@ bytes (see ``codec``), the state kinds decide what the bytes mean.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import (
@@ -23,18 +23,28 @@ from statehouse.backends.codec import (
 )
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue
-from statehouse.backends.ttl import TtlConfig, is_expired
-
-if TYPE_CHECKING:
-    from statehouse.backends.job import Job
+from statehouse.backends.limits import Limits
+from statehouse.backends.ttl import Clock, TtlConfig, is_expired
 
 Key = str | int
+
+
+class KeyedContext(Protocol):
+    """What a state needs of its job (a ``Job``): the clock, the limits, where a key lives
+    (which also refuses keys other replicas own), and the TTL state's incremental cleanup."""
+
+    clock: Clock
+    limits: Limits
+
+    def locate(self, descriptor: StateDescriptor, key: Key, namespace: str) -> tuple[int, bytes]: ...
+
+    def incremental_cleanup(self, descriptor: StateDescriptor, tx: PartitionTransaction) -> None: ...
 
 
 class KeyedState:
     """A registered state bound to one transaction; every call names its key and namespace."""
 
-    def __init__(self, job: Job, tx: PartitionTransaction, descriptor: StateDescriptor) -> None:
+    def __init__(self, job: KeyedContext, tx: PartitionTransaction, descriptor: StateDescriptor) -> None:
         self._job = job
         self._tx = tx
         self.descriptor = descriptor

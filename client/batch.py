@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
-    from statehouse.client.job import JobClient
+    from statehouse.client.replicas import Replicas
 
 # Operations whose repetition cannot change the outcome: a batch made only of these may be
 # retried after a timeout. ``add`` is not among them.
@@ -47,16 +48,26 @@ class Batch:
     are sent one after the other, in order; if one fails, the later ones are not sent.
     """
 
-    def __init__(self, job: JobClient, *, epoch: int | None = None, max_ops: int = 5000) -> None:
+    def __init__(
+        self,
+        replicas: Replicas,
+        job: str,
+        route: Callable[[str, Any], int],
+        *,
+        epoch: int | None = None,
+        max_ops: int = 5000,
+    ) -> None:
+        self._replicas = replicas
         self._job = job
+        self._route = route  # (state, key) -> index of the replica that owns the key
         self.epoch = epoch
         self.max_ops = max_ops
-        self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in job.replicas]
+        self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in range(len(replicas))]
         self._sending: list[Future[None]] = []
         self._failed = False
 
     def _queue(self, op: dict[str, Any]) -> PendingResult:
-        replica = self._job.replica_for(op["state"], op["key"])
+        replica = self._route(op["state"], op["key"])
         pending = PendingResult()
         queue = self._queued[replica]
         queue.append((op, pending))
@@ -70,7 +81,7 @@ class Batch:
 
     def _send_in_background(self, replica: int) -> None:
         # One sender thread per replica keeps this batch's parts for it in order.
-        self._sending.append(self._job.client.senders[replica].submit(self._send, replica, self._take(replica)))
+        self._sending.append(self._replicas.send_in_order(replica, self._send, replica, self._take(replica)))
 
     def _send(self, replica: int, chunk: list[tuple[dict[str, Any], PendingResult]]) -> None:
         if self._failed:
@@ -78,7 +89,7 @@ class Batch:
         ops = [op for op, _pending in chunk]
         idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
         try:
-            results = self._job.replicas[replica].batch(self._job.name, ops, epoch=self.epoch, idempotent=idempotent)
+            results = self._replicas[replica].batch(self._job, ops, epoch=self.epoch, idempotent=idempotent)
         except BaseException:
             self._failed = True
             raise

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from statehouse.client.config import ClientConfig
 from statehouse.client.errors import Conflict, NotFound
 from statehouse.client.job import JobClient
-from statehouse.client.transport import ReplicaConnection
+from statehouse.client.replicas import Replicas
 
 
 class StatehouseClient:
@@ -16,22 +15,13 @@ class StatehouseClient:
 
     def __init__(self, urls: str | list[str] | ClientConfig, **options: Any) -> None:
         self.config = urls if isinstance(urls, ClientConfig) else ClientConfig.of(urls, **options)
-        c = self.config
-        self.replicas = [
-            ReplicaConnection(url, token=c.token, timeout=c.timeout, retries=c.retries, backoff=c.backoff)
-            for url in c.urls
-        ]
-        self.executor = ThreadPoolExecutor(max_workers=max(1, len(self.replicas)), thread_name_prefix="statehouse")
-        # One thread per replica sends batch parts in order, overlapping with the caller's work.
-        self.senders = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"statehouse-{i}") for i in range(len(self.replicas))
-        ]
+        self.replicas = Replicas(self.config)
 
     def create_job(self, name: str, max_parallelism: int | None = None) -> JobClient:
         """Create the job on every replica, or confirm it exists there with this ``max_parallelism``
         (a different one is refused with Conflict); then check the replicas agree on it."""
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
-        return self._checked(name, [r.json("PUT", f"/v1/jobs/{name}", body) for r in self.replicas])
+        return self._checked(name, self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
 
     def job(self, name: str) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
@@ -60,14 +50,10 @@ class StatehouseClient:
         parallelisms = {info["max_parallelism"] for info in infos}
         if len(parallelisms) != 1:
             raise Conflict(f"replicas disagree on job {name!r}'s max_parallelism: {sorted(parallelisms)}")
-        return JobClient(self, name, parallelisms.pop())
+        return JobClient(self.replicas, name, parallelisms.pop())
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True)
-        for sender in self.senders:
-            sender.shutdown(wait=True)
-        for replica in self.replicas:
-            replica.close()
+        self.replicas.close()
 
     def __enter__(self) -> StatehouseClient:
         return self

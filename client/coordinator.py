@@ -46,13 +46,6 @@ class CheckpointCoordinator:
     def _path(self, suffix: str = "") -> str:
         return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
 
-    def _on_all(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> list[Any]:
-        futures = [
-            self.job.client.executor.submit(r.json, method, path, body, idempotent=idempotent)
-            for r in self.job.replicas
-        ]
-        return [f.result() for f in futures]
-
     def _listings(self) -> list[list[dict[str, Any]]]:
         return [items for items, _next_id in self._pages()]
 
@@ -97,9 +90,9 @@ class CheckpointCoordinator:
         checkpoint_id = checkpoint_id or self.next_id()
         body = {"checkpoint_id": checkpoint_id, "kind": kind, "metadata": metadata or {}}
         try:
-            self._on_all("POST", self._path(), body, idempotent=False)
+            self.job.replicas.on_all("POST", self._path(), body, idempotent=False)
             self._wait_uploaded(checkpoint_id)
-            parts = self._on_all("POST", self._path(f"/{checkpoint_id}/complete"))
+            parts = self.job.replicas.on_all("POST", self._path(f"/{checkpoint_id}/complete"))
         except Exception as exc:
             self.abort(checkpoint_id)
             raise CheckpointFailed(f"checkpoint {checkpoint_id} of job {self.job.name!r} failed: {exc}") from exc
@@ -148,7 +141,7 @@ class CheckpointCoordinator:
             body["location"] = location
         if operator_parallelism:
             body["operator_parallelism"] = operator_parallelism
-        return self._on_all("POST", f"/v1/jobs/{self.job.name}/restore", body)
+        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/restore", body)
 
 
 @dataclass(frozen=True)

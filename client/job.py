@@ -18,16 +18,15 @@ from statehouse.client.states import (
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
-    from statehouse.client.client import StatehouseClient
+    from statehouse.client.replicas import Replicas
     from statehouse.client.transport import ReplicaConnection
 
 
 class JobClient:
-    def __init__(self, client: StatehouseClient, name: str, max_parallelism: int) -> None:
-        self.client = client
+    def __init__(self, replicas: Replicas, name: str, max_parallelism: int) -> None:
+        self.replicas = replicas
         self.name = name
         self.max_parallelism = max_parallelism
-        self.replicas: list[ReplicaConnection] = client.replicas
         self._key_types: dict[str, str] = {}
         self._assign = KeyGroupAssigner(max_parallelism)
 
@@ -69,8 +68,7 @@ class JobClient:
     def register(self, name: str, kind: str, **descriptor: Any) -> StateHandle:
         """Register a keyed state on every replica (idempotent) and return its typed handle."""
         body = {"kind": kind, **{k: v for k, v in descriptor.items() if v is not None}}
-        for replica in self.replicas:
-            replica.json("PUT", f"/v1/jobs/{self.name}/states/{name}", body)
+        self.replicas.on_all("PUT", f"/v1/jobs/{self.name}/states/{name}", body)
         self._key_types[name] = body.get("key_type", "string")
         return HANDLES[kind](self, name)
 
@@ -104,15 +102,20 @@ class JobClient:
     # -- batches and fencing -------------------------------------------------------------
 
     def batch(self, *, epoch: int | None = None, max_ops: int | None = None) -> Batch:
-        return Batch(self, epoch=epoch, max_ops=max_ops or self.client.config.max_batch_ops)
+        return Batch(
+            self.replicas,
+            self.name,
+            self.replica_for,
+            epoch=epoch,
+            max_ops=max_ops or self.replicas.config.max_batch_ops,
+        )
 
     def fence(self, epoch: int) -> int:
         """Raise the writer epoch on every replica; returns the epoch now in force everywhere."""
-        epochs = [r.json("POST", f"/v1/jobs/{self.name}/fence", {"epoch": epoch}) for r in self.replicas]
-        return max(e["epoch"] for e in epochs)
+        return max(e["epoch"] for e in self.replicas.on_all("POST", f"/v1/jobs/{self.name}/fence", {"epoch": epoch}))
 
     def epoch(self) -> int:
-        return max(r.json("GET", f"/v1/jobs/{self.name}")["epoch"] for r in self.replicas)
+        return max(info["epoch"] for info in self.replicas.on_all("GET", f"/v1/jobs/{self.name}"))
 
     # -- operator state: subtask i lives on replica i % replica_count --------------------
 

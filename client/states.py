@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from statehouse.client.job import JobClient
+from statehouse.client.batch import Batch
+
+
+class BatchOpener(Protocol):
+    """What a handle needs of its job (a JobClient): a batch to send its one operation in."""
+
+    def batch(self) -> Batch: ...
 
 
 class StateHandle:
-    def __init__(self, job: JobClient, name: str) -> None:
+    def __init__(self, job: BatchOpener, name: str) -> None:
         self._job = job
         self.name = name
 

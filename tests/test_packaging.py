@@ -7,6 +7,7 @@ This is what a Spark executor's image does: ``pip install statehouse_client-*.wh
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -33,6 +34,8 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
 def wheels(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
     for source in (REPO / "packaging/client", REPO):
+        # A stale build/lib would put modules deleted since into the wheel.
+        shutil.rmtree(source / "build", ignore_errors=True)
         # --no-isolation: the venv's setuptools builds them (no download); the tree stays clean.
         run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)], 300)
     built = {p.name.split("-")[0]: p for p in out.glob("*.whl")}

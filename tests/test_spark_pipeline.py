@@ -189,7 +189,7 @@ def test_rescale_from_two_to_three_replicas(spark, tmp_path, two_replicas, job_n
     try:
         new_urls = [s.url for s in new]
         with StatehouseClient(new_urls) as client:
-            coordinator = MicroBatchCoordinator(client.job(job_name))
+            coordinator = MicroBatchCoordinator(client.create_job(job_name, 128))  # fresh disks: no job yet
             restored = coordinator.restore(savepoint.checkpoint_id)
             assert [r["key_group_range"] for r in restored] == [[0, 42], [43, 85], [86, 127]]
             coordinator.carry_over(savepoint)
