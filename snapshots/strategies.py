@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -236,7 +235,3 @@ class IncrementalSnapshotStrategy(SnapshotStrategy):
             )
 
         return AsyncSnapshot(view, body)
-
-
-def elapsed_ms(start: float) -> int:
-    return int((time.monotonic() - start) * 1000)

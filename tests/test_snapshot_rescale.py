@@ -7,7 +7,9 @@ import uuid
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.backends.codec import decode_primary
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
+from statehouse.keygroups import assign_to_key_group
 from statehouse.snapshots import CheckpointManager, RestoreIncomplete, open_storage
 from tests.test_snapshot_support import dump, operator_dump, owner, populate
 
@@ -50,7 +52,11 @@ def test_rescale(make_catalog, tmp_path, old, new):
         assert tuple(job.key_group_range.as_list()) == info.key_group_range
         for entry, value in dump(job).items():
             assert entry not in seen, "a key restored on two replicas"
-            assert owner(entry[1], "int", 128, new) == catalog.replica_index or entry[1] in job.key_group_range
+            table, key_group, primary, _secondary = entry
+            key_type = job.descriptor(table).key_type
+            key, _namespace = decode_primary(primary, key_type)
+            assert assign_to_key_group(key, key_type, 128) == key_group, "a key stored under another key group"
+            assert owner(key, key_type, 128, new) == catalog.replica_index, "a key restored on a replica not owning it"
             seen[entry] = value
         with job.transaction() as tx:
             for subtask in range(new):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -124,16 +123,11 @@ class CheckpointStorage(ABC):
             self.download(handle.path, local_path)
         except FileNotFoundError:
             raise SnapshotCorrupt(f"snapshot file {handle.path!r} is missing from {self.location}") from None
-        digest = hashlib.sha256()
-        size = 0
-        with open(local_path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        if size != handle.size or digest.hexdigest() != handle.sha256:
+        found = file_handle(handle.path, local_path)
+        if found != handle:
             raise SnapshotCorrupt(
                 f"snapshot file {handle.path!r} in {self.location} fails its checksum "
-                f"(expected {handle.size} bytes sha256 {handle.sha256[:12]}..., got {size} bytes)"
+                f"(expected {handle.size} bytes sha256 {handle.sha256[:12]}..., got {found.size} bytes)"
             )
 
     def _read_existing(self, handle: StreamHandle, offset: int = 0, length: int | None = None) -> bytes:
@@ -152,15 +146,17 @@ class CheckpointStorage(ABC):
         """Release clients and connections."""
 
 
+def file_handle(path: str, local_path: str) -> StreamHandle:
+    """The handle of a local file's bytes, to be stored at ``path``: size and SHA-256."""
+    with open(local_path, "rb") as f:
+        return StreamHandle(path, os.fstat(f.fileno()).st_size, hashlib.file_digest(f, "sha256").hexdigest())
+
+
 def check_bytes(what: str, data: bytes, size: int, sha256: str) -> None:
     if len(data) != size:
         raise SnapshotCorrupt(f"snapshot file {what!r} is truncated: expected {size} bytes, found {len(data)}")
     if hashlib.sha256(data).hexdigest() != sha256:
         raise SnapshotCorrupt(f"snapshot file {what!r} fails its sha256 checksum; it is corrupt")
-
-
-def copy_local(source: str, target: str) -> None:
-    shutil.copyfile(source, target)
 
 
 def fsync_dir(path: str) -> None:

@@ -20,7 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
 from statehouse.snapshots.handles import StreamHandle
-from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, file_handle
 
 _PART = 8 << 20
 _TRANSFER = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART, max_concurrency=4)
@@ -83,7 +83,7 @@ class S3Storage(CheckpointStorage):
 
     def put_file(self, path: str, local_path: str) -> StreamHandle:
         # Hash locally first (files are immutable SSTs), then let boto3 choose single or multipart.
-        handle = _hash_file(path, local_path)
+        handle = file_handle(path, local_path)
         try:
             self._client.upload_file(local_path, self.bucket, self._key(path), Config=_TRANSFER)
         except (BotoCoreError, ClientError) as exc:
@@ -156,15 +156,3 @@ class S3Storage(CheckpointStorage):
 
     def close(self) -> None:
         self._client.close()
-
-
-def _hash_file(path: str, local_path: str) -> StreamHandle:
-    import hashlib
-
-    digest = hashlib.sha256()
-    size = 0
-    with open(local_path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return StreamHandle(path, size, digest.hexdigest())
