@@ -35,8 +35,8 @@ lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-checked so far: the client distribution (backends/ and snapshots/ follow).
-TYPED := statehouse.client statehouse.keygroups
+# Type-checked: the engine, snapshots and the client distribution (app/ follows).
+TYPED := statehouse.backends statehouse.snapshots statehouse.client statehouse.keygroups
 typecheck: $(DEV)
 	@mkdir -p $(VENV)/typecheck/statehouse
 	@for d in app backends snapshots client keygroups pipelines; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done

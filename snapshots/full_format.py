@@ -118,11 +118,10 @@ def write_key_groups(
         records = []
         for table_id, table in enumerate(header.tables):
             clean = cleaners.get(table)
-            for primary, secondary, value in view.scan(table, kg):
-                if clean is not None:
-                    value = clean(value, now_ms)
-                    if value is None:
-                        continue  # expired: not in the snapshot
+            for primary, secondary, stored in view.scan(table, kg):
+                value = clean(stored, now_ms) if clean is not None else stored
+                if value is None:
+                    continue  # expired: not in the snapshot
                 records.append(packer.pack([table_id, primary, secondary, value]))
         section = _SECTION.pack(kg, codec.id) + codec.compress(b"".join(records))
         sections.append(KeyGroupSection(out.tell(), len(section), hashlib.sha256(section).hexdigest()))

@@ -14,6 +14,7 @@ only touch storage and this manager's bookkeeping and may run on any thread.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import logging
@@ -478,7 +479,7 @@ class CheckpointManager:
         if state.foreign and self.catalog.replica_index == 0:
             self._retain_foreign(state, job, checkpoints[len(subsumed) :])
 
-    def _retain_foreign(self, state: _JobCheckpoints, job: str, retained: list[int]) -> None:
+    def _retain_foreign(self, state: _JobCheckpoints, job: str, retained: builtins.list[int]) -> None:
         """After a rescale, replica 0 also subsumes the checkpoints of the old replica layout.
 
         Their replicas are gone, so nobody else will. They count towards ``num_retained``
@@ -606,12 +607,12 @@ class CheckpointManager:
             return snapshot_dir(job, max(ids), "checkpoint")
         for kind in ("checkpoint", "savepoint"):
             if any(k == kind and i == checkpoint_id for k, i, _r, _n in entries):
-                return snapshot_dir(job, checkpoint_id, kind)  # type: ignore[arg-type]
+                return snapshot_dir(job, checkpoint_id, kind)
         raise CheckpointNotFound(
             f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {self.storage.location}"
         )
 
-    def _read_parts(self, storage: CheckpointStorage, directory: str) -> list[SnapshotPart]:
+    def _read_parts(self, storage: CheckpointStorage, directory: str) -> builtins.list[SnapshotPart]:
         prefix = f"{directory}/" if directory else ""
         names = [p[len(prefix) :] for p in storage.list(directory) if "/" not in p[len(prefix) :]]
         parts = [
@@ -626,7 +627,7 @@ class CheckpointManager:
             parts = [p for p in parts if p.metadata.replica_count == newest]
         return parts
 
-    def _quiesce(self, job: str) -> list[int]:
+    def _quiesce(self, job: str) -> builtins.list[int]:
         """Before replacing a job's state: abort this replica's pending checkpoints of it (they
         froze the state being replaced, so completing one later would be wrong); their ids."""
         state = self._state(job)

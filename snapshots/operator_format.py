@@ -102,14 +102,14 @@ def merge_for_replica(
     operator_parallelism = operator_parallelism or {}
     merged = OperatorSnapshot()
     for part in parts:
-        for key, mode in part.modes.items():
-            merged.modes.setdefault(key, mode)
-        for key, entries in part.broadcast.items():
-            merged.broadcast.setdefault(key, dict(entries))
-        for key, value in part.meta.items():
-            merged.meta.setdefault(key, value)
-        for key, raw in part.lists.items():
-            merged.lists.setdefault(key, raw)
+        for state, mode in part.modes.items():
+            merged.modes.setdefault(state, mode)
+        for state, entries in part.broadcast.items():
+            merged.broadcast.setdefault(state, dict(entries))
+        for row, value in part.meta.items():
+            merged.meta.setdefault(row, value)
+        for subtask_list, raw in part.lists.items():
+            merged.lists.setdefault(subtask_list, raw)
 
     for operator, parallelism in operator_parallelism.items():
         merged.lists = _redistributed(merged, operator, parallelism)

@@ -149,8 +149,8 @@ class RestoreOperation:
             return _FetchedPart(part, wanted, full=fetch_key_groups(self.storage, handle, wanted))
         assert isinstance(keyed, IncrementalHandle)
         db_dir = tempfile.mkdtemp(prefix="part-", dir=temp)
-        for name, handle in {**keyed.shared, **keyed.private}.items():
-            self.storage.download_verified(handle.under(part.directory), os.path.join(db_dir, name))
+        for name, file in {**keyed.shared, **keyed.private}.items():
+            self.storage.download_verified(file.under(part.directory), os.path.join(db_dir, name))
         return _FetchedPart(part, wanted, db_dir=db_dir)
 
     # -- apply: replace the live job -------------------------------------------------------
@@ -163,7 +163,11 @@ class RestoreOperation:
         for state in _descriptors(self.parts):
             job.register_state(state)
         for item in fetched:
-            tables = item.full.header.tables if item.full is not None else item.part.metadata.keyed.tables
+            if item.full is not None:
+                tables = item.full.header.tables
+            else:
+                assert isinstance(item.part.metadata.keyed, IncrementalHandle)
+                tables = item.part.metadata.keyed.tables
             for table, nested in tables.items():
                 job.partition.create_table(table, nested)  # a no-op for registered states
         for item in fetched:

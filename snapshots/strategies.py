@@ -180,7 +180,7 @@ class IncrementalSnapshotStrategy(SnapshotStrategy):
         if not isinstance(partition, RocksDBPartition):
             raise TypeError("incremental checkpoints need the RocksDB backend")
         view = partition.freeze()
-        path = view.path  # type: ignore[attr-defined]
+        path = view.path
         states = _states(job)
         tables = keyed_tables(view.tables())
         backend_uid = rocksdb_identity(partition)

@@ -13,7 +13,7 @@ import os
 import shutil
 from collections.abc import Iterator
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
 from statehouse.backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
@@ -113,7 +113,7 @@ class RocksDBPartition(StorePartition):
         for key, value in _iterate(self._db, _NESTED_PREFIX, prefix_successor(_NESTED_PREFIX)):
             self._nested[key[len(_NESTED_PREFIX) :].decode()] = value == b"1"
         self._families: dict[str, Rdict] = {}
-        self._handles: dict[str, object] = {}
+        self._handles: dict[str, ColumnFamily] = {}
         for table in self._nested:
             self._open_family(table)
 
@@ -194,7 +194,9 @@ class RocksDBPartition(StorePartition):
                 batch.delete(self._key(op.table, op.key_group, op.primary, op.secondary), handle)
             elif self._nested[op.table]:
                 begin = self._key(op.table, op.key_group, op.primary)
-                batch.delete_range(begin, prefix_successor(begin), handle)
+                end = prefix_successor(begin)
+                assert end is not None  # a key starts with its key group (< 0x80): never all 0xff
+                batch.delete_range(begin, end, handle)
             else:
                 batch.delete(self._key(op.table, op.key_group, op.primary), handle)
         self._db.write(batch)

@@ -125,7 +125,7 @@ class S3Storage(CheckpointStorage):
     def list(self, prefix: str) -> list[str]:
         base = self._key(prefix)
         base = base + "/" if base else ""
-        found = []
+        found: list[str] = []
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
                 found.extend(obj["Key"] for obj in page.get("Contents", ()))
