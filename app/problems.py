@@ -1,7 +1,8 @@
 """RFC 9457 problem+json: every error leaves the service through here, with a stable code.
 
 Domain exceptions from the engine carry a ``code``; ``STATUS_BY_CODE`` is the one place
-that decides their HTTP status.
+that decides their HTTP status. A problem's ``type`` is ``<STATEHOUSE_PROBLEM_DOCS_URL>#<code>``:
+the anchor in docs/api.md that explains the code and what to do about it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from statehouse.app.settings import Settings
 from statehouse.backends.errors import StateError
 
-PROBLEM_TYPE_BASE = "https://statehouse.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_name": 422,
@@ -65,20 +68,46 @@ class ApiError(StateError):
         self.code = code
 
 
+def problem_type(code: str, docs_url: str = DEFAULT_PROBLEM_DOCS_URL) -> str:
+    """The problem ``type`` URI of a code: its anchor in the published docs/api.md."""
+    return f"{docs_url}#{code}"
+
+
+def _docs_url(scope: Scope) -> str:
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    return service.settings.problem_docs_url if service is not None else DEFAULT_PROBLEM_DOCS_URL
+
+
+class ProblemResponse(Response):
+    """A problem+json response. Its ``type`` URI is filled in when it is sent, from the settings of
+    the app sending it, so that every sender (handlers, middleware, probes) honours
+    ``STATEHOUSE_PROBLEM_DOCS_URL`` without being handed the settings."""
+
+    media_type = PROBLEM_MEDIA_TYPE
+
+    def __init__(self, problem: dict[str, Any], status_code: int, headers: dict[str, str] | None = None) -> None:
+        self.problem = problem
+        super().__init__(self._render(DEFAULT_PROBLEM_DOCS_URL), status_code, headers)
+
+    def _render(self, docs_url: str) -> bytes:
+        return orjson.dumps({"type": problem_type(self.problem["code"], docs_url), **self.problem})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        docs_url = _docs_url(scope)
+        if docs_url != DEFAULT_PROBLEM_DOCS_URL:
+            self.body = self._render(docs_url)
+            self.headers["content-length"] = str(len(self.body))
+        await super().__call__(scope, receive, send)
+
+
 def problem_response(
     status: int, code: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None, **extra
 ) -> Response:
-    body: dict[str, Any] = {
-        "type": PROBLEM_TYPE_BASE + code,
-        "title": HTTPStatus(status).phrase,
-        "status": status,
-        "code": code,
-        "detail": detail,
-    }
+    body: dict[str, Any] = {"title": HTTPStatus(status).phrase, "status": status, "code": code, "detail": detail}
     if instance:
         body["instance"] = instance
     body.update(extra)
-    return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+    return ProblemResponse(body, status, headers)
 
 
 def _count(request: Request, code: str) -> None:

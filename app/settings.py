@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     max_batch_ops: int = Field(10_000, ge=1, description="most operations in one batch request")
     max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")
     max_page_size: int = Field(1000, ge=1, description="largest page of a listing")
+    problem_docs_url: str = Field(
+        "https://statehouse.dev/docs/api",
+        description="where docs/api.md is published: problem `type` URIs are <this>#<code>, one anchor per code",
+    )
 
     @model_validator(mode="after")
     def _check_replica(self) -> Settings:
