@@ -173,7 +173,11 @@ class TriggerBody(Strict):
 
     @model_validator(mode="after")
     def _small_metadata(self) -> TriggerBody:
-        if len(orjson.dumps(self.metadata)) > 65536:
+        try:
+            encoded = orjson.dumps(self.metadata)
+        except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits, a lone surrogate
+            raise ValueError(f"metadata cannot be stored as JSON: {exc}") from None
+        if len(encoded) > 65536:
             raise ValueError("metadata must be at most 64 KiB of JSON")
         return self
 

@@ -125,7 +125,7 @@ def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:
     if type(op) is not dict and not isinstance(op, Mapping):  # decoded bodies are dicts: skip the ABC check
         raise InvalidArgument(f"an operation must be an object; got {type(op).__name__}")
     name = op.get("op")
-    handler = _HANDLERS.get(name)  # type: ignore[arg-type]
+    handler = _HANDLERS.get(name) if isinstance(name, str) else None
     if handler is None:
         raise InvalidArgument(f"'op' must be one of {', '.join(OPS)}; got {name!r}")
     state = tx.state(_field(op, "state", str, "a state name"))
