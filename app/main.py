@@ -9,14 +9,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from statehouse.app import problems
+from statehouse.app import openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
-from statehouse.app.models import BatchRequest
 from statehouse.app.routers import batch, checkpoints, docs, health, jobs, keyed, operators
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
@@ -113,17 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            defs = BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(defs.pop("$defs", {}))
-            components["BatchRequest"] = defs
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    openapi.install(app)
     return app
 
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.job import Job
 from statehouse.backends.ttl import TtlConfig
 
 Name = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
+
+# An array of two ints, not a tuple: a tuple's JSON schema (prefixItems) defeats client generators.
+KeyGroupRange = Annotated[
+    list[int], Field(min_length=2, max_length=2, description="inclusive key-group range [start, end]")
+]
 
 
 class Strict(BaseModel):
@@ -27,7 +33,7 @@ class JobBody(Strict):
 class JobInfo(BaseModel):
     job: str
     max_parallelism: int
-    key_group_range: tuple[int, int] = Field(description="inclusive key-group range this replica owns")
+    key_group_range: KeyGroupRange = Field(description="inclusive key-group range [start, end] this replica owns")
     replica_index: int
     replica_count: int
     states: list[str]
@@ -39,7 +45,7 @@ class JobInfo(BaseModel):
         return cls(
             job=job.name,
             max_parallelism=job.max_parallelism,
-            key_group_range=(r.start, r.end),
+            key_group_range=[r.start, r.end],
             replica_index=job.replica_index,
             replica_count=job.replica_count,
             states=sorted(job.descriptors),
@@ -195,7 +201,7 @@ class CheckpointInfoModel(BaseModel):
     format: Literal["full", "incremental"]
     replica_index: int
     replica_count: int
-    key_group_range: tuple[int, int]
+    key_group_range: KeyGroupRange
     metadata: dict[str, JsonValue]
 
 
@@ -225,7 +231,7 @@ class RestoreInfoModel(BaseModel):
     format: str
     location: str
     max_parallelism: int
-    key_group_range: tuple[int, int]
+    key_group_range: KeyGroupRange
     parts: list[str] = Field(description="the replica parts read, e.g. replica-0-of-2")
     entries_restored: int
     bytes_read: int
@@ -245,3 +251,51 @@ class FenceResponse(BaseModel):
 
 class BatchResponse(BaseModel):
     results: list[dict[str, JsonValue]] = Field(description='per op, in order: {"value": ...} for reads, {} for writes')
+
+
+# -- errors and probes -------------------------------------------------------------------------
+
+
+class ValidationIssue(BaseModel):
+    """One reason a request failed validation (``errors`` of a ``validation_error`` problem)."""
+
+    loc: list[str | int] = Field(description="where: e.g. ['body', 'value'] or ['query', 'limit']")
+    msg: str
+    type: str
+
+
+def _absent_unless_set(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # the member is left out, never null
+
+
+def _extra(description: str) -> Any:
+    return Field(None, description=description, json_schema_extra=_absent_unless_set)
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem: every error answer of the API (``application/problem+json``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="<STATEHOUSE_PROBLEM_DOCS_URL>#<code>: where the code is explained")
+    title: str = Field(description="the HTTP status phrase")
+    status: int = Field(description="the HTTP status code")
+    code: str = Field(description="stable machine-readable error code (see the Errors section of the API docs)")
+    detail: str = Field(description="what went wrong and what to fix")
+    instance: str | SkipJsonSchema[None] = _extra("the request path")
+    op_index: int | SkipJsonSchema[None] = _extra("batch: the index of the failing operation")
+    owner: int | SkipJsonSchema[None] = _extra("key_not_owned: the replica index that owns the key")
+    key_group: int | SkipJsonSchema[None] = _extra("key_not_owned: the key's key group")
+    epoch: int | SkipJsonSchema[None] = _extra("stale_epoch: the job's current writer epoch")
+    errors: list[ValidationIssue] | SkipJsonSchema[None] = _extra("validation_error: each issue")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"]
+    backend: Literal["rocksdb", "heap"]
+    replica_index: int
+    replica_count: int

@@ -7,24 +7,23 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
-from statehouse.app.models import BatchRequest, BatchResponse
+from statehouse.app.models import BatchResponse
 from statehouse.app.problems import ApiError
-from statehouse.app.wire import JSON, MSGPACK, read_body, render
+from statehouse.app.wire import read_body, render
 from statehouse.backends import ops
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
 
 router = APIRouter(prefix="/v1", tags=["batch"])
 
-_BODY_DOC = {"schema": {"$ref": "#/components/schemas/BatchRequest"}}
-
 
 @router.post(
     "/jobs/{job}/batch",
     response_model=BatchResponse,
-    openapi_extra={"requestBody": {"required": True, "content": {JSON: _BODY_DOC, MSGPACK: _BODY_DOC}}},
-    responses={200: {"content": {MSGPACK: {}}}},
+    openapi_extra={"requestBody": doc.BATCH_BODY},
+    responses=doc.BATCH,
 )
 async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     """Many keyed operations in one request, applied in order and atomically: later operations see
@@ -66,6 +65,3 @@ def _tally(job: Job, operations: list[dict[str, Any]]) -> Counter[tuple[str, str
     for (state, op), n in Counter((o["state"], o["op"]) for o in operations).items():
         tally[(job.descriptor(state).kind, op)] += n
     return tally
-
-
-_ = BatchRequest  # referenced by the OpenAPI document above

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from fastapi import APIRouter, Path, Query
 from starlette.concurrency import run_in_threadpool
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
 from statehouse.app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
 from statehouse.app.paging import decode_cursor, take_page
@@ -46,7 +47,17 @@ def check_location(checkpoint_dir: str, location: str) -> None:
         )
 
 
-@router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202)
+def _checkpoint_cursor(cursor: str | None) -> int | None:
+    """Checkpoint listings page by id: the cursor is the last id listed."""
+    after = decode_cursor(cursor)
+    if after is None:
+        return None
+    if not after.isdigit():
+        raise ApiError("invalid_argument", "cursor is not valid: pass back a next_cursor unchanged")
+    return int(after)
+
+
+@router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202, responses=doc.TRIGGER)
 async def trigger(service: ServiceDep, job: JobDep, body: TriggerBody | None = None) -> Any:
     """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
     in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it."""
@@ -59,7 +70,7 @@ async def trigger(service: ServiceDep, job: JobDep, body: TriggerBody | None = N
     return service.checkpoints.trigger(job.name, body.checkpoint_id, body.kind, body.metadata).to_dict()
 
 
-@router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage)
+@router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage, responses=doc.LIST_CHECKPOINTS)
 async def list_checkpoints(
     service: ServiceDep,
     job: Annotated[str, Path(pattern=NAME_PATTERN)],
@@ -67,8 +78,8 @@ async def list_checkpoints(
     cursor: str | None = None,
 ) -> Any:
     """This replica's checkpoints and savepoints of the job, oldest first (including completed ones in storage)."""
-    after = decode_cursor(cursor)
-    infos = (i for i in service.checkpoints.list(job) if after is None or i.checkpoint_id > int(after))
+    after = _checkpoint_cursor(cursor)
+    infos = (i for i in service.checkpoints.list(job) if after is None or i.checkpoint_id > after)
     page, next_cursor = take_page(infos, limit, lambda i: str(i.checkpoint_id).encode())
     return {
         "items": [i.to_dict() for i in page],
@@ -77,14 +88,16 @@ async def list_checkpoints(
     }
 
 
-@router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel)
+@router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
 async def get_checkpoint(
     service: ServiceDep, job: Annotated[str, Path(pattern=NAME_PATTERN)], checkpoint_id: CheckpointId
 ) -> Any:
     return service.checkpoints.get(job, checkpoint_id).to_dict()
 
 
-@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/complete", response_model=CheckpointInfoModel)
+@router.post(
+    "/jobs/{job}/checkpoints/{checkpoint_id}/complete", response_model=CheckpointInfoModel, responses=doc.COMPLETE
+)
 async def complete(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
     """notifyCheckpointComplete: waits for the upload if needed, writes this part's `_metadata` last, subsumes
     older checkpoints and applies retention."""
@@ -92,14 +105,14 @@ async def complete(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId
     return info.to_dict()
 
 
-@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/abort", response_model=CheckpointInfoModel)
+@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/abort", response_model=CheckpointInfoModel, responses=doc.ABORT)
 async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
     """notifyCheckpointAborted: discards this attempt's private files."""
     info = await run_in_threadpool(service.checkpoints.abort, job.name, checkpoint_id)
     return info.to_dict()
 
 
-@router.post("/jobs/{job}/restore", response_model=RestoreInfoModel)
+@router.post("/jobs/{job}/restore", response_model=RestoreInfoModel, responses=doc.RESTORE)
 async def restore(
     service: ServiceDep, job: Annotated[str, Path(pattern=NAME_PATTERN)], body: RestoreBody | None = None
 ) -> Any:

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import service_of
+from statehouse.app.models import Health, Readiness
 from statehouse.app.problems import problem_response
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get("/readyz", response_model=Readiness, responses=doc.READY)
 async def readyz(request: Request) -> dict[str, object] | Response:
-    """Readiness: state is open and the replica is not draining."""
+    """Readiness: state is open and the replica is not draining (else 503 `not_ready`)."""
     service = getattr(request.app.state, "service", None)
     if service is None or service.draining:
         return problem_response(503, "not_ready", "starting up or shutting down", "/readyz")
@@ -27,7 +30,7 @@ async def readyz(request: Request) -> dict[str, object] | Response:
     return {"status": "ready", "backend": s.backend, "replica_index": s.replica_index, "replica_count": s.replica_count}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=doc.READY)
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition."""
+    """Prometheus text exposition."""
     return Response(generate_latest(service_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

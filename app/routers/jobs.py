@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query, Response
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
 from statehouse.app.models import (
     DescriptorBody,
@@ -30,7 +31,7 @@ def _limit(service: ServiceDep, limit: int) -> int:
     return min(limit, service.settings.max_page_size)
 
 
-@router.put("/jobs/{job}", response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}})
+@router.put("/jobs/{job}", response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}, **doc.PUT_JOB})
 async def put_job(
     service: ServiceDep,
     response: Response,
@@ -45,7 +46,7 @@ async def put_job(
     return JobInfo.of(created_job)
 
 
-@router.get("/jobs", response_model=JobPage)
+@router.get("/jobs", response_model=JobPage, responses=doc.LIST_JOBS)
 async def list_jobs(service: ServiceDep, limit: Limit = 100, cursor: Cursor = None) -> JobPage:
     after = decode_cursor(cursor)
     names = (n for n in service.catalog.names() if after is None or n.encode() > after)
@@ -53,26 +54,30 @@ async def list_jobs(service: ServiceDep, limit: Limit = 100, cursor: Cursor = No
     return JobPage(items=[JobInfo.of(service.catalog.get(n)) for n in page], next_cursor=next_cursor)
 
 
-@router.get("/jobs/{job}", response_model=JobInfo)
+@router.get("/jobs/{job}", response_model=JobInfo, responses=doc.JOB_ONLY)
 async def get_job(job: JobDep) -> JobInfo:
     return JobInfo.of(job)
 
 
-@router.delete("/jobs/{job}", status_code=204)
+@router.delete("/jobs/{job}", status_code=204, responses=doc.JOB_ONLY)
 async def delete_job(service: ServiceDep, job: JobDep) -> Response:
     """Delete a job and all its local state (checkpoints in storage are kept)."""
     service.catalog.delete(job.name)
     return Response(status_code=204)
 
 
-@router.post("/jobs/{job}/fence", response_model=FenceResponse)
+@router.post("/jobs/{job}/fence", response_model=FenceResponse, responses=doc.FENCE)
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
     """Raise the job's writer epoch (never lowers it). Batches that carry an older epoch are then refused,
     so a stale attempt of a Spark micro-batch cannot overwrite a newer one."""
     return FenceResponse(epoch=job.fence(body.epoch))
 
 
-@router.put("/jobs/{job}/states/{state}", response_model=DescriptorInfo, responses={201: {"model": DescriptorInfo}})
+@router.put(
+    "/jobs/{job}/states/{state}",
+    response_model=DescriptorInfo,
+    responses={201: {"model": DescriptorInfo}, **doc.PUT_STATE},
+)
 async def put_state(job: JobDep, state: StateName, body: DescriptorBody, response: Response) -> DescriptorInfo:
     """Register a keyed state. Registering again with a compatible descriptor is a no-op (or updates the TTL);
     an incompatible one (other kind, key type, function, TTL on/off) is refused with 409."""
@@ -81,7 +86,7 @@ async def put_state(job: JobDep, state: StateName, body: DescriptorBody, respons
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
 
-@router.get("/jobs/{job}/states", response_model=DescriptorPage)
+@router.get("/jobs/{job}/states", response_model=DescriptorPage, responses=doc.LIST_STATES)
 async def list_states(service: ServiceDep, job: JobDep, limit: Limit = 100, cursor: Cursor = None) -> DescriptorPage:
     after = decode_cursor(cursor)
     names = (n for n in sorted(job.descriptors) if after is None or n.encode() > after)
@@ -89,12 +94,12 @@ async def list_states(service: ServiceDep, job: JobDep, limit: Limit = 100, curs
     return DescriptorPage(items=[DescriptorInfo(**job.descriptor(n).to_dict()) for n in page], next_cursor=next_cursor)
 
 
-@router.get("/jobs/{job}/states/{state}", response_model=DescriptorInfo)
+@router.get("/jobs/{job}/states/{state}", response_model=DescriptorInfo, responses=doc.STATE)
 async def get_state(job: JobDep, state: str) -> DescriptorInfo:
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
 
-@router.delete("/jobs/{job}/states/{state}", status_code=204)
+@router.delete("/jobs/{job}/states/{state}", status_code=204, responses=doc.STATE)
 async def delete_state(job: JobDep, state: str) -> Response:
     """Drop a state and all its data."""
     job.drop_state(state)

@@ -6,11 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
 from statehouse.app.paging import decode_cursor, take_page
 from statehouse.app.problems import ApiError
-from statehouse.app.wire import MSGPACK, render
+from statehouse.app.wire import render
 from statehouse.backends import ops
 from statehouse.backends.errors import InvalidKey
 from statehouse.backends.job import Job
@@ -21,7 +22,6 @@ Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace i
 Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
 Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
 BASE = "/jobs/{job}/states/{state}/keys/{key}"
-VALUE_CONTENT: dict[int | str, dict[str, Any]] = {200: {"content": {MSGPACK: {}}}}
 
 
 def parse_key(job: Job, state: str, key: str) -> str | int:
@@ -51,7 +51,7 @@ def found(request: Request, result: dict[str, Any], what: str) -> Response:
     return render(request, result)
 
 
-@router.get(BASE, response_model=ValueResponse, responses={404: {"description": "absent key"}, **VALUE_CONTENT})
+@router.get(BASE, response_model=ValueResponse, responses=doc.KEYED_READ)
 async def get_key(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = ""
 ) -> Response:
@@ -60,7 +60,7 @@ async def get_key(
     return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
-@router.put(BASE, status_code=204)
+@router.put(BASE, status_code=204, responses=doc.KEYED_WRITE)
 async def put_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
@@ -69,7 +69,7 @@ async def put_key(
     return Response(status_code=204)
 
 
-@router.post(BASE + "/add", status_code=204)
+@router.post(BASE + "/add", status_code=204, responses=doc.KEYED_WRITE)
 async def add_to_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
 ) -> Response:
@@ -78,13 +78,13 @@ async def add_to_key(
     return Response(status_code=204)
 
 
-@router.delete(BASE, status_code=204)
+@router.delete(BASE, status_code=204, responses=doc.KEYED_CLEAR)
 async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> Response:
     run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse, responses=VALUE_CONTENT)
+@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse, responses=doc.MAP_READ)
 async def get_entry(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
@@ -92,7 +92,7 @@ async def get_entry(
     return found(request, result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
-@router.put(BASE + "/entries/{user_key}", status_code=204)
+@router.put(BASE + "/entries/{user_key}", status_code=204, responses=doc.KEYED_WRITE)
 async def put_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
@@ -101,7 +101,7 @@ async def put_entry(
     return Response(status_code=204)
 
 
-@router.delete(BASE + "/entries/{user_key}", status_code=204)
+@router.delete(BASE + "/entries/{user_key}", status_code=204, responses=doc.MAP_REMOVE)
 async def remove_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
@@ -109,7 +109,7 @@ async def remove_entry(
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries", response_model=EntryPage, responses=VALUE_CONTENT)
+@router.get(BASE + "/entries", response_model=EntryPage, responses=doc.MAP_LIST)
 async def list_entries(
     request: Request,
     service: ServiceDep,
@@ -130,7 +130,7 @@ async def list_entries(
     return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 
-@router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage)
+@router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage, responses=doc.LIST_KEYS)
 async def list_keys(
     service: ServiceDep,
     job: JobDep,

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
 from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
 from statehouse.app.paging import decode_cursor, take_page
@@ -23,7 +24,7 @@ Mode = Annotated[
 ]
 
 
-@router.get(LIST, response_model=OperatorListResponse)
+@router.get(LIST, response_model=OperatorListResponse, responses=doc.OPERATOR_LIST_READ)
 async def get_list(request: Request, job: JobDep, operator: str, index: Index, name: str) -> Response:
     with job.transaction() as tx:
         values = tx.operator.list_get(operator, index, name)
@@ -33,7 +34,7 @@ async def get_list(request: Request, job: JobDep, operator: str, index: Index, n
     return render(request, {"value": values, "mode": mode})
 
 
-@router.put(LIST, status_code=204)
+@router.put(LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
 async def put_list(job: JobDep, operator: str, index: Index, name: str, body: ValueBody, mode: Mode = None) -> Response:
     """Replace the subtask's list (`{"value": [...]}`)."""
     if not isinstance(body.value, list):
@@ -43,7 +44,7 @@ async def put_list(job: JobDep, operator: str, index: Index, name: str, body: Va
     return Response(status_code=204)
 
 
-@router.post(LIST, status_code=204)
+@router.post(LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
 async def add_to_list(
     job: JobDep, operator: str, index: Index, name: str, body: AddBody, mode: Mode = None
 ) -> Response:
@@ -54,7 +55,7 @@ async def add_to_list(
     return Response(status_code=204)
 
 
-@router.delete(LIST, status_code=204)
+@router.delete(LIST, status_code=204, responses=doc.OPERATOR_CLEAR)
 async def clear_list(job: JobDep, operator: str, index: Index, name: str) -> Response:
     with job.transaction() as tx:
         tx.operator.list_clear(operator, index, name)
@@ -65,7 +66,7 @@ def _existing_or_split(tx, operator: str, name: str) -> str:
     return tx.operator.list_mode(operator, name) or "split"
 
 
-@router.get(BROADCAST, response_model=EntryPage)
+@router.get(BROADCAST, response_model=EntryPage, responses=doc.BROADCAST_LIST)
 async def list_broadcast(
     request: Request,
     job: JobDep,
@@ -82,7 +83,7 @@ async def list_broadcast(
     return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 
-@router.get(BROADCAST + "/{key}", response_model=ValueResponse)
+@router.get(BROADCAST + "/{key}", response_model=ValueResponse, responses=doc.BROADCAST_READ)
 async def get_broadcast(request: Request, job: JobDep, operator: str, name: str, key: str) -> Response:
     with job.transaction() as tx:
         value = tx.operator.broadcast_get(operator, name, key)
@@ -91,14 +92,14 @@ async def get_broadcast(request: Request, job: JobDep, operator: str, name: str,
     return render(request, {"value": value})
 
 
-@router.put(BROADCAST + "/{key}", status_code=204)
+@router.put(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_WRITE)
 async def put_broadcast(job: JobDep, operator: str, name: str, key: str, body: ValueBody) -> Response:
     with job.transaction() as tx:
         tx.operator.broadcast_put(operator, name, key, body.value)
     return Response(status_code=204)
 
 
-@router.delete(BROADCAST + "/{key}", status_code=204)
+@router.delete(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_REMOVE)
 async def remove_broadcast(job: JobDep, operator: str, name: str, key: str) -> Response:
     with job.transaction() as tx:
         tx.operator.broadcast_remove(operator, name, key)

@@ -1,0 +1,263 @@
+"""The OpenAPI document (``/openapi.json``) as a contract that generated clients can rely on.
+
+Routers declare what they can answer with the ``responses=`` dicts defined here, by problem code
+(``errors("job_not_found", ...)``): each code's status comes from ``problems.STATUS_BY_CODE``, and
+every error status is one shared ``Problem`` schema as ``application/problem+json``. ``document``
+then adds what follows from the route itself, so that no router has to repeat it:
+
+* operation ids from ``OPERATION_IDS`` (route function name → stable camelCase id);
+* bearer ``security`` plus 401 ``unauthorized`` and 503 ``not_ready`` on every route behind
+  ``require_token`` (all of ``/v1``);
+* 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body`` and
+  413 ``body_too_large`` on every route with a body (FastAPI's ``HTTPValidationError`` is gone:
+  the server never sends it).
+
+Each error response also lists its codes in ``x-problem-codes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, routing
+from fastapi.openapi.utils import get_openapi
+
+from statehouse.app.dependencies import require_token
+from statehouse.app.models import BatchRequest, Problem
+from statehouse.app.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE
+from statehouse.app.wire import JSON, MSGPACK
+
+REF = "#/components/schemas/{model}"
+PROBLEM_SCHEMA = {"$ref": REF.format(model="Problem")}
+SECURITY_SCHEME = "bearerAuth"
+CODES = "x-problem-codes"
+
+# Route function name → operationId: the method names of generated clients, so they never change
+# once published. A route missing here gets its function name in camelCase.
+OPERATION_IDS: dict[str, str] = {
+    # operations
+    "healthz": "getHealth",
+    "readyz": "getReadiness",
+    "metrics": "getMetrics",
+    # jobs
+    "put_job": "putJob",
+    "get_job": "getJob",
+    "list_jobs": "listJobs",
+    "delete_job": "deleteJob",
+    "fence": "fenceJob",
+    # keyed state descriptors
+    "put_state": "putState",
+    "get_state": "getState",
+    "list_states": "listStates",
+    "delete_state": "deleteState",
+    # keyed state
+    "get_key": "getKeyedValue",
+    "put_key": "putKeyedValue",
+    "add_to_key": "addToKeyedValue",
+    "clear_key": "clearKeyedValue",
+    "get_entry": "getMapEntry",
+    "put_entry": "putMapEntry",
+    "remove_entry": "removeMapEntry",
+    "list_entries": "listMapEntries",
+    "list_keys": "listKeys",
+    "batch": "applyBatch",
+    # operator state
+    "get_list": "getOperatorList",
+    "put_list": "putOperatorList",
+    "add_to_list": "addToOperatorList",
+    "clear_list": "clearOperatorList",
+    "list_broadcast": "listBroadcastEntries",
+    "get_broadcast": "getBroadcastEntry",
+    "put_broadcast": "putBroadcastEntry",
+    "remove_broadcast": "removeBroadcastEntry",
+    # checkpoints
+    "trigger": "triggerCheckpoint",
+    "list_checkpoints": "listCheckpoints",
+    "get_checkpoint": "getCheckpoint",
+    "complete": "completeCheckpoint",
+    "abort": "abortCheckpoint",
+    "restore": "restoreJob",
+}
+
+
+def _describe(status: int, codes: list[str]) -> str:
+    return f"{HTTPStatus(status).phrase}: problem {', '.join(f'`{c}`' for c in codes)}"
+
+
+def errors(*codes: str) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route that can answer these problem codes: one problem+json response
+    per status. An unknown code is a KeyError at import: every code has its status in one table."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        listed = by_status.setdefault(STATUS_BY_CODE[code], [])
+        if code not in listed:
+            listed.append(code)
+    return {
+        status: {
+            "description": _describe(status, listed),
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
+            CODES: listed,
+        }
+        for status, listed in sorted(by_status.items())
+    }
+
+
+def binary(what: str) -> dict[str, Any]:
+    """A msgpack body: bytes, as generators expect (``format: binary``)."""
+    return {"schema": {"type": "string", "format": "binary", "contentMediaType": MSGPACK}, "description": what}
+
+
+def msgpack_reply(status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """The JSON reply of a route is also available as msgpack (``Accept: application/msgpack``)."""
+    return {status: {"content": {MSGPACK: binary("the same document as the JSON reply, encoded as msgpack")}}}
+
+
+# -- what the routers can answer, by concern ------------------------------------------------------
+
+JOB = ("invalid_name", "job_not_found")  # the job is looked up by name
+PAGED = ("invalid_argument",)  # a cursor that is not a next_cursor handed out
+VALUES = ("invalid_argument", "invalid_value", "value_too_large")  # a value or list of values is written
+KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned")  # one key of a keyed state
+OPERATOR = (*JOB,)  # operator and state names are validated like job names
+CHECKPOINT_STORAGE = ("storage_unavailable", "snapshot_corrupt")
+
+PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict")
+LIST_JOBS = errors(*PAGED)
+JOB_ONLY = errors(*JOB)
+FENCE = errors(*JOB, "invalid_argument")
+PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state")
+LIST_STATES = errors(*JOB, *PAGED)
+STATE = errors(*JOB, "state_not_found")
+
+KEYED_READ = {**errors(*KEYED, "key_not_found"), **msgpack_reply()}
+KEYED_WRITE = errors(*KEYED, *VALUES, "wrong_state_kind")
+KEYED_CLEAR = errors(*KEYED)
+MAP_READ = {**errors(*KEYED, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
+MAP_REMOVE = errors(*KEYED, "wrong_state_kind")
+MAP_LIST = {**errors(*KEYED, *PAGED, "wrong_state_kind"), **msgpack_reply()}
+LIST_KEYS = errors(*JOB, *PAGED, "state_not_found", "key_not_owned")
+
+BATCH_BODY = {
+    "required": True,
+    "content": {
+        JSON: {"schema": {"$ref": REF.format(model="BatchRequest")}},
+        MSGPACK: binary("a BatchRequest encoded as msgpack (values may be bytes)"),
+    },
+}
+BATCH = {
+    **errors(
+        *KEYED,
+        *VALUES,
+        "wrong_state_kind",
+        "stale_epoch",
+        "batch_too_large",
+        "malformed_body",
+        "unsupported_media_type",
+    ),
+    **msgpack_reply(),
+}
+
+OPERATOR_LIST_READ = {**errors(*OPERATOR, "invalid_argument", "key_not_found"), **msgpack_reply()}
+OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")
+OPERATOR_CLEAR = errors(*OPERATOR, "invalid_argument")
+BROADCAST_LIST = {**errors(*OPERATOR, *PAGED), **msgpack_reply()}
+BROADCAST_READ = {**errors(*OPERATOR, "key_not_found"), **msgpack_reply()}
+BROADCAST_WRITE = errors(*OPERATOR, *VALUES, "key_too_large")
+BROADCAST_REMOVE = errors(*OPERATOR)
+
+TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)
+LIST_CHECKPOINTS = errors(*PAGED, *CHECKPOINT_STORAGE)
+GET_CHECKPOINT = errors("checkpoint_not_found", *CHECKPOINT_STORAGE)
+COMPLETE = errors(*JOB, "checkpoint_not_found", "checkpoint_not_ready", "checkpoint_failed", *CHECKPOINT_STORAGE)
+ABORT = errors(*JOB, "checkpoint_not_found", "checkpoint_conflict", *CHECKPOINT_STORAGE)
+RESTORE = errors(
+    "invalid_argument",
+    "checkpoint_not_found",
+    "restore_incomplete",
+    "restore_incompatible",
+    "invalid_location",
+    *CHECKPOINT_STORAGE,
+)
+
+READY = errors("not_ready")
+
+
+# -- the document ---------------------------------------------------------------------------------
+
+
+def operation_id(route: Any) -> str:
+    return OPERATION_IDS.get(route.name) or re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), route.name)
+
+
+def _add_codes(operation: dict[str, Any], *codes: str) -> None:
+    responses = operation.setdefault("responses", {})
+    for status, declared in errors(*codes).items():
+        response = responses.setdefault(str(status), copy.deepcopy(declared))
+        listed = response.setdefault(CODES, [])
+        listed.extend(c for c in declared[CODES] if c not in listed)
+        response["description"] = _describe(int(status), listed)
+        response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}}
+
+
+def _secured(route: Any) -> bool:
+    return any(d.call is require_token for d in route.dependant.dependencies)
+
+
+def _complete(operation: dict[str, Any], route: Any) -> None:
+    """Add what follows from the route itself: id, security, and the errors every such route has."""
+    operation["operationId"] = operation_id(route)
+    if _secured(route):
+        operation["security"] = [{SECURITY_SCHEME: []}]
+        _add_codes(operation, "unauthorized", "not_ready")
+    if "requestBody" in operation:
+        _add_codes(operation, "malformed_body", "body_too_large")
+    if operation.get("parameters") or "requestBody" in operation:
+        _add_codes(operation, "validation_error")
+    operation["responses"] = dict(sorted(operation["responses"].items()))
+
+
+def document(app: FastAPI) -> dict[str, Any]:
+    """Build the OpenAPI document of ``app``."""
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for model in (BatchRequest, Problem):  # BatchRequest: the batch body is decoded without a model
+        definition = model.model_json_schema(ref_template=REF)
+        schemas.update(definition.pop("$defs", {}))
+        schemas[model.__name__] = definition
+    for unused in ("HTTPValidationError", "ValidationError"):  # the server sends Problem instead
+        schemas.pop(unused, None)
+    components["securitySchemes"] = {
+        SECURITY_SCHEME: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "one of STATEHOUSE_API_TOKENS; every /v1 call needs it when tokens are configured",
+        }
+    }
+    seen: dict[str, str] = {}
+    # Routes as included (with the include's dependencies, e.g. require_token), as get_openapi sees them.
+    for route in routing.iter_route_contexts(app.routes):
+        if not isinstance(route.original_route, routing.APIRoute) or not route.include_in_schema:
+            continue
+        name, path = route.name or "", route.path_format or ""
+        if seen.setdefault(name, path) != path:
+            raise RuntimeError(f"two routes are named {name!r}: operation ids must stay unique")
+        for method in route.methods or ():
+            operation = schema["paths"].get(path, {}).get(method.lower())
+            if operation is not None:
+                _complete(operation, route)
+    return schema
+
+
+def install(app: FastAPI) -> None:
+    """Serve ``document(app)`` (built once, on first use) as the app's OpenAPI document."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
