@@ -91,6 +91,40 @@ class JobCatalog:
             job.close()
             self.store.destroy_partition(name)
 
+    # -- restore: build beside, verify, swap ----------------------------------------------
+
+    def stage(self, name: str, max_parallelism: int) -> Job:
+        """A new, empty job beside the live one (if any), for a restore to fill; the live job
+        keeps serving. Pass it to :meth:`swap`, or to :meth:`discard` on failure."""
+        validate_name(name, "job")
+        return self._job(name, self.store.open_staging(name, max_parallelism))
+
+    def swap(self, name: str, staged: Job) -> Job:
+        """Put a staged job in place of the live one, atomically for every request.
+
+        The live job is retired first (a write in progress finishes, later ones get
+        ``not_ready`` and retry on the new job). Writer epochs never go backwards: the new job
+        is fenced to at least the live job's epoch. If the swap fails, the live job is as it
+        was and serves again; the staged one is discarded.
+        """
+        with self._lock:
+            live = self._jobs.get(name)
+            if live is not None:
+                live.retire()
+            try:
+                staged.fence(live.epoch if live is not None else 0)
+                partition = self.store.promote(name, live.partition if live is not None else None, staged.partition)
+            except BaseException:
+                self.store.discard_staging(name, staged.partition)
+                if live is not None:
+                    live.revive()
+                raise
+            job = self._jobs[name] = self._job(name, partition)
+            return job
+
+    def discard(self, staged: Job) -> None:
+        self.store.discard_staging(staged.name, staged.partition)
+
     def close(self) -> None:
         with self._lock:
             for job in self._jobs.values():

@@ -76,6 +76,12 @@ class StaleEpoch(StateError):
     code = "stale_epoch"
 
 
+class JobReplaced(StateError):
+    """The job was replaced by a restore while this request held it: retry, it reaches the new one."""
+
+    code = "not_ready"
+
+
 class OperatorStateConflict(StateError):
     """E.g. an operator list state re-declared with another distribution mode."""
 

@@ -4,6 +4,7 @@ its key-group range (Flink: one operator's keyed backend on one subtask)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -12,7 +13,14 @@ from statehouse.backends.base.partition import META_TABLE, StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, KeyNotOwned, StaleEpoch, StateNotFound, WrongStateKind
+from statehouse.backends.errors import (
+    InvalidArgument,
+    JobReplaced,
+    KeyNotOwned,
+    StaleEpoch,
+    StateNotFound,
+    WrongStateKind,
+)
 from statehouse.backends.keyed import (
     STATE_CLASSES,
     AggregatingState,
@@ -39,6 +47,16 @@ class StoredKey(NamedTuple):
     position: tuple[int, bytes]  # where a listing resumes after this key
 
 
+def stored_descriptors(partition: StorePartition) -> dict[str, StateDescriptor]:
+    """The state descriptors a partition holds (what a job opened on it serves)."""
+    found = {}
+    for key, value in partition.meta_items():
+        if key.startswith(_STATE_META):
+            descriptor = StateDescriptor.from_dict(json.loads(value))
+            found[descriptor.name] = descriptor
+    return found
+
+
 class Job:
     def __init__(
         self,
@@ -61,12 +79,28 @@ class Job:
         self.clock: Clock = clock or SystemClock()
         partition.create_table(LIST_TABLE, nested=False)
         partition.create_table(BROADCAST_TABLE, nested=True)
-        self.descriptors: dict[str, StateDescriptor] = {}
-        for key, value in partition.meta_items():
-            if key.startswith(_STATE_META):
-                descriptor = StateDescriptor.from_dict(json.loads(value))
-                self.descriptors[descriptor.name] = descriptor
+        self.descriptors: dict[str, StateDescriptor] = stored_descriptors(partition)
         self._cleanup_cursors: dict[str, Iterator[tuple[int, bytes, bytes]]] = {}
+        # Every write takes this lock; a restore's swap takes it to retire the job, so a write
+        # lands either before the swap (and is replaced with the rest) or is refused after it.
+        self._lock = threading.RLock()
+        self._replaced = False
+
+    # -- life: a restore replaces a job by a new one -----------------------------------------
+
+    def _check_live(self) -> None:
+        if self._replaced:
+            raise JobReplaced(f"job {self.name!r} was restored while this request waited; retry it")
+
+    def retire(self) -> None:
+        """Refuse every later access (``not_ready``: retry); waits for a running write."""
+        with self._lock:
+            self._replaced = True
+
+    def revive(self) -> None:
+        """Undo :meth:`retire` (a restore that failed to swap)."""
+        with self._lock:
+            self._replaced = False
 
     # -- descriptors ---------------------------------------------------------------------
 
@@ -75,6 +109,11 @@ class Job:
 
         A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor.
         """
+        with self._lock:
+            self._check_live()
+            return self._register(descriptor)
+
+    def _register(self, descriptor: StateDescriptor) -> bool:
         existing = self.descriptors.get(descriptor.name)
         if existing is not None:
             descriptor.check_compatible(existing)
@@ -94,6 +133,11 @@ class Job:
             raise StateNotFound(f"job {self.name!r} has no state {name!r}; register it first") from None
 
     def drop_state(self, name: str) -> None:
+        with self._lock:
+            self._check_live()
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
         self.descriptor(name)
         tx = PartitionTransaction(self.partition)
         tx.delete(META_TABLE, 0, _STATE_META + name.encode())
@@ -114,6 +158,11 @@ class Job:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
+        with self._lock:
+            self._check_live()
+            return self._raise_epoch(epoch)
+
+    def _raise_epoch(self, epoch: int) -> int:
         current = self.epoch
         if epoch > current:
             tx = PartitionTransaction(self.partition)
@@ -174,6 +223,7 @@ class Job:
         ``position`` (for paging). Expired-but-uncleaned entries are included, as in Flink's
         ``getKeys``.
         """
+        self._check_live()
         descriptor = self.descriptor(state)
         if key_group is not None:
             self.check_owned(key_group)
@@ -197,13 +247,15 @@ class Job:
     @contextmanager
     def transaction(self) -> Iterator[JobTransaction]:
         """All operations inside commit together, or (on an exception) not at all."""
-        tx = JobTransaction(self)
-        try:
-            yield tx
-        except BaseException:
-            tx.rollback()
-            raise
-        tx.commit()
+        with self._lock:
+            self._check_live()
+            tx = JobTransaction(self)
+            try:
+                yield tx
+            except BaseException:
+                tx.rollback()
+                raise
+            tx.commit()
 
     def incremental_cleanup(self, descriptor: StateDescriptor, tx: PartitionTransaction) -> None:
         """Check the next few entries of a TTL state and drop what expired (Flink's

@@ -575,12 +575,17 @@ class CheckpointManager:
         if not parts:
             where = location or self._location(directory)
             raise CheckpointNotFound(f"no completed snapshot part (no _metadata.replica-*) at {where}")
-        aborted = self._quiesce(job)
         read_before = storage.bytes_read
         operation = RestoreOperation(
             self.catalog, storage, job, parts, operator_parallelism=operator_parallelism, work_dir=self.work_dir
         )
-        restored = operation.run()
+        staged = operation.run()  # fetched, verified and built beside the live job
+        try:
+            aborted = self._quiesce(job)
+        except BaseException:
+            self.catalog.discard(staged)
+            raise
+        restored = self.catalog.swap(job, staged)
         first = parts[0].metadata
         return RestoreInfo(
             job=job,

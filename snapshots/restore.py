@@ -11,7 +11,6 @@ missing file leaves the current state as it was.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import shutil
@@ -22,8 +21,7 @@ from dataclasses import dataclass
 from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import JobNotFound
-from statehouse.backends.job import Job
+from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
@@ -122,6 +120,10 @@ class RestoreOperation:
         self.entries = 0
 
     def run(self) -> Job:
+        """Fetch and verify every byte, then build the restored job beside the live one.
+
+        Returns the staged job, for ``JobCatalog.swap`` (or ``discard``); the live job is
+        untouched either way."""
         target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
         relevant = check_coverage(self.parts, target)
         temp = tempfile.mkdtemp(prefix="statehouse-restore-", dir=self.work_dir)
@@ -153,14 +155,20 @@ class RestoreOperation:
             self.storage.download_verified(file.under(part.directory), os.path.join(db_dir, name))
         return _FetchedPart(part, wanted, db_dir=db_dir)
 
-    # -- apply: replace the live job -------------------------------------------------------
+    # -- build: a new job beside the live one -------------------------------------------------
 
     def _apply(self, fetched: list[_FetchedPart], operator: OperatorSnapshot, temp: str) -> Job:
-        max_parallelism = self.parts[0].metadata.max_parallelism
-        with contextlib.suppress(JobNotFound):
-            self.catalog.delete(self.job_name)  # clear: the job's state is replaced, not merged
-        job, _created = self.catalog.create(self.job_name, max_parallelism)
-        for state in _descriptors(self.parts):
+        job = self.catalog.stage(self.job_name, self.parts[0].metadata.max_parallelism)
+        try:
+            self._build(job, fetched, operator, temp)
+        except BaseException:
+            self.catalog.discard(job)
+            raise
+        return job
+
+    def _build(self, job: Job, fetched: list[_FetchedPart], operator: OperatorSnapshot, temp: str) -> None:
+        descriptors = _descriptors(self.parts)
+        for state in descriptors:
             job.register_state(state)
         for item in fetched:
             if item.full is not None:
@@ -173,7 +181,9 @@ class RestoreOperation:
         for item in fetched:
             self._write(job, self._records(item, temp))
         self._write(job, write_ops(operator))
-        return job
+        # Verify what the swapped-in job will serve: the states as stored, after every write.
+        if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
+            raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
 
     def _records(self, item: _FetchedPart, temp: str) -> Iterator[WriteOp]:
         if item.full is not None:

@@ -20,3 +20,21 @@ class Store(ABC):
 
     @abstractmethod
     def destroy_partition(self, job: str) -> None: ...
+
+    # -- restore: a new partition is built beside the live one, then takes its place --------
+
+    @abstractmethod
+    def open_staging(self, job: str, max_parallelism: int) -> StorePartition:
+        """A new, empty partition for ``job`` that does not touch its live one."""
+
+    @abstractmethod
+    def promote(self, job: str, live: StorePartition | None, staged: StorePartition) -> StorePartition:
+        """Make ``staged`` the job's partition in place of ``live``; returns it, open.
+
+        Atomic as far as the job's data goes: if it raises, ``live`` holds what it held and is
+        open (a crash meanwhile leaves either the old or the new data at the next start).
+        """
+
+    @abstractmethod
+    def discard_staging(self, job: str, staged: StorePartition) -> None:
+        """Close and delete a staged partition that will not be promoted."""

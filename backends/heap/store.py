@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.keygroups import default_max_parallelism
@@ -18,3 +19,12 @@ class HeapStore(Store):
 
     def destroy_partition(self, job: str) -> None:
         """Nothing on disk; the partition is dropped with its job."""
+
+    def open_staging(self, job: str, max_parallelism: int) -> HeapPartition:
+        return HeapPartition(max_parallelism)
+
+    def promote(self, job: str, live: StorePartition | None, staged: StorePartition) -> StorePartition:
+        return staged  # the live partition's dicts go with the old Job object
+
+    def discard_staging(self, job: str, staged: StorePartition) -> None:
+        staged.close()

@@ -97,6 +97,11 @@ class RocksDBPartition(StorePartition):
         self.path = path
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0
+        self._open(max_parallelism)
+
+    def _open(self, max_parallelism: int | None) -> None:
+        path = self.path
+        self._closed = False
         existing = Rdict.list_cf(path, _options()) if os.path.exists(os.path.join(path, "CURRENT")) else []
         self._db = Rdict(path, _options(), column_families={cf: _options() for cf in existing if cf != _DEFAULT_CF})
         stored = self._db.get(_MAX_PARALLELISM_KEY)
@@ -219,9 +224,16 @@ class RocksDBPartition(StorePartition):
         return RocksDBFrozenView(self, path, dict(self._nested))
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._families.clear()
         self._handles.clear()
         gc.collect()
         self._db.close()
         del self._db
         gc.collect()
+
+    def reopen(self) -> None:
+        """Open the database at ``path`` again after :meth:`close` (it may be another one now)."""
+        self._open(None)

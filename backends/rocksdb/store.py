@@ -5,17 +5,36 @@ from __future__ import annotations
 import os
 import shutil
 
+from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.names import validate_name
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 
 
 class RocksDBStore(Store):
+    """A restore builds the new database in ``$staging/<job>`` and swaps the directories:
+    ``<job>`` -> ``$retired/<job>``, ``$staging/<job>`` -> ``<job>``. "$" cannot occur in a job
+    name, so these never collide with a job's directory."""
+
     name = "rocksdb"
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
+        self._staging = os.path.join(self.data_dir, "$staging")
+        self._retired = os.path.join(self.data_dir, "$retired")
+        self._finish_interrupted_swaps()
+
+    def _finish_interrupted_swaps(self) -> None:
+        """After a crash during a swap: a job whose directory is missing gets its old one back
+        (the restore did not happen); a leftover old directory beside a new one goes."""
+        if os.path.isdir(self._retired):
+            for job in os.listdir(self._retired):
+                if os.path.exists(self._path(job)):
+                    shutil.rmtree(os.path.join(self._retired, job), ignore_errors=True)
+                else:
+                    os.rename(os.path.join(self._retired, job), self._path(job))
+        shutil.rmtree(self._staging, ignore_errors=True)
 
     def _path(self, job: str) -> str:
         # The name check keeps a job from reaching outside the data directory.
@@ -36,3 +55,37 @@ class RocksDBStore(Store):
     def destroy_partition(self, job: str) -> None:
         shutil.rmtree(self._path(job), ignore_errors=True)
         shutil.rmtree(os.path.join(self.data_dir, "$frozen", job), ignore_errors=True)
+
+    def open_staging(self, job: str, max_parallelism: int) -> RocksDBPartition:
+        path = os.path.join(self._staging, validate_name(job, "job"))
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(self._staging, exist_ok=True)
+        return RocksDBPartition(path, max_parallelism, os.path.join(self.data_dir, "$frozen", "$staging", job))
+
+    def promote(self, job: str, live: StorePartition | None, staged: StorePartition) -> StorePartition:
+        assert isinstance(staged, RocksDBPartition) and (live is None or isinstance(live, RocksDBPartition))
+        target, retired = self._path(job), os.path.join(self._retired, job)
+        staged.close()
+        if live is None:
+            os.rename(staged.path, target)
+            return self.open_partition(job, None)
+        live.close()
+        os.makedirs(self._retired, exist_ok=True)
+        shutil.rmtree(retired, ignore_errors=True)
+        os.rename(target, retired)
+        try:
+            os.rename(staged.path, target)
+            live.reopen()  # the same partition object, now over the restored database
+        except BaseException:
+            if os.path.exists(target):
+                shutil.rmtree(target, ignore_errors=True)
+            os.rename(retired, target)
+            live.reopen()
+            raise
+        shutil.rmtree(retired, ignore_errors=True)
+        return live
+
+    def discard_staging(self, job: str, staged: StorePartition) -> None:
+        assert isinstance(staged, RocksDBPartition)
+        staged.close()
+        shutil.rmtree(staged.path, ignore_errors=True)

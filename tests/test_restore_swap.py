@@ -1,0 +1,162 @@
+"""A restore builds the new job beside the live one and swaps it in: a failure at any step
+(fetch, verify, build, swap) leaves the live job byte for byte as it was, and serving; a
+write racing the swap lands before it or is refused; the writer epoch never goes back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from statehouse.backends import HeapStore, JobCatalog, RocksDBStore, StateDescriptor
+from statehouse.backends.errors import JobReplaced
+from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots.errors import SnapshotCorrupt
+from tests.test_snapshot_support import dump, operator_dump, populate
+
+
+@pytest.fixture
+def setup(make_catalog, tmp_path):
+    """A job with a completed checkpoint 1, then changed after it (so a restore is visible)."""
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    populate(job, 120)
+    manager = CheckpointManager(catalog, open_storage(str(tmp_path / "checkpoints")), incremental=False)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    checkpointed = dump(job)
+    with job.transaction() as tx:
+        tx.value("v").update("k1", "after the checkpoint")
+    job.fence(7)
+    yield catalog, manager, checkpointed
+    manager.close()
+
+
+def snapshot_of(job):
+    return dump(job), operator_dump(job), dict(job.descriptors), job.epoch
+
+
+def assert_serving(catalog):
+    job = catalog.get("orders")
+    with job.transaction() as tx:
+        tx.value("v").update("probe", 1)
+    with job.transaction() as tx:
+        assert tx.value("v").get("probe") == 1
+
+
+def fail(*_args, **_kwargs):
+    raise OSError("injected failure")
+
+
+def test_restore_swaps_in_the_checkpoint_and_keeps_the_epoch(setup):
+    catalog, manager, checkpointed = setup
+    before = catalog.get("orders")
+    manager.restore("orders", 1)
+    after = catalog.get("orders")
+    assert after is not before and dump(after) == checkpointed
+    assert after.epoch == 7  # the snapshot was taken at epoch 0: never backwards
+    with pytest.raises(JobReplaced):  # a request that still holds the old job retries
+        with before.transaction() as tx:
+            tx.value("v").update("k1", "lost?")
+    assert dump(after) == checkpointed
+    assert_serving(catalog)
+
+
+@pytest.mark.parametrize(
+    "step",
+    ["fetch", "build", "verify", "quiesce", "promote"],
+)
+def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
+    catalog, manager, _checkpointed = setup
+    live = catalog.get("orders")
+    before = snapshot_of(live)
+    target = {
+        "fetch": ("statehouse.snapshots.restore.fetch_key_groups", fail),
+        "build": ("statehouse.snapshots.restore.RestoreOperation._write", fail),
+        "verify": ("statehouse.snapshots.restore.stored_descriptors", lambda _p: {}),
+        "quiesce": ("statehouse.snapshots.manager.CheckpointManager._quiesce", fail),
+        "promote": (f"{type(catalog.store).__module__}.{type(catalog.store).__name__}.promote", fail),
+    }[step]
+    monkeypatch.setattr(*target)
+    with pytest.raises((OSError, SnapshotCorrupt)):
+        manager.restore("orders", 1)
+    assert catalog.get("orders") is live
+    assert snapshot_of(live) == before
+    assert_serving(catalog)
+    staging = os.path.join(getattr(catalog.store, "data_dir", "/nonexistent"), "$staging", "orders")
+    assert not os.path.exists(staging)  # the half-built job is gone
+
+
+def test_rocksdb_swap_rolls_back_when_the_new_database_cannot_open(tmp_path, monkeypatch):
+    """Failing inside the directory swap itself (after the live database was closed)."""
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
+    job, _ = catalog.create("orders", 128)
+    populate(job, 50)
+    manager = CheckpointManager(catalog, open_storage(str(tmp_path / "checkpoints")))
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    with job.transaction() as tx:
+        tx.value("v").update("k1", "live")
+    before = snapshot_of(job)
+    reopen = type(job.partition).reopen
+    calls = []
+
+    def reopen_failing_once(partition):
+        calls.append(partition.path)
+        if len(calls) == 1:
+            raise OSError("injected: the restored database does not open")
+        reopen(partition)
+
+    monkeypatch.setattr(type(job.partition), "reopen", reopen_failing_once)
+    with pytest.raises(OSError, match="injected"):
+        manager.restore("orders", 1)
+    assert len(calls) == 2  # tried the new database, then reopened the old one
+    assert catalog.get("orders") is job and snapshot_of(job) == before
+    assert_serving(catalog)
+    data = tmp_path / "data"
+    assert not os.path.exists(data / "$staging" / "orders") and not os.path.exists(data / "$retired" / "orders")
+    manager.close()
+    catalog.close()
+
+
+def test_a_build_refused_by_the_backend_leaves_the_job(tmp_path):
+    """A heap savepoint with a state RocksDB cannot hold, restored into RocksDB: the restore
+    fails, the live job keeps its states and data (it used to be left empty)."""
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    heap = JobCatalog(HeapStore())
+    source, _ = heap.create("orders", 128)
+    source.register_state(StateDescriptor("default", "value"))
+    with source.transaction() as tx:
+        tx.value("default").update("k", 1)
+    saver = CheckpointManager(heap, storage)
+    saver.trigger("orders", 1, kind="savepoint")
+    saver.complete("orders", 1)
+    saver.close()
+
+    rocks = JobCatalog(RocksDBStore(str(tmp_path / "data")))
+    live, _ = rocks.create("orders", 128)
+    populate(live, 40)
+    before = snapshot_of(live)
+    manager = CheckpointManager(rocks, storage)
+    with pytest.raises(Exception):  # noqa: B017 - RocksDB's own refusal; the point is what survives
+        manager.restore("orders", 1)
+    assert rocks.get("orders") is live and snapshot_of(live) == before
+    manager.close()
+    rocks.close()
+
+
+def test_restart_after_a_crash_mid_swap_keeps_one_whole_job(tmp_path):
+    data = tmp_path / "data"
+    catalog = JobCatalog(RocksDBStore(str(data)))
+    job, _ = catalog.create("orders", 128)
+    populate(job, 30)
+    expected = dump(job)
+    catalog.close()
+    # Crashed after moving the live directory aside, before moving the new one in.
+    os.makedirs(data / "$retired")
+    os.rename(data / "orders", data / "$retired" / "orders")
+    os.makedirs(data / "$staging" / "orders")
+    reopened = JobCatalog(RocksDBStore(str(data)))
+    assert dump(reopened.get("orders")) == expected
+    assert not os.listdir(data / "$retired") and not os.path.exists(data / "$staging")
+    reopened.close()
