@@ -55,9 +55,9 @@ def test_restore_swaps_in_the_checkpoint_and_keeps_the_epoch(setup):
     after = catalog.get("orders")
     assert after is not before and dump(after) == checkpointed
     assert after.epoch == 7  # the snapshot was taken at epoch 0: never backwards
-    with pytest.raises(JobReplaced):  # a request that still holds the old job retries
-        with before.transaction() as tx:
-            tx.value("v").update("k1", "lost?")
+    # A request that still holds the old job is refused (and retries), never lost into it.
+    with pytest.raises(JobReplaced), before.transaction() as tx:
+        tx.value("v").update("k1", "lost?")
     assert dump(after) == checkpointed
     assert_serving(catalog)
 
