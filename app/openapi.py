@@ -34,6 +34,7 @@ REF = "#/components/schemas/{model}"
 PROBLEM_SCHEMA = {"$ref": REF.format(model="Problem")}
 SECURITY_SCHEME = "bearerAuth"
 CODES = "x-problem-codes"
+CHALLENGE = {"description": "`Bearer`: the scheme to authenticate with", "required": True, "schema": {"type": "string"}}
 
 # Route function name → operationId: the method names of generated clients, so they never change
 # once published. A route missing here gets its function name in camelCase.
@@ -226,6 +227,7 @@ def _complete(operation: dict[str, Any], route: Any) -> None:
     if _secured(route):
         operation["security"] = [{SECURITY_SCHEME: []}]
         _add_codes(operation, "unauthorized", "not_ready")
+        operation["responses"]["401"]["headers"] = {"WWW-Authenticate": CHALLENGE}
     if "requestBody" in operation:
         _add_codes(operation, "malformed_body", "body_too_large")
     if operation.get("parameters") or "requestBody" in operation:

@@ -333,6 +333,7 @@ def test_every_error_is_the_problem_schema_and_v1_is_secured(spec):
                 assert codes and all(STATUS_BY_CODE[c] == int(status) for c in codes), (path, method, status)
         if path.startswith("/v1"):
             assert {"401", "422", "503"} <= set(op["responses"]), (path, method)
+            assert "WWW-Authenticate" in op["responses"]["401"]["headers"]
     assert "prefixItems" not in json.dumps(spec)
 
 

@@ -23,7 +23,15 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("STATEHOUSE_FUZZ_SEED", "20261123"))
 TOKEN = "fuzz-token"
-CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "response_headers_conformance",
+    ]
+)
 # Deleting the job or its states first would leave the rest of the run with 404s: they run last.
 DESTRUCTIVE = ("deleteJob", "deleteState")
 
