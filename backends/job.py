@@ -93,9 +93,12 @@ class Job:
             raise JobReplaced(f"job {self.name!r} was restored while this request waited; retry it")
 
     def retire(self) -> None:
-        """Refuse every later access (``not_ready``: retry); waits for a running write."""
+        """Refuse every later access (``not_ready``: retry); waits for a running write.
+
+        Also drops the TTL cleanup cursors: their iterators would keep the storage open."""
         with self._lock:
             self._replaced = True
+            self._cleanup_cursors.clear()
 
     def revive(self) -> None:
         """Undo :meth:`retire` (a restore that failed to swap)."""
