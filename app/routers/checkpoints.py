@@ -122,11 +122,8 @@ async def restore(
     body = body or RestoreBody()
     if body.location is not None:
         check_location(service.settings.checkpoint_dir, body.location)
-    previous_epoch = service.catalog.get(job).epoch if job in service.catalog.names() else 0
     with service.restoring(job):
         info = await run_in_threadpool(
             service.checkpoints.restore, job, body.checkpoint_id, body.location, body.operator_parallelism
         )
-        # Writer epochs only grow: a restore must not re-admit a fenced-off attempt.
-        service.catalog.get(job).fence(previous_epoch)
     return info.to_dict()
