@@ -92,6 +92,13 @@ class Job:
         if self._replaced:
             raise JobReplaced(f"job {self.name!r} was restored while this request waited; retry it")
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Every write runs inside: after a swap retired the job, it is refused instead of lost."""
+        with self._lock:
+            self._check_live()
+            yield
+
     def retire(self) -> None:
         """Refuse every later access (``not_ready``: retry); waits for a running write.
 
@@ -112,22 +119,18 @@ class Job:
 
         A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor.
         """
-        with self._lock:
-            self._check_live()
-            return self._register(descriptor)
-
-    def _register(self, descriptor: StateDescriptor) -> bool:
-        existing = self.descriptors.get(descriptor.name)
-        if existing is not None:
-            descriptor.check_compatible(existing)
-            if existing == descriptor:
-                return False
-        self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
-        tx = PartitionTransaction(self.partition)
-        tx.put(META_TABLE, 0, _STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
-        tx.commit()
-        self.descriptors[descriptor.name] = descriptor
-        return existing is None
+        with self._writing():
+            existing = self.descriptors.get(descriptor.name)
+            if existing is not None:
+                descriptor.check_compatible(existing)
+                if existing == descriptor:
+                    return False
+            self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
+            tx = PartitionTransaction(self.partition)
+            tx.put(META_TABLE, 0, _STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
+            tx.commit()
+            self.descriptors[descriptor.name] = descriptor
+            return existing is None
 
     def descriptor(self, name: str) -> StateDescriptor:
         try:
@@ -136,18 +139,14 @@ class Job:
             raise StateNotFound(f"job {self.name!r} has no state {name!r}; register it first") from None
 
     def drop_state(self, name: str) -> None:
-        with self._lock:
-            self._check_live()
-            self._drop(name)
-
-    def _drop(self, name: str) -> None:
-        self.descriptor(name)
-        tx = PartitionTransaction(self.partition)
-        tx.delete(META_TABLE, 0, _STATE_META + name.encode())
-        tx.commit()
-        del self.descriptors[name]
-        self._cleanup_cursors.pop(name, None)
-        self.partition.drop_table(name)
+        with self._writing():
+            self.descriptor(name)
+            tx = PartitionTransaction(self.partition)
+            tx.delete(META_TABLE, 0, _STATE_META + name.encode())
+            tx.commit()
+            del self.descriptors[name]
+            self._cleanup_cursors.pop(name, None)
+            self.partition.drop_table(name)
 
     # -- writer epochs (fencing) ---------------------------------------------------------
 
@@ -161,18 +160,14 @@ class Job:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
-        with self._lock:
-            self._check_live()
-            return self._raise_epoch(epoch)
-
-    def _raise_epoch(self, epoch: int) -> int:
-        current = self.epoch
-        if epoch > current:
-            tx = PartitionTransaction(self.partition)
-            tx.put(META_TABLE, 0, _EPOCH_META, str(epoch).encode())
-            tx.commit()
-            current = epoch
-        return current
+        with self._writing():
+            current = self.epoch
+            if epoch > current:
+                tx = PartitionTransaction(self.partition)
+                tx.put(META_TABLE, 0, _EPOCH_META, str(epoch).encode())
+                tx.commit()
+                current = epoch
+            return current
 
     def check_epoch(self, epoch: int) -> None:
         current = self.epoch
@@ -250,8 +245,7 @@ class Job:
     @contextmanager
     def transaction(self) -> Iterator[JobTransaction]:
         """All operations inside commit together, or (on an exception) not at all."""
-        with self._lock:
-            self._check_live()
+        with self._writing():
             tx = JobTransaction(self)
             try:
                 yield tx
