@@ -15,9 +15,10 @@ from statehouse.app.problems import ApiError
 from statehouse.app.settings import Settings
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.job import Job
+from statehouse.backends.names import NAME_PATTERN
 from statehouse.snapshots.manager import CheckpointManager
 
-NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+JobName = Annotated[str, Path(description="job name", pattern=NAME_PATTERN)]  # where the job may not exist
 
 
 @dataclass

@@ -32,7 +32,9 @@ problem+json with a stable `code`."""
 
 
 def open_store(settings: Settings) -> Store:
-    return RocksDBStore(settings.data_dir) if settings.backend == "rocksdb" else HeapStore()
+    if settings.backend == "rocksdb":
+        return RocksDBStore(settings.data_dir, incremental_checkpoints=settings.incremental_checkpoints)
+    return HeapStore()
 
 
 def open_catalog(settings: Settings) -> JobCatalog:
@@ -69,7 +71,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             open_storage(settings.checkpoint_dir, s3_endpoint_url=settings.s3_endpoint_url),
             num_retained=settings.num_retained,
             compression=settings.snapshot_compression,
-            incremental=settings.incremental_checkpoints,
             s3_endpoint_url=settings.s3_endpoint_url,
             work_dir=restore_work_dir(settings),
         )

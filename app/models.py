@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import dataclasses
+from typing import Annotated, Any, Literal, get_type_hints
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.job import Job
+from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ttl import TtlConfig
+from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
 
-Name = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
+Name = Field(pattern=NAME_PATTERN)
 
 # An array of two ints, not a tuple: a tuple's JSON schema (prefixItems) defeats client generators.
 KeyGroupRange = Annotated[
@@ -188,21 +191,26 @@ class TriggerBody(Strict):
         return self
 
 
-class CheckpointInfoModel(BaseModel):
-    job: str
-    checkpoint_id: int
-    kind: Literal["checkpoint", "savepoint"]
-    status: Literal["in_progress", "uploaded", "completed", "failed", "aborted"]
-    error: str | None = None
-    bytes_uploaded: int = Field(description="bytes this replica uploaded for it")
-    bytes_reused: int = Field(description="bytes referenced from earlier checkpoints (incremental)")
-    duration_ms: int
-    location: str
-    format: Literal["full", "incremental"]
-    replica_index: int
-    replica_count: int
-    key_group_range: KeyGroupRange
-    metadata: dict[str, JsonValue]
+def _report_model(source: type, descriptions: dict[str, str]) -> type[BaseModel]:
+    """The response schema of an engine report: exactly its fields (one definition), all
+    required except those that default to ``None``, with the edge's descriptions."""
+    hints = get_type_hints(source)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(source):
+        annotation = KeyGroupRange if f.name == "key_group_range" else hints[f.name]
+        default = None if f.default is None else ...
+        fields[f.name] = (annotation, Field(default, description=descriptions.get(f.name)))
+    return create_model(f"{source.__name__}Model", **fields)
+
+
+CheckpointInfoModel = _report_model(
+    CheckpointInfo,
+    {
+        "bytes_uploaded": "bytes this replica uploaded for it",
+        "bytes_reused": "bytes referenced from earlier checkpoints (incremental)",
+        "metadata": "given at trigger, e.g. the coordinator's batch id",
+    },
+)
 
 
 class CheckpointPage(Page):
@@ -224,21 +232,14 @@ class RestoreBody(Strict):
         return self
 
 
-class RestoreInfoModel(BaseModel):
-    job: str
-    checkpoint_id: int
-    kind: str
-    format: str
-    location: str
-    max_parallelism: int
-    key_group_range: KeyGroupRange
-    parts: list[str] = Field(description="the replica parts read, e.g. replica-0-of-2")
-    entries_restored: int
-    bytes_read: int
-    duration_ms: int
-    aborted_checkpoints: list[int] = Field(
-        description="this replica's pending checkpoints of the job, aborted because they froze the replaced state"
-    )
+RestoreInfoModel = _report_model(
+    RestoreInfo,
+    {
+        "parts": "the replica parts read, e.g. replica-0-of-2",
+        "aborted_checkpoints": "this replica's pending checkpoints of the job, aborted because they froze the "
+        "replaced state",
+    },
+)
 
 
 class FenceBody(Strict):

@@ -1,16 +1,26 @@
-"""Cursor paging for listings: ``?limit=&cursor=`` → ``{"items": [...], "next_cursor": ...}``."""
+"""Cursor paging for listings: ``?limit=&cursor=`` → ``{"items": [...], "next_cursor": ...}``.
+
+Every listing takes its parameters through :data:`PageDep`, so every page is capped at
+``STATEHOUSE_MAX_PAGE_SIZE`` and every cursor is checked the same way.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from itertools import islice
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
+from fastapi import Depends, Query
+
+from statehouse.app.dependencies import ServiceDep
 from statehouse.app.problems import ApiError
 
 T = TypeVar("T")
+
+_INVALID = "cursor is not valid: pass back a next_cursor unchanged"
 
 
 def encode_cursor(position: bytes) -> str:
@@ -26,13 +36,37 @@ def decode_cursor(cursor: str | None) -> bytes | None:
             return decoded
     except (binascii.Error, ValueError, UnicodeEncodeError):
         pass
-    raise ApiError("invalid_argument", "cursor is not valid: pass back a next_cursor unchanged")
+    raise ApiError("invalid_argument", _INVALID)
 
 
-def take_page(items: Iterable[T], limit: int, position: Callable[[T], bytes]) -> tuple[list[T], str | None]:
-    """Up to ``limit`` items, and the cursor after the last one when more follow."""
-    page = list(islice(items, limit + 1))
-    if len(page) <= limit:
-        return page, None
-    page = page[:limit]
-    return page, encode_cursor(position(page[-1]))
+@dataclass(frozen=True)
+class PageRequest:
+    limit: int  # already capped at STATEHOUSE_MAX_PAGE_SIZE
+    after: bytes | None  # the decoded cursor: the position of the last item of the previous page
+
+    def after_int(self) -> int | None:
+        """The cursor of a listing that pages by a non-negative integer (e.g. checkpoint ids)."""
+        if self.after is None:
+            return None
+        if not self.after.isdigit():
+            raise ApiError("invalid_argument", _INVALID)
+        return int(self.after)
+
+    def take(self, items: Iterable[T], position: Callable[[T], bytes]) -> tuple[list[T], str | None]:
+        """Up to ``limit`` items, and the cursor after the last one when more follow."""
+        page = list(islice(items, self.limit + 1))
+        if len(page) <= self.limit:
+            return page, None
+        page = page[: self.limit]
+        return page, encode_cursor(position(page[-1]))
+
+
+async def page_request(
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="page size (capped at the server's maximum)")] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> PageRequest:
+    return PageRequest(min(limit, service.settings.max_page_size), decode_cursor(cursor))
+
+
+PageDep = Annotated[PageRequest, Depends(page_request)]

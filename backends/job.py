@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from statehouse.backends.base.partition import META_TABLE, StorePartition
+from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.descriptors import StateDescriptor
@@ -32,12 +32,10 @@ from statehouse.backends.keyed import (
     ttl_cleaner,
 )
 from statehouse.backends.limits import Limits
-from statehouse.backends.operator_state import BROADCAST_TABLE, LIST_TABLE, OperatorState
+from statehouse.backends.operator_state import OperatorState
+from statehouse.backends.reserved import BROADCAST_TABLE, EPOCH_META, LIST_TABLE, META_TABLE, STATE_META
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
-
-_STATE_META = b"state:"
-_EPOCH_META = b"writer-epoch"
 
 
 class StoredKey(NamedTuple):
@@ -51,7 +49,7 @@ def stored_descriptors(partition: StorePartition) -> dict[str, StateDescriptor]:
     """The state descriptors a partition holds (what a job opened on it serves)."""
     found = {}
     for key, value in partition.meta_items():
-        if key.startswith(_STATE_META):
+        if key.startswith(STATE_META):
             descriptor = StateDescriptor.from_dict(json.loads(value))
             found[descriptor.name] = descriptor
     return found
@@ -93,8 +91,10 @@ class Job:
             raise JobReplaced(f"job {self.name!r} was restored while this request waited; retry it")
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Every write runs inside: after a swap retired the job, it is refused instead of lost."""
+    def exclusive(self) -> Iterator[None]:
+        """Hold off every other write, refusing if the job was retired. Every write runs inside
+        (after a swap retired the job it is refused instead of lost), and so does the
+        synchronous part of a snapshot (a consistent freeze)."""
         with self._lock:
             self._check_live()
             yield
@@ -119,7 +119,7 @@ class Job:
 
         A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor.
         """
-        with self._writing():
+        with self.exclusive():
             existing = self.descriptors.get(descriptor.name)
             if existing is not None:
                 descriptor.check_compatible(existing)
@@ -127,7 +127,7 @@ class Job:
                     return False
             self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
             tx = PartitionTransaction(self.partition)
-            tx.put(META_TABLE, 0, _STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
+            tx.put(META_TABLE, 0, STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
             tx.commit()
             self.descriptors[descriptor.name] = descriptor
             return existing is None
@@ -139,10 +139,10 @@ class Job:
             raise StateNotFound(f"job {self.name!r} has no state {name!r}; register it first") from None
 
     def drop_state(self, name: str) -> None:
-        with self._writing():
+        with self.exclusive():
             self.descriptor(name)
             tx = PartitionTransaction(self.partition)
-            tx.delete(META_TABLE, 0, _STATE_META + name.encode())
+            tx.delete(META_TABLE, 0, STATE_META + name.encode())
             tx.commit()
             del self.descriptors[name]
             self._cleanup_cursors.pop(name, None)
@@ -153,18 +153,18 @@ class Job:
     @property
     def epoch(self) -> int:
         """The current writer epoch; writes that name an epoch must name this one."""
-        raw = self.partition.get_meta(_EPOCH_META)
+        raw = self.partition.get_meta(EPOCH_META)
         return int(raw) if raw is not None else 0
 
     def fence(self, epoch: int) -> int:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
-        with self._writing():
+        with self.exclusive():
             current = self.epoch
             if epoch > current:
                 tx = PartitionTransaction(self.partition)
-                tx.put(META_TABLE, 0, _EPOCH_META, str(epoch).encode())
+                tx.put(META_TABLE, 0, EPOCH_META, str(epoch).encode())
                 tx.commit()
                 current = epoch
             return current
@@ -245,7 +245,7 @@ class Job:
     @contextmanager
     def transaction(self) -> Iterator[JobTransaction]:
         """All operations inside commit together, or (on an exception) not at all."""
-        with self._writing():
+        with self.exclusive():
             tx = JobTransaction(self)
             try:
                 yield tx

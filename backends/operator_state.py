@@ -16,13 +16,10 @@ from statehouse.backends.codec import decode_value, encode_fields, encode_user_k
 from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
 from statehouse.backends.limits import Limits
 from statehouse.backends.names import validate_name
+from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
 
 ListMode = Literal["split", "union"]
 LIST_MODES: tuple[ListMode, ...] = ("split", "union")
-LIST_TABLE = "$operator-lists"
-BROADCAST_TABLE = "$broadcast"
-_NO_KEY_GROUP = 0
-_MODE_META = b"operator-list-mode:"
 
 
 class OperatorState:
@@ -48,7 +45,7 @@ class OperatorState:
         return encode_fields(operator, name, str(subtask))
 
     def list_mode(self, operator: str, name: str) -> ListMode | None:
-        raw = self._tx.get("$meta", _NO_KEY_GROUP, _MODE_META + encode_fields(operator, name))
+        raw = self._tx.get(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name))
         return raw.decode() if raw is not None else None  # type: ignore[return-value]
 
     def _declare(self, operator: str, name: str, mode: ListMode | None) -> None:
@@ -58,14 +55,14 @@ class OperatorState:
             raise InvalidArgument(f"mode must be one of {', '.join(LIST_MODES)}; got {mode!r}")
         existing = self.list_mode(operator, name)
         if existing is None:
-            self._tx.put("$meta", _NO_KEY_GROUP, _MODE_META + encode_fields(operator, name), mode.encode())
+            self._tx.put(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name), mode.encode())
         elif existing != mode:
             raise OperatorStateConflict(
                 f"operator list state {operator}/{name} exists with mode {existing!r}; it cannot become {mode!r}"
             )
 
     def list_get(self, operator: str, subtask: int, name: str) -> list[Any] | None:
-        raw = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
+        raw = self._tx.get(LIST_TABLE, NO_KEY_GROUP, self._list_primary(operator, subtask, name))
         return None if raw is None else list(iter_values(raw))
 
     def _records(
@@ -82,20 +79,20 @@ class OperatorState:
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
         if records:
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, records)
+            self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, records)
         else:
-            self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, primary)
+            self._tx.clear(LIST_TABLE, NO_KEY_GROUP, primary)
 
     def list_add(
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
         if records:
-            existing = self._tx.get(LIST_TABLE, _NO_KEY_GROUP, primary) or b""
-            self._tx.put(LIST_TABLE, _NO_KEY_GROUP, primary, existing + records)
+            existing = self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
+            self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, existing + records)
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
-        self._tx.clear(LIST_TABLE, _NO_KEY_GROUP, self._list_primary(operator, subtask, name))
+        self._tx.clear(LIST_TABLE, NO_KEY_GROUP, self._list_primary(operator, subtask, name))
 
     # -- broadcast state -----------------------------------------------------------------
 
@@ -107,7 +104,7 @@ class OperatorState:
 
     def broadcast_get(self, operator: str, name: str, key: str) -> Any:
         raw = self._tx.get(
-            BROADCAST_TABLE, _NO_KEY_GROUP, self._broadcast_primary(operator, name), encode_user_key(key)
+            BROADCAST_TABLE, NO_KEY_GROUP, self._broadcast_primary(operator, name), encode_user_key(key)
         )
         return None if raw is None else decode_value(raw)
 
@@ -117,15 +114,15 @@ class OperatorState:
         primary = self._broadcast_primary(operator, name)
         user_key = encode_user_key(key)
         self._limits.check_key(user_key, "broadcast key")
-        self._tx.put(BROADCAST_TABLE, _NO_KEY_GROUP, primary, self._encode(value), user_key)
+        self._tx.put(BROADCAST_TABLE, NO_KEY_GROUP, primary, self._encode(value), user_key)
 
     def broadcast_remove(self, operator: str, name: str, key: str) -> None:
         primary = self._broadcast_primary(operator, name)
-        self._tx.delete(BROADCAST_TABLE, _NO_KEY_GROUP, primary, encode_user_key(key))
+        self._tx.delete(BROADCAST_TABLE, NO_KEY_GROUP, primary, encode_user_key(key))
 
     def broadcast_entries(self, operator: str, name: str) -> dict[str, Any]:
         primary = self._broadcast_primary(operator, name)
-        return {s.decode(): decode_value(v) for s, v in self._tx.items(BROADCAST_TABLE, _NO_KEY_GROUP, primary)}
+        return {s.decode(): decode_value(v) for s, v in self._tx.items(BROADCAST_TABLE, NO_KEY_GROUP, primary)}
 
 
 def _elements(values: Iterable[Any]) -> list[Any]:

@@ -1,37 +1,42 @@
 """Checkpoints and savepoints of Statehouse jobs, no HTTP inside.
 
-Checkpoint storage (local directory, S3, memory), the full (canonical) and incremental
-(RocksDB) snapshot formats, the shared-state registry and retention, and restore with
-rescaling. :class:`CheckpointManager` is the entry point the service calls.
+What does not depend on a backend: checkpoint storage (local directory, S3, memory) and where
+restores may read (:mod:`~statehouse.snapshots.storage`), the canonical snapshot format and
+the handles that locate its bytes, the shared-state registry and retention, a small strategy
+runner, the catalog of what storage holds, and restore with rescaling.
+:class:`CheckpointManager` is the entry point the service calls. A backend's own strategies
+live with the backend (``statehouse.backends.rocksdb.snapshot``).
+
+Exports load lazily: a backend imports ``statehouse.snapshots.strategy`` without pulling in
+the manager (which imports the backends).
 """
 
-from statehouse.snapshots.errors import (
-    CheckpointConflict,
-    CheckpointFailed,
-    CheckpointNotFound,
-    CheckpointNotReady,
-    InvalidLocation,
-    RestoreIncompatible,
-    RestoreIncomplete,
-    SnapshotCorrupt,
-    StorageUnavailable,
-)
-from statehouse.snapshots.manager import CheckpointInfo, CheckpointManager, RestoreInfo
-from statehouse.snapshots.storage import CheckpointStorage, open_storage
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointConflict",
-    "CheckpointFailed",
-    "CheckpointInfo",
-    "CheckpointManager",
-    "CheckpointNotFound",
-    "CheckpointNotReady",
-    "CheckpointStorage",
-    "InvalidLocation",
-    "RestoreIncompatible",
-    "RestoreIncomplete",
-    "RestoreInfo",
-    "SnapshotCorrupt",
-    "StorageUnavailable",
-    "open_storage",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointConflict": "statehouse.snapshots.errors",
+    "CheckpointFailed": "statehouse.snapshots.errors",
+    "CheckpointInfo": "statehouse.snapshots.info",
+    "CheckpointManager": "statehouse.snapshots.manager",
+    "CheckpointNotFound": "statehouse.snapshots.errors",
+    "CheckpointNotReady": "statehouse.snapshots.errors",
+    "CheckpointStorage": "statehouse.snapshots.storage",
+    "InvalidLocation": "statehouse.snapshots.errors",
+    "RestoreIncompatible": "statehouse.snapshots.errors",
+    "RestoreIncomplete": "statehouse.snapshots.errors",
+    "RestoreInfo": "statehouse.snapshots.info",
+    "SnapshotCorrupt": "statehouse.snapshots.errors",
+    "StorageUnavailable": "statehouse.snapshots.errors",
+    "open_storage": "statehouse.snapshots.storage",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'statehouse.snapshots' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -39,8 +39,6 @@ MAGIC = b"SHKG"
 FORMAT_VERSION = 1
 _HEAD = struct.Struct(">4sHI")
 _SECTION = struct.Struct(">IB")
-# Tables that hold operator state and job metadata, snapshotted separately.
-NON_KEYED_TABLES = frozenset({"$meta", "$operator-lists", "$broadcast"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +77,6 @@ class SnapshotHeader:
     @property
     def descriptors(self) -> list[StateDescriptor]:
         return [StateDescriptor.from_dict(s) for s in self.states]
-
-
-def keyed_tables(view_tables: dict[str, bool]) -> dict[str, bool]:
-    return {name: nested for name, nested in sorted(view_tables.items()) if name not in NON_KEYED_TABLES}
 
 
 def _cleaners(descriptors: list[StateDescriptor]) -> dict[str, Callable[[bytes, int], bytes | None]]:
@@ -184,7 +178,7 @@ def fetch_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, wanted
     if part is None:
         return FetchedKeyGroups(header, [])
     first, last = part.sections[0], part.sections[-1]
-    span = storage._read_existing(handle.stream, first.offset, last.offset + last.length - first.offset)
+    span = storage.read_existing(handle.stream, first.offset, last.offset + last.length - first.offset)
     chunks = []
     for kg, section in zip(part.key_group_range, part.sections, strict=True):
         chunk = span[section.offset - first.offset : section.offset - first.offset + section.length]

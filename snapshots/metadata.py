@@ -106,3 +106,11 @@ class SnapshotMetadata:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise SnapshotCorrupt(f"snapshot metadata {where} is unreadable: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPart:
+    """One replica's part of a snapshot: its metadata and the directory that holds it."""
+
+    directory: str  # root-relative; handle paths in the metadata are relative to it
+    metadata: SnapshotMetadata

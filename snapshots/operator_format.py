@@ -12,15 +12,20 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from statehouse.backends.base.partition import META_TABLE, FrozenView, WriteOp
+from statehouse.backends.base.partition import FrozenView, WriteOp
 from statehouse.backends.codec import decode_fields, encode_fields, encode_value, iter_values
-from statehouse.backends.operator_state import BROADCAST_TABLE, LIST_TABLE
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
+from statehouse.backends.reserved import (
+    BROADCAST_TABLE,
+    LIST_MODE_META,
+    LIST_TABLE,
+    META_TABLE,
+    NO_KEY_GROUP,
+    STATE_META,
+)
 from statehouse.snapshots.compression import ZSTD
 from statehouse.snapshots.errors import SnapshotCorrupt
 
-_MODE_META = b"operator-list-mode:"
-_STATE_META = b"state:"
 _VERSION = 1
 
 
@@ -41,18 +46,18 @@ class OperatorSnapshot:
         snap = cls()
         tables = view.tables()
         if LIST_TABLE in tables:
-            for primary, _secondary, value in view.scan(LIST_TABLE, 0):
+            for primary, _secondary, value in view.scan(LIST_TABLE, NO_KEY_GROUP):
                 operator, name, subtask = decode_fields(primary, 3)
                 snap.lists[(operator, name, int(subtask))] = value
         if BROADCAST_TABLE in tables:
-            for primary, secondary, value in view.scan(BROADCAST_TABLE, 0):
+            for primary, secondary, value in view.scan(BROADCAST_TABLE, NO_KEY_GROUP):
                 operator, name = decode_fields(primary, 2)
                 snap.broadcast.setdefault((operator, name), {})[secondary] = value
-        for primary, _secondary, value in view.scan(META_TABLE, 0):
-            if primary.startswith(_MODE_META):
-                operator, name = decode_fields(primary[len(_MODE_META) :], 2)
+        for primary, _secondary, value in view.scan(META_TABLE, NO_KEY_GROUP):
+            if primary.startswith(LIST_MODE_META):
+                operator, name = decode_fields(primary[len(LIST_MODE_META) :], 2)
                 snap.modes[(operator, name)] = value.decode()
-            elif not primary.startswith(_STATE_META):
+            elif not primary.startswith(STATE_META):
                 snap.meta[primary] = value
         return snap
 
@@ -139,12 +144,14 @@ def _redistributed(snap: OperatorSnapshot, operator: str, parallelism: int) -> d
 def write_ops(snap: OperatorSnapshot) -> Iterator[WriteOp]:
     """The writes that put an operator snapshot into a (cleared) partition."""
     for (operator, name), mode in snap.modes.items():
-        yield WriteOp("put", META_TABLE, 0, _MODE_META + encode_fields(operator, name), value=mode.encode())
+        yield WriteOp(
+            "put", META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name), value=mode.encode()
+        )
     for key, value in snap.meta.items():
-        yield WriteOp("put", META_TABLE, 0, key, value=value)
+        yield WriteOp("put", META_TABLE, NO_KEY_GROUP, key, value=value)
     for (operator, name, subtask), raw in snap.lists.items():
-        yield WriteOp("put", LIST_TABLE, 0, encode_fields(operator, name, str(subtask)), value=raw)
+        yield WriteOp("put", LIST_TABLE, NO_KEY_GROUP, encode_fields(operator, name, str(subtask)), value=raw)
     for (operator, name), entries in snap.broadcast.items():
         primary = encode_fields(operator, name)
         for user_key, value in entries.items():
-            yield WriteOp("put", BROADCAST_TABLE, 0, primary, user_key, value)
+            yield WriteOp("put", BROADCAST_TABLE, NO_KEY_GROUP, primary, user_key, value)

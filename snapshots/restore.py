@@ -3,10 +3,10 @@
 
 Every part whose key-group range intersects the replica's range contributes: a full part
 through a ranged read of just those key groups, an incremental part by downloading its
-RocksDB files, opening them in a temporary directory and copying the owned key groups out
-(Flink's "copy" restore path; correct for any rescale and for either target backend).
-Everything is fetched and verified *before* the live job is touched, so a corrupt or
-missing file leaves the current state as it was.
+RocksDB files, which RocksDB's own reader copies the owned key groups out of. Everything is
+fetched and verified, then bulk-loaded into a new partition beside the live job (the store
+builds it); the caller swaps it in. A corrupt or missing file, or any other failure, leaves
+the live job as it was.
 """
 
 from __future__ import annotations
@@ -22,24 +22,14 @@ from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.job import Job, stored_descriptors
-from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.rocksdb.snapshot import incremental_records
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
 from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
-from statehouse.snapshots.metadata import SnapshotMetadata
+from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorSnapshot, merge_for_replica, write_ops
 from statehouse.snapshots.storage.base import CheckpointStorage
-
-_BATCH = 5_000
-
-
-@dataclass(frozen=True)
-class SnapshotPart:
-    """One replica's part of a snapshot: its metadata and the directory it lives in."""
-
-    directory: str
-    metadata: SnapshotMetadata
 
 
 @dataclass
@@ -179,8 +169,8 @@ class RestoreOperation:
             for table, nested in tables.items():
                 job.partition.create_table(table, nested)  # a no-op for registered states
         for item in fetched:
-            self._write(job, self._records(item, temp))
-        self._write(job, write_ops(operator))
+            self.entries += job.partition.load(self._records(item, temp))
+        self.entries += job.partition.load(write_ops(operator))
         # Verify what the swapped-in job will serve: the states as stored, after every write.
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
@@ -193,30 +183,7 @@ class RestoreOperation:
         assert item.db_dir is not None
         keyed = item.part.metadata.keyed
         assert isinstance(keyed, IncrementalHandle)
-        source = RocksDBPartition(item.db_dir, None, frozen_dir=os.path.join(temp, "frozen"))
-        try:
-            if source.max_parallelism != item.part.metadata.max_parallelism:
-                raise SnapshotCorrupt("an incremental part's database disagrees with its metadata")
-            for table in keyed.tables:
-                if table not in source.tables():
-                    raise SnapshotCorrupt(f"an incremental part's database has no table {table!r}")
-                for kg in item.wanted:
-                    for primary, secondary, value in source.scan(table, kg):
-                        yield WriteOp("put", table, kg, primary, secondary, value)
-        finally:
-            source.close()
-
-    def _write(self, job: Job, ops: Iterator[WriteOp]) -> None:
-        batch: list[WriteOp] = []
-        for op in ops:
-            batch.append(op)
-            if len(batch) >= _BATCH:
-                job.partition.write(batch)
-                self.entries += len(batch)
-                batch = []
-        if batch:
-            job.partition.write(batch)
-            self.entries += len(batch)
+        yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism, temp)
 
 
 def _descriptors(parts: list[SnapshotPart]) -> list[StateDescriptor]:

@@ -62,10 +62,11 @@ def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, tmp_
 def test_corrupt_file_is_refused_and_state_kept(tmp_path, victim):
     # SST files exist only in incremental (RocksDB) checkpoints; the others are tested on the heap backend.
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")) if victim == ".sst" else HeapStore())
+    # SST files exist only in incremental (RocksDB) checkpoints
     job, _ = catalog.create("orders", 128)
     populate(job, 100)
     storage = open_storage(str(tmp_path / "cp"))
-    manager = CheckpointManager(catalog, storage, incremental=(victim == ".sst"))
+    manager = CheckpointManager(catalog, storage)
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     path = next(p for p in storage.list("orders") if victim in p)

@@ -23,7 +23,9 @@ def storage(request, tmp_path):
 def manager_for(storage):
     managers = []
 
-    def make(catalog, **kwargs):
+    def make(catalog, incremental=True, **kwargs):
+        if catalog.store.name == "rocksdb":
+            catalog.store.incremental_checkpoints = incremental
         manager = CheckpointManager(catalog, storage, **kwargs)
         managers.append(manager)
         return manager

@@ -19,7 +19,9 @@ def test_round_trip_on_s3(make_catalog, s3_server, s3_location, incremental):
     populate(job, 300)
     expected, expected_ops = dump(job), operator_dump(job)
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
-    manager = CheckpointManager(catalog, storage, incremental=incremental)
+    if catalog.store.name == "rocksdb":
+        catalog.store.incremental_checkpoints = incremental
+    manager = CheckpointManager(catalog, storage)
     manager.trigger("orders", 1)
     info = manager.complete("orders", 1)
     assert info.location == f"{s3_location}/orders/chk-1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from statehouse.backends import StateDescriptor, TtlConfig
 from statehouse.backends.job import Job
 from statehouse.keygroups import assign_to_key_group, operator_index
-from statehouse.snapshots.full_format import NON_KEYED_TABLES
+from statehouse.backends.reserved import NON_KEYED_TABLES
 
 STATES = [
     StateDescriptor("v", "value"),

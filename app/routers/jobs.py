@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Response
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
@@ -18,17 +18,11 @@ from statehouse.app.models import (
     JobInfo,
     JobPage,
 )
-from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.paging import PageDep
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
 StateName = Annotated[str, Path(description="state name", pattern=NAME_PATTERN)]
-Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
-Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
-
-
-def _limit(service: ServiceDep, limit: int) -> int:
-    return min(limit, service.settings.max_page_size)
 
 
 @router.put("/jobs/{job}", response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}, **doc.PUT_JOB})
@@ -47,10 +41,10 @@ async def put_job(
 
 
 @router.get("/jobs", response_model=JobPage, responses=doc.LIST_JOBS)
-async def list_jobs(service: ServiceDep, limit: Limit = 100, cursor: Cursor = None) -> JobPage:
-    after = decode_cursor(cursor)
+async def list_jobs(service: ServiceDep, paging: PageDep) -> JobPage:
+    after = paging.after
     names = (n for n in service.catalog.names() if after is None or n.encode() > after)
-    page, next_cursor = take_page(names, _limit(service, limit), str.encode)
+    page, next_cursor = paging.take(names, str.encode)
     return JobPage(items=[JobInfo.of(service.catalog.get(n)) for n in page], next_cursor=next_cursor)
 
 
@@ -87,10 +81,10 @@ async def put_state(job: JobDep, state: StateName, body: DescriptorBody, respons
 
 
 @router.get("/jobs/{job}/states", response_model=DescriptorPage, responses=doc.LIST_STATES)
-async def list_states(service: ServiceDep, job: JobDep, limit: Limit = 100, cursor: Cursor = None) -> DescriptorPage:
-    after = decode_cursor(cursor)
+async def list_states(job: JobDep, paging: PageDep) -> DescriptorPage:
+    after = paging.after
     names = (n for n in sorted(job.descriptors) if after is None or n.encode() > after)
-    page, next_cursor = take_page(names, _limit(service, limit), str.encode)
+    page, next_cursor = paging.take(names, str.encode)
     return DescriptorPage(items=[DescriptorInfo(**job.descriptor(n).to_dict()) for n in page], next_cursor=next_cursor)
 
 

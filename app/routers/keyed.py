@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
-from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import render
 from statehouse.backends import ops
@@ -19,8 +19,6 @@ from statehouse.backends.job import Job
 router = APIRouter(prefix="/v1", tags=["keyed state"])
 
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
-Limit = Annotated[int, Query(ge=1, le=10_000, description="page size")]
-Cursor = Annotated[str | None, Query(description="next_cursor of the previous page")]
 BASE = "/jobs/{job}/states/{state}/keys/{key}"
 
 
@@ -112,43 +110,37 @@ async def remove_entry(
 @router.get(BASE + "/entries", response_model=EntryPage, responses=doc.MAP_LIST)
 async def list_entries(
     request: Request,
-    service: ServiceDep,
     job: JobDep,
     state: str,
     key: str,
+    paging: PageDep,
     ns: Namespace = "",
-    limit: Limit = 100,
-    cursor: Cursor = None,
 ) -> EntryPage:
     """Map iteration in user-key order, paged."""
     parsed = parse_key(job, state, key)
-    after = decode_cursor(cursor)
+    after = paging.after
     with job.transaction() as tx:
         entries = tx.map(state).entries(parsed, ns)
     remaining = (e for e in entries if after is None or e[0].encode() > after)
-    page, next_cursor = take_page(remaining, min(limit, service.settings.max_page_size), lambda e: e[0].encode())
+    page, next_cursor = paging.take(remaining, lambda e: e[0].encode())
     return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 
 @router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage, responses=doc.LIST_KEYS)
 async def list_keys(
-    service: ServiceDep,
     job: JobDep,
     state: str,
+    paging: PageDep,
     ns: Namespace = "",
     key_group: Annotated[int | None, Query(ge=0, description="only this key group")] = None,
-    limit: Limit = 100,
-    cursor: Cursor = None,
 ) -> KeyPage:
     """Keys of a state in one namespace, in key-group order, paged; optionally one key group only."""
-    after = decode_cursor(cursor)
+    after = paging.after
     start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
     if key_group is not None and key_group >= job.max_parallelism:
         raise ApiError("invalid_argument", f"key_group must be < max_parallelism ({job.max_parallelism})")
     keys = job.keys(state, ns, key_group, start_after)
-    page, next_cursor = take_page(
-        keys, min(limit, service.settings.max_page_size), lambda k: k.position[0].to_bytes(2, "big") + k.position[1]
-    )
+    page, next_cursor = paging.take(keys, lambda k: k.position[0].to_bytes(2, "big") + k.position[1])
     return KeyPage(
         items=[KeyItem(key=k.key, key_group=k.key_group, ns=k.namespace) for k in page], next_cursor=next_cursor
     )

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
 from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
-from statehouse.app.paging import decode_cursor, take_page
+from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import render
 
@@ -72,14 +72,13 @@ async def list_broadcast(
     job: JobDep,
     operator: str,
     name: str,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-    cursor: str | None = None,
+    paging: PageDep,
 ) -> EntryPage:
-    after = decode_cursor(cursor)
+    after = paging.after
     with job.transaction() as tx:
         entries = tx.operator.broadcast_entries(operator, name)
     remaining = ((k, v) for k, v in entries.items() if after is None or k.encode() > after)
-    page, next_cursor = take_page(remaining, limit, lambda e: e[0].encode())
+    page, next_cursor = paging.take(remaining, lambda e: e[0].encode())
     return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
 
 

@@ -9,10 +9,11 @@ table the secondary key is always empty.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Literal, NamedTuple
 
-META_TABLE = "$meta"  # job metadata; "$" cannot occur in a state name, so no clash
+from statehouse.backends.reserved import META_TABLE
 
 
 class WriteOp(NamedTuple):
@@ -87,6 +88,16 @@ class StorePartition(ABC):
     @abstractmethod
     def write(self, ops: list[WriteOp]) -> None:
         """Apply all ops atomically and in order."""
+
+    def load(self, ops: Iterable[WriteOp], batch_size: int = 5_000) -> int:
+        """Bulk-load a restore into a staged partition (nobody reads it until it is promoted, so
+        batches need not be atomic together); returns how many entries were written."""
+        written = 0
+        source = iter(ops)
+        while batch := list(islice(source, batch_size)):
+            self.write(batch)
+            written += len(batch)
+        return written
 
     @abstractmethod
     def freeze(self) -> FrozenView:

@@ -1,10 +1,16 @@
-"""A store opens, lists and destroys the partitions (one per job) of one backend kind."""
+"""A store opens, lists and destroys the partitions (one per job) of one backend kind, and
+says how its jobs are snapshotted (a Flink state backend owns its snapshot strategies)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from statehouse.backends.base.partition import StorePartition
+
+if TYPE_CHECKING:
+    from statehouse.snapshots.layout import SnapshotKind
+    from statehouse.snapshots.strategy import SnapshotStrategy
 
 
 class Store(ABC):
@@ -20,6 +26,10 @@ class Store(ABC):
 
     @abstractmethod
     def destroy_partition(self, job: str) -> None: ...
+
+    @abstractmethod
+    def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
+        """The strategy that takes a checkpoint or a savepoint (always the canonical format)."""
 
     # -- restore: a new partition is built beside the live one, then takes its place --------
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from statehouse.backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import FrozenView, StorePartition, WriteOp
+from statehouse.backends.reserved import META_TABLE
 
 
 class _Container:

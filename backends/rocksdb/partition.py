@@ -11,16 +11,18 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rocksdict import AccessType, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
-from statehouse.backends.base.partition import META_TABLE, FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import FrozenView, StorePartition, WriteOp
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
+from statehouse.backends.reserved import META_TABLE
 
 _DEFAULT_CF = "default"
 _MAX_PARALLELISM_KEY = b"max_parallelism"
 _NESTED_PREFIX = b"table-nested:"
+_META_PREFIX = b"meta:"
 
 
 def _options() -> Options:
@@ -43,6 +45,36 @@ def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes,
     del it
 
 
+class KeyLayout:
+    """How a table's ``(key group, primary, secondary)`` maps to a RocksDB key, and back."""
+
+    def __init__(self, max_parallelism: int, nested: dict[str, bool]) -> None:
+        self.prefix_width = key_group_prefix_width(max_parallelism)
+        self.nested = nested  # table -> nested; the partition's own, updated as tables come and go
+
+    def key(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes:
+        if table == META_TABLE:
+            return _META_PREFIX + primary
+        return key_group.to_bytes(self.prefix_width, "big") + primary + secondary
+
+    def scan_prefix(self, table: str, key_group: int) -> bytes:
+        """The prefix every key of one key group of a table starts with."""
+        return _META_PREFIX if table == META_TABLE else key_group.to_bytes(self.prefix_width, "big")
+
+    def splitter(self, table: str) -> Callable[[bytes], tuple[bytes, bytes]]:
+        """How to cut a stored key of ``table`` back into (primary, secondary)."""
+        prefix_len = len(self.scan_prefix(table, 0))
+        if table == META_TABLE or not self.nested.get(table, False):
+            return lambda key: (key[prefix_len:], b"")
+        return lambda key: split_nested_key(key, prefix_len)
+
+    def scan(self, family: Rdict, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
+        lower = self.scan_prefix(table, key_group)
+        split = self.splitter(table)
+        for key, value in _iterate(family, lower, prefix_successor(lower)):
+            yield (*split(key), value)
+
+
 class RocksDBFrozenView(FrozenView):
     """A RocksDB native checkpoint (hard links to the immutable SST files), opened read-only.
 
@@ -51,10 +83,10 @@ class RocksDBFrozenView(FrozenView):
     takes the same one in its synchronous part).
     """
 
-    def __init__(self, partition: RocksDBPartition, path: str, tables: dict[str, bool]):
-        self._partition = partition
+    def __init__(self, path: str, layout: KeyLayout):
         self.path = path
-        self._tables = tables
+        self._layout = layout
+        self._tables = layout.nested
         self._db: Rdict | None = None
         self._families: dict[str, Rdict] = {}
 
@@ -77,10 +109,7 @@ class RocksDBFrozenView(FrozenView):
         return family
 
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
-        lower = self._partition.scan_prefix(table, key_group)
-        split = self._partition._splitter(table, len(lower))
-        for key, value in _iterate(self._family(table), lower, prefix_successor(lower)):
-            yield (*split(key), value)
+        return self._layout.scan(self._family(table), table, key_group)
 
     def release(self) -> None:
         # No gc.collect() here: a read-only instance holds no lock that a reopen would wait
@@ -113,17 +142,14 @@ class RocksDBPartition(StorePartition):
         else:
             self.max_parallelism = max_parallelism
             self._db.put(_MAX_PARALLELISM_KEY, str(max_parallelism).encode())
-        self._prefix_width = key_group_prefix_width(self.max_parallelism)
         self._nested: dict[str, bool] = {META_TABLE: False}
         for key, value in _iterate(self._db, _NESTED_PREFIX, prefix_successor(_NESTED_PREFIX)):
             self._nested[key[len(_NESTED_PREFIX) :].decode()] = value == b"1"
+        self._layout = KeyLayout(self.max_parallelism, self._nested)
         self._families: dict[str, Rdict] = {}
         self._handles: dict[str, ColumnFamily] = {}
         for table in self._nested:
             self._open_family(table)
-
-    def key_group_prefix(self, key_group: int) -> bytes:
-        return key_group.to_bytes(self._prefix_width, "big")
 
     def _open_family(self, table: str) -> None:
         if table == META_TABLE:
@@ -133,41 +159,22 @@ class RocksDBPartition(StorePartition):
             self._families[table] = self._db.get_column_family(table)
             self._handles[table] = self._db.get_column_family_handle(table)
 
-    def _key(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes:
-        if table == META_TABLE:
-            return b"meta:" + primary
-        return self.key_group_prefix(key_group) + primary + secondary
-
-    def _splitter(self, table: str, prefix_len: int):
-        """How to cut a stored key back into (primary, secondary)."""
-        if table == META_TABLE:
-            return lambda key: (key[5:], b"")
-        if not self._nested.get(table, False):
-            return lambda key: (key[prefix_len:], b"")
-        return lambda key: split_nested_key(key, prefix_len)
-
     # -- reads -------------------------------------------------------------------------
 
     def tables(self) -> dict[str, bool]:
         return dict(self._nested)
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
-        return self._families[table].get(self._key(table, key_group, primary, secondary))
+        return self._families[table].get(self._layout.key(table, key_group, primary, secondary))
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
-        prefix = self._key(table, key_group, primary)
+        prefix = self._layout.key(table, key_group, primary)
         n = len(prefix)
         for key, value in _iterate(self._families[table], prefix, prefix_successor(prefix)):
             yield key[n:], value
 
-    def scan_prefix(self, table: str, key_group: int) -> bytes:
-        return b"meta:" if table == META_TABLE else self.key_group_prefix(key_group)
-
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
-        lower = self.scan_prefix(table, key_group)
-        split = self._splitter(table, len(lower))
-        for key, value in _iterate(self._families[table], lower, prefix_successor(lower)):
-            yield (*split(key), value)
+        return self._layout.scan(self._families[table], table, key_group)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -194,16 +201,16 @@ class RocksDBPartition(StorePartition):
         for op in ops:
             handle = self._handles[op.table]
             if op.kind == "put":
-                batch.put(self._key(op.table, op.key_group, op.primary, op.secondary), op.value, handle)
+                batch.put(self._layout.key(op.table, op.key_group, op.primary, op.secondary), op.value, handle)
             elif op.kind == "delete":
-                batch.delete(self._key(op.table, op.key_group, op.primary, op.secondary), handle)
+                batch.delete(self._layout.key(op.table, op.key_group, op.primary, op.secondary), handle)
             elif self._nested[op.table]:
-                begin = self._key(op.table, op.key_group, op.primary)
+                begin = self._layout.key(op.table, op.key_group, op.primary)
                 end = prefix_successor(begin)
                 assert end is not None  # a key starts with its key group (< 0x80): never all 0xff
                 batch.delete_range(begin, end, handle)
             else:
-                batch.delete(self._key(op.table, op.key_group, op.primary), handle)
+                batch.delete(self._layout.key(op.table, op.key_group, op.primary), handle)
         self._db.write(batch)
 
     # -- snapshots ---------------------------------------------------------------------
@@ -221,7 +228,12 @@ class RocksDBPartition(StorePartition):
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(self._frozen_dir, exist_ok=True)
         Checkpoint(self._db).create_checkpoint(path)
-        return RocksDBFrozenView(self, path, dict(self._nested))
+        return RocksDBFrozenView(path, KeyLayout(self.max_parallelism, dict(self._nested)))
+
+    def identity(self) -> str:
+        """RocksDB's unique id of this database (a restore or a new job makes a new one)."""
+        with open(os.path.join(self.path, "IDENTITY")) as f:
+            return f.read().strip()
 
     def close(self) -> None:
         if self._closed:

@@ -9,6 +9,9 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.names import validate_name
 from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.rocksdb.snapshot import INCREMENTAL
+from statehouse.snapshots.layout import SnapshotKind
+from statehouse.snapshots.strategy import FULL, SnapshotStrategy
 
 
 class RocksDBStore(Store):
@@ -18,8 +21,9 @@ class RocksDBStore(Store):
 
     name = "rocksdb"
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, *, incremental_checkpoints: bool = True) -> None:
         self.data_dir = os.path.abspath(data_dir)
+        self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
         os.makedirs(self.data_dir, exist_ok=True)
         self._staging = os.path.join(self.data_dir, "$staging")
         self._retired = os.path.join(self.data_dir, "$retired")
@@ -55,6 +59,10 @@ class RocksDBStore(Store):
     def destroy_partition(self, job: str) -> None:
         shutil.rmtree(self._path(job), ignore_errors=True)
         shutil.rmtree(os.path.join(self.data_dir, "$frozen", job), ignore_errors=True)
+
+    def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
+        # Savepoints are always canonical (portable to the heap backend and across rescales).
+        return INCREMENTAL if kind == "checkpoint" and self.incremental_checkpoints else FULL
 
     def open_staging(self, job: str, max_parallelism: int) -> RocksDBPartition:
         path = os.path.join(self._staging, validate_name(job, "job"))

@@ -114,7 +114,7 @@ class CheckpointStorage(ABC):
     # -- verified reads ----------------------------------------------------------------------
 
     def read_verified(self, handle: StreamHandle) -> bytes:
-        data = self._read_existing(handle)
+        data = self.read_existing(handle)
         check_bytes(handle.path, data, handle.size, handle.sha256)
         return data
 
@@ -130,7 +130,8 @@ class CheckpointStorage(ABC):
                 f"(expected {handle.size} bytes sha256 {handle.sha256[:12]}..., got {found.size} bytes)"
             )
 
-    def _read_existing(self, handle: StreamHandle, offset: int = 0, length: int | None = None) -> bytes:
+    def read_existing(self, handle: StreamHandle, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes of a snapshot file, unverified (the caller checks them); a missing file is corrupt."""
         try:
             return self.read(handle.path, offset, length)
         except FileNotFoundError:
@@ -138,7 +139,7 @@ class CheckpointStorage(ABC):
 
     def read_range_verified(self, handle: StreamHandle, offset: int, length: int, sha256: str) -> bytes:
         """A section of a file that carries its own checksum (e.g. one key group)."""
-        data = self._read_existing(handle, offset, length)
+        data = self.read_existing(handle, offset, length)
         check_bytes(f"{handle.path}@{offset}", data, length, sha256)
         return data
 

@@ -1,0 +1,24 @@
+"""The reserved layout of a partition: the tables and metadata rows that are not keyed state.
+
+One definition for the engine, every backend and the snapshot formats. ``$`` cannot occur
+in a state, operator or job name (``backends/names.py``), so no user name collides with
+these tables, nor with the ``$``-directories a store keeps beside its jobs.
+"""
+
+from __future__ import annotations
+
+META_TABLE = "$meta"  # job metadata rows, flat, key group 0
+LIST_TABLE = "$operator-lists"  # operator list state: (operator, name, subtask) -> elements
+BROADCAST_TABLE = "$broadcast"  # broadcast state: (operator, name) -> {user key: value}
+NON_KEYED_TABLES = frozenset({META_TABLE, LIST_TABLE, BROADCAST_TABLE})
+NO_KEY_GROUP = 0  # the key group non-keyed tables are stored under
+
+# Rows of META_TABLE
+STATE_META = b"state:"  # + state name -> descriptor JSON
+LIST_MODE_META = b"operator-list-mode:"  # + encoded (operator, name) -> b"split" | b"union"
+EPOCH_META = b"writer-epoch"  # -> the job's writer epoch, decimal
+
+
+def keyed_tables(tables: dict[str, bool]) -> dict[str, bool]:
+    """The keyed-state tables of a partition's table listing (name -> nested), sorted."""
+    return {name: nested for name, nested in sorted(tables.items()) if name not in NON_KEYED_TABLES}

@@ -1,0 +1,118 @@
+"""RocksDB's own snapshotting: incremental checkpoints of its SST files, and reading them back.
+
+Flink's ``RocksIncrementalSnapshotStrategy``: the synchronous part takes a native checkpoint
+(hard links to the immutable SST files); the asynchronous part uploads the SST files the
+previous completed checkpoint of the same database did not have (shared, by reference from
+then on) and the few other files (private). Savepoints and full checkpoints use the canonical
+strategy (``statehouse.snapshots.strategy``).
+
+A restore reads an incremental part by opening its downloaded files as a read-only database
+and copying the wanted key groups out (Flink's "copy" restore path): correct for any rescale
+and for either target backend.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.job import Job
+from statehouse.backends.reserved import keyed_tables
+from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
+from statehouse.snapshots.layout import shared_dir
+from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
+from statehouse.snapshots.strategy import (
+    AsyncSnapshot,
+    SnapshotContext,
+    SnapshotResult,
+    SnapshotStrategy,
+    descriptor_dicts,
+)
+
+
+def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str, StreamHandle]:
+    """Flink's ``uploadedSstFiles``: the shared files of the previous completed checkpoint
+    (root-relative), if it was taken of this same database. It is durable and registered, and
+    retention never deletes the latest checkpoint."""
+    if previous is None:
+        return {}
+    keyed = previous.metadata.keyed
+    if not isinstance(keyed, IncrementalHandle) or keyed.backend_uid != backend_uid:
+        return {}
+    return {name: handle.under(previous.directory) for name, handle in keyed.shared.items()}
+
+
+class IncrementalSnapshotStrategy(SnapshotStrategy):
+    format: SnapshotFormat = "incremental"
+
+    def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
+        partition = job.partition
+        assert isinstance(partition, RocksDBPartition), "the RocksDB store only opens RocksDB partitions"
+        view = partition.freeze()
+        states = descriptor_dicts(job)
+        tables = keyed_tables(view.tables())
+        backend_uid = partition.identity()
+        reusable = reusable_files(ctx.previous, backend_uid)
+        names = sorted(os.listdir(view.path))
+        ssts = [n for n in names if n.endswith(".sst")]
+        placeholders = {n: reusable[n] for n in ssts if n in reusable}
+        private_names = [n for n in names if not n.endswith(".sst")]
+
+        def upload(target: str, name: str) -> StreamHandle:
+            ctx.check_cancelled()
+            ctx.written.append(target)
+            return ctx.storage.put_file(target, os.path.join(view.path, name))
+
+        def body() -> SnapshotResult:
+            # A unique name per upload (Flink's physical id): an aborted attempt's file can be
+            # deleted without touching another attempt's copy of the same SST.
+            uploaded = {
+                n: upload(f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-{n}", n) for n in ssts if n not in placeholders
+            }
+            private = {n: upload(ctx.part_path(f"db/{n}"), n) for n in private_names}
+            operator = ctx.write_operator_state(view)
+            keyed = IncrementalHandle(
+                backend_uid,
+                job.key_group_range,
+                ctx.checkpoint_id,
+                {n: h.relative_to(ctx.directory) for n, h in {**placeholders, **uploaded}.items()},
+                {n: h.relative_to(ctx.directory) for n, h in private.items()},
+                tables,
+            )
+            return SnapshotResult(
+                "incremental",
+                keyed,
+                operator.relative_to(ctx.directory),
+                states,
+                job.max_parallelism,
+                sum(h.size for h in (*uploaded.values(), *private.values(), operator)),
+                sum(h.size for h in placeholders.values()),
+            )
+
+        return AsyncSnapshot(view, body)
+
+
+INCREMENTAL = IncrementalSnapshotStrategy()
+
+
+def incremental_records(
+    db_dir: str, handle: IncrementalHandle, wanted: KeyGroupRange, max_parallelism: int, work_dir: str
+) -> Iterator[WriteOp]:
+    """The keyed entries of ``wanted`` key groups in an incremental part's downloaded files."""
+    source = RocksDBPartition(db_dir, None, frozen_dir=os.path.join(work_dir, "frozen"))
+    try:
+        if source.max_parallelism != max_parallelism:
+            raise SnapshotCorrupt("an incremental part's database disagrees with its metadata")
+        for table in handle.tables:
+            if table not in source.tables():
+                raise SnapshotCorrupt(f"an incremental part's database has no table {table!r}")
+            for kg in wanted:
+                for primary, secondary, value in source.scan(table, kg):
+                    yield WriteOp("put", table, kg, primary, secondary, value)
+    finally:
+        source.close()

@@ -1,0 +1,53 @@
+"""What the service reports about a checkpoint or a restore: one definition of each report.
+
+The HTTP layer derives its response schemas from these (``statehouse.app.models``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from statehouse.snapshots.layout import SnapshotKind
+from statehouse.snapshots.metadata import SnapshotFormat
+
+CheckpointStatus = Literal["in_progress", "uploaded", "completed", "failed", "aborted"]
+PENDING: tuple[CheckpointStatus, ...] = ("in_progress", "uploaded")
+
+
+@dataclass
+class CheckpointInfo:
+    """This replica's view of one checkpoint or savepoint."""
+
+    job: str
+    checkpoint_id: int
+    kind: SnapshotKind
+    status: CheckpointStatus
+    error: str | None = None
+    bytes_uploaded: int = 0  # bytes this replica uploaded for it
+    bytes_reused: int = 0  # bytes referenced from earlier checkpoints (incremental)
+    duration_ms: int = 0
+    location: str = ""
+    format: SnapshotFormat = "full"
+    replica_index: int = 0
+    replica_count: int = 1
+    key_group_range: tuple[int, int] = (0, -1)
+    metadata: dict[str, Any] = field(default_factory=dict)  # given at trigger, e.g. the coordinator's batch id
+
+
+@dataclass
+class RestoreInfo:
+    """What one replica's restore of a job read and replaced."""
+
+    job: str
+    checkpoint_id: int
+    kind: SnapshotKind
+    format: SnapshotFormat
+    location: str
+    max_parallelism: int
+    key_group_range: tuple[int, int]
+    parts: list[str]  # the replica parts read, e.g. "replica-0-of-2"
+    entries_restored: int
+    bytes_read: int
+    duration_ms: int
+    aborted_checkpoints: list[int]  # this replica's pending checkpoints of the job, aborted first
