@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from tests.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
-from tests.server import REPO, ServerProcess, free_port, start_server, stop_process
+from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
+from harness.server import REPO, ServerProcess, free_port, start_server, stop_process
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -141,7 +141,7 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def statehouse(backend: str, env: dict[str, str] | None = None, workdir: Path | None = None) -> Iterator[ServerProcess]:
-    """One Statehouse replica (uvicorn subprocess, as in tests/server.py), stopped on exit."""
+    """One Statehouse replica (uvicorn subprocess, as in harness/server.py), stopped on exit."""
     owned = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="statehouse-bench-"))
     server = start_server(workdir, {"STATEHOUSE_BACKEND": backend, **(env or {})})

@@ -41,7 +41,7 @@ import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
-from tests.server import start_server, start_two_replicas  # noqa: E402
+from harness.server import start_server, start_two_replicas  # noqa: E402
 
 _job_numbers = itertools.count()
 
@@ -85,7 +85,7 @@ def s3_server():
     """
     import os
 
-    from tests.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
+    from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
 
     binary = find_weed()
     if binary is None:

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.server import start_server
+from harness.server import start_server
 
 
 def wait_status(http, job, checkpoint_id, statuses=("uploaded", "completed"), timeout=20):

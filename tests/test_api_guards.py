@@ -5,8 +5,8 @@ import httpx
 import msgpack
 import pytest
 
+from harness.server import start_server
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
-from tests.server import start_server
 
 TOKEN = "s3cret-token"
 LIMITS = {

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server import start_server
+from harness.server import start_server
 
 TOKEN = "docs-test-token"
 BROWSER_TIMEOUT = 90  # seconds for one page; a render takes a few

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.server import REPO, start_server
+from harness.server import REPO, start_server
 
 
 def walkthrough() -> str:

@@ -5,7 +5,7 @@ modules that cannot be understood one without the other)."""
 import ast
 from pathlib import Path
 
-from tests.server import REPO
+from harness.server import REPO
 
 FOLDERS = ("app", "backends", "snapshots", "client", "keygroups", "pipelines")
 

@@ -19,10 +19,10 @@ import httpx
 import msgpack
 import pytest
 
+from harness.server import REPO, start_server
 from statehouse.app.openapi import OPERATION_IDS
 from statehouse.app.problems import DEFAULT_PROBLEM_DOCS_URL, STATUS_BY_CODE
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
-from tests.server import REPO, start_server
 
 PACKAGE = "statehouse_openapi_client"  # the generated package's import name
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import REPO
+from harness.server import REPO
 
 SERVER_ONLY = ("fastapi", "uvicorn", "rocksdict", "boto3", "pydantic", "starlette")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server import start_server
+from harness.server import start_server
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "20"))

@@ -9,8 +9,8 @@ import sys
 import httpx
 import pytest
 
+from harness.server import REPO, free_port, start_server, stop_process
 from statehouse.app.settings import load_settings
-from tests.server import REPO, free_port, start_server, stop_process
 
 START_TIMEOUT = 60  # seconds for uvicorn to import the app and give up
 

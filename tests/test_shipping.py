@@ -29,7 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.server import free_port
+from harness.server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "statehouse"

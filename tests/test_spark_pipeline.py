@@ -10,10 +10,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from harness.server import start_server
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.pipelines import user_features
-from tests.server import start_server
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def two_replicas(tmp_path_factory):
     if urls:
         yield [Replica(url) for url in urls.split(",")]
         return
-    from tests.server import start_two_replicas
+    from harness.server import start_two_replicas
 
     servers = start_two_replicas(tmp_path_factory)
     yield servers

