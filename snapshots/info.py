@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from statehouse.snapshots.layout import SnapshotKind
-from statehouse.snapshots.metadata import SnapshotFormat
+from statehouse.snapshots.metadata import SnapshotFormat, SnapshotMetadata
 
 CheckpointStatus = Literal["in_progress", "uploaded", "completed", "failed", "aborted"]
 PENDING: tuple[CheckpointStatus, ...] = ("in_progress", "uploaded")
@@ -33,6 +33,25 @@ class CheckpointInfo:
     replica_count: int = 1
     key_group_range: tuple[int, int] = (0, -1)
     metadata: dict[str, Any] = field(default_factory=dict)  # given at trigger, e.g. the coordinator's batch id
+
+    @classmethod
+    def completed(cls, metadata: SnapshotMetadata, location: str) -> CheckpointInfo:
+        """The report of a completed part, from its ``_metadata``."""
+        return cls(
+            job=metadata.job,
+            checkpoint_id=metadata.checkpoint_id,
+            kind=metadata.kind,
+            status="completed",
+            bytes_uploaded=metadata.bytes_uploaded,
+            bytes_reused=metadata.bytes_reused,
+            duration_ms=metadata.duration_ms,
+            location=location,
+            format=metadata.format,
+            replica_index=metadata.replica_index,
+            replica_count=metadata.replica_count,
+            key_group_range=(metadata.key_group_range.start, metadata.key_group_range.end),
+            metadata=metadata.user_metadata,
+        )
 
 
 @dataclass

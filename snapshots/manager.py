@@ -11,25 +11,22 @@ replica reports ``uploaded``, then calls ``complete`` on each (Flink's
 * :class:`~statehouse.snapshots.retention.CompletedCheckpoints` keeps the newest parts and their files;
 * :class:`~statehouse.snapshots.restore.RestoreOperation` builds a restored job, the job catalog swaps it in.
 
-Every method may run on any thread: a freeze holds off the job's writes itself.
+Every method may run on any thread: a freeze holds off the job's writes itself. (About 330
+lines: the lifecycle's rules — ids only grow, metadata last, subsumption, restore quiescing —
+read best side by side.)
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
-import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.errors import InvalidArgument, JobReplaced, StateError
-from statehouse.keygroups import KeyGroupRange
+from statehouse.backends.errors import InvalidArgument, JobReplaced
 from statehouse.snapshots.catalog import SnapshotCatalog, read_parts
 from statehouse.snapshots.compression import codec
 from statehouse.snapshots.errors import (
@@ -38,26 +35,18 @@ from statehouse.snapshots.errors import (
     CheckpointNotFound,
     CheckpointNotReady,
 )
-from statehouse.snapshots.info import PENDING, CheckpointInfo, RestoreInfo
+from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
 from statehouse.snapshots.layout import SnapshotKind, metadata_name, part_name, snapshot_dir
 from statehouse.snapshots.metadata import SnapshotMetadata
+from statehouse.snapshots.pending import PendingCheckpoint
 from statehouse.snapshots.restore import RestoreOperation
 from statehouse.snapshots.retention import CompletedCheckpoints
 from statehouse.snapshots.runner import SnapshotStrategyRunner
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
-from statehouse.snapshots.strategy import SnapshotContext, SnapshotResult
+from statehouse.snapshots.strategy import SnapshotContext
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Attempt:
-    info: CheckpointInfo
-    ctx: SnapshotContext
-    started: float
-    future: Future[None] | None = None
-    result: SnapshotResult | None = None
 
 
 @dataclass
@@ -66,7 +55,7 @@ class _JobCheckpoints:
 
     completed: CompletedCheckpoints
     known_ids: set[int]
-    attempts: dict[int, _Attempt] = field(default_factory=dict)
+    attempts: dict[int, PendingCheckpoint] = field(default_factory=dict)
 
     def latest_id(self) -> int:
         return max(self.known_ids | set(self.attempts) | set(self.completed.all()), default=0)
@@ -114,21 +103,8 @@ class CheckpointManager:
             return state
 
     def _info_from_metadata(self, metadata: SnapshotMetadata) -> CheckpointInfo:
-        return CheckpointInfo(
-            job=metadata.job,
-            checkpoint_id=metadata.checkpoint_id,
-            kind=metadata.kind,
-            status="completed",
-            bytes_uploaded=metadata.bytes_uploaded,
-            bytes_reused=metadata.bytes_reused,
-            duration_ms=metadata.duration_ms,
-            location=self.snapshots.location(snapshot_dir(metadata.job, metadata.checkpoint_id, metadata.kind)),
-            format=metadata.format,
-            replica_index=metadata.replica_index,
-            replica_count=metadata.replica_count,
-            key_group_range=(metadata.key_group_range.start, metadata.key_group_range.end),
-            metadata=metadata.user_metadata,
-        )
+        directory = snapshot_dir(metadata.job, metadata.checkpoint_id, metadata.kind)
+        return CheckpointInfo.completed(metadata, self.snapshots.location(directory))
 
     # -- trigger -------------------------------------------------------------------------------
 
@@ -188,9 +164,9 @@ class CheckpointManager:
                 key_group_range=(live.key_group_range.start, live.key_group_range.end),
                 metadata=dict(metadata or {}),
             )
-            attempt = state.attempts[checkpoint_id] = _Attempt(info, ctx, time.monotonic())
+            attempt = state.attempts[checkpoint_id] = PendingCheckpoint(info, ctx)
         try:
-            attempt.future = self._runner.snapshot(live, strategy, ctx, lambda r, e: self._uploaded(attempt, r, e))
+            attempt.future = self._runner.snapshot(live, strategy, ctx, attempt.uploaded)
         except JobReplaced:  # a restore swapped the job meantime: nothing was frozen, retry
             with self._lock:
                 del state.attempts[checkpoint_id]
@@ -198,39 +174,8 @@ class CheckpointManager:
             raise
         except Exception as exc:
             log.exception("synchronous part of checkpoint %s of job %s failed", checkpoint_id, job)
-            with self._lock:
-                self._fail(attempt, exc)
-        return self.get(job, checkpoint_id)
-
-    def _uploaded(self, attempt: _Attempt, result: SnapshotResult | None, error: BaseException | None) -> None:
-        with self._lock:
-            if attempt.info.status == "aborted":
-                return
-            if result is not None:
-                attempt.result = result
-                attempt.info.status = "uploaded"
-                attempt.info.bytes_uploaded = result.bytes_uploaded
-                attempt.info.bytes_reused = result.bytes_reused
-                attempt.info.duration_ms = int((time.monotonic() - attempt.started) * 1000)
-                return
-            assert error is not None
-            if not isinstance(error, InterruptedError):
-                log.warning("checkpoint %s of job %s failed: %s", attempt.info.checkpoint_id, attempt.info.job, error)
-            self._fail(attempt, error)
-        self._discard_files(attempt)
-
-    def _fail(self, attempt: _Attempt, exc: BaseException) -> None:
-        attempt.info.status = "failed"
-        detail = exc.detail if isinstance(exc, StateError) else str(exc)
-        attempt.info.error = f"{type(exc).__name__}: {detail}"
-        attempt.info.duration_ms = int((time.monotonic() - attempt.started) * 1000)
-
-    def _discard_files(self, attempt: _Attempt) -> None:
-        """Delete what an unsuccessful attempt wrote (its uploads are registered nowhere)."""
-        try:
-            self.storage.delete(attempt.ctx.written)
-        except Exception as exc:  # best effort: storage may be what failed
-            log.warning("could not delete the files of checkpoint %s: %s", attempt.info.checkpoint_id, exc)
+            attempt.fail(exc)
+        return attempt.info()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -238,8 +183,8 @@ class CheckpointManager:
         state = self._state(job)
         with self._lock:
             attempt = state.attempts.get(checkpoint_id)
-            if attempt is not None:
-                return dataclasses.replace(attempt.info)
+        if attempt is not None:
+            return attempt.info()
         metadata = state.completed.get(checkpoint_id)
         if metadata is not None:
             return self._info_from_metadata(metadata)
@@ -253,7 +198,8 @@ class CheckpointManager:
         state = self._state(job)
         infos = {i: self._info_from_metadata(m) for i, m in state.completed.all().items()}
         with self._lock:
-            infos.update({i: dataclasses.replace(a.info) for i, a in state.attempts.items()})
+            attempts = dict(state.attempts)
+        infos.update({i: a.info() for i, a in attempts.items()})
         return [infos[i] for i in sorted(infos) if after is None or i > after]
 
     def next_checkpoint_id(self, job: str) -> int:
@@ -267,9 +213,8 @@ class CheckpointManager:
         state = self._state(job)
         with self._lock:
             attempt = state.attempts.get(checkpoint_id)
-        if attempt is not None and attempt.future is not None:
-            with contextlib.suppress(FutureTimeout):
-                attempt.future.result(timeout)
+        if attempt is not None:
+            attempt.wait(timeout)
         return self.get(job, checkpoint_id)
 
     # -- complete / abort ----------------------------------------------------------------------
@@ -297,56 +242,26 @@ class CheckpointManager:
             )
         with self._lock:
             attempt = state.attempts[checkpoint_id]
-            if attempt.info.status == "completed":
-                return dataclasses.replace(attempt.info)
-            metadata = self._metadata(attempt)
+        metadata = attempt.metadata(self.catalog.store.name)
         if metadata.kind == "checkpoint":
             state.completed.register_shared(metadata)
         # The metadata goes last: only now is this part of the checkpoint restorable.
         with self.storage.create_output(f"{attempt.ctx.directory}/{metadata_name(*self._replica)}") as out:
             out.write(metadata.to_bytes())
             out.close_and_get_handle()
+        done = attempt.mark_completed()
         with self._lock:
-            attempt.info.status = "completed"
-            done = dataclasses.replace(attempt.info)
             subsumed = [
                 a
                 for i, a in state.attempts.items()
-                if metadata.kind == "checkpoint"
-                and i < checkpoint_id
-                and a.info.kind == "checkpoint"
-                and a.info.status in PENDING
+                if metadata.kind == "checkpoint" and i < checkpoint_id and a.kind == "checkpoint" and a.pending
             ]
         for older in subsumed:  # Flink's dropSubsumedCheckpoints
-            self._abort_attempt(older)
+            older.abort(self.complete_timeout_s)
         state.completed.add(metadata)
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)
         return done
-
-    def _metadata(self, attempt: _Attempt) -> SnapshotMetadata:
-        result = attempt.result
-        assert result is not None
-        info = attempt.info
-        return SnapshotMetadata(
-            job=info.job,
-            checkpoint_id=info.checkpoint_id,
-            kind=info.kind,
-            format=result.format,
-            replica_index=info.replica_index,
-            replica_count=info.replica_count,
-            max_parallelism=result.max_parallelism,
-            key_group_range=KeyGroupRange(*info.key_group_range),
-            backend=self.catalog.store.name,
-            timestamp_ms=int(time.time() * 1000),
-            states=result.states,
-            keyed=result.keyed,
-            operator=result.operator,
-            bytes_uploaded=result.bytes_uploaded,
-            bytes_reused=result.bytes_reused,
-            duration_ms=info.duration_ms,
-            user_metadata=info.metadata,
-        )
 
     def _forget_finished_attempts(self, state: _JobCheckpoints, completed_id: int) -> None:
         """Bounded memory: finished checkpoint attempts older than the oldest retained one go
@@ -354,35 +269,20 @@ class CheckpointManager:
         retained = [i for i, m in state.completed.all().items() if m.kind == "checkpoint"]
         lowest = min(retained, default=completed_id)
         with self._lock:
-            for i in [i for i, a in state.attempts.items() if i < lowest and a.info.status not in PENDING]:
-                if state.attempts[i].info.kind == "checkpoint":
-                    del state.attempts[i]
+            for i in [i for i, a in state.attempts.items() if i < lowest and not a.pending and a.kind == "checkpoint"]:
+                del state.attempts[i]
 
     def abort(self, job: str, checkpoint_id: int) -> CheckpointInfo:
         """notifyCheckpointAborted: stop the upload and discard what this attempt wrote."""
         state = self._state(job)
         with self._lock:
             attempt = state.attempts.get(checkpoint_id)
-        if attempt is None or attempt.info.status == "completed":
+        if attempt is None or attempt.status == "completed":
             if attempt is not None or state.completed.get(checkpoint_id) is not None:
                 raise CheckpointConflict(f"checkpoint {checkpoint_id} of job {job!r} is completed; it cannot abort")
             raise CheckpointNotFound(f"job {job!r} has no checkpoint {checkpoint_id}")
-        self._abort_attempt(attempt)
-        return self.get(job, checkpoint_id)
-
-    def _abort_attempt(self, attempt: _Attempt) -> None:
-        with self._lock:
-            if attempt.info.status in ("aborted", "completed"):
-                return
-            attempt.ctx.cancel.set()
-        if attempt.future is not None:
-            try:
-                attempt.future.result(self.complete_timeout_s)
-            except FutureTimeout:
-                log.warning("checkpoint %s still uploading after abort", attempt.info.checkpoint_id)
-        with self._lock:
-            attempt.info.status = "aborted"
-        self._discard_files(attempt)
+        attempt.abort(self.complete_timeout_s)
+        return attempt.info()
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -443,10 +343,10 @@ class CheckpointManager:
         froze the state being replaced, so completing one later would be wrong); their ids."""
         state = self._state(job)
         with self._lock:
-            pending = [a for a in state.attempts.values() if a.info.status in PENDING]
+            pending = [a for a in state.attempts.values() if a.pending]
         for attempt in pending:
-            self._abort_attempt(attempt)
-        return sorted(a.info.checkpoint_id for a in pending)
+            attempt.abort(self.complete_timeout_s)
+        return sorted(a.checkpoint_id for a in pending)
 
     # -- shutdown ------------------------------------------------------------------------------
 

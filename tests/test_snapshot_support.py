@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from statehouse.backends import StateDescriptor, TtlConfig
 from statehouse.backends.job import Job
-from statehouse.keygroups import assign_to_key_group, operator_index
 from statehouse.backends.reserved import NON_KEYED_TABLES
+from statehouse.keygroups import assign_to_key_group, operator_index
 
 STATES = [
     StateDescriptor("v", "value"),
