@@ -9,10 +9,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
-from statehouse.backends.ttl import TtlConfig
+from statehouse.backends.ops import OpName
+from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
+from statehouse.keygroups import KeyType
 from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
 
 Name = Field(pattern=NAME_PATTERN)
@@ -56,19 +58,26 @@ class JobInfo(BaseModel):
         )
 
 
+_TTL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TtlConfig)}
+
+
 class TtlBody(Strict):
-    """Flink's StateTtlConfig."""
+    """Flink's StateTtlConfig: the engine's ``TtlConfig`` (its types and defaults), validated."""
 
     ttl_ms: int = Field(gt=0, description="time to live in milliseconds (processing time)")
-    update_type: Literal["on_create_and_write", "on_read_and_write"] = "on_create_and_write"
-    visibility: Literal["never_return_expired", "return_expired_if_not_cleaned_up"] = "never_return_expired"
-    cleanup_full_snapshot: bool = Field(True, description="drop expired entries when writing a full snapshot")
-    cleanup_incremental_size: int = Field(5, ge=0, description="entries checked per state access; 0 = off")
+    update_type: UpdateType = _TTL_DEFAULTS["update_type"]
+    visibility: Visibility = _TTL_DEFAULTS["visibility"]
+    cleanup_full_snapshot: bool = Field(
+        _TTL_DEFAULTS["cleanup_full_snapshot"], description="drop expired entries when writing a full snapshot"
+    )
+    cleanup_incremental_size: int = Field(
+        _TTL_DEFAULTS["cleanup_incremental_size"], ge=0, description="entries checked per state access; 0 = off"
+    )
 
 
 class DescriptorBody(Strict):
-    kind: Literal["value", "list", "map", "reducing", "aggregating"]
-    key_type: Literal["string", "int", "long"] = "string"
+    kind: StateKind
+    key_type: KeyType = "string"
     default: JsonValue = Field(None, description="value state only: returned for an absent key")
     function: str | None = Field(
         None,
@@ -159,7 +168,7 @@ class DescriptorPage(Page):
 class BatchOp(BaseModel):
     """One operation of a batch (documentation only: batches are decoded without models)."""
 
-    op: Literal["get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains"]
+    op: OpName
     state: str
     key: str | int
     ns: str = ""

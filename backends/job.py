@@ -29,12 +29,12 @@ from statehouse.backends.keyed import (
     MapState,
     ReducingState,
     ValueState,
-    ttl_cleaner,
 )
 from statehouse.backends.limits import Limits
 from statehouse.backends.operator_state import OperatorState
 from statehouse.backends.reserved import BROADCAST_TABLE, EPOCH_META, LIST_TABLE, META_TABLE, STATE_META
 from statehouse.backends.ttl import Clock, SystemClock
+from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 
@@ -78,7 +78,7 @@ class Job:
         partition.create_table(LIST_TABLE, nested=False)
         partition.create_table(BROADCAST_TABLE, nested=True)
         self.descriptors: dict[str, StateDescriptor] = stored_descriptors(partition)
-        self._cleanup_cursors: dict[str, Iterator[tuple[int, bytes, bytes]]] = {}
+        self.ttl_cleanup = IncrementalCleanup(partition, self.key_group_range)
         # Every write takes this lock; a restore's swap takes it to retire the job, so a write
         # lands either before the swap (and is replaced with the rest) or is refused after it.
         self._lock = threading.RLock()
@@ -105,7 +105,7 @@ class Job:
         Also drops the TTL cleanup cursors: their iterators would keep the storage open."""
         with self._lock:
             self._replaced = True
-            self._cleanup_cursors.clear()
+            self.ttl_cleanup.clear()
 
     def revive(self) -> None:
         """Undo :meth:`retire` (a restore that failed to swap)."""
@@ -145,7 +145,7 @@ class Job:
             tx.delete(META_TABLE, 0, STATE_META + name.encode())
             tx.commit()
             del self.descriptors[name]
-            self._cleanup_cursors.pop(name, None)
+            self.ttl_cleanup.forget(name)
             self.partition.drop_table(name)
 
     # -- writer epochs (fencing) ---------------------------------------------------------
@@ -254,45 +254,8 @@ class Job:
                 raise
             tx.commit()
 
-    def incremental_cleanup(self, descriptor: StateDescriptor, tx: PartitionTransaction) -> None:
-        """Check the next few entries of a TTL state and drop what expired (Flink's
-        ``TtlIncrementalCleanup``): a lazy iterator over the whole state that wraps around."""
-        assert descriptor.ttl is not None
-        clean = ttl_cleaner(descriptor)
-        assert clean is not None
-        name = descriptor.name
-        now = self.clock.now_ms()
-        checked = 0
-        restarted = False
-        while checked < descriptor.ttl.cleanup_incremental_size:
-            cursor = self._cleanup_cursors.get(name)
-            if cursor is None:
-                if restarted:
-                    return  # the state is empty
-                cursor = self._cleanup_cursors[name] = self._all_entries(name)
-                restarted = True
-            entry = next(cursor, None)
-            if entry is None:
-                del self._cleanup_cursors[name]
-                continue
-            kg, primary, secondary = entry
-            checked += 1
-            raw = tx.get(name, kg, primary, secondary)
-            if raw is None:
-                continue
-            cleaned = clean(raw, now)
-            if cleaned is None:
-                tx.delete(name, kg, primary, secondary)
-            elif cleaned is not raw:
-                tx.put(name, kg, primary, cleaned, secondary)
-
-    def _all_entries(self, state: str) -> Iterator[tuple[int, bytes, bytes]]:
-        for kg in self.key_group_range:
-            for primary, secondary, _value in self.partition.scan(state, kg):
-                yield kg, primary, secondary
-
     def close(self) -> None:
-        self._cleanup_cursors.clear()
+        self.ttl_cleanup.clear()
         self.partition.close()
 
 

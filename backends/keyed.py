@@ -25,6 +25,7 @@ from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue
 from statehouse.backends.limits import Limits
 from statehouse.backends.ttl import Clock, TtlConfig, is_expired
+from statehouse.backends.ttl_cleanup import IncrementalCleanup
 
 Key = str | int
 
@@ -38,7 +39,8 @@ class KeyedContext(Protocol):
 
     def locate(self, descriptor: StateDescriptor, key: Key, namespace: str) -> tuple[int, bytes]: ...
 
-    def incremental_cleanup(self, descriptor: StateDescriptor, tx: PartitionTransaction) -> None: ...
+    @property
+    def ttl_cleanup(self) -> IncrementalCleanup: ...
 
 
 class KeyedState:
@@ -52,11 +54,16 @@ class KeyedState:
         self._ttl: TtlConfig | None = descriptor.ttl
         self._clock = job.clock
         self._limits = job.limits
+        self._cleaner = (
+            ttl_cleaner(descriptor) if self._ttl is not None and self._ttl.cleanup_incremental_size else None
+        )
 
     def _locate(self, key: Key, namespace: str) -> tuple[int, bytes]:
         located = self._job.locate(self.descriptor, key, namespace)
-        if self._ttl is not None and self._ttl.cleanup_incremental_size:
-            self._job.incremental_cleanup(self.descriptor, self._tx)
+        if self._cleaner is not None:
+            assert self._ttl is not None
+            budget = self._ttl.cleanup_incremental_size
+            self._job.ttl_cleanup.step(self._table, self._cleaner, budget, self._tx, self._clock.now_ms())
         return located
 
     def clear(self, key: Key, namespace: str = "") -> None:

@@ -16,13 +16,14 @@ msgpack, no model per operation) and returns its result: ``{"value": ...}`` for 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from statehouse.backends.errors import InvalidArgument, WrongStateKind
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, ValueState
 
-OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains")
+OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains"]
+OPS: tuple[str, ...] = get_args(OpName)
 _EMPTY: dict[str, Any] = {}
 
 
