@@ -7,8 +7,7 @@ the client distribution ships too.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from statehouse.backends.lazy import lazy_exports
 
 _EXPORTS = {
     "HeapStore": "statehouse.backends.heap",
@@ -24,8 +23,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'backends' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

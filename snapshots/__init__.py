@@ -13,8 +13,7 @@ the manager (which imports the backends).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from statehouse.backends.lazy import lazy_exports
 
 _EXPORTS = {
     "CheckpointConflict": "statehouse.snapshots.errors",
@@ -35,8 +34,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'statehouse.snapshots' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
