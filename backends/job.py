@@ -170,6 +170,8 @@ class Job:
             return current
 
     def check_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise InvalidArgument(f"epoch must be an integer, got {epoch!r}")
         current = self.epoch
         if epoch != current:
             raise StaleEpoch(
@@ -243,9 +245,14 @@ class Job:
     # -- transactions --------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[JobTransaction]:
-        """All operations inside commit together, or (on an exception) not at all."""
+    def transaction(self, epoch: int | None = None) -> Iterator[JobTransaction]:
+        """All operations inside commit together, or (on an exception) not at all.
+
+        With ``epoch``, the writer must hold the job's current writer epoch; checked under the
+        write lock, so a fence cannot slip between the check and the writes."""
         with self.exclusive():
+            if epoch is not None:
+                self.check_epoch(epoch)
             tx = JobTransaction(self)
             try:
                 yield tx

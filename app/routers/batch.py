@@ -35,11 +35,6 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     operations = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(operations, list):
         raise ApiError("invalid_argument", 'the body must be an object {"ops": [...]}')
-    epoch = body.get("epoch")
-    if epoch is not None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise ApiError("invalid_argument", "'epoch' must be an integer")
-        job.check_epoch(epoch)
     if len(operations) > service.settings.max_batch_ops:
         raise ApiError(
             "batch_too_large",
@@ -47,7 +42,7 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
             "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
         )
     results: list[dict[str, Any]] = []
-    with job.transaction() as tx:
+    with job.transaction(epoch=body.get("epoch")) as tx:
         for index, op in enumerate(operations):
             try:
                 results.append(ops.apply(tx, op))
