@@ -1,6 +1,7 @@
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
+from statehouse.snapshots import CheckpointManager
 
 
 @pytest.fixture(params=["heap", "rocksdb"])
@@ -18,8 +19,12 @@ def make_catalog(backend, tmp_path, clock):
     """Open catalogs of the parametrized backend; all are closed at teardown."""
     opened = []
 
-    def make(replica_index=0, replica_count=1, data_dir=None):
-        store = HeapStore() if backend == "heap" else RocksDBStore(str(data_dir or tmp_path / "data"))
+    def make(replica_index=0, replica_count=1, data_dir=None, incremental=True):
+        """``incremental``: the RocksDB store's checkpoint format (the heap backend's are always full)."""
+        if backend == "heap":
+            store = HeapStore()
+        else:
+            store = RocksDBStore(str(data_dir or tmp_path / "data"), incremental_checkpoints=incremental)
         catalog = JobCatalog(store, replica_index=replica_index, replica_count=replica_count, clock=clock)
         opened.append(catalog)
         return catalog
@@ -27,6 +32,24 @@ def make_catalog(backend, tmp_path, clock):
     yield make
     for catalog in opened:
         catalog.close()
+
+
+@pytest.fixture
+def make_manager():
+    """Build CheckpointManagers; every one made is closed at teardown (closing twice is harmless).
+
+    Request it after ``make_catalog`` so that managers close before their catalogs.
+    """
+    made = []
+
+    def make(catalog, storage, **kwargs):
+        manager = CheckpointManager(catalog, storage, **kwargs)
+        made.append(manager)
+        return manager
+
+    yield make
+    for manager in made:
+        manager.close()
 
 
 @pytest.fixture

@@ -12,22 +12,20 @@ import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore, StateDescriptor
 from statehouse.backends.errors import JobReplaced
-from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots import open_storage
 from statehouse.snapshots.errors import SnapshotCorrupt
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 
 @pytest.fixture(params=["full", "incremental"])
-def setup(request, make_catalog, tmp_path):
+def setup(request, make_catalog, make_manager, tmp_path):
     """A job with a completed checkpoint 1, then changed after it (so a restore is visible)."""
-    catalog = make_catalog()
+    catalog = make_catalog(incremental=request.param == "incremental")
     if catalog.store.name == "heap" and request.param == "incremental":
         pytest.skip("the heap backend takes full checkpoints only")
     job, _ = catalog.create("orders", 128)
     populate(job, 120)
-    if catalog.store.name == "rocksdb":
-        catalog.store.incremental_checkpoints = request.param == "incremental"
-    manager = CheckpointManager(catalog, open_storage(str(tmp_path / "checkpoints")))
+    manager = make_manager(catalog, open_storage(str(tmp_path / "checkpoints")))
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     checkpointed = dump(job)
@@ -36,8 +34,7 @@ def setup(request, make_catalog, tmp_path):
         for key in ("k1", "k2", "k3"):  # TTL reads leave an incremental-cleanup cursor open
             tx.value("t").get(key)
     job.fence(7)
-    yield catalog, manager, checkpointed
-    manager.close()
+    return catalog, manager, checkpointed
 
 
 def snapshot_of(job):
@@ -147,12 +144,12 @@ def test_writes_racing_a_restore_land_before_it_or_are_refused(setup):
         assert tx.value("v").get("racer") == max(on_new)
 
 
-def test_rocksdb_swap_rolls_back_when_the_new_database_cannot_open(tmp_path, monkeypatch):
+def test_rocksdb_swap_rolls_back_when_the_new_database_cannot_open(make_manager, tmp_path, monkeypatch):
     """Failing inside the directory swap itself (after the live database was closed)."""
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
     job, _ = catalog.create("orders", 128)
     populate(job, 50)
-    manager = CheckpointManager(catalog, open_storage(str(tmp_path / "checkpoints")))
+    manager = make_manager(catalog, open_storage(str(tmp_path / "checkpoints")))
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     with job.transaction() as tx:
@@ -175,11 +172,10 @@ def test_rocksdb_swap_rolls_back_when_the_new_database_cannot_open(tmp_path, mon
     assert_serving(catalog)
     data = tmp_path / "data"
     assert not os.path.exists(data / "$staging" / "orders") and not os.path.exists(data / "$retired" / "orders")
-    manager.close()
     catalog.close()
 
 
-def test_a_build_refused_by_the_backend_leaves_the_job(tmp_path):
+def test_a_build_refused_by_the_backend_leaves_the_job(make_manager, tmp_path):
     """A heap savepoint with a state RocksDB cannot hold, restored into RocksDB: the restore
     fails, the live job keeps its states and data (it used to be left empty)."""
     storage = open_storage(str(tmp_path / "checkpoints"))
@@ -188,20 +184,19 @@ def test_a_build_refused_by_the_backend_leaves_the_job(tmp_path):
     source.register_state(StateDescriptor("default", "value"))
     with source.transaction() as tx:
         tx.value("default").update("k", 1)
-    saver = CheckpointManager(heap, storage)
+    saver = make_manager(heap, storage)
     saver.trigger("orders", 1, kind="savepoint")
     saver.complete("orders", 1)
-    saver.close()
+    saver.close()  # the heap deployment stops
 
     rocks = JobCatalog(RocksDBStore(str(tmp_path / "data")))
     live, _ = rocks.create("orders", 128)
     populate(live, 40)
     before = snapshot_of(live)
-    manager = CheckpointManager(rocks, storage)
+    manager = make_manager(rocks, storage)
     with pytest.raises(Exception):  # noqa: B017 - RocksDB's own refusal; the point is what survives
         manager.restore("orders", 1)
     assert rocks.get("orders") is live and snapshot_of(live) == before
-    manager.close()
     rocks.close()
 
 

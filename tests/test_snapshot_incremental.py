@@ -8,7 +8,7 @@ import os
 import pytest
 
 from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
-from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots import open_storage
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.registry import SharedStateRegistry
 from tests.test_snapshot_support import dump
@@ -55,10 +55,10 @@ def rocks(tmp_path):
     catalog.close()
 
 
-def test_second_checkpoint_uploads_only_new_files(rocks, tmp_path):
+def test_second_checkpoint_uploads_only_new_files(rocks, make_manager, tmp_path):
     catalog, job = rocks
     storage = open_storage(str(tmp_path / "cp"))
-    manager = CheckpointManager(catalog, storage, num_retained=2)
+    manager = make_manager(catalog, storage, num_retained=2)
     for round_ in range(3):  # several SSTs: each freeze flushes the memtable into a new one
         _write(job, round_ * 4000, 4000)
         manager.trigger("orders", round_ + 1)
@@ -77,13 +77,12 @@ def test_second_checkpoint_uploads_only_new_files(rocks, tmp_path):
     _write(job, 50_000, 10)
     manager.restore("orders", 4)
     assert dump(catalog.get("orders")) == expected
-    manager.close()
 
 
-def test_retention_deletes_exactly_unused_shared_files(rocks, tmp_path):
+def test_retention_deletes_exactly_unused_shared_files(rocks, make_manager, tmp_path):
     catalog, job = rocks
     storage = open_storage(str(tmp_path / "cp"))
-    manager = CheckpointManager(catalog, storage, num_retained=2)
+    manager = make_manager(catalog, storage, num_retained=2)
     uploaded = set()
     for checkpoint_id in range(1, 7):
         _write(job, checkpoint_id * 1000, 1000)
@@ -98,23 +97,22 @@ def test_retention_deletes_exactly_unused_shared_files(rocks, tmp_path):
     assert len(uploaded) > len(shared), "compacted-away SSTs of subsumed checkpoints were deleted"
     chk_dirs = {p.split("/")[1] for p in storage.list("orders") if p.split("/")[1].startswith("chk-")}
     assert chk_dirs == {"chk-5", "chk-6"}
-    manager.close()
 
 
-def test_registry_and_reuse_survive_restart(tmp_path):
+def test_registry_and_reuse_survive_restart(make_manager, tmp_path):
     data, cp = str(tmp_path / "data"), str(tmp_path / "cp")
     catalog = JobCatalog(RocksDBStore(data))
     job, _ = catalog.create("orders", 128)
     job.register_state(StateDescriptor("v", "value"))
     _write(job, 0, 3000)
-    manager = CheckpointManager(catalog, open_storage(cp))
+    manager = make_manager(catalog, open_storage(cp))
     manager.trigger("orders", 1)
     first = manager.complete("orders", 1)
-    manager.close()
+    manager.close()  # the process stops
     catalog.close()
 
     catalog = JobCatalog(RocksDBStore(data))  # a new process over the same disk and storage
-    manager = CheckpointManager(catalog, open_storage(cp))
+    manager = make_manager(catalog, open_storage(cp))
     assert [(i.checkpoint_id, i.status) for i in manager.list("orders")] == [(1, "completed")]
     _write(catalog.get("orders"), 5000, 5)
     second = manager.complete("orders", manager.trigger("orders").checkpoint_id)
@@ -123,5 +121,4 @@ def test_registry_and_reuse_survive_restart(tmp_path):
     expected = dump(catalog.get("orders"))
     manager.restore("orders", 2)
     assert dump(catalog.get("orders")) == expected
-    manager.close()
     catalog.close()

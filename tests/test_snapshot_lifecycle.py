@@ -3,41 +3,24 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
-from statehouse.snapshots import CheckpointManager, CheckpointNotReady, SnapshotCorrupt, open_storage
-from statehouse.snapshots.storage.local import LocalOutputStream, LocalStorage
+from statehouse.snapshots import CheckpointNotReady, SnapshotCorrupt, open_storage
+from statehouse.snapshots.storage.local import LocalStorage
+from tests.gated import gated
 from tests.test_snapshot_support import dump, populate
 
 
-class GatedStorage(LocalStorage):
-    """A real local storage whose writes wait for a gate: an upload that takes as long as the test wants."""
-
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
-        self.gate = threading.Event()
-
-    def create_output(self, path: str) -> LocalOutputStream:
-        if "_metadata" not in path:
-            assert self.gate.wait(30)
-        return super().create_output(path)
-
-    def put_file(self, path, local_path):
-        assert self.gate.wait(30)
-        return super().put_file(path, local_path)
-
-
-def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, tmp_path):
+def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, make_manager, tmp_path):
     catalog = make_catalog()
     job, _ = catalog.create("orders", 128)
     populate(job, 100)
     expected = dump(job)
-    storage = GatedStorage(str(tmp_path / "cp"))
-    manager = CheckpointManager(catalog, storage, complete_timeout_s=0.2)
+    storage = gated(LocalStorage, str(tmp_path / "cp"))  # every write but the metadata waits
+    manager = make_manager(catalog, storage, complete_timeout_s=0.2)
 
     started = time.monotonic()
     assert manager.trigger("orders", 1).status == "in_progress"
@@ -55,18 +38,16 @@ def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, tmp_
     manager.complete("orders", 1)
     manager.restore("orders", 1)
     assert dump(catalog.get("orders")) == expected
-    manager.close()
 
 
 @pytest.mark.parametrize("victim", ["keyed.bin", "operator.bin", "_metadata", ".sst"])
-def test_corrupt_file_is_refused_and_state_kept(tmp_path, victim):
+def test_corrupt_file_is_refused_and_state_kept(make_manager, tmp_path, victim):
     # SST files exist only in incremental (RocksDB) checkpoints; the others are tested on the heap backend.
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")) if victim == ".sst" else HeapStore())
-    # SST files exist only in incremental (RocksDB) checkpoints
     job, _ = catalog.create("orders", 128)
     populate(job, 100)
     storage = open_storage(str(tmp_path / "cp"))
-    manager = CheckpointManager(catalog, storage)
+    manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     path = next(p for p in storage.list("orders") if victim in p)
@@ -82,15 +63,14 @@ def test_corrupt_file_is_refused_and_state_kept(tmp_path, victim):
         manager.restore("orders", 1)
     with catalog.get("orders").transaction() as tx:  # nothing was touched
         assert tx.value("v").get("k1") == "live"
-    manager.close()
     catalog.close()
 
 
-def test_partial_restore_checks_its_sections(tmp_path):
+def test_partial_restore_checks_its_sections(make_manager, tmp_path):
     storage = open_storage(str(tmp_path / "cp"))
     catalog = JobCatalog(HeapStore())
     populate(catalog.create("orders", 128)[0], 200)
-    manager = CheckpointManager(catalog, storage)
+    manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     path = os.path.join(storage.root, "orders/chk-1/replica-0-of-1/keyed.bin")
@@ -99,31 +79,29 @@ def test_partial_restore_checks_its_sections(tmp_path):
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
-    CheckpointManager(JobCatalog(HeapStore(), replica_index=0, replica_count=2), storage).restore("orders", 1)
+    make_manager(JobCatalog(HeapStore(), replica_index=0, replica_count=2), storage).restore("orders", 1)
     with pytest.raises(SnapshotCorrupt, match="key group 127"):
-        CheckpointManager(JobCatalog(HeapStore(), replica_index=1, replica_count=2), storage).restore("orders", 1)
-    manager.close()
+        make_manager(JobCatalog(HeapStore(), replica_index=1, replica_count=2), storage).restore("orders", 1)
 
 
-def test_completed_checkpoint_survives_the_process(make_catalog, tmp_path):
+def test_completed_checkpoint_survives_the_process(make_catalog, make_manager, tmp_path):
     location = str(tmp_path / "cp")
     catalog = make_catalog(data_dir=tmp_path / "a")
     job, _ = catalog.create("orders", 128)
     populate(job, 150)
     expected = dump(job)
-    manager = CheckpointManager(catalog, open_storage(location), num_retained=2)
+    manager = make_manager(catalog, open_storage(location), num_retained=2)
     for checkpoint_id in (1, 2, 3):
         manager.trigger("orders", checkpoint_id)
         manager.complete("orders", checkpoint_id)
     manager.trigger("orders", 4)  # never completed: a crash loses it
     manager.wait("orders", 4, 30)
-    manager.close()
+    manager.close()  # the process stops
 
     fresh = make_catalog(data_dir=tmp_path / "b")  # a new process, empty local state
-    restarted = CheckpointManager(fresh, open_storage(location), num_retained=2)
+    restarted = make_manager(fresh, open_storage(location), num_retained=2)
     assert [(i.checkpoint_id, i.status) for i in restarted.list("orders")] == [(2, "completed"), (3, "completed")]
     info = restarted.restore("orders")  # the latest completed checkpoint
     assert info.checkpoint_id == 3
     assert dump(fresh.get("orders")) == expected
     assert restarted.trigger("orders").checkpoint_id == 5  # ids keep increasing past the lost attempt
-    restarted.close()

@@ -10,7 +10,7 @@ from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
 from statehouse.backends.codec import decode_primary
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
 from statehouse.keygroups import assign_to_key_group
-from statehouse.snapshots import CheckpointManager, RestoreIncomplete, open_storage
+from statehouse.snapshots import RestoreIncomplete, open_storage
 from tests.test_snapshot_support import dump, operator_dump, owner, populate
 
 
@@ -18,8 +18,8 @@ def _layout(make_catalog, count, tmp_path, tag):
     return [make_catalog(i, count, tmp_path / f"{tag}-{i}") for i in range(count)]
 
 
-def _checkpoint(catalogs, storage, checkpoint_id, **kwargs):
-    managers = [CheckpointManager(c, storage, **kwargs) for c in catalogs]
+def _checkpoint(make_manager, catalogs, storage, checkpoint_id, **kwargs):
+    managers = [make_manager(c, storage, **kwargs) for c in catalogs]
     for m in managers:
         m.trigger("orders", checkpoint_id)
     for m in managers:  # the coordinator: every replica uploaded, then complete everywhere
@@ -30,7 +30,7 @@ def _checkpoint(catalogs, storage, checkpoint_id, **kwargs):
 
 
 @pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 2)])
-def test_rescale(make_catalog, tmp_path, old, new):
+def test_rescale(make_catalog, make_manager, tmp_path, old, new):
     storage = open_storage(f"memory://{uuid.uuid4().hex}")
     before = _layout(make_catalog, old, tmp_path, "old")
     expected = {}
@@ -38,15 +38,14 @@ def test_rescale(make_catalog, tmp_path, old, new):
         job, _ = catalog.create("orders", 128)
         populate(job, 300, tag=f"r{catalog.replica_index}")
         expected.update(dump(job))
-    for m in _checkpoint(before, storage, 1):
-        m.close()
+    for m in _checkpoint(make_manager, before, storage, 1):
+        m.close()  # the old layout stops
 
     after = _layout(make_catalog, new, tmp_path, "new")
     seen = {}
     lists = {}
     for catalog in after:
-        manager = CheckpointManager(catalog, storage)
-        info = manager.restore("orders", 1, operator_parallelism={"src": new})
+        info = make_manager(catalog, storage).restore("orders", 1, operator_parallelism={"src": new})
         assert len(info.parts) == old
         job = catalog.get("orders")
         assert tuple(job.key_group_range.as_list()) == info.key_group_range
@@ -64,7 +63,6 @@ def test_rescale(make_catalog, tmp_path, old, new):
                     lists[subtask] = tx.operator.list_get("src", subtask, "offsets")
                     assert sorted(tx.operator.list_get("src", subtask, "all")) == [f"u{i}" for i in range(old)]
             assert tx.operator.broadcast_get("rules", "cfg", "limit") == 10
-        manager.close()
     assert seen == expected  # every key exactly once, on its new owner
 
     old_states = [OperatorSubtaskState(lists={"offsets": ("split", [i, f"r{i}"])}) for i in range(old)]
@@ -72,38 +70,36 @@ def test_rescale(make_catalog, tmp_path, old, new):
     assert lists == {s: (want[s].lists["offsets"][1] or None) for s in range(new)}
 
 
-def test_restore_refuses_missing_parts(make_catalog, tmp_path):
+def test_restore_refuses_missing_parts(make_catalog, make_manager, tmp_path):
     storage = open_storage(f"memory://{uuid.uuid4().hex}")
     before = _layout(make_catalog, 2, tmp_path, "old")
     for catalog in before:
         populate(catalog.create("orders", 128)[0], 50)
-    managers = [CheckpointManager(c, storage) for c in before]
+    managers = [make_manager(c, storage) for c in before]
     for m in managers:
         m.trigger("orders", 1)
     managers[0].complete("orders", 1)  # replica 1 never completes
     target = make_catalog(0, 1, tmp_path / "single")
     with pytest.raises(RestoreIncomplete, match="do not cover key groups 64-127"):
-        CheckpointManager(target, storage).restore("orders", 1)
+        make_manager(target, storage).restore("orders", 1)
     # replica 0 of 2 only needs its own part
     fresh = make_catalog(0, 2, tmp_path / "fresh")
-    CheckpointManager(fresh, storage).restore("orders", 1)
-    for m in managers:
-        m.close()
+    make_manager(fresh, storage).restore("orders", 1)
 
 
-def test_savepoint_moves_between_backends(tmp_path):
+def test_savepoint_moves_between_backends(make_manager, tmp_path):
     storage = open_storage(str(tmp_path / "cp"))
     heap = JobCatalog(HeapStore())
     job, _ = heap.create("orders", 256)
     populate(job, 200, tag="heap")
     expected, expected_ops = dump(job), operator_dump(job)
-    manager = CheckpointManager(heap, storage)
+    manager = make_manager(heap, storage)
     manager.trigger("orders", 1, kind="savepoint")
     location = manager.complete("orders", 1).location
     assert location.endswith("orders/savepoints/sp-1")
 
     rocks = JobCatalog(RocksDBStore(str(tmp_path / "rocks")))
-    rocks_manager = CheckpointManager(rocks, storage)
+    rocks_manager = make_manager(rocks, storage)
     rocks_manager.restore("orders", location=location)
     assert dump(rocks.get("orders")) == expected and operator_dump(rocks.get("orders")) == expected_ops
 
@@ -111,42 +107,39 @@ def test_savepoint_moves_between_backends(tmp_path):
     rocks_manager.trigger("orders", 2)
     assert rocks_manager.complete("orders", 2).format == "incremental"
     heap2 = JobCatalog(HeapStore())
-    CheckpointManager(heap2, storage).restore("orders", 2)
+    make_manager(heap2, storage).restore("orders", 2)
     assert dump(heap2.get("orders")) == expected
-    for m in (manager, rocks_manager):
-        m.close()
     rocks.close()
 
 
-def test_partial_restore_reads_about_half(tmp_path):
+def test_partial_restore_reads_about_half(make_manager, tmp_path):
     storage = open_storage(str(tmp_path / "cp"))
     source = JobCatalog(HeapStore())
     job, _ = source.create("orders", 128)
     populate(job, 3000)
-    manager = CheckpointManager(source, storage, compression="none")
+    manager = make_manager(source, storage, compression="none")
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
     keyed_size = len(storage.read("orders/chk-1/replica-0-of-1/keyed.bin"))
 
     half = JobCatalog(HeapStore(), replica_index=1, replica_count=2)
-    info = CheckpointManager(half, storage).restore("orders", 1)
+    info = make_manager(half, storage).restore("orders", 1)
     keyed_read = info.bytes_read
     assert 0.4 * keyed_size < keyed_read < 0.62 * keyed_size, (keyed_read, keyed_size)
-    manager.close()
 
 
-def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, tmp_path):
+def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, make_manager, tmp_path):
     storage = open_storage(f"memory://{uuid.uuid4().hex}")
     before = _layout(make_catalog, 2, tmp_path, "old")
     for catalog in before:
         populate(catalog.create("orders", 128)[0], 100)
-    old_managers = _checkpoint(before, storage, 1, num_retained=2)
+    old_managers = _checkpoint(make_manager, before, storage, 1, num_retained=2)
     for m in old_managers:
         m.trigger("orders", 2)
         m.complete("orders", 2)
-        m.close()
+        m.close()  # the old layout stops
     after = _layout(make_catalog, 3, tmp_path, "new")
-    managers = [CheckpointManager(c, storage, num_retained=2) for c in after]
+    managers = [make_manager(c, storage, num_retained=2) for c in after]
     for m in managers:
         m.restore("orders", 2)
 
@@ -163,8 +156,6 @@ def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, tmp_pat
             m = _metadata(storage, path)
             referenced |= {h.under(path.rsplit("/", 1)[0]).path for h in m.shared_handles().values()}
     assert set(storage.list("orders/shared")) == referenced
-    for m in managers:
-        m.close()
 
 
 def _metadata(storage, path):

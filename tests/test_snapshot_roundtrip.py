@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from statehouse.backends import StateDescriptor, TtlConfig
-from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots import open_storage
 from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
 from tests.test_snapshot_support import dump, operator_dump, populate
 
@@ -19,29 +19,13 @@ def storage(request, tmp_path):
     return open_storage(f"memory://{uuid.uuid4().hex}/root")
 
 
-@pytest.fixture
-def manager_for(storage):
-    managers = []
-
-    def make(catalog, incremental=True, **kwargs):
-        if catalog.store.name == "rocksdb":
-            catalog.store.incremental_checkpoints = incremental
-        manager = CheckpointManager(catalog, storage, **kwargs)
-        managers.append(manager)
-        return manager
-
-    yield make
-    for manager in managers:
-        manager.close()
-
-
 @pytest.mark.parametrize("incremental", [True, False])
-def test_round_trip(make_catalog, manager_for, incremental, tmp_path):
-    catalog = make_catalog()
+def test_round_trip(make_catalog, make_manager, storage, incremental):
+    catalog = make_catalog(incremental=incremental)
     job, _ = catalog.create("orders", 128)
     populate(job)
     expected, expected_ops = dump(job), operator_dump(job)
-    manager = manager_for(catalog, incremental=incremental)
+    manager = make_manager(catalog, storage)
 
     info = manager.trigger("orders")
     assert info.checkpoint_id == 1 and info.status == "in_progress"
@@ -68,11 +52,11 @@ def test_round_trip(make_catalog, manager_for, incremental, tmp_path):
     assert job.descriptor("t").ttl.ttl_ms == 1_000
 
 
-def test_ids_lifecycle_and_errors(make_catalog, manager_for):
+def test_ids_lifecycle_and_errors(make_catalog, make_manager, storage):
     catalog = make_catalog()
     job, _ = catalog.create("j", 128)
     populate(job, 20)
-    manager = manager_for(catalog)
+    manager = make_manager(catalog, storage)
     manager.trigger("j", 5)
     with pytest.raises(CheckpointConflict):
         manager.trigger("j", 5)
@@ -89,8 +73,8 @@ def test_ids_lifecycle_and_errors(make_catalog, manager_for):
     assert [(i.checkpoint_id, i.status) for i in manager.list("j")] == [(5, "completed"), (6, "aborted")]
 
 
-def test_ttl_expired_data_is_not_in_full_snapshot(make_catalog, manager_for, clock):
-    catalog = make_catalog()
+def test_ttl_expired_data_is_not_in_full_snapshot(make_catalog, make_manager, storage, clock):
+    catalog = make_catalog(incremental=False)
     job, _ = catalog.create("j", 128)
     job.register_state(StateDescriptor("t", "value", ttl=TtlConfig(100, cleanup_incremental_size=0)))
     with job.transaction() as tx:
@@ -99,7 +83,7 @@ def test_ttl_expired_data_is_not_in_full_snapshot(make_catalog, manager_for, clo
     with job.transaction() as tx:
         tx.value("t").update("young", 2)
     clock.advance(50)  # "old" expired, "young" not
-    manager = manager_for(catalog, incremental=False)
+    manager = make_manager(catalog, storage)
     manager.trigger("j", 1, kind="savepoint")
     manager.complete("j", 1)
     manager.restore("j", 1)

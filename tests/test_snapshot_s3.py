@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
-from statehouse.snapshots import CheckpointManager, SnapshotCorrupt, open_storage
+from statehouse.snapshots import SnapshotCorrupt, open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
+from tests.gated import data_sections, gated
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 
 @pytest.mark.parametrize("incremental", [True, False])
-def test_round_trip_on_s3(make_catalog, s3_server, s3_location, incremental):
-    catalog = make_catalog()
+def test_round_trip_on_s3(make_catalog, make_manager, s3_server, s3_location, incremental):
+    catalog = make_catalog(incremental=incremental)
     job, _ = catalog.create("orders", 128)
     populate(job, 300)
     expected, expected_ops = dump(job), operator_dump(job)
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
-    if catalog.store.name == "rocksdb":
-        catalog.store.incremental_checkpoints = incremental
-    manager = CheckpointManager(catalog, storage)
+    manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)
     info = manager.complete("orders", 1)
     assert info.location == f"{s3_location}/orders/chk-1"
@@ -34,9 +31,8 @@ def test_round_trip_on_s3(make_catalog, s3_server, s3_location, incremental):
     manager.trigger("orders", 2, kind="savepoint")
     location = manager.complete("orders", 2).location
     half = JobCatalog(HeapStore(), replica_index=1, replica_count=2)
-    CheckpointManager(half, storage, s3_endpoint_url=s3_server.endpoint).restore("orders", location=location)
+    make_manager(half, storage, s3_endpoint_url=s3_server.endpoint).restore("orders", location=location)
     assert dump(half.get("orders")) == {k: v for k, v in expected.items() if k[1] >= 64}
-    manager.close()
 
 
 def test_ranged_reads_and_multipart(s3_server, s3_location):
@@ -59,31 +55,16 @@ def test_ranged_reads_and_multipart(s3_server, s3_location):
         storage.read_verified(handle)
 
 
-class _GatedS3(S3Storage):
-    """Real S3 storage whose keyed-file writes wait for a gate, so the test can pull S3 away mid-upload."""
-
-    gate: threading.Event
-
-    def create_output(self, path):
-        if "keyed.bin" in path or "operator.bin" in path:
-            assert self.gate.wait(30)
-        return super().create_output(path)
-
-    def put_file(self, path, local_path):
-        assert self.gate.wait(30)
-        return super().put_file(path, local_path)
-
-
-def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(s3_server, s3_location, tmp_path):
+def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(make_manager, s3_server, s3_location, tmp_path):
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
     job, _ = catalog.create("orders", 128)
     populate(job, 200)
     expected = dump(job)
     bucket, prefix = s3_location[len("s3://") :].split("/", 1)
-    storage = _GatedS3(bucket, prefix, endpoint_url=s3_server.endpoint)
-    storage.gate = threading.Event()
+    # the keyed and operator files wait for the gate, so the test can pull S3 away mid-upload
+    storage = gated(S3Storage, bucket, prefix, endpoint_url=s3_server.endpoint, gates=data_sections)
     storage.gate.set()
-    manager = CheckpointManager(catalog, storage)
+    manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
 
@@ -103,7 +84,6 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(s3_server, s3_loc
     assert dump(catalog.get("orders")) == expected
     assert manager.trigger("orders").checkpoint_id == 3  # and checkpointing goes on
     assert manager.complete("orders", 3).status == "completed"
-    manager.close()
     catalog.close()
 
 
