@@ -54,16 +54,14 @@ class KeyedState:
         self._ttl: TtlConfig | None = descriptor.ttl
         self._clock = job.clock
         self._limits = job.limits
-        self._cleaner = (
-            ttl_cleaner(descriptor) if self._ttl is not None and self._ttl.cleanup_incremental_size else None
-        )
+        # Incremental TTL cleanup: what each access checks, fixed for the descriptor.
+        self._cleanup_budget = self._ttl.cleanup_incremental_size if self._ttl is not None else 0
+        self._cleaner = ttl_cleaner(descriptor) if self._cleanup_budget else None
 
     def _locate(self, key: Key, namespace: str) -> tuple[int, bytes]:
         located = self._job.locate(self.descriptor, key, namespace)
         if self._cleaner is not None:
-            assert self._ttl is not None
-            budget = self._ttl.cleanup_incremental_size
-            self._job.ttl_cleanup.step(self._table, self._cleaner, budget, self._tx, self._clock.now_ms())
+            self._job.ttl_cleanup.step(self._table, self._cleaner, self._cleanup_budget, self._tx, self._clock.now_ms())
         return located
 
     def clear(self, key: Key, namespace: str = "") -> None:

@@ -3,7 +3,6 @@ notifyCheckpointAborted / initializeState), one replica's part of each."""
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
@@ -15,7 +14,6 @@ from statehouse.app.models import CheckpointInfoModel, CheckpointPage, RestoreBo
 from statehouse.app.paging import PageDep
 
 router = APIRouter(prefix="/v1", tags=["checkpoints"])
-log = logging.getLogger(__name__)
 
 CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id")]
 
@@ -47,9 +45,7 @@ async def list_checkpoints(
 
 
 @router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
-async def get_checkpoint(
-    service: ServiceDep, job: JobName, checkpoint_id: CheckpointId
-) -> Any:
+async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: CheckpointId) -> Any:
     return service.checkpoints.get(job, checkpoint_id)
 
 
@@ -71,9 +67,7 @@ async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -
 
 
 @router.post("/jobs/{job}/restore", response_model=RestoreInfoModel, responses=doc.RESTORE)
-async def restore(
-    service: ServiceDep, job: JobName, body: RestoreBody | None = None
-) -> Any:
+async def restore(service: ServiceDep, job: JobName, body: RestoreBody | None = None) -> Any:
     """Replace the job's state on this replica with its key groups of a completed checkpoint or savepoint
     (`{"checkpoint_id": N}`, `{"location": "..."}`, or the latest completed checkpoint). Parts written by
     any number of replicas are read (rescaling). The job answers 503 while it restores."""
