@@ -108,7 +108,7 @@ def test_savepoint_and_restore_errors(http, job):
     assert missing.status_code == 404 and missing.json()["code"] == "checkpoint_not_found"
     both = http.post(f"{job}/restore", json={"checkpoint_id": 7, "location": savepoint["location"]})
     assert both.status_code == 422
-    for outside in ("/etc", savepoint["location"] + "/../../../..", "file:///tmp"):
+    for outside in ("/etc", savepoint["location"] + "/../../../..", "file:///tmp", "memory://x/y", "/tmp/a\x00b"):
         escaped = http.post(f"{job}/restore", json={"location": outside})
         assert escaped.status_code == 400 and escaped.json()["code"] == "invalid_location"
     assert total(http, job, "a") == 1
