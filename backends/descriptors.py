@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from statehouse.backends.errors import IncompatibleState, InvalidArgument
-from statehouse.backends.functions import AGGREGATE_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
+from statehouse.backends.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
 from statehouse.backends.names import validate_name
 from statehouse.backends.ttl import TtlConfig
 from statehouse.keygroups import KEY_TYPES, KeyType
@@ -37,18 +37,40 @@ class StateDescriptor:
         functions = self.available_functions()
         if functions is None:
             if self.function is not None:
-                raise InvalidArgument(f"a {self.kind} state takes no function; remove 'function'")
+                raise InvalidArgument(
+                    f"a {self.kind} state takes no function; remove 'function' "
+                    "(only reducing, aggregating and map states take one)"
+                )
+        elif self.kind == "map":
+            if self.function is not None and self.function not in functions:
+                raise InvalidArgument(self._map_function_error(functions))
         elif self.function not in functions:
             raise InvalidArgument(
                 f"a {self.kind} state needs 'function', one of: {', '.join(sorted(functions))}"
                 + (f" (got {self.function!r})" if self.function is not None else "")
             )
 
+    def _map_function_error(self, functions: dict[str, StateFunction]) -> str:
+        detail = (
+            f"a map state's optional 'function' (what map_add folds values with) must be one of: "
+            f"{', '.join(sorted(functions))}; got {self.function!r}"
+        )
+        if self.function in AGGREGATE_FUNCTIONS:
+            # e.g. avg: a map entry would hold [sum, count], which is what map_get would return.
+            detail += (
+                f" ({self.function!r} keeps an accumulator other than its result, and map_get returns what is "
+                "stored; use an aggregating state)"
+            )
+        return detail
+
     def available_functions(self) -> dict[str, StateFunction] | None:
+        """The functions this kind may name (a map's is optional), or ``None`` if it takes none."""
         if self.kind == "reducing":
             return REDUCE_FUNCTIONS
         if self.kind == "aggregating":
             return AGGREGATE_FUNCTIONS
+        if self.kind == "map":
+            return MAP_FUNCTIONS
         return None
 
     @property
@@ -61,10 +83,13 @@ class StateDescriptor:
         """Refuse what would misread stored bytes, as Flink refuses incompatible state.
 
         The TTL duration, update type and visibility may change (stored timestamps stay
-        valid); switching TTL on or off changes the stored layout and is refused.
+        valid); switching TTL on or off changes the stored layout and is refused. A map without
+        function may gain one: its entries are stored alike either way.
         """
         for field in ("kind", "key_type", "function"):
             old, new = getattr(existing, field), getattr(self, field)
+            if field == "function" and self.kind == "map" and old is None:
+                continue  # the kinds are equal here: checked first
             if old != new:
                 raise IncompatibleState(
                     f"state {self.name!r} exists with {field}={old!r}; cannot re-register it with "

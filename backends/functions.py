@@ -5,7 +5,9 @@ Each function is an accumulator machine: ``add(acc, value)`` folds one input int
 accumulator (``acc is None`` before the first input) and ``result(acc)`` is what a read
 returns. For reducing functions the accumulator is the result (Flink's ``ReduceFunction``);
 aggregating functions may have an accumulator, input and output of different types
-(Flink's ``AggregateFunction``).
+(Flink's ``AggregateFunction``). A map state may name one of ``MAP_FUNCTIONS`` to fold values
+into single entries (``map_add``); there the accumulator may also have been written by
+``map_put``, so functions check it as well as the input.
 """
 
 from __future__ import annotations
@@ -22,8 +24,20 @@ def _number(function: str, value: Any) -> int | float:
     return value
 
 
+def _stored_number(function: str, acc: Any, accepted: str = "a number") -> int | float:
+    """The accumulator so far; a map entry may hold anything ``map_put`` wrote."""
+    if isinstance(acc, bool) or not isinstance(acc, int | float):
+        raise InvalidValue(
+            f"function {function!r} cannot fold into the stored {type(acc).__name__} {acc!r}; "
+            f"put {accepted} there or remove the entry first"
+        )
+    return acc
+
+
 def _comparable(function: str, acc: Any, value: Any) -> Any:
     """min/max accept numbers or strings, but never a mix of the two."""
+    if acc is not None and not isinstance(acc, str):
+        _stored_number(function, acc, "a number or a string")
     if isinstance(value, str):
         if acc is not None and not isinstance(acc, str):
             raise InvalidValue(f"function {function!r} cannot compare string {value!r} with a number")
@@ -50,7 +64,7 @@ class Sum(StateFunction):
 
     def add(self, acc: Any | None, value: Any) -> Any:
         value = _number(self.name, value)
-        return value if acc is None else acc + value
+        return value if acc is None else _stored_number(self.name, acc) + value
 
 
 class Min(StateFunction):
@@ -73,7 +87,7 @@ class Count(StateFunction):
     name, description = "count", "number of values added"
 
     def add(self, acc: Any | None, value: Any) -> Any:
-        return 1 if acc is None else acc + 1
+        return 1 if acc is None else _stored_number(self.name, acc) + 1
 
 
 class First(StateFunction):
@@ -128,3 +142,6 @@ def _by_name(*functions: StateFunction) -> dict[str, StateFunction]:
 
 REDUCE_FUNCTIONS = _by_name(Sum(), Min(), Max(), Count(), First(), Last())
 AGGREGATE_FUNCTIONS = _by_name(Avg(), Count(), Sum(), Min(), Max(), Summary())
+# A map entry is read back as stored (map_get has no result step), so a map takes only the
+# reducing functions whose accumulator is their result.
+MAP_FUNCTIONS = {name: f for name, f in REDUCE_FUNCTIONS.items() if type(f).result is StateFunction.result}

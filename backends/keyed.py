@@ -22,7 +22,8 @@ from statehouse.backends.codec import (
     split_timestamped,
 )
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidValue
+from statehouse.backends.errors import InvalidValue, WrongStateKind
+from statehouse.backends.functions import StateFunction
 from statehouse.backends.limits import Limits
 from statehouse.backends.ttl import Clock, TtlConfig, is_expired
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
@@ -194,6 +195,35 @@ class MapState(KeyedState):
         kg, primary = self._locate(key, namespace)
         for secondary, value in encoded:
             self._write(kg, primary, value, secondary)
+
+    def add(self, key: Key, user_key: str, value: Any, namespace: str = "") -> None:
+        self.add_all(key, user_key, [value], namespace)
+
+    def add_all(self, key: Key, user_key: str, values: Iterable[Any], namespace: str = "") -> None:
+        """Fold values into one entry with the descriptor's function: ``ReducingState.add`` per
+        user key. As ``put`` does, the write gives the entry a new TTL timestamp; an expired
+        entry is never folded into."""
+        function = self._add_function()
+        secondary = self._user_key(user_key)
+        kg, primary = self._locate(key, namespace)
+        elements = list(values)
+        if any(v is None for v in elements):
+            raise InvalidValue(f"cannot add null to an entry of map state {self._table!r}")
+        if not elements:
+            return
+        acc = self._read(kg, primary, secondary, for_update=True)
+        for value in elements:
+            acc = function.add(acc, value)
+        self._write(kg, primary, acc, secondary)
+
+    def _add_function(self) -> StateFunction:
+        if self.descriptor.function is None:
+            choices = ", ".join(sorted(self.descriptor.available_functions() or ()))
+            raise WrongStateKind(
+                f"map state {self._table!r} has no function to add with; register it again with "
+                f"'function' (one of: {choices}), which keeps its entries, then add"
+            )
+        return self.descriptor.state_function
 
     def update(self, key: Key, entries: Mapping[str, Any], namespace: str = "") -> None:
         """Replace the whole map."""

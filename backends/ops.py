@@ -10,6 +10,8 @@ msgpack, no model per operation) and returns its result: ``{"value": ...}`` for 
 ``add``        list: add (``value``) or addAll (``values``); reducing/aggregating: add
 ``clear``      any kind
 ``map_get``    ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_key``)
+``map_add``    fold ``value`` (or each of ``values``) into one map entry with the map's
+               ``function``; a map registered without one refuses it
 =============  ==========================================================================
 """
 
@@ -22,7 +24,7 @@ from statehouse.backends.errors import InvalidArgument, WrongStateKind
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, ValueState
 
-OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_remove", "map_contains"]
+OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
 OPS: tuple[str, ...] = get_args(OpName)
 _EMPTY: dict[str, Any] = {}
 
@@ -104,6 +106,11 @@ def _map_put(state: MapState, key: Any, ns: str, user_key: str, op: Mapping[str,
     return _EMPTY
 
 
+def _map_add(state: MapState, key: Any, ns: str, user_key: str, op: Mapping[str, Any]) -> dict[str, Any]:
+    state.add_all(key, user_key, _add_values(op), ns)
+    return _EMPTY
+
+
 def _map_remove(state: MapState, key: Any, ns: str, user_key: str, op: Mapping[str, Any]) -> dict[str, Any]:
     state.remove(key, user_key, ns)
     return _EMPTY
@@ -116,6 +123,7 @@ _HANDLERS: dict[str, Callable[[KeyedState, Any, str, Mapping[str, Any]], dict[st
     "clear": _clear,
     "map_get": _map_op(lambda s, k, ns, uk, op: {"value": s.get(k, uk, ns)}, "map_get"),
     "map_put": _map_op(_map_put, "map_put"),
+    "map_add": _map_op(_map_add, "map_add"),
     "map_remove": _map_op(_map_remove, "map_remove"),
     "map_contains": _map_op(lambda s, k, ns, uk, op: {"value": s.contains(k, uk, ns)}, "map_contains"),
 }

@@ -131,6 +131,84 @@ def test_function_input_validation(job):
         run(job, lambda tx: tx.reducing("mx").add("k", "a"))
 
 
+@pytest.mark.parametrize(
+    ("function", "inputs", "expected"),
+    [("sum", [1, 2, 3.5], 6.5), ("count", ["x", {}, 1], 3), ("min", [3, 1, 2], 1), ("max", ["b", "c", "a"], "c")],
+)  # fmt: skip
+def test_map_add_folds_into_one_entry(job, function, inputs, expected):
+    register(job, "m", "map", function=function)
+    m = lambda tx: tx.map("m")  # noqa: E731
+    for value in inputs:
+        run(job, lambda tx, value=value: m(tx).add("k", "book", value))
+    run(job, lambda tx: m(tx).add_all("k", "pen", inputs, namespace="w"))
+    assert run(job, lambda tx: m(tx).get("k", "book")) == expected  # the stored value is the result
+    assert run(job, lambda tx: m(tx).get_all("k", "w")) == {"pen": expected}
+    assert run(job, lambda tx: m(tx).get_all("k")) == {"book": expected}  # other entries and namespaces untouched
+
+
+def test_map_add_next_to_put_and_remove(job):
+    register(job, "m", "map", function="sum")
+    m = lambda tx: tx.map("m")  # noqa: E731
+    run(job, lambda tx: m(tx).put("k", "a", 10))
+    run(job, lambda tx: (m(tx).add("k", "a", 5), m(tx).add("k", "b", 1)))  # a transaction sees its own adds
+    assert run(job, lambda tx: m(tx).get_all("k")) == {"a": 15, "b": 1}
+    run(job, lambda tx: m(tx).remove("k", "a"))
+    run(job, lambda tx: m(tx).add("k", "a", 2))
+    assert run(job, lambda tx: m(tx).get("k", "a")) == 2
+    run(job, lambda tx: m(tx).add_all("k", "c", []))  # nothing to add: no entry
+    assert not run(job, lambda tx: m(tx).contains("k", "c"))
+
+
+def test_map_add_refuses_bad_values_and_applies_nothing(job):
+    register(job, "m", "map", function="sum")
+    m = lambda tx: tx.map("m")  # noqa: E731
+    run(job, lambda tx: m(tx).add("k", "a", 1))
+    for bad in ("x", True, None, [1]):
+        with pytest.raises(InvalidValue):
+            run(job, lambda tx, bad=bad: m(tx).add("k", "a", bad))
+    with pytest.raises(InvalidValue):  # one bad value in add_all: nothing of it is added
+        run(job, lambda tx: m(tx).add_all("k", "a", [1, "x"]))
+    assert run(job, lambda tx: m(tx).get("k", "a")) == 1
+    run(job, lambda tx: m(tx).put("k", "s", "text"))  # map_put may store what sum cannot fold into
+    with pytest.raises(InvalidValue, match="stored str"):
+        run(job, lambda tx: m(tx).add("k", "s", 1))
+    register(job, "mx", "map", function="max")
+    run(job, lambda tx: tx.map("mx").put("k", "a", {"not": "comparable"}))
+    with pytest.raises(InvalidValue, match="stored dict"):
+        run(job, lambda tx: tx.map("mx").add("k", "a", 1))
+
+
+def test_map_add_needs_a_map_with_function(job):
+    register(job, "plain", "map")
+    register(job, "r", "reducing", function="sum")
+    run(job, lambda tx: tx.map("plain").put("k", "a", 1))
+    with pytest.raises(WrongStateKind, match="register it again with 'function'"):
+        run(job, lambda tx: tx.map("plain").add("k", "a", 1))
+    with pytest.raises(WrongStateKind):
+        run(job, lambda tx: tx.map("r"))
+    # A map without function may gain one; its entries are kept and map_add then works.
+    assert job.register_state(StateDescriptor("plain", "map", function="sum")) is False
+    assert job.descriptor("plain").function == "sum"
+    run(job, lambda tx: tx.map("plain").add("k", "a", 2))
+    assert run(job, lambda tx: tx.map("plain").get("k", "a")) == 3
+
+
+def test_map_function_registration_rules(job):
+    register(job, "m", "map", function="count")
+    assert job.register_state(StateDescriptor("m", "map", function="count")) is False
+    for other in ("sum", None):  # another function, or dropping it, stays incompatible
+        with pytest.raises(IncompatibleState):
+            register(job, "m", "map", function=other)
+    register(job, "n", "map")
+    with pytest.raises(IncompatibleState):  # gaining a function excuses no other change
+        register(job, "n", "map", function="sum", key_type="int")
+    for aggregating in ("avg", "summary"):
+        with pytest.raises(InvalidArgument, match="use an aggregating state"):
+            StateDescriptor("x", "map", function=aggregating)
+    with pytest.raises(InvalidArgument, match="one of: count, first, last, max, min, sum"):
+        StateDescriptor("x", "map", function="median")
+
+
 # -- keys, namespaces, descriptors -------------------------------------------------------
 
 
@@ -404,6 +482,23 @@ def test_ttl_reducing_never_folds_into_expired_accumulator(job, clock):
     clock.now = 1100
     run(job, lambda tx: tx.reducing("s").add("k", 1))
     assert run(job, lambda tx: tx.reducing("s").get("k")) == 1
+
+
+def test_ttl_map_add_writes_a_new_timestamp_and_never_folds_into_expired(job, clock):
+    register(job, "m", "map", function="sum", ttl=ttl(visibility="return_expired_if_not_cleaned_up"))
+    m = lambda tx: tx.map("m")  # noqa: E731
+    run(job, lambda tx: m(tx).add("k", "a", 5))  # t = 1000
+    clock.now = 1080
+    run(job, lambda tx: m(tx).add("k", "a", 1))  # refreshed to 1080, as put does
+    clock.now = 1150
+    assert run(job, lambda tx: m(tx).get("k", "a")) == 6
+    clock.now = 1180
+    run(job, lambda tx: m(tx).add("k", "a", 1))  # expired at 1180: starts over
+    assert run(job, lambda tx: m(tx).get("k", "a")) == 1
+    kg = job.key_group(job.descriptor("m"), "k")
+    clock.now = 1280
+    assert run(job, lambda tx: m(tx).get_all("k")) == {"a": 1}  # returned once, and cleared
+    assert list(job.partition.items("m", kg, _primary(job, "m", "k"))) == []
 
 
 def test_ttl_timestamp_overflow(job, clock):
