@@ -81,7 +81,8 @@ class DescriptorBody(Strict):
     default: JsonValue = Field(None, description="value state only: returned for an absent key")
     function: str | None = Field(
         None,
-        description="reducing: sum, min, max, count, first, last; aggregating: avg, count, sum, min, max, summary",
+        description="reducing: sum, min, max, count, first, last; aggregating: avg, count, sum, min, max, summary; "
+        "map (optional, what map_add folds entries with): sum, min, max, count, first, last",
     )
     ttl: TtlBody | None = None
 

@@ -61,6 +61,7 @@ OPERATION_IDS: dict[str, str] = {
     "clear_key": "clearKeyedValue",
     "get_entry": "getMapEntry",
     "put_entry": "putMapEntry",
+    "add_to_entry": "addToMapEntry",
     "remove_entry": "removeMapEntry",
     "list_entries": "listMapEntries",
     "list_keys": "listKeys",

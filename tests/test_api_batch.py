@@ -17,6 +17,7 @@ def job(http, job_name):
         "v": {"kind": "value"},
         "l": {"kind": "list"},
         "m": {"kind": "map"},
+        "c": {"kind": "map", "function": "sum"},
         "s": {"kind": "reducing", "function": "sum"},
         "a": {"kind": "aggregating", "function": "avg"},
     }.items():
@@ -111,6 +112,35 @@ def test_a_failing_op_applies_nothing_and_names_its_index(http, job):
     assert body["results"] == [{"value": "before"}, {"value": None}, {"value": None}]
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
+def test_map_add_folds_into_entries(http, job, binary):
+    ops = [
+        {"op": "map_add", "state": "c", "key": "alice", "user_key": "book", "value": 1},
+        {"op": "map_add", "state": "c", "key": "alice", "user_key": "book", "values": [2, 3]},
+        {"op": "map_add", "state": "c", "key": "alice", "user_key": "pen", "value": 1, "ns": "w"},
+        {"op": "map_get", "state": "c", "key": "alice", "user_key": "book"},
+        {"op": "get", "state": "c", "key": "alice", "ns": "w"},
+    ]
+    status, body = batch(http, job, ops, binary=binary)
+    assert status == 200, body
+    assert body == {"results": [{}, {}, {}, {"value": 6}, {"value": {"pen": 1}}]}
+
+
+def test_map_add_failures_apply_nothing(http, job):
+    add = {"op": "map_add", "state": "c", "key": "k", "user_key": "u"}
+    cases = [
+        ([{**add, "value": 1}, {**add, "state": "m", "value": 1}], 409, "wrong_state_kind"),  # map without function
+        ([{**add, "value": 1}, {**add, "state": "s", "value": 1}], 409, "wrong_state_kind"),
+        ([{**add, "value": 1}, {**add, "value": "x"}], 422, "invalid_value"),
+        ([{**add, "value": 1}, {**add, "value": 1, "values": [1]}], 422, "invalid_argument"),
+        ([{**add, "value": 1}, {"op": "map_add", "state": "c", "key": "k", "value": 1}], 422, "invalid_argument"),
+    ]
+    for ops, status, code in cases:
+        got, problem = batch(http, job, ops)
+        assert (got, problem["code"], problem["op_index"]) == (status, code, 1), problem
+    assert batch(http, job, [{"op": "get", "state": "c", "key": "k"}])[1] == {"results": [{"value": None}]}
+
+
 def test_response_format_follows_accept(http, job):
     r = http.post(f"{job}/batch", json={"ops": [{"op": "get", "state": "v", "key": "x"}]}, headers={"accept": MSGPACK})
     assert r.headers["content-type"] == MSGPACK
@@ -130,8 +160,8 @@ NS = st.sampled_from(["", "w"])
 SCALARS = st.one_of(st.integers(-1000, 1000), st.text(max_size=5), st.booleans())
 OP = st.one_of(
     st.fixed_dictionaries({"op": st.just("put"), "state": st.just("v"), "key": KEYS, "ns": NS, "value": SCALARS}),
-    st.fixed_dictionaries({"op": st.just("get"), "state": st.sampled_from("vlmsa"), "key": KEYS, "ns": NS}),
-    st.fixed_dictionaries({"op": st.just("clear"), "state": st.sampled_from("vlmsa"), "key": KEYS, "ns": NS}),
+    st.fixed_dictionaries({"op": st.just("get"), "state": st.sampled_from("vlmcsa"), "key": KEYS, "ns": NS}),
+    st.fixed_dictionaries({"op": st.just("clear"), "state": st.sampled_from("vlmcsa"), "key": KEYS, "ns": NS}),
     st.fixed_dictionaries({"op": st.just("add"), "state": st.just("l"), "key": KEYS, "ns": NS, "value": SCALARS}),
     st.fixed_dictionaries(
         {"op": st.just("add"), "state": st.sampled_from("sa"), "key": KEYS, "ns": NS, "value": st.integers(-50, 50)}
@@ -140,8 +170,12 @@ OP = st.one_of(
         {"op": st.just("map_put"), "state": st.just("m"), "key": KEYS, "ns": NS, "user_key": KEYS, "value": SCALARS}
     ),
     st.fixed_dictionaries(
-        {"op": st.sampled_from(["map_get", "map_remove", "map_contains"]), "state": st.just("m"), "key": KEYS,
-         "ns": NS, "user_key": KEYS}
+        {"op": st.just("map_add"), "state": st.just("c"), "key": KEYS, "ns": NS, "user_key": KEYS,
+         "value": st.integers(-50, 50)}
+    ),
+    st.fixed_dictionaries(
+        {"op": st.sampled_from(["map_get", "map_remove", "map_contains"]), "state": st.sampled_from("mc"),
+         "key": KEYS, "ns": NS, "user_key": KEYS}
     ),
 )  # fmt: skip
 
@@ -173,6 +207,9 @@ class Model:
             self.data[slot] = (total + op["value"], count + 1)
         elif name == "map_put":
             self.data[slot] = {**(current or {}), op["user_key"]: op["value"]}
+        elif name == "map_add":
+            entries = current or {}
+            self.data[slot] = {**entries, op["user_key"]: entries.get(op["user_key"], 0) + op["value"]}
         elif name == "map_get":
             return {"value": (current or {}).get(op["user_key"])}
         elif name == "map_contains":
@@ -193,6 +230,7 @@ def test_random_batches_match_the_model(http, batches, binary):
     http.put(job, json={"max_parallelism": 128})
     for state, descriptor in {"v": "value", "l": "list", "m": "map"}.items():
         http.put(f"{job}/states/{state}", json={"kind": descriptor})
+    http.put(f"{job}/states/c", json={"kind": "map", "function": "sum"})
     http.put(f"{job}/states/s", json={"kind": "reducing", "function": "sum"})
     http.put(f"{job}/states/a", json={"kind": "aggregating", "function": "avg"})
     model = Model()

@@ -1,5 +1,8 @@
 """Every keyed-state and operator-state endpoint over real HTTP, on both backends."""
 
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import pytest
 
 
@@ -113,6 +116,58 @@ def test_reducing_and_aggregating(http, job):
     assert http.get(f"{job}/states/total/keys/u").json() == {"value": 9}
     assert http.get(f"{job}/states/mean/keys/u").json() == {"value": 3.0}
     assert http.put(f"{job}/states/total/keys/u", json={"value": 1}).status_code == 409
+
+
+def test_map_entry_add(http, job):
+    register(http, job, "item_counts", kind="map", function="sum")
+    key = f"{job}/states/item_counts/keys/alice"
+    assert http.post(f"{key}/entries/book/add", json={"value": 1}).status_code == 204
+    assert http.post(f"{key}/entries/book/add", json={"values": [2, 3]}).status_code == 204
+    assert http.post(f"{key}/entries/pen/add", params={"ns": "w"}, json={"value": 1.5}).status_code == 204
+    assert http.get(f"{key}/entries/book").json() == {"value": 6}
+    assert http.get(key).json() == {"value": {"book": 6}}
+    assert http.get(key, params={"ns": "w"}).json() == {"value": {"pen": 1.5}}
+    bad = http.post(f"{key}/entries/book/add", json={"value": "x"})
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_value"
+    assert http.post(f"{key}/entries/book/add", json={}).status_code == 422  # neither value nor values
+    assert http.get(f"{key}/entries/book").json() == {"value": 6}
+
+
+def test_map_entry_add_needs_a_function(http, job):
+    register(http, job, "m", kind="map")
+    register(http, job, "r", kind="reducing", function="sum")
+    plain = http.post(f"{job}/states/m/keys/k/entries/a/add", json={"value": 1})
+    assert plain.status_code == 409 and plain.json()["code"] == "wrong_state_kind"
+    assert "'function'" in plain.json()["detail"]
+    wrong = http.post(f"{job}/states/r/keys/k/entries/a/add", json={"value": 1})
+    assert wrong.status_code == 409 and wrong.json()["code"] == "wrong_state_kind"
+    avg = http.put(f"{job}/states/x", json={"kind": "map", "function": "avg"})
+    assert avg.status_code == 422 and avg.json()["code"] == "invalid_argument"
+    # The map gains a function (200: compatible), keeps its entries, and may then be added to.
+    http.put(f"{job}/states/m/keys/k/entries/a", json={"value": 10})
+    assert http.put(f"{job}/states/m", json={"kind": "map", "function": "count"}).status_code == 200
+    assert http.post(f"{job}/states/m/keys/k/entries/a/add", json={"value": "any"}).status_code == 204
+    assert http.get(f"{job}/states/m/keys/k/entries/a").json() == {"value": 11}
+    changed = http.put(f"{job}/states/m", json={"kind": "map", "function": "sum"})
+    assert changed.status_code == 409 and changed.json()["code"] == "incompatible_state"
+
+
+def test_concurrent_map_entry_adds_lose_nothing(server, http, job):
+    """Two clients adding to one entry at once: each add is atomic on the server."""
+    register(http, job, "item_counts", kind="map", function="sum")
+    entry = f"{job}/states/item_counts/keys/alice/entries/book"
+    adds = 2000
+
+    def add_many() -> None:
+        with httpx.Client(base_url=server.url + "/v1", timeout=30) as client:  # a connection of its own
+            for _ in range(adds):
+                r = client.post(f"{entry}/add", json={"value": 1})
+                assert r.status_code == 204, r.text
+
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(add_many) for _ in range(2)]:
+            future.result()  # re-raises a thread's failure
+    assert http.get(entry).json() == {"value": 2 * adds}
 
 
 def test_namespaces(http, job):

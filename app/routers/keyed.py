@@ -99,6 +99,17 @@ async def put_entry(
     return Response(status_code=204)
 
 
+@router.post(BASE + "/entries/{user_key}/add", status_code=204, responses=doc.KEYED_WRITE)
+async def add_to_entry(
+    service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: AddBody, ns: Namespace = ""
+) -> Response:
+    """Fold a value (or several) into one map entry with the map's `function`, atomically on the
+    server: a per-user-key reducing state. A map registered without `function` answers 409."""
+    op = {"op": "map_add", "state": state, "key": key, "ns": ns, "user_key": user_key, **body.as_op()}
+    run_op(service, job, op)
+    return Response(status_code=204)
+
+
 @router.delete(BASE + "/entries/{user_key}", status_code=204, responses=doc.MAP_REMOVE)
 async def remove_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
