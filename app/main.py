@@ -15,7 +15,7 @@ from statehouse.app import openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
-from statehouse.app.routers import batch, checkpoints, docs, health, jobs, keyed, operators
+from statehouse.app.routers import batch, checkpoints, docs, epochs, health, jobs, keyed, operators
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -42,7 +42,12 @@ def open_catalog(settings: Settings) -> JobCatalog:
         open_store(settings),
         replica_index=settings.replica_index,
         replica_count=settings.replica_count,
-        limits=Limits(max_key_bytes=settings.max_key_bytes, max_value_bytes=settings.max_value_bytes),
+        limits=Limits(
+            max_key_bytes=settings.max_key_bytes,
+            max_value_bytes=settings.max_value_bytes,
+            max_staged_bytes=settings.max_staged_bytes,
+            max_staged_attempts=settings.max_staged_attempts,
+        ),
     )
 
 
@@ -107,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     v1 = [Depends(require_token)]
-    for router in (jobs.router, keyed.router, operators.router, batch.router, checkpoints.router):
+    for router in (jobs.router, keyed.router, operators.router, batch.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -9,10 +9,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from statehouse.backends.attempts import EpochReport
 from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ops import OpName
+from statehouse.backends.staging import ATTEMPT_PATTERN
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.keygroups import KeyType
 from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
@@ -43,6 +45,7 @@ class JobInfo(BaseModel):
     replica_count: int
     states: list[str]
     epoch: int = Field(description="current writer epoch (see /fence)")
+    committed_epoch: int = Field(description="the last epoch whose task attempts' staged writes were committed")
 
     @classmethod
     def of(cls, job: Job) -> JobInfo:
@@ -55,6 +58,7 @@ class JobInfo(BaseModel):
             replica_count=job.replica_count,
             states=sorted(job.descriptors),
             epoch=job.epoch,
+            committed_epoch=job.committed_epoch,
         )
 
 
@@ -181,6 +185,26 @@ class BatchOp(BaseModel):
 class BatchRequest(BaseModel):
     ops: list[BatchOp]
     epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
+    partition: int | None = Field(None, ge=0, le=2**31 - 1, description="task attempts: the Spark partition id")
+    attempt: str | None = Field(
+        None,
+        pattern=ATTEMPT_PATTERN,
+        description="task attempts: the attempt's id; with it the writes are staged until the epoch is committed, "
+        "and the batch's reads see the attempt's own staged writes",
+    )
+    seq: int | None = Field(
+        None, ge=0, description="task attempts: 0, 1, 2... per attempt and replica; a re-sent request repeats its seq"
+    )
+
+
+class AttemptModel(Strict):
+    partition: int = Field(ge=0, le=2**31 - 1, description="the Spark partition id")
+    attempt: str = Field(pattern=ATTEMPT_PATTERN, description="the winning attempt's id")
+    ops: int = Field(ge=0, description="the write operations the attempt staged on this replica, as its task counted")
+
+
+class EpochBody(Strict):
+    attempts: list[AttemptModel] = Field(description="the winning attempts of the micro-batch that wrote here")
 
 
 class TriggerBody(Strict):
@@ -248,6 +272,18 @@ RestoreInfoModel = _report_model(
         "parts": "the replica parts read, e.g. replica-0-of-2",
         "aborted_checkpoints": "this replica's pending checkpoints of the job, aborted because they froze the "
         "replaced state",
+    },
+)
+
+
+EpochReportModel = _report_model(
+    EpochReport,
+    {
+        "status": "open (staging), sealed (prepared), committed, or none (nothing staged here)",
+        "current_epoch": "the job's current writer epoch",
+        "committed_epoch": "the last epoch committed on this replica",
+        "attempts": "the attempts staged under the epoch: partition, attempt, ops, bytes",
+        "ops": "write operations verified (prepare) or committed (commit)",
     },
 )
 

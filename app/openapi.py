@@ -66,6 +66,11 @@ OPERATION_IDS: dict[str, str] = {
     "list_entries": "listMapEntries",
     "list_keys": "listKeys",
     "batch": "applyBatch",
+    # task attempts' epochs
+    "describe_epoch": "getEpoch",
+    "prepare_epoch": "prepareEpoch",
+    "commit_epoch": "commitEpoch",
+    "abort_epoch": "abortEpoch",
     # operator state
     "get_list": "getOperatorList",
     "put_list": "putOperatorList",
@@ -158,12 +163,17 @@ BATCH = {
         *VALUES,
         "wrong_state_kind",
         "stale_epoch",
+        "attempt_lost",
+        "attempt_conflict",
+        "epoch_sealed",
+        "staging_too_large",
         "batch_too_large",
         "malformed_body",
         "unsupported_media_type",
     ),
     **msgpack_reply(),
 }
+EPOCH_COMMIT = errors(*KEYED, *VALUES, "wrong_state_kind", "stale_epoch", "attempt_lost", "invalid_argument")
 
 OPERATOR_LIST_READ = {**errors(*OPERATOR, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")

@@ -103,16 +103,17 @@ class JobCatalog:
         """Put a staged job in place of the live one, atomically for every request.
 
         The live job is retired first (a write in progress finishes, later ones get
-        ``not_ready`` and retry on the new job). Writer epochs never go backwards: the new job
-        is fenced to at least the live job's epoch. If the swap fails, the live job is as it
-        was and serves again; the staged one is discarded.
+        ``not_ready`` and retry on the new job). The new job's writer epoch is one past the live
+        job's: writers of the running epoch wrote against the replaced state (their staged
+        writes are gone with it), so they are fenced off. If the swap fails, the live job is as
+        it was and serves again; the staged one is discarded.
         """
         with self._lock:
             live = self._jobs.get(name)
             if live is not None:
                 live.retire()
             try:
-                staged.fence(live.epoch if live is not None else 0)
+                staged.fence(live.epoch + 1 if live is not None else 0)
                 partition = self.store.promote(name, live.partition if live is not None else None, staged.partition)
             except BaseException:
                 self.store.discard_staging(name, staged.partition)

@@ -86,3 +86,22 @@ class OperatorStateConflict(StateError):
     """E.g. an operator list state re-declared with another distribution mode."""
 
     code = "operator_state_conflict"
+
+
+class AttemptLost(StateError):
+    """This replica does not hold (all of) a task attempt's staged writes: it restarted, was
+    restored, or the epoch's staging was dropped. The task (or the micro-batch) must re-run."""
+
+    code = "attempt_lost"
+
+
+class AttemptConflict(StateError):
+    """A task attempt's requests arrived out of order, or one attempt id names two partitions."""
+
+    code = "attempt_conflict"
+
+
+class EpochSealed(StateError):
+    """The epoch was prepared (or committed): its staging takes no more writes."""
+
+    code = "epoch_sealed"

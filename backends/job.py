@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
-from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.base.transaction import PartitionTransaction, TransactionSource
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
@@ -32,7 +32,15 @@ from statehouse.backends.keyed import (
 )
 from statehouse.backends.limits import Limits
 from statehouse.backends.operator_state import OperatorState
-from statehouse.backends.reserved import BROADCAST_TABLE, EPOCH_META, LIST_TABLE, META_TABLE, STATE_META
+from statehouse.backends.reserved import (
+    BROADCAST_TABLE,
+    COMMITTED_EPOCH_META,
+    EPOCH_META,
+    LIST_TABLE,
+    META_TABLE,
+    STATE_META,
+)
+from statehouse.backends.staging import EpochStaging
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
@@ -83,6 +91,7 @@ class Job:
         # lands either before the swap (and is replaced with the rest) or is refused after it.
         self._lock = threading.RLock()
         self._replaced = False
+        self._staging: EpochStaging | None = None  # task attempts' writes under the current epoch
 
     # -- life: a restore replaces a job by a new one -----------------------------------------
 
@@ -105,6 +114,7 @@ class Job:
         Also drops the TTL cleanup cursors: their iterators would keep the storage open."""
         with self._lock:
             self._replaced = True
+            self._staging = None
             self.ttl_cleanup.clear()
 
     def revive(self) -> None:
@@ -167,7 +177,33 @@ class Job:
                 tx.put(META_TABLE, 0, EPOCH_META, str(epoch).encode())
                 tx.commit()
                 current = epoch
+                self._staging = None  # what older epochs staged can never commit
             return current
+
+    @property
+    def committed_epoch(self) -> int:
+        """The last epoch whose staged writes were committed (0: none); restored with a snapshot."""
+        raw = self.partition.get_meta(COMMITTED_EPOCH_META)
+        return int(raw) if raw is not None else 0
+
+    def staging(self, epoch: int) -> EpochStaging:
+        """The staging of ``epoch``, the current epoch (call under :meth:`exclusive`)."""
+        if self._staging is None or self._staging.epoch != epoch:
+            self._staging = EpochStaging(epoch, self.partition)
+        return self._staging
+
+    def staged(self, epoch: int) -> EpochStaging | None:
+        """What is staged under ``epoch``, if anything."""
+        staging = self._staging
+        return staging if staging is not None and staging.epoch == epoch else None
+
+    def drop_staging(self, epoch: int) -> bool:
+        """Forget what ``epoch`` staged (after its commit, or an abort); ``False`` if nothing was."""
+        with self._lock:
+            if self.staged(epoch) is None:
+                return False
+            self._staging = None
+            return True
 
     def check_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -245,15 +281,18 @@ class Job:
     # -- transactions --------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self, epoch: int | None = None) -> Iterator[JobTransaction]:
+    def transaction(
+        self, epoch: int | None = None, source: TransactionSource | None = None
+    ) -> Iterator[JobTransaction]:
         """All operations inside commit together, or (on an exception) not at all.
 
         With ``epoch``, the writer must hold the job's current writer epoch; checked under the
-        write lock, so a fence cannot slip between the check and the writes."""
+        write lock, so a fence cannot slip between the check and the writes. ``source`` is what
+        the transaction reads and commits to: the job's partition, or an attempt's staged view."""
         with self.exclusive():
             if epoch is not None:
                 self.check_epoch(epoch)
-            tx = JobTransaction(self)
+            tx = JobTransaction(self, source)
             try:
                 yield tx
             except BaseException:
@@ -262,6 +301,7 @@ class Job:
             tx.commit()
 
     def close(self) -> None:
+        self._staging = None
         self.ttl_cleanup.clear()
         self.partition.close()
 
@@ -269,9 +309,9 @@ class Job:
 class JobTransaction:
     """Typed access to a job's states inside one transaction."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, source: TransactionSource | None = None) -> None:
         self.job = job
-        self._tx = PartitionTransaction(job.partition)
+        self._tx = PartitionTransaction(source if source is not None else job.partition)
         self._states: dict[str, KeyedState] = {}
         self.operator = OperatorState(self._tx, job.limits)
 
@@ -304,6 +344,10 @@ class JobTransaction:
 
     def aggregating(self, name: str) -> AggregatingState:
         return self._typed(name, "aggregating")
+
+    def record_commit(self, epoch: int) -> None:
+        """Commit with this transaction: the staged writes of ``epoch`` are in it."""
+        self._tx.put(META_TABLE, 0, COMMITTED_EPOCH_META, str(epoch).encode())
 
     def commit(self) -> None:
         self._tx.commit()

@@ -15,10 +15,16 @@ class ValueTooLarge(StateError):
     code = "value_too_large"
 
 
+class StagingTooLarge(StateError):
+    code = "staging_too_large"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_key_bytes: int = 4096
     max_value_bytes: int = 1 << 20
+    max_staged_bytes: int = 256 << 20  # request bytes staged under one epoch, per job and replica
+    max_staged_attempts: int = 10_000  # task attempts staged under one epoch, per job and replica
 
     def check_key(self, encoded: bytes, what: str = "key") -> None:
         if len(encoded) > self.max_key_bytes:
@@ -29,4 +35,16 @@ class Limits:
             raise ValueTooLarge(
                 f"value is {len(encoded)} bytes encoded; the limit is {self.max_value_bytes} "
                 "(STATEHOUSE_MAX_VALUE_BYTES)"
+            )
+
+    def check_staging(self, attempts: int, staged_bytes: int) -> None:
+        if attempts > self.max_staged_attempts:
+            raise StagingTooLarge(
+                f"{attempts} task attempts staged under one epoch exceed the limit of {self.max_staged_attempts} "
+                "(STATEHOUSE_MAX_STAGED_ATTEMPTS); use fewer partitions per micro-batch"
+            )
+        if staged_bytes > self.max_staged_bytes:
+            raise StagingTooLarge(
+                f"{staged_bytes} bytes of writes staged under one epoch exceed the limit of {self.max_staged_bytes} "
+                "(STATEHOUSE_MAX_STAGED_BYTES); make micro-batches smaller (e.g. maxOffsetsPerTrigger) or raise it"
             )

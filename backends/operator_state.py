@@ -103,9 +103,7 @@ class OperatorState:
         return encode_fields(operator, name)
 
     def broadcast_get(self, operator: str, name: str, key: str) -> Any:
-        raw = self._tx.get(
-            BROADCAST_TABLE, NO_KEY_GROUP, self._broadcast_primary(operator, name), encode_user_key(key)
-        )
+        raw = self._tx.get(BROADCAST_TABLE, NO_KEY_GROUP, self._broadcast_primary(operator, name), encode_user_key(key))
         return None if raw is None else decode_value(raw)
 
     def broadcast_put(self, operator: str, name: str, key: str, value: Any) -> None:

@@ -17,6 +17,7 @@ NO_KEY_GROUP = 0  # the key group non-keyed tables are stored under
 STATE_META = b"state:"  # + state name -> descriptor JSON
 LIST_MODE_META = b"operator-list-mode:"  # + encoded (operator, name) -> b"split" | b"union"
 EPOCH_META = b"writer-epoch"  # -> the job's writer epoch, decimal
+COMMITTED_EPOCH_META = b"committed-epoch"  # -> the last epoch whose staged writes were committed, decimal
 
 
 def keyed_tables(tables: dict[str, bool]) -> dict[str, bool]:

@@ -48,10 +48,13 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(workdir: Path, env: dict[str, str] | None = None, timeout: float = 20) -> ServerProcess:
-    """Run ``uvicorn statehouse.app.main:app`` on a free port with ``STATEHOUSE_*`` settings from ``env``."""
+def start_server(
+    workdir: Path, env: dict[str, str] | None = None, timeout: float = 20, port: int | None = None
+) -> ServerProcess:
+    """Run ``uvicorn statehouse.app.main:app`` with ``STATEHOUSE_*`` settings from ``env``, on ``port``
+    (a free one by default; pass a stopped server's port to restart it in place)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     full_env = {
         **os.environ,
         "STATEHOUSE_DATA_DIR": str(workdir / "data"),

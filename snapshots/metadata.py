@@ -42,6 +42,7 @@ class SnapshotMetadata:
     bytes_reused: int
     duration_ms: int
     user_metadata: dict[str, Any] = field(default_factory=dict)  # the coordinator's, e.g. the batch id
+    committed_epoch: int = 0  # the last task-attempt epoch committed into this state; restored with it
 
     def shared_handles(self) -> dict[str, StreamHandle]:
         return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
@@ -67,6 +68,7 @@ class SnapshotMetadata:
             "bytes_reused": self.bytes_reused,
             "duration_ms": self.duration_ms,
             "user_metadata": self.user_metadata,
+            "committed_epoch": self.committed_epoch,
         }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()
@@ -101,6 +103,7 @@ class SnapshotMetadata:
                 bytes_reused=int(body["bytes_reused"]),
                 duration_ms=int(body["duration_ms"]),
                 user_metadata=dict(body.get("user_metadata") or {}),
+                committed_epoch=int(body.get("committed_epoch", 0)),  # absent before task-attempt epochs
             )
         except SnapshotCorrupt:
             raise

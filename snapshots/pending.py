@@ -109,6 +109,7 @@ class PendingCheckpoint:
                 bytes_reused=result.bytes_reused,
                 duration_ms=info.duration_ms,
                 user_metadata=info.metadata,
+                committed_epoch=result.committed_epoch,
             )
 
     def mark_completed(self) -> CheckpointInfo:

@@ -171,6 +171,8 @@ class RestoreOperation:
         for item in fetched:
             self.entries += job.partition.load(self._records(item, temp))
         self.entries += job.partition.load(write_ops(operator))
+        with job.transaction() as tx:  # the micro-batches the restored state holds
+            tx.record_commit(max(p.metadata.committed_epoch for p in self.parts))
         # Verify what the swapped-in job will serve: the states as stored, after every write.
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")

@@ -3,6 +3,7 @@ part in the background."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ class SnapshotStrategyRunner:
         job.partition.flush()  # the slow part of a RocksDB freeze, while writes continue
         with job.exclusive():  # a consistent view: no write in the middle of the freeze
             async_part = strategy.prepare(job, ctx)
+            committed_epoch = job.committed_epoch  # which micro-batches the frozen state holds
         log.debug(
             "synchronous part of %s %d of job %s took %.1f ms",
             ctx.kind,
@@ -40,7 +42,7 @@ class SnapshotStrategyRunner:
 
         def run() -> None:
             try:
-                result = async_part.run()
+                result = dataclasses.replace(async_part.run(), committed_epoch=committed_epoch)
             except BaseException as exc:
                 done(None, exc)
             else:

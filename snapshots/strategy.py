@@ -76,6 +76,7 @@ class SnapshotResult:
     max_parallelism: int
     bytes_uploaded: int
     bytes_reused: int
+    committed_epoch: int = 0  # the last task-attempt epoch committed into the frozen state (the runner's)
 
 
 class AsyncSnapshot:

@@ -150,18 +150,19 @@ def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(request
         second.stop()
 
 
-def test_restore_never_lowers_the_writer_epoch(http, job):
-    """A checkpoint taken at epoch 0, restored after fencing epoch 7: a zombie writer of
-    epoch 6 must stay fenced off (the engine carries the epoch over the swap)."""
+def test_restore_advances_the_writer_epoch(http, job):
+    """A checkpoint taken at epoch 0, restored after fencing epoch 7: the restore moves the
+    epoch past 7, so writers of epoch 7 (their state was replaced) and zombies of 6 are fenced."""
     add(http, job, "a", 1)
     http.post(f"{job}/checkpoints", json={"checkpoint_id": 1})
     wait_status(http, job, 1)
     http.post(f"{job}/checkpoints/1/complete").raise_for_status()
     assert http.post(f"{job}/fence", json={"epoch": 7}).json() == {"epoch": 7}
     http.post(f"{job}/restore", json={"checkpoint_id": 1}).raise_for_status()
-    assert http.get(job).json()["epoch"] == 7
-    zombie = http.post(
-        f"{job}/batch", json={"epoch": 6, "ops": [{"op": "add", "state": "total", "key": "a", "value": 1}]}
-    )
-    assert zombie.status_code == 409 and zombie.json()["code"] == "stale_epoch"
+    assert http.get(job).json()["epoch"] == 8
+    for epoch in (6, 7):
+        zombie = http.post(
+            f"{job}/batch", json={"epoch": epoch, "ops": [{"op": "add", "state": "total", "key": "a", "value": 1}]}
+        )
+        assert zombie.status_code == 409 and zombie.json()["code"] == "stale_epoch"
     assert total(http, job, "a") == 1

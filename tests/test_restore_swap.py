@@ -53,13 +53,15 @@ def fail(*_args, **_kwargs):
     raise OSError("injected failure")
 
 
-def test_restore_swaps_in_the_checkpoint_and_keeps_the_epoch(setup):
+def test_restore_swaps_in_the_checkpoint_and_advances_the_epoch(setup):
     catalog, manager, checkpointed = setup
     before = catalog.get("orders")
     manager.restore("orders", 1)
     after = catalog.get("orders")
     assert after is not before and dump(after) == checkpointed
-    assert after.epoch == 7  # the snapshot was taken at epoch 0: never backwards
+    # The snapshot was taken at epoch 0; the live job was at 7. Never backwards, and one past
+    # the live epoch: attempts of the running epoch wrote against the replaced state.
+    assert after.epoch == 8
     # A request that still holds the old job is refused (and retries), never lost into it.
     with pytest.raises(JobReplaced), before.transaction() as tx:
         tx.value("v").update("k1", "lost?")

@@ -12,9 +12,9 @@ from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import BatchResponse
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import read_body, render
-from statehouse.backends import ops
-from statehouse.backends.errors import StateError
+from statehouse.backends.attempts import run_batch
 from statehouse.backends.job import Job
+from statehouse.backends.staging import AttemptRef
 
 router = APIRouter(prefix="/v1", tags=["batch"])
 
@@ -30,6 +30,9 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     earlier ones; if any fails, nothing is applied and the problem names the failing op's index.
     An optional `"epoch"` fences writers: a batch naming another epoch than the job's current writer
     epoch (see `POST /v1/jobs/{job}/fence`) is refused with 409 `stale_epoch`.
+    With `"partition"`, `"attempt"` and `"seq"` (a Spark task attempt) the writes are staged until the
+    driver commits the epoch (`POST /v1/jobs/{job}/epochs/{epoch}/commit`) and the batch's reads see the
+    attempt's own staged writes; a re-sent request (same `seq`) is answered again, not applied twice.
     Send and receive `application/json` or `application/msgpack` (bytes values allowed)."""
     body = await read_body(request)
     operations = body.get("ops") if isinstance(body, dict) else None
@@ -41,15 +44,11 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
             f"{len(operations)} operations exceed the limit of {service.settings.max_batch_ops} "
             "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
         )
-    results: list[dict[str, Any]] = []
-    with job.transaction(epoch=body.get("epoch")) as tx:
-        for index, op in enumerate(operations):
-            try:
-                results.append(ops.apply(tx, op))
-            except StateError as exc:
-                exc.detail = f"op {index}: {exc.detail}"
-                exc.extra["op_index"] = index
-                raise
+    attempt = None
+    if "attempt" in body or "partition" in body or "seq" in body:
+        attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]
+    size = len(await request.body())
+    results = run_batch(job, operations, epoch=body.get("epoch"), attempt=attempt, size=size)
     service.metrics.count_ops(_tally(job, operations))
     return render(request, {"results": results})
 

@@ -7,8 +7,9 @@ writes, and if any operation fails nothing reaches the partition.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
-from statehouse.backends.base.partition import StorePartition, WriteOp
+from statehouse.backends.base.partition import WriteOp
 
 _DELETED = None
 _ABSENT = object()
@@ -24,14 +25,34 @@ class _PendingKey:
         self.values: dict[bytes, bytes | None] = {}
 
 
+class TransactionSource(Protocol):
+    """What a transaction reads through and commits to: a partition, or another transaction's
+    view (a task attempt's staged writes, see :class:`StagedView`)."""
+
+    def tables(self) -> dict[str, bool]: ...
+
+    def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None: ...
+
+    def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def write(self, ops: list[WriteOp]) -> None: ...
+
+
 class PartitionTransaction:
-    def __init__(self, partition: StorePartition) -> None:
+    def __init__(self, partition: TransactionSource) -> None:
         self.partition = partition
         self._nested = partition.tables()
         # Flat tables (one value per primary, the common case) keep a plain dict of pending
         # values; nested tables (maps) keep per-primary entries that a clear can drop at once.
         self._flat: dict[tuple[str, int, bytes], bytes | None] = {}
         self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
+
+    def _is_nested(self, table: str) -> bool:
+        nested = self._nested.get(table)
+        if nested is None:  # a table created after this transaction began (long-lived views)
+            self._nested = self.partition.tables()
+            nested = self._nested[table]
+        return nested
 
     def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
         slot = self._pending.get((table, key_group, primary))
@@ -40,7 +61,7 @@ class PartitionTransaction:
         return slot
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
-        if not self._nested[table]:
+        if not self._is_nested(table):
             value = self._flat.get((table, key_group, primary), _ABSENT)
             return self.partition.get(table, key_group, primary) if value is _ABSENT else value  # type: ignore[return-value]
         slot = self._pending.get((table, key_group, primary))
@@ -52,7 +73,7 @@ class PartitionTransaction:
         return self.partition.get(table, key_group, primary, secondary)
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
-        if not self._nested[table]:
+        if not self._is_nested(table):
             value = self.get(table, key_group, primary)
             return iter(() if value is None else ((b"", value),))
         slot = self._pending.get((table, key_group, primary))
@@ -67,19 +88,19 @@ class PartitionTransaction:
         return iter(sorted(merged.items()))
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
-        if self._nested[table]:
+        if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = value
         else:
             self._flat[(table, key_group, primary)] = value
 
     def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
-        if self._nested[table]:
+        if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = _DELETED
         else:
             self._flat[(table, key_group, primary)] = _DELETED
 
     def clear(self, table: str, key_group: int, primary: bytes) -> None:
-        if not self._nested[table]:
+        if not self._is_nested(table):
             self._flat[(table, key_group, primary)] = _DELETED
             return
         slot = self._slot(table, key_group, primary)
@@ -113,3 +134,25 @@ class PartitionTransaction:
     def rollback(self) -> None:
         self._flat.clear()
         self._pending.clear()
+
+
+class StagedView(PartitionTransaction):
+    """A transaction that is never committed, read through by other transactions: a task
+    attempt's staged writes over the job's partition. Each request of the attempt runs in its
+    own transaction over this view, so a failed request leaves the view as it was."""
+
+    def tables(self) -> dict[str, bool]:
+        return self.partition.tables()
+
+    def write(self, ops: list[WriteOp]) -> None:
+        for op in ops:
+            if op.kind == "put":
+                assert op.value is not None
+                self.put(op.table, op.key_group, op.primary, op.value, op.secondary)
+            elif op.kind == "delete":
+                self.delete(op.table, op.key_group, op.primary, op.secondary)
+            else:
+                self.clear(op.table, op.key_group, op.primary)
+
+    def commit(self) -> None:
+        raise TypeError("a staged view is never committed: its attempt's writes are replayed at the epoch commit")

@@ -1,0 +1,50 @@
+"""The epoch commit of task attempts: a micro-batch's staged writes become state here, once."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from statehouse.app import openapi as doc
+from statehouse.app.dependencies import JobDep
+from statehouse.app.models import EpochBody, EpochReportModel
+from statehouse.backends import attempts
+from statehouse.backends.staging import Winner
+
+router = APIRouter(prefix="/v1", tags=["epochs"])
+
+Epoch = Annotated[int, Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch")]
+
+
+def _winners(body: EpochBody) -> list[Winner]:
+    return Winner.parse([a.model_dump() for a in body.attempts])
+
+
+@router.get("/jobs/{job}/epochs/{epoch}", response_model=EpochReportModel, responses=doc.JOB_ONLY)
+async def describe_epoch(job: JobDep, epoch: Epoch) -> Any:
+    """What this replica holds of an epoch: the task attempts staged under it (and their write counts), or
+    whether it was committed."""
+    return attempts.describe(job, epoch)
+
+
+@router.post("/jobs/{job}/epochs/{epoch}/prepare", response_model=EpochReportModel, responses=doc.EPOCH_COMMIT)
+async def prepare_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
+    """Check that this replica holds exactly the staged writes of the winning attempts (one per partition,
+    with the write counts their tasks reported) and seal the epoch: it takes no more writes. 409
+    `attempt_lost` names what is missing (the replica restarted or was restored): abort and re-run the batch."""
+    return attempts.prepare(job, epoch, _winners(body))
+
+
+@router.post("/jobs/{job}/epochs/{epoch}/commit", response_model=EpochReportModel, responses=doc.EPOCH_COMMIT)
+async def commit_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
+    """Apply the winning attempts' staged writes atomically, in (partition, attempt) order, record the epoch as
+    committed and drop everything else staged under it. Idempotent: a commit of the committed epoch does
+    nothing again."""
+    return attempts.commit(job, epoch, _winners(body))
+
+
+@router.post("/jobs/{job}/epochs/{epoch}/abort", response_model=EpochReportModel, responses=doc.JOB_ONLY)
+async def abort_epoch(job: JobDep, epoch: Epoch) -> Any:
+    """Drop what the epoch staged on this replica (the micro-batch failed and re-runs under a new epoch)."""
+    return attempts.abort(job, epoch)

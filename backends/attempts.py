@@ -1,0 +1,182 @@
+"""Batches, direct or staged per task attempt, and the epoch commit that makes a micro-batch
+exactly-once per Spark task attempt (the driver's side is ``client/coordinator.py``).
+
+1. The driver fences a new writer epoch on every replica.
+2. Each task attempt sends its batches with ``(epoch, partition, attempt, seq)``: writes are
+   staged (``backends/staging.py``), reads see the attempt's own writes. A re-sent request
+   (same ``seq``) is answered again, not applied twice, so staged batches are safe to retry.
+3. The driver learns from Spark which attempt of each partition succeeded, with the number
+   of write operations it staged on each replica, and sends that list to every replica:
+   ``prepare`` checks that the replica holds exactly those writes and seals the epoch;
+   ``commit`` replays the winners' writes in (partition, attempt) order in one transaction,
+   records the epoch as committed, and drops everything else staged under it. A commit
+   re-sent after it succeeded does nothing again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from statehouse.backends import ops
+from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
+from statehouse.backends.job import Job, JobTransaction
+from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, Winner
+
+
+def apply_all(tx: JobTransaction, operations: list[Any], where: str = "") -> list[dict[str, Any]]:
+    """Run operations in order inside ``tx``; a failure names the operation's index."""
+    results = []
+    for index, op in enumerate(operations):
+        try:
+            results.append(ops.apply(tx, op))
+        except StateError as exc:
+            exc.detail = f"{where}op {index}: {exc.detail}"
+            exc.extra["op_index"] = index
+            raise
+    return results
+
+
+def run_batch(
+    job: Job, operations: list[Any], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
+) -> list[dict[str, Any]]:
+    """Apply a batch atomically: directly, or staged for ``attempt`` under ``epoch``.
+
+    ``size`` is the request's size in bytes, counted against the staging limit."""
+    if attempt is None:
+        with job.transaction(epoch=epoch) as tx:
+            return apply_all(tx, operations)
+    if epoch is None:
+        raise AttemptConflict("a task attempt's batch must carry the micro-batch's 'epoch'")
+    with job.exclusive():
+        job.check_epoch(epoch)
+        staging = job.staging(epoch)
+        if staging.sealed:
+            raise EpochSealed(f"epoch {epoch} of job {job.name!r} was prepared for commit; it takes no more writes")
+        staged = _attempt(job, staging, attempt)
+        if attempt.seq == staged.seq:
+            return staged.last_results  # a re-sent request: answered again, applied once
+        if attempt.seq != staged.seq + 1:
+            raise AttemptConflict(
+                f"request {attempt.seq} of attempt {attempt.attempt!r} arrived after request {staged.seq}: "
+                "an attempt must send its requests to a replica one after the other"
+            )
+        with job.transaction(source=staged.view) as tx:
+            results = apply_all(tx, operations)
+            writes = [op for op in operations if op["op"] not in READ_OPS]
+            if writes:
+                job.limits.check_staging(len(staging.attempts), staging.bytes + size)
+        staged.seq, staged.last_results = attempt.seq, results
+        if writes:
+            staged.writes += writes
+            staged.bytes += size
+            staging.bytes += size
+        return results
+
+
+def _attempt(job: Job, staging: EpochStaging, ref: AttemptRef) -> StagedAttempt:
+    staged = staging.attempts.get(ref.attempt)
+    if staged is None:
+        if ref.seq != 0:
+            raise AttemptLost(
+                f"replica {job.replica_index} holds nothing of attempt {ref.attempt!r}, yet this is its request "
+                f"{ref.seq}: the replica restarted or was restored during the attempt; the task must be retried"
+            )
+        job.limits.check_staging(len(staging.attempts) + 1, staging.bytes)
+        return staging.begin(ref)
+    if staged.partition != ref.partition:
+        raise AttemptConflict(f"attempt {ref.attempt!r} writes partition {staged.partition}, not {ref.partition}")
+    return staged
+
+
+def _verify(job: Job, epoch: int, winners: list[Winner]) -> list[StagedAttempt]:
+    """The staged attempts the winners name, each holding exactly the writes its task counted."""
+    staging = job.staged(epoch)
+    held = staging.attempts if staging is not None else {}
+    found, wrong = [], []
+    for winner in winners:
+        staged = held.get(winner.attempt)
+        count = len(staged.writes) if staged is not None else 0
+        if count != winner.ops or (staged is not None and staged.partition != winner.partition):
+            wrong.append(
+                {"partition": winner.partition, "attempt": winner.attempt, "expected": winner.ops, "held": count}
+            )
+        elif staged is not None:
+            found.append(staged)
+    if wrong:
+        shown = ", ".join(
+            f"{w['attempt']} (partition {w['partition']}): {w['held']} of {w['expected']}" for w in wrong[:5]
+        )
+        raise AttemptLost(
+            f"replica {job.replica_index} does not hold the staged writes of {len(wrong)} winning attempt(s) of "
+            f"epoch {epoch} ({shown}): it restarted or was restored during the micro-batch; abort and re-run it",
+            attempts=wrong,
+        )
+    return sorted(found, key=lambda s: (s.partition, s.attempt))
+
+
+@dataclass(frozen=True, slots=True)
+class EpochReport:
+    """What a replica holds of an epoch, and what a prepare or commit did."""
+
+    epoch: int
+    status: str  # open | sealed | committed | none
+    current_epoch: int
+    committed_epoch: int
+    attempts: list[dict[str, Any]]
+    ops: int = 0  # write operations committed (commit) or verified (prepare)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "status": self.status,
+            "current_epoch": self.current_epoch,
+            "committed_epoch": self.committed_epoch,
+            "attempts": self.attempts,
+            "ops": self.ops,
+        }
+
+
+def describe(job: Job, epoch: int, ops_done: int = 0) -> EpochReport:
+    committed = job.committed_epoch
+    staging = job.staged(epoch)
+    if epoch == committed:
+        status = "committed"
+    elif staging is None:
+        status = "none"
+    else:
+        status = "sealed" if staging.sealed else "open"
+    attempts = staging.summaries() if staging is not None else []
+    return EpochReport(epoch, status, job.epoch, committed, attempts, ops_done)
+
+
+def prepare(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
+    """Check that this replica holds exactly the winners' writes, and seal the epoch."""
+    with job.exclusive():
+        if job.committed_epoch == epoch:
+            return describe(job, epoch)
+        job.check_epoch(epoch)
+        found = _verify(job, epoch, winners)
+        job.staging(epoch).sealed = True
+        return describe(job, epoch, sum(len(s.writes) for s in found))
+
+
+def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
+    """Apply the winners' staged writes atomically and drop the rest; idempotent."""
+    with job.exclusive():
+        if job.committed_epoch == epoch:
+            return describe(job, epoch)  # a re-sent commit: done already
+        job.check_epoch(epoch)
+        found = _verify(job, epoch, winners)
+        with job.transaction() as tx:
+            for staged in found:
+                apply_all(tx, staged.writes, f"attempt {staged.attempt!r} (partition {staged.partition}) ")
+            tx.record_commit(epoch)
+        job.drop_staging(epoch)
+        return describe(job, epoch, sum(len(s.writes) for s in found))
+
+
+def abort(job: Job, epoch: int) -> EpochReport:
+    """Drop what ``epoch`` staged (the micro-batch failed; it re-runs under a new epoch)."""
+    job.drop_staging(epoch)
+    return describe(job, epoch)

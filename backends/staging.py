@@ -1,0 +1,125 @@
+"""Writes staged per task attempt until the driver commits the micro-batch's epoch.
+
+Spark's unit of work is the task attempt: a task may fail after its writes and be retried,
+or run twice (speculation), and only the driver knows which attempt of each partition won.
+So the writes an attempt makes under a writer epoch are *staged*: kept as the attempt's redo
+log (its write operations, in order) beside a view its own reads go through
+(read-your-writes). Other attempts do not see them. The driver commits the epoch naming the
+winning attempts; their logs are replayed in one transaction, and everything else staged
+under the epoch is dropped (see ``backends/attempts.py``).
+
+A redo log, not the view's values, is what commits: two partitions adding to one key must
+both count, whichever order they ran in. Staging lives in memory: a replica that restarts
+loses it, and the commit, which names each winner's operation count, then fails loudly
+instead of committing part of a batch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from statehouse.backends.base.partition import StorePartition
+from statehouse.backends.base.transaction import StagedView
+from statehouse.backends.errors import InvalidArgument
+
+# Operations that only read: everything else an attempt sends is a write and is staged.
+READ_OPS = frozenset({"get", "map_get", "map_contains"})
+ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+_ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline
+_MAX_PARTITION = 2**31 - 1  # Spark partition ids are Java ints
+_MAX_SEQ = 2**63 - 1
+
+
+def _count(value: Any, what: str, upper: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+        raise InvalidArgument(f"'{what}' must be an integer in [0, {upper}]; got {value!r}")
+    return value
+
+
+def _attempt_id(value: Any) -> str:
+    if not isinstance(value, str) or not _ATTEMPT_ID.fullmatch(value):
+        raise InvalidArgument(f"'attempt' must be 1-128 characters of A-Z a-z 0-9 . _ : -; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """Who sends a batch: task attempt ``attempt`` of Spark partition ``partition``, its
+    ``seq``-th request to this replica (0, 1, 2, ... — a re-sent request repeats its seq)."""
+
+    partition: int
+    attempt: str
+    seq: int
+
+    def __post_init__(self) -> None:
+        _count(self.partition, "partition", _MAX_PARTITION)
+        _attempt_id(self.attempt)
+        _count(self.seq, "seq", _MAX_SEQ)
+
+
+@dataclass(frozen=True, slots=True)
+class Winner:
+    """An attempt the driver commits, with the write operations its task staged here."""
+
+    partition: int
+    attempt: str
+    ops: int
+
+    def __post_init__(self) -> None:
+        _count(self.partition, "partition", _MAX_PARTITION)
+        _attempt_id(self.attempt)
+        _count(self.ops, "ops", _MAX_SEQ)
+
+    @classmethod
+    def parse(cls, items: Any) -> list[Winner]:
+        """The ``attempts`` of a prepare or commit body; each attempt at most once."""
+        if not isinstance(items, list):
+            raise InvalidArgument('\'attempts\' must be a list of {"partition", "attempt", "ops"}')
+        winners = []
+        for item in items:
+            if not isinstance(item, Mapping) or set(item) != {"partition", "attempt", "ops"}:
+                raise InvalidArgument(f'each attempt must be {{"partition", "attempt", "ops"}}; got {item!r}')
+            winners.append(cls(item["partition"], item["attempt"], item["ops"]))
+        if len({w.attempt for w in winners}) != len(winners):
+            raise InvalidArgument("an attempt is named twice in 'attempts'")
+        return winners
+
+
+class StagedAttempt:
+    """One attempt's staged writes on this replica: its redo log and its own view."""
+
+    __slots__ = ("attempt", "bytes", "last_results", "partition", "seq", "view", "writes")
+
+    def __init__(self, partition: int, attempt: str, view: StagedView) -> None:
+        self.partition = partition
+        self.attempt = attempt
+        self.view = view
+        self.writes: list[Mapping[str, Any]] = []
+        self.seq = -1  # the last request applied
+        self.last_results: list[dict[str, Any]] = []  # its answer, for a re-sent request
+        self.bytes = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {"partition": self.partition, "attempt": self.attempt, "ops": len(self.writes), "bytes": self.bytes}
+
+
+class EpochStaging:
+    """Everything staged under one writer epoch. ``sealed`` after a successful prepare: the
+    epoch's staging is then what the driver verified, and takes no more writes."""
+
+    def __init__(self, epoch: int, partition: StorePartition) -> None:
+        self.epoch = epoch
+        self._partition = partition
+        self.attempts: dict[str, StagedAttempt] = {}
+        self.sealed = False
+        self.bytes = 0
+
+    def begin(self, ref: AttemptRef) -> StagedAttempt:
+        staged = self.attempts[ref.attempt] = StagedAttempt(ref.partition, ref.attempt, StagedView(self._partition))
+        return staged
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [a.summary() for a in sorted(self.attempts.values(), key=lambda a: (a.partition, a.attempt))]
