@@ -124,6 +124,9 @@ class Batch:
     def map_put(self, state: str, key: Any, user_key: str, value: Any, ns: str = "") -> PendingResult:
         return self._queue(self._op("map_put", state, key, ns, user_key=user_key, value=value))
 
+    def map_add(self, state: str, key: Any, user_key: str, value: Any, ns: str = "") -> PendingResult:
+        return self._queue(self._op("map_add", state, key, ns, user_key=user_key, value=value))
+
     def map_remove(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
         return self._queue(self._op("map_remove", state, key, ns, user_key=user_key))
 

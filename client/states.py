@@ -59,6 +59,10 @@ class MapStateHandle(StateHandle):
     def put(self, key: Any, user_key: str, value: Any, ns: str = "") -> None:
         self._one("map_put", key, ns, user_key=user_key, value=value)
 
+    def add(self, key: Any, user_key: str, value: Any, ns: str = "") -> None:
+        """Fold ``value`` into the entry with the map's ``function``, on the server (atomic)."""
+        self._one("map_add", key, ns, user_key=user_key, value=value)
+
     def put_all(self, key: Any, entries: dict[str, Any], ns: str = "") -> None:
         with self._job.batch() as batch:
             for user_key, value in entries.items():

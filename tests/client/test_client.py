@@ -69,6 +69,23 @@ def test_typed_handles(job):
         job.list_state("last")
 
 
+def test_map_handle_adds_to_entries(job):
+    counts = job.register("item_counts", "map", function="sum")
+    counts.add("alice", "book", 1)
+    counts.add("alice", "book", 2)
+    counts.add("alice", "pen", 5, ns="w")
+    assert counts.entries("alice") == {"book": 3} and counts.get("alice", "pen", ns="w") == 5
+    users = [f"user-{i}" for i in range(50)]  # spread over both replicas
+    with job.batch() as batch:
+        for i, user in enumerate(users):
+            batch.map_add("item_counts", user, "book", i)
+            batch.map_add("item_counts", user, "book", 1)
+    assert [counts.get(user, "book") for user in users] == [i + 1 for i in range(50)]
+    plain = job.register("plain", "map")
+    with pytest.raises(Conflict, match="function"):  # a map registered without one cannot add
+        plain.add("alice", "book", 1)
+
+
 def test_int_keys_and_namespaces(job):
     windows = job.register("per_window", "reducing", function="count", key_type="long")
     for window in ("w1", "w1", "w2"):
