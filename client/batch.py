@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
+    from statehouse.client.attempts import TaskAttempt
     from statehouse.client.replicas import Replicas
 
 # Operations whose repetition cannot change the outcome: a batch made only of these may be
 # retried after a timeout. ``add`` is not among them.
 IDEMPOTENT_OPS = frozenset({"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains"})
+READ_OPS = frozenset({"get", "map_get", "map_contains"})  # the server stages everything else of an attempt
 _UNSET = object()
 
 
@@ -41,7 +43,9 @@ class Batch:
 
     Each replica's part is atomic and ordered; parts on different replicas are independent
     (a failure on one replica does not undo another's). Use as a context manager to flush on
-    exit, or call :meth:`flush`. ``epoch`` fences the writes (see the coordinator).
+    exit, or call :meth:`flush`. ``epoch`` fences the writes (see the coordinator); with
+    ``attempt`` (a Spark task attempt) they are staged until the driver commits the epoch, the
+    reads see them, and every request may be retried (a re-sent one is not applied twice).
 
     When a replica's part reaches ``max_ops`` it is sent at once, in the background, while
     the caller goes on queueing (client and server work in parallel). Parts for one replica
@@ -55,12 +59,14 @@ class Batch:
         route: Callable[[str, Any], int],
         *,
         epoch: int | None = None,
+        attempt: TaskAttempt | None = None,
         max_ops: int = 5000,
     ) -> None:
         self._replicas = replicas
         self._job = job
         self._route = route  # (state, key) -> index of the replica that owns the key
-        self.epoch = epoch
+        self.epoch = attempt.epoch if attempt is not None else epoch
+        self.attempt = attempt
         self.max_ops = max_ops
         self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in range(len(replicas))]
         self._sending: list[Future[None]] = []
@@ -87,12 +93,21 @@ class Batch:
         if self._failed:
             raise StatehouseError("not sent: an earlier part of this batch failed")
         ops = [op for op, _pending in chunk]
-        idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
+        attempt = self.attempt
+        if attempt is not None:
+            fields, idempotent = attempt.fields(replica), True
+        else:
+            fields = {"epoch": self.epoch} if self.epoch is not None else {}
+            idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
         try:
-            results = self._replicas[replica].batch(self._job, ops, epoch=self.epoch, idempotent=idempotent)
-        except BaseException:
+            results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
+        except BaseException as exc:
             self._failed = True
+            if attempt is not None and isinstance(exc, StatehouseError) and 400 <= (exc.status or 0) < 500:
+                attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
             raise
+        if attempt is not None:
+            attempt.answered(replica, sum(op["op"] not in READ_OPS for op in ops))
         for (_op, pending), result in zip(chunk, results, strict=True):
             pending._result = result
 

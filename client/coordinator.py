@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
@@ -158,20 +160,29 @@ class StateBehind(StatehouseError):
     """The state's last applied micro-batch is older than the one before ``batch_id``."""
 
 
+class MicroBatchLost(StatehouseError):
+    """A replica does not hold the micro-batch's staged writes (it restarted or was restored
+    during the batch, or another writer fenced the job): nothing was committed; re-run it."""
+
+
 class MicroBatchCoordinator(CheckpointCoordinator):
-    """Exactly-once state updates for Spark micro-batches.
+    """Exactly-once state updates for Spark micro-batches, per task attempt.
 
     Every applied micro-batch ends with a global checkpoint whose metadata records the batch
-    id and the writer epoch it was written with. When an attempt of batch ``b`` begins:
+    id and its epoch. When an attempt of batch ``b`` begins (:meth:`begin`):
 
     * if the latest complete checkpoint already covers ``b``, the attempt is a *replay*: it
       must not write (its outputs can be recomputed from state);
-    * if any writer epoch was opened after that checkpoint (an earlier attempt of ``b``
-      started, so it may have written part of its updates), every replica is restored to it;
-    * then a new epoch is fenced on every replica: writes of any older attempt (a zombie
-      task) are refused, and the attempt writes with the new epoch.
+    * if a replica committed an epoch other than the checkpoint's (a driver died in the
+      middle of a commit), every replica is restored to the checkpoint;
+    * a new epoch is fenced on every replica: what older attempts staged is dropped, and
+      their late writes are refused.
 
-    After the attempt's writes, :meth:`commit` takes the checkpoint for ``b``.
+    Tasks then stage their writes under the epoch (``client/spark.py``). :meth:`commit` takes
+    the commit messages of the successful tasks, picks one attempt per partition, *prepares*
+    every replica (each checks it holds exactly those writes, and seals the epoch), commits
+    every replica, and takes the checkpoint for ``b``. A failed prepare aborts everywhere
+    and nothing is applied (:class:`MicroBatchLost`: re-run the batch).
     """
 
     def anchor(self) -> GlobalCheckpoint:
@@ -179,7 +190,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         for candidate in reversed(self.completed()):
             if "batch_id" in candidate.metadata:
                 return candidate
-        return self.checkpoint(metadata={"batch_id": -1, "epoch": self.job.epoch()})
+        return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
 
     def begin(self, batch_id: int) -> BatchPlan:
         anchor = self.anchor()
@@ -191,17 +202,38 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        current = self.job.epoch()
-        if current > anchor.metadata["epoch"]:
+        if any(epoch != anchor.metadata["epoch"] for epoch in self.job.committed_epochs()):
             self.restore(anchor.checkpoint_id)
-        return BatchPlan(batch_id, self.job.fence(current + 1), replay=False)
+        return BatchPlan(batch_id, self.job.fence(self.job.epoch() + 1), replay=False)
 
-    def commit(self, plan: BatchPlan) -> GlobalCheckpoint | None:
+    def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
+        """Commit the winning attempts on every replica, then checkpoint the batch."""
         if plan.replay:
             return None
+        assert plan.epoch is not None
+        bodies = commit_bodies(winners(messages), len(self.job.replicas))
+        path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
+        try:
+            self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
+        except StatehouseError as exc:
+            self.abort_epoch(plan.epoch)
+            if exc.code in ("attempt_lost", "stale_epoch"):
+                raise MicroBatchLost(f"micro-batch {plan.batch_id} was not committed: {exc}") from exc
+            raise
+        self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
         return self.checkpoint(metadata={"batch_id": plan.batch_id, "epoch": plan.epoch})
+
+    def abort_epoch(self, epoch: int) -> None:
+        """Drop what ``epoch`` staged, everywhere (best effort: a new epoch drops it anyway)."""
+        for replica in self.job.replicas:
+            with contextlib.suppress(StatehouseError):
+                replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{epoch}/abort")
+
+    def moved_on(self, plan: BatchPlan) -> bool:
+        """Whether the job's epoch moved past the plan's (a restore, or another writer fenced it)."""
+        return plan.epoch is not None and self.job.epoch() > plan.epoch
 
     def carry_over(self, source: GlobalCheckpoint) -> GlobalCheckpoint:
         """After restoring a savepoint into a new deployment (rescale), anchor its batch there."""
-        metadata = {"batch_id": source.metadata.get("batch_id", -1), "epoch": self.job.epoch()}
+        metadata = {"batch_id": source.metadata.get("batch_id", -1), "epoch": max(self.job.committed_epochs())}
         return self.checkpoint(metadata=metadata)

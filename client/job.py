@@ -18,6 +18,7 @@ from statehouse.client.states import (
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
+    from statehouse.client.attempts import TaskAttempt
     from statehouse.client.replicas import Replicas
     from statehouse.client.transport import ReplicaConnection
 
@@ -101,12 +102,16 @@ class JobClient:
 
     # -- batches and fencing -------------------------------------------------------------
 
-    def batch(self, *, epoch: int | None = None, max_ops: int | None = None) -> Batch:
+    def batch(
+        self, *, epoch: int | None = None, attempt: TaskAttempt | None = None, max_ops: int | None = None
+    ) -> Batch:
+        """A batch: plain, fenced with ``epoch``, or staged for a task ``attempt`` (see ``client/spark.py``)."""
         return Batch(
             self.replicas,
             self.name,
             self.replica_for,
             epoch=epoch,
+            attempt=attempt,
             max_ops=max_ops or self.replicas.config.max_batch_ops,
         )
 
@@ -116,6 +121,10 @@ class JobClient:
 
     def epoch(self) -> int:
         return max(info["epoch"] for info in self.replicas.on_all("GET", f"/v1/jobs/{self.name}"))
+
+    def committed_epochs(self) -> list[int]:
+        """Per replica, the last micro-batch epoch whose staged writes it committed."""
+        return [info["committed_epoch"] for info in self.replicas.on_all("GET", f"/v1/jobs/{self.name}")]
 
     # -- operator state: subtask i lives on replica i % replica_count --------------------
 

@@ -46,6 +46,12 @@ class Replicas:
         futures = [self._fan_out.submit(r.json, method, path, body, idempotent=idempotent) for r in self]
         return [f.result() for f in futures]
 
+    def on_each(self, method: str, path: str, bodies: list[Any], *, idempotent: bool = True) -> list[Any]:
+        """One JSON call per replica in parallel, ``bodies[i]`` to replica ``i``; the answers in order."""
+        calls = zip(self, bodies, strict=True)
+        futures = [self._fan_out.submit(r.json, method, path, b, idempotent=idempotent) for r, b in calls]
+        return [f.result() for f in futures]
+
     def send_in_order(self, replica: int, send: Callable[..., None], *args: Any) -> Future[None]:
         return self._senders[replica].submit(send, *args)
 

@@ -1,57 +1,118 @@
-"""Spark glue: exactly-once ``foreachBatch`` and per-partition state access on executors.
+"""Spark glue: exactly-once ``foreachBatch`` with state updates staged per task attempt.
 
-Nothing here imports pyspark: the functions take and return plain callables, so the same
-code runs on the driver (``foreachBatch``) and inside executor tasks (``mapPartitions``).
+Nothing here imports pyspark at module level: the functions take and return plain callables,
+so the same code runs on the driver (``foreachBatch``) and inside executor tasks
+(``mapPartitions``). Commit messages travel back to the driver in an accumulator, which
+Spark merges for successful tasks only — the driver's side of Spark's own write protocol.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.batch import Batch
 from statehouse.client.client import StatehouseClient
 from statehouse.client.config import ClientConfig
-from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost
 from statehouse.client.job import JobClient
+
+log = logging.getLogger(__name__)
+
+
+class CommitMessages:
+    """An ``AccumulatorParam`` (by duck typing, so this module needs no pyspark) that collects
+    the commit messages of successful tasks as plain dicts."""
+
+    def zero(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return []
+
+    def addInPlace(self, value: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        value.extend(more)
+        return value
 
 
 @dataclass(frozen=True)
 class BatchContext:
-    """What an executor task needs to take part in one micro-batch attempt (picklable)."""
+    """What a task needs to take part in one micro-batch attempt (picklable). Inside a task
+    (``with_state``) it also carries the task's ``attempt``."""
 
     config: ClientConfig
     job: str
     batch_id: int
     epoch: int | None
     replay: bool
+    messages: Any = None  # the accumulator of commit messages (absent on a replay)
+    attempt: TaskAttempt | None = None
 
     def writes(self, job: JobClient) -> Batch:
-        """A batch whose writes are fenced with this attempt's epoch."""
+        """A batch staged under this task attempt: its reads see its own writes; the writes
+        count once the driver commits the micro-batch with this attempt as the winner."""
         if self.replay:
-            raise RuntimeError(f"micro-batch {self.batch_id} was applied already: a replay must not write")
-        return job.batch(epoch=self.epoch)
+            raise RuntimeError(
+                f"micro-batch {self.batch_id} was applied and checkpointed already: a replay must not write "
+                "(check ctx.replay and only read)"
+            )
+        if self.attempt is None:
+            raise RuntimeError("ctx.writes() works inside a task: wrap the partition function with with_state(ctx, fn)")
+        return job.batch(attempt=self.attempt)
+
+    def reads(self, job: JobClient) -> Batch:
+        """A batch for reads: the attempt's own staged writes included (read-your-writes); on a
+        replay, the committed state."""
+        if self.replay or self.attempt is None:
+            return job.batch()
+        return job.batch(attempt=self.attempt)
+
+    def for_task(self, replica_count: int) -> BatchContext:
+        if self.replay:
+            return self
+        assert self.epoch is not None
+        return dataclasses.replace(self, attempt=TaskAttempt.of_spark_task(self.epoch, replica_count))
+
+    def report(self) -> None:
+        """The task's partition is done: hand the driver its commit message."""
+        if self.attempt is not None and self.messages is not None:
+            self.messages.add([self.attempt.message().to_dict()])
+
+    def collected(self) -> list[CommitMessage]:
+        """On the driver, after the batch's Spark jobs: the successful tasks' messages."""
+        return [CommitMessage.from_dict(m) for m in (self.messages.value if self.messages is not None else [])]
 
 
 def exactly_once(
-    config: ClientConfig, job: str, process: Callable[[Any, BatchContext], None]
+    config: ClientConfig, job: str, process: Callable[[Any, BatchContext], None], *, reruns: int = 2
 ) -> Callable[[Any, int], None]:
     """Wrap ``process(df, ctx)`` for ``writeStream.foreachBatch``.
 
-    Before ``process`` runs, the coordinator decides whether this attempt writes (with a
-    freshly fenced epoch, after restoring the state if an earlier attempt may have written
-    part of the batch) or is a replay of an applied batch (``ctx.replay``: read only).
-    After ``process`` returns, the batch's global checkpoint is taken. If ``process``
-    raises, nothing is checkpointed and Spark's retry of the batch starts over cleanly.
+    Before ``process`` runs, the coordinator decides whether this attempt writes (under a
+    freshly fenced epoch) or is a replay of an applied batch (``ctx.replay``: read only).
+    After ``process`` returns, the successful tasks' attempts are committed on every replica
+    and the batch's global checkpoint is taken. If ``process`` raises, nothing is committed.
+    When a replica lost the batch's staged writes (it restarted or was restored meanwhile),
+    the micro-batch is re-run, at most ``reruns`` times, before the error reaches Spark.
     """
 
     def run(df: Any, batch_id: int) -> None:
         with StatehouseClient(config) as client:
             coordinator = MicroBatchCoordinator(client.job(job))
-            plan = coordinator.begin(batch_id)
-            process(df, BatchContext(config, job, batch_id, plan.epoch, plan.replay))
-            coordinator.commit(plan)
+            for rerun in range(reruns + 1):
+                plan = coordinator.begin(batch_id)
+                messages = None if plan.replay else df.sparkSession.sparkContext.accumulator([], CommitMessages())
+                ctx = BatchContext(config, job, batch_id, plan.epoch, plan.replay, messages)
+                try:
+                    process(df, ctx)
+                    coordinator.commit(plan, ctx.collected())
+                    return
+                except Exception as exc:
+                    lost = isinstance(exc, MicroBatchLost) or coordinator.moved_on(plan)
+                    if not lost or rerun == reruns:
+                        raise
+                    log.warning("micro-batch %d of job %r is re-run: %s", batch_id, job, exc)
 
     return run
 
@@ -59,10 +120,15 @@ def exactly_once(
 def with_state(
     ctx: BatchContext, fn: Callable[[Iterable[Any], JobClient, BatchContext], Iterable[Any]]
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """For ``rdd.mapPartitions``: opens one client per partition and hands ``fn`` the job."""
+    """For ``rdd.mapPartitions``: opens one client per partition and hands ``fn`` the job and
+    the task's context (its attempt). ``fn``'s iterator must be consumed to the end: the
+    attempt reports its writes to the driver only then."""
 
     def run(rows: Iterable[Any]) -> Iterator[Any]:
         with StatehouseClient(ctx.config) as client:
-            yield from fn(rows, client.job(ctx.job), ctx)
+            job = client.job(ctx.job)
+            task_ctx = ctx.for_task(len(job.replicas))
+            yield from fn(rows, job, task_ctx)
+            task_ctx.report()
 
     return run

@@ -74,10 +74,9 @@ class ReplicaConnection:
         answer = self.request(method, path, idempotent=idempotent, json=body)
         return json.loads(answer.content) if answer.content else None
 
-    def batch(self, job: str, ops: list[dict[str, Any]], *, epoch: int | None, idempotent: bool) -> list[Any]:
-        body: dict[str, Any] = {"ops": ops}
-        if epoch is not None:
-            body["epoch"] = epoch
+    def batch(self, job: str, ops: list[dict[str, Any]], *, fields: dict[str, Any], idempotent: bool) -> list[Any]:
+        """``fields``: the fencing epoch, or a task attempt's epoch, partition, attempt and seq."""
+        body: dict[str, Any] = {"ops": ops, **fields}
         payload = msgpack.packb(body, use_bin_type=True)
         path = f"/v1/jobs/{job}/batch"
 

@@ -6,7 +6,7 @@ directory. For every micro-batch, each user's events update four states, exactly
 * ``total_spent`` — reducing ``sum`` of amounts
 * ``avg_amount`` — aggregating ``avg`` of amounts
 * ``recent_items`` — list of items with a TTL (default 7 days)
-* ``item_counts`` — map item → count
+* ``item_counts`` — map item → count (a map with ``sum``: ``map_add`` per item)
 
 and the batch writes the touched users' features to ``<output>/batch_id=N/`` (JSON,
 overwritten on a replay, so the sink is idempotent). Run against a running service:
@@ -38,7 +38,7 @@ def states(recent_ttl_ms: int = WEEK_MS) -> dict[str, dict[str, Any]]:
         "total_spent": {"kind": "reducing", "function": "sum"},
         "avg_amount": {"kind": "aggregating", "function": "avg"},
         "recent_items": {"kind": "list", "ttl": {"ttl_ms": recent_ttl_ms}},
-        "item_counts": {"kind": "map"},
+        "item_counts": {"kind": "map", "function": "sum"},
     }
 
 
@@ -55,16 +55,8 @@ def update_users(rows: Iterable[Any], job: JobClient, ctx: BatchContext) -> Iter
     users = [(row["user_id"], [(e["item"], e["amount"]) for e in row["events"]]) for row in rows]
     if not users:
         return
-    if not ctx.replay:
-        # Map counts are read-modify-write: read the touched entries first (one request per replica)...
-        with job.batch() as reads:
-            counts = {
-                (user, item): reads.map_get("item_counts", user, item)
-                for user, events in users
-                for item in {item for item, _amount in events}
-            }
-        # ...then apply every update in one fenced request per replica.
-        with ctx.writes(job) as writes:
+    if not ctx.replay:  # a replay's updates are in the state already: only read
+        with ctx.writes(job) as writes:  # staged under this task attempt, one request per replica
             for user, events in users:
                 amounts = [amount for _item, amount in events]
                 items = [item for item, _amount in events]
@@ -72,8 +64,8 @@ def update_users(rows: Iterable[Any], job: JobClient, ctx: BatchContext) -> Iter
                 writes.add_all("avg_amount", user, amounts)
                 writes.add_all("recent_items", user, items)
                 for item, n in Counter(items).items():
-                    writes.map_put("item_counts", user, item, (counts[(user, item)].value or 0) + n)
-    with job.batch() as reads:
+                    writes.map_add("item_counts", user, item, n)
+    with ctx.reads(job) as reads:  # sees this attempt's own writes
         features = {
             user: [reads.get(state, user) for state in ("total_spent", "avg_amount", "recent_items", "item_counts")]
             for user, _events in users

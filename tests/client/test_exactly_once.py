@@ -1,9 +1,11 @@
-"""The micro-batch protocol without Spark, step by step, against two real replicas."""
+"""The micro-batch protocol without Spark, step by step, against two real replicas: tasks are
+simulated by ``TaskAttempt`` objects, their commit messages handed to the driver by hand."""
 
 import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
-from statehouse.client.coordinator import MicroBatchCoordinator, StateBehind
+from statehouse.client.attempts import TaskAttempt, commit_bodies, winners
+from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost, StateBehind
 
 
 @pytest.fixture
@@ -24,42 +26,82 @@ def totals(job, keys):
 KEYS = [f"user-{i}" for i in range(20)]
 
 
-def apply(job, plan, amount):
-    with job.batch(epoch=plan.epoch) as writes:
-        for k in KEYS:
+def task(job, plan, partition, amount, keys=KEYS, task_id=0):
+    """One task attempt adding ``amount`` to each key; returns its commit message."""
+    attempt = TaskAttempt(plan.epoch, partition, len(job.replicas), stage=1, task=task_id)
+    with job.batch(attempt=attempt) as writes:
+        for k in keys:
             writes.add("total", k, amount)
+    return attempt.message()
 
 
-def test_batches_apply_once_and_replays_do_not_write(setup):
+def test_batches_apply_once_at_the_commit_and_replays_do_not_write(setup):
     job, coordinator = setup
     plan = coordinator.begin(0)
     assert not plan.replay and plan.epoch is not None
-    apply(job, plan, 1)
-    assert coordinator.commit(plan).metadata == {"batch_id": 0, "epoch": plan.epoch}
+    messages = [task(job, plan, 0, 1, KEYS[:10], 1), task(job, plan, 1, 1, KEYS[10:], 2)]
+    assert set(totals(job, KEYS).values()) == {None}  # staged: invisible until the commit
+    assert coordinator.commit(plan, messages).metadata == {"batch_id": 0, "epoch": plan.epoch}
+    assert set(totals(job, KEYS).values()) == {1}
     replay = coordinator.begin(0)  # Spark lost its own commit of batch 0 and runs it again
     assert replay.replay and replay.epoch is None
     assert coordinator.commit(replay) is None
     assert set(totals(job, KEYS).values()) == {1}
 
 
-def test_a_failed_attempt_is_rolled_back_and_its_zombie_fenced(setup):
+def test_a_retried_task_and_a_speculative_copy_count_once(setup):
     job, coordinator = setup
-    first = coordinator.begin(0)
-    apply(job, first, 1)
-    coordinator.commit(first)
-    attempt = coordinator.begin(1)
-    with job.batch(epoch=attempt.epoch) as writes:  # half of batch 1, then the attempt dies
-        for k in KEYS[:10]:
-            writes.add("total", k, 100)
-    retry = coordinator.begin(1)
-    assert retry.epoch > attempt.epoch
-    assert set(totals(job, KEYS).values()) == {1}  # the partial attempt was undone
-    # a zombie task of the dead attempt cannot write
-    with pytest.raises(StaleEpoch), job.batch(epoch=attempt.epoch) as writes:
-        writes.add("total", KEYS[0], 100)
-    apply(job, retry, 100)
-    coordinator.commit(retry)
+    plan = coordinator.begin(0)
+    task(job, plan, 0, 1, KEYS[:10], task_id=1)  # fails after its writes: Spark never reports it
+    retry = task(job, plan, 0, 1, KEYS[:10], task_id=2)
+    speculative = task(job, plan, 0, 1, KEYS[:10], task_id=3)  # both finish; Spark may report both
+    other = task(job, plan, 1, 1, KEYS, task_id=4)  # another partition, overlapping keys
+    coordinator.commit(plan, [speculative, other, retry])
+    assert totals(job, KEYS) == {k: 2 if i < 10 else 1 for i, k in enumerate(KEYS)}
+
+
+def test_a_task_reads_its_own_writes_and_nobody_else_does(setup):
+    job, coordinator = setup
+    plan = coordinator.begin(0)
+    attempt = TaskAttempt(plan.epoch, 0, len(job.replicas), task=1)
+    with job.batch(attempt=attempt) as batch:
+        batch.add("total", "u", 5)
+        mine = batch.get("total", "u")
+    other = TaskAttempt(plan.epoch, 1, len(job.replicas), task=2)
+    with job.batch(attempt=other) as batch:
+        theirs = batch.get("total", "u")
+    assert (mine.value, theirs.value, totals(job, ["u"])["u"]) == (5, None, None)
+
+
+def test_a_driver_dying_mid_commit_is_undone_by_the_next_attempt(setup):
+    job, coordinator = setup
+    coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
+    plan = coordinator.begin(1)
+    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 2)
+    path = f"/v1/jobs/{job.name}/epochs/{plan.epoch}"
+    job.replicas.on_each("POST", f"{path}/prepare", bodies)
+    job.replicas[0].json("POST", f"{path}/commit", bodies[0])  # ...and the driver dies here
+    assert {1, 101} == set(totals(job, KEYS).values())
+    retry = coordinator.begin(1)  # replica 0 committed an epoch no checkpoint records: restore
+    assert retry.epoch > plan.epoch
+    assert set(totals(job, KEYS).values()) == {1}
+    with pytest.raises(StaleEpoch):  # a zombie task of the dead attempt cannot write
+        task(job, plan, 0, 100)
+    coordinator.commit(retry, [task(job, retry, 0, 100)])
     assert set(totals(job, KEYS).values()) == {101}
+
+
+def test_a_replica_without_the_staged_writes_fails_the_batch_and_applies_nothing(setup):
+    job, coordinator = setup
+    plan = coordinator.begin(0)
+    message = task(job, plan, 0, 1)
+    job.replicas[1].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/abort")  # as if it restarted
+    with pytest.raises(MicroBatchLost, match="attempt_lost"):
+        coordinator.commit(plan, [message])
+    assert set(totals(job, KEYS).values()) == {None}  # replica 0 applied nothing either
+    retry = coordinator.begin(0)
+    coordinator.commit(retry, [task(job, retry, 0, 1)])
+    assert set(totals(job, KEYS).values()) == {1}
 
 
 def test_a_gap_in_batch_ids_is_refused(setup):
