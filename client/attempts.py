@@ -20,7 +20,7 @@ from typing import Any
 class CommitMessage:
     """What a finished task attempt tells the driver (plain data: it travels through Spark)."""
 
-    stage: int  # Spark stage id: with ``partition``, the unit of work
+    unit: str  # the state update (one ``with_state`` call): with ``partition``, the unit of work
     partition: int
     task: int  # Spark's task attempt id (unique in the application): one task, one id
     attempt: str  # this attempt's id towards Statehouse
@@ -28,7 +28,7 @@ class CommitMessage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stage": self.stage,
+            "unit": self.unit,
             "partition": self.partition,
             "task": self.task,
             "attempt": self.attempt,
@@ -37,7 +37,7 @@ class CommitMessage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CommitMessage:
-        return cls(data["stage"], data["partition"], data["task"], data["attempt"], tuple(data["ops"]))
+        return cls(data["unit"], data["partition"], data["task"], data["attempt"], tuple(data["ops"]))
 
 
 @dataclass
@@ -49,7 +49,7 @@ class TaskAttempt:
     epoch: int
     partition: int
     replica_count: int
-    stage: int = 0
+    unit: str = ""
     task: int = 0
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     _next_seq: list[int] = field(init=False)
@@ -61,22 +61,16 @@ class TaskAttempt:
         self._writes = [0] * self.replica_count
 
     @classmethod
-    def of_spark_task(cls, epoch: int, replica_count: int) -> TaskAttempt:
-        """The attempt of the Spark task this runs in (on an executor)."""
+    def of_spark_task(cls, epoch: int, replica_count: int, unit: str) -> TaskAttempt:
+        """The attempt of the Spark task this runs in (on an executor), updating state for ``unit``."""
         from pyspark import TaskContext  # only ever called inside a Spark task
 
         ctx = TaskContext.get()
         if ctx is None:
             raise RuntimeError("not inside a Spark task: use with_state(ctx, fn) in rdd.mapPartitions")
-        task = ctx.taskAttemptId()
-        return cls(
-            epoch,
-            ctx.partitionId(),
-            replica_count,
-            stage=ctx.stageId(),
-            task=task,
-            attempt=f"s{ctx.stageId()}.p{ctx.partitionId()}.t{task}.{uuid.uuid4().hex[:8]}",
-        )
+        partition, task = ctx.partitionId(), ctx.taskAttemptId()
+        attempt = f"{unit}.p{partition}.t{task}.{uuid.uuid4().hex[:8]}"
+        return cls(epoch, partition, replica_count, unit=unit, task=task, attempt=attempt)
 
     def fields(self, replica: int) -> dict[str, Any]:
         """The attempt fields of the next request to ``replica`` (takes its ``seq``)."""
@@ -97,24 +91,25 @@ class TaskAttempt:
 
     def message(self) -> CommitMessage:
         with self._lock:
-            return CommitMessage(self.stage, self.partition, self.task, self.attempt, tuple(self._writes))
+            return CommitMessage(self.unit, self.partition, self.task, self.attempt, tuple(self._writes))
 
 
 def winners(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
-    """One successful task per unit of work (stage, partition): the first by task id.
+    """One successful task per unit of work (state update, partition): the first by task id.
 
     Spark reports a result task's messages once, but a shuffle-map task's for every attempt
-    that succeeded (speculative copies, stage re-runs). Those attempts saw the same input
-    and the same state (staged writes are private), so any one of them is the partition's
-    outcome; all invocations inside the chosen task commit together.
+    that succeeded (speculative copies, stage re-runs), and an RDD used by two actions is
+    computed twice. Those attempts saw the same input and the same state (staged writes are
+    private), so any one of them is the partition's outcome; all invocations inside the
+    chosen task commit together.
     """
-    chosen: dict[tuple[int, int], int] = {}
+    chosen: dict[tuple[str, int], int] = {}
     listed = list(messages)
     for m in listed:
-        unit = (m.stage, m.partition)
+        unit = (m.unit, m.partition)
         chosen[unit] = min(chosen.get(unit, m.task), m.task)
     return sorted(
-        (m for m in listed if chosen[(m.stage, m.partition)] == m.task), key=lambda m: (m.partition, m.attempt)
+        (m for m in listed if chosen[(m.unit, m.partition)] == m.task), key=lambda m: (m.partition, m.attempt)
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,11 @@ class BatchContext:
             return job.batch()
         return job.batch(attempt=self.attempt)
 
-    def for_task(self, replica_count: int) -> BatchContext:
+    def for_task(self, replica_count: int, unit: str) -> BatchContext:
         if self.replay:
             return self
         assert self.epoch is not None
-        return dataclasses.replace(self, attempt=TaskAttempt.of_spark_task(self.epoch, replica_count))
+        return dataclasses.replace(self, attempt=TaskAttempt.of_spark_task(self.epoch, replica_count, unit))
 
     def report(self) -> None:
         """The task's partition is done: hand the driver its commit message."""
@@ -122,12 +123,16 @@ def with_state(
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """For ``rdd.mapPartitions``: opens one client per partition and hands ``fn`` the job and
     the task's context (its attempt). ``fn``'s iterator must be consumed to the end: the
-    attempt reports its writes to the driver only then."""
+    attempt reports its writes to the driver only then.
+
+    Each call is one state update: however often Spark computes a partition of it (task
+    retries, speculative copies, a second action over the same RDD), one attempt commits."""
+    unit = uuid.uuid4().hex[:8]
 
     def run(rows: Iterable[Any]) -> Iterator[Any]:
         with StatehouseClient(ctx.config) as client:
             job = client.job(ctx.job)
-            task_ctx = ctx.for_task(len(job.replicas))
+            task_ctx = ctx.for_task(len(job.replicas), unit)
             yield from fn(rows, job, task_ctx)
             task_ctx.report()
 

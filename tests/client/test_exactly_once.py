@@ -28,7 +28,7 @@ KEYS = [f"user-{i}" for i in range(20)]
 
 def task(job, plan, partition, amount, keys=KEYS, task_id=0):
     """One task attempt adding ``amount`` to each key; returns its commit message."""
-    attempt = TaskAttempt(plan.epoch, partition, len(job.replicas), stage=1, task=task_id)
+    attempt = TaskAttempt(plan.epoch, partition, len(job.replicas), unit="u", task=task_id)
     with job.batch(attempt=attempt) as writes:
         for k in keys:
             writes.add("total", k, amount)
