@@ -54,7 +54,8 @@ def _add_values(op: Mapping[str, Any]) -> list[Any]:
 
 
 def _wrong(state: KeyedState, op: str) -> WrongStateKind:
-    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}")
+    hint = " (use 'map_add' to fold a value into one map entry)" if op == "add" and isinstance(state, MapState) else ""
+    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}{hint}")
 
 
 def _get(state: KeyedState, key: Any, ns: str, op: Mapping[str, Any]) -> dict[str, Any]:

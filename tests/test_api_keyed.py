@@ -29,6 +29,7 @@ def test_jobs_lifecycle(http, job_name):
         "replica_count": 1,
         "states": [],
         "epoch": 0,
+        "committed_epoch": 0,
     }
     assert http.put(f"/jobs/{job_name}", json={"max_parallelism": 256}).status_code == 200
     assert http.put(f"/jobs/{job_name}").status_code == 200  # confirm without a body
