@@ -1,3 +1,6 @@
+import os
+import sys
+
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
@@ -95,6 +98,28 @@ def two_replicas(tmp_path_factory):
     yield servers
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test: 2 threads, and a failed task is retried
+    once (``local[2,2]``: spark.task.maxFailures=2), as on a cluster."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the venv's packages
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("statehouse-tests")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 # -- snapshots: a real S3 server (SeaweedFS) ------------------------------------------------

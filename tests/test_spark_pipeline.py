@@ -5,7 +5,6 @@ import contextlib
 import json
 import os
 import random
-import sys
 from collections import Counter, defaultdict
 
 import pytest
@@ -14,26 +13,6 @@ from harness.server import start_server
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.pipelines import user_features
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the venv's packages
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("statehouse-tests")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "4")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def make_events(seed, files, per_file, users=25):
@@ -155,13 +134,16 @@ def test_a_batch_failing_midway_is_not_double_counted(spark, tmp_path, two_repli
     write_files(tmp_path / "input", batches)
     marker = str(tmp_path / "failed-once")
 
-    def fail_once_in_batch_1(ctx):
-        # After a partition of batch 1 has written its updates: fail the attempt, once.
-        if ctx.batch_id == 1 and not os.path.exists(marker):
-            open(marker, "w").close()
-            raise RuntimeError("injected failure midway through batch 1")
+    def fail_twice_in_batch_1(ctx):
+        # After a partition of batch 1 has written its updates: fail the attempt, and its
+        # retry (spark.task.maxFailures is 2 here), so the whole batch fails.
+        if ctx.batch_id == 1 and ctx.attempt.partition == 0:
+            with open(marker, "a") as f:
+                f.write("x")
+            if os.path.getsize(marker) <= 2:
+                raise RuntimeError("injected failure midway through batch 1")
 
-    failed = run(spark, tmp_path, urls, job_name, on_partition=fail_once_in_batch_1)
+    failed = run(spark, tmp_path, urls, job_name, on_partition=fail_twice_in_batch_1)
     assert failed.exception() is not None and os.path.exists(marker)
     restarted = run(spark, tmp_path, urls, job_name)  # same Spark checkpoint: batch 1 is re-run
     assert restarted.exception() is None
