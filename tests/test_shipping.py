@@ -56,6 +56,8 @@ SETTINGS = [
     "MAX_BATCH_OPS",
     "MAX_BODY_BYTES",
     "MAX_PAGE_SIZE",
+    "MAX_STAGED_BYTES",
+    "MAX_STAGED_ATTEMPTS",
 ]
 
 FULL = {
