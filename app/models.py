@@ -335,6 +335,9 @@ class Problem(BaseModel):
     key_group: int | SkipJsonSchema[None] = _extra("key_not_owned: the key's key group")
     epoch: int | SkipJsonSchema[None] = _extra("stale_epoch: the job's current writer epoch")
     errors: list[ValidationIssue] | SkipJsonSchema[None] = _extra("validation_error: each issue")
+    attempts: list[dict[str, Any]] | SkipJsonSchema[None] = _extra(
+        "attempt_lost: each winning attempt this replica lacks, with its expected and held write counts"
+    )
 
 
 class Health(BaseModel):
