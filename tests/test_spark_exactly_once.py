@@ -16,7 +16,15 @@ from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import exactly_once, with_state
 from statehouse.pipelines import user_features
-from tests.test_spark_pipeline import assert_matches, make_events, reference, run, state_of, write_files
+from tests.test_spark_pipeline import (
+    assert_matches,
+    make_events,
+    reference,
+    run,
+    start_query,
+    state_of,
+    write_files,
+)
 
 FEATURES_SCHEMA = (
     "user_id STRING, batch_id LONG, total_spent DOUBLE, avg_amount DOUBLE, "
@@ -140,16 +148,7 @@ def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
                 time.sleep(0.1)
 
     config = ClientConfig.of(urls, retries=10, backoff=0.1)  # tasks ride out the restart (~3 s)
-    user_features.setup(config, job_name)
-    query = user_features.start(
-        spark,
-        input_dir=str(tmp_path / "input"),
-        output_dir=str(tmp_path / "output"),
-        checkpoint_dir=str(tmp_path / "spark-checkpoint"),
-        config=config,
-        job=job_name,
-        on_partition=hold_first_attempt,
-    )
+    query = start_query(spark, tmp_path, config, job_name, on_partition=hold_first_attempt)
     try:
         deadline = time.monotonic() + 120
         while not reached.exists():
@@ -173,4 +172,3 @@ def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
     assert query.exception() is None
     assert any("is re-run" in r.getMessage() for r in caplog.records)  # loudly, and re-run
     check_against_oracle(urls, job_name, batches)
-

@@ -86,10 +86,10 @@ def assert_matches(actual, expected):
         assert got["item_counts"] == features["item_counts"], user
 
 
-def run(spark, tmp_path, urls, job, **kwargs):
-    config = ClientConfig.of(list(urls))
+def start_query(spark, tmp_path, config, job, **kwargs):
+    """The user-features query over ``tmp_path/input``, started (not awaited)."""
     user_features.setup(config, job)
-    query = user_features.start(
+    return user_features.start(
         spark,
         input_dir=str(tmp_path / "input"),
         output_dir=str(tmp_path / "output"),
@@ -98,6 +98,10 @@ def run(spark, tmp_path, urls, job, **kwargs):
         job=job,
         **kwargs,
     )
+
+
+def run(spark, tmp_path, urls, job, **kwargs):
+    query = start_query(spark, tmp_path, ClientConfig.of(list(urls)), job, **kwargs)
     with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
         query.awaitTermination(240)
     return query
