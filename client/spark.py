@@ -19,7 +19,8 @@ from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.batch import Batch
 from statehouse.client.client import StatehouseClient
 from statehouse.client.config import ClientConfig
-from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost
+from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost
+from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,22 @@ def exactly_once(
                     coordinator.commit(plan, ctx.collected())
                     return
                 except Exception as exc:
-                    lost = isinstance(exc, MicroBatchLost) or coordinator.moved_on(plan)
-                    if not lost or rerun == reruns:
+                    if rerun == reruns or not _lost(coordinator, plan, exc):
                         raise
                     log.warning("micro-batch %d of job %r is re-run: %s", batch_id, job, exc)
 
     return run
+
+
+def _lost(coordinator: MicroBatchCoordinator, plan: BatchPlan, exc: Exception) -> bool:
+    """Whether a failed micro-batch lost its staged writes to a replica restart or restore (so a
+    re-run can succeed), rather than failing on its own."""
+    if isinstance(exc, MicroBatchLost):
+        return True
+    try:
+        return coordinator.moved_on(plan)
+    except StatehouseError:
+        return False  # a replica is unreachable: let the original error speak
 
 
 def with_state(

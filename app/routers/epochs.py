@@ -28,8 +28,10 @@ async def describe_epoch(job: JobDep, epoch: Epoch) -> Any:
     return attempts.describe(job, epoch)
 
 
+# prepare and commit are plain functions: FastAPI runs them off the event loop (a commit replays
+# a whole micro-batch's writes).
 @router.post("/jobs/{job}/epochs/{epoch}/prepare", response_model=EpochReportModel, responses=doc.EPOCH_COMMIT)
-async def prepare_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
+def prepare_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
     """Check that this replica holds exactly the staged writes of the winning attempts (one per partition,
     with the write counts their tasks reported) and seal the epoch: it takes no more writes. 409
     `attempt_lost` names what is missing (the replica restarted or was restored): abort and re-run the batch."""
@@ -37,7 +39,7 @@ async def prepare_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
 
 
 @router.post("/jobs/{job}/epochs/{epoch}/commit", response_model=EpochReportModel, responses=doc.EPOCH_COMMIT)
-async def commit_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
+def commit_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
     """Apply the winning attempts' staged writes atomically, in (partition, attempt) order, record the epoch as
     committed and drop everything else staged under it. Idempotent: a commit of the committed epoch does
     nothing again."""
