@@ -1,0 +1,131 @@
+"""The Spark driver SIGKILLed at each step of the exactly-once protocol, then restarted from its Spark
+checkpoint: every user's state equals a plain-Python oracle over all input (nothing lost, nothing twice).
+
+Each case runs real local Spark in a child session (harness/spark_driver.py) against two fresh RocksDB
+replicas: once killed during micro-batch 1, once more to completion.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.server import REPO, ServerProcess, start_server
+from harness.spark_driver import STEPS, kill_session
+from statehouse.client import StatehouseClient
+from statehouse.client.coordinator import MicroBatchCoordinator
+from tests.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
+
+KILL_BATCH = 1  # >= 1: batch 0's begin takes the baseline checkpoint, which before-checkpoint must not hit
+RUN_TIMEOUT = 240.0
+
+# What the kill left behind, so each case shows it hit its step: the last checkpointed batch; per replica,
+# its committed epoch (the anchor checkpoint's or the killed batch's new one) and the new epoch's status.
+AFTER_KILL: dict[str, tuple[int, list[str], list[str] | None]] = {
+    "mid-task": (0, ["anchor", "anchor"], None),  # open where the killed task staged (checked below)
+    "before-prepare": (0, ["anchor", "anchor"], ["open", "open"]),
+    "before-commit": (0, ["anchor", "anchor"], ["sealed", "sealed"]),
+    "mid-commit": (0, ["new", "anchor"], ["committed", "sealed"]),
+    "before-checkpoint": (0, ["new", "new"], ["committed", "committed"]),
+    "after-checkpoint": (1, ["anchor", "anchor"], ["committed", "committed"]),
+}
+
+
+@pytest.fixture
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Two fresh RocksDB replicas sharing one checkpoint storage, keeping every checkpoint (so the test
+    sees each batch's)."""
+    shared = str(tmp_path_factory.mktemp("checkpoints"))
+    servers: list[ServerProcess] = []
+    try:
+        for i in range(2):
+            env = {
+                "STATEHOUSE_REPLICA_INDEX": str(i),
+                "STATEHOUSE_REPLICA_COUNT": "2",
+                "STATEHOUSE_CHECKPOINT_DIR": shared,
+                "STATEHOUSE_NUM_RETAINED": "20",
+            }
+            servers.append(start_server(tmp_path_factory.mktemp(f"replica-{i}"), env))
+        yield [s.url for s in servers]
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path, kill_at: str | None = None) -> int:
+    """Run the driver in a session of its own; whatever is left of that session afterwards is killed."""
+    args = [sys.executable, "-m", "harness.spark_driver", "--job", job, "--statehouse", ",".join(urls)]
+    args += ["--input", str(tmp_path / "input"), "--output", str(tmp_path / "output")]
+    args += ["--checkpoint", str(tmp_path / "spark-checkpoint")]
+    if kill_at is not None:
+        args += ["--kill-at", kill_at, "--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
+    with open(log, "wb") as out:
+        driver = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return driver.wait(RUN_TIMEOUT)
+    finally:
+        kill_session(driver.pid)  # the JVM and pyspark's workers on a timeout, or a failed self-kill
+        driver.wait(10)
+
+
+def after_kill(urls: list[str], job: str) -> tuple[int, list[str], list[str]]:
+    with StatehouseClient(urls) as client:
+        j = client.job(job)
+        anchor = [c for c in MicroBatchCoordinator(j).completed() if "batch_id" in c.metadata][-1].metadata
+        epoch = j.epoch()
+        names = {epoch: "new", anchor["epoch"]: "anchor"}  # after-checkpoint: the new epoch is the anchor's
+        committed = [names.get(e, str(e)) for e in j.committed_epochs()]
+        statuses = [r.json("GET", f"/v1/jobs/{job}/epochs/{epoch}")["status"] for r in j.replicas]
+    return anchor["batch_id"], committed, statuses
+
+
+def tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_driver_killed_then_restarted_matches_oracle(tmp_path: Path, replicas: list[str], step: str) -> None:
+    job = f"kill-{step}"
+    batches = make_events(11, files=3, per_file=60)
+    write_files(tmp_path / "input", batches)
+
+    killed_log = tmp_path / "killed.log"
+    code = run_driver(tmp_path, replicas, job, killed_log, kill_at=step)
+    assert code == -9, tail(killed_log)
+    assert set((tmp_path / "killed").read_text().split()) == {step}, tail(killed_log)  # two tasks may race
+
+    batch, committed, statuses = after_kill(replicas, job)
+    expected_batch, expected_committed, expected_statuses = AFTER_KILL[step]
+    assert (batch, committed) == (expected_batch, expected_committed)
+    if expected_statuses is None:
+        assert "open" in statuses and set(statuses) <= {"open", "none"}, statuses
+    else:
+        assert statuses == expected_statuses
+
+    restarted_log = tmp_path / "restarted.log"
+    assert run_driver(tmp_path, replicas, job, restarted_log) == 0, tail(restarted_log)
+
+    expected = reference(batches)
+    assert_matches(state_of(replicas, job, expected), expected)
+    # One global checkpoint per batch (and the baseline): none lost, none taken twice.
+    with StatehouseClient(replicas) as client:
+        completed = MicroBatchCoordinator(client.job(job)).completed()
+    assert [c.metadata.get("batch_id") for c in completed] == [-1, 0, 1, 2]
+    # The sink is idempotent: each batch's features were (re)written in full, the last ones are final.
+    latest: dict[str, dict] = {}
+    for batch_id in range(3):
+        directory = tmp_path / "output" / f"batch_id={batch_id}"
+        assert (directory / "_SUCCESS").exists(), batch_id
+        for part in sorted(directory.glob("*.json")):
+            for line in part.read_text().splitlines():
+                row = json.loads(line)
+                latest[row["user_id"]] = row
+    assert set(latest) == set(expected)
+    for user, row in latest.items():
+        assert row["total_spent"] == pytest.approx(expected[user]["total_spent"]), user
+        assert row["item_counts"] == expected[user]["item_counts"], user
