@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.server import REPO
+from harness.spark import local_spark
 from statehouse.client import ClientConfig
 from statehouse.client.spark import BatchContext
 from statehouse.client.transport import ReplicaConnection
@@ -145,8 +146,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.kill_at == "before-checkpoint" and args.kill_batch < 1:
         parser.error("before-checkpoint needs --kill-batch >= 1: batch 0's begin takes a baseline checkpoint too")
 
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the venv's packages
     # Workers import harness.spark_driver to run kill_in_task (the JVM passes PYTHONPATH on).
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     kill = Kill(os.getpid() if os.getsid(0) == os.getpid() else None, args.kill_record)
@@ -157,19 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.kill_at is not None:
         Killer(args.kill_at, args.kill_batch, config.urls, kill).install()
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("statehouse-driver-kill")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "4")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("statehouse-driver-kill")
     user_features.setup(config, args.job)
     query = user_features.start(
         spark,

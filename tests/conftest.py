@@ -1,5 +1,4 @@
 import os
-import sys
 
 import pytest
 
@@ -68,6 +67,7 @@ import itertools  # noqa: E402
 import httpx  # noqa: E402
 
 from harness.server import start_server, start_two_replicas  # noqa: E402
+from harness.spark import local_spark  # noqa: E402
 
 _job_numbers = itertools.count()
 
@@ -102,22 +102,8 @@ def two_replicas(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for every Spark test: 2 threads, and a failed task is retried
-    once (``local[2,2]``: spark.task.maxFailures=2), as on a cluster."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the venv's packages
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("statehouse-tests")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "4")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    """One local Spark session for every Spark test (``local[2,2]``: failed tasks are retried)."""
+    session = local_spark("statehouse-tests")
     yield session
     session.stop()
 
@@ -131,7 +117,6 @@ def s3_server():
 
     boto3 finds the test credentials in the environment, as in production.
     """
-    import os
 
     from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
 
