@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from bench import batch_ops, checkpoint_cost, checkpoint_writes, latency, restore
+from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, latency, restore
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
@@ -68,3 +68,12 @@ def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
     targets = {(r["snapshot"], r["target"]) for r in out["results"]}
     assert len(targets) == 4
     assert all(r["runs"][0]["entries_restored"] > 0 for r in out["results"])
+
+
+def test_attempts_quick():
+    out = attempts.main(["--quick"])
+    runs = {r["path"]: r["runs"][0] for r in out["results"]}
+    assert set(runs) == {"old", "new"}
+    assert (runs["old"]["requests"]["commit"], runs["new"]["requests"]["commit"]) == (0, 4)  # prepare + commit x 2
+    for run in runs.values():
+        assert run["requests"]["tasks"] > 0 and run["phases"]["tasks"]["server_cpu_s"] > 0
