@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     max_value_bytes: int = Field(1 << 20, ge=1, description="largest encoded value, in bytes")
     max_batch_ops: int = Field(10_000, ge=1, description="most operations in one batch request")
     max_staged_bytes: int = Field(
-        256 << 20, ge=1, description="request bytes of task-attempt writes staged under one epoch, per job"
+        256 << 20,
+        ge=1,
+        description="memory for task-attempt writes staged under one epoch, per job: request bytes plus 512 per write",
     )
     max_staged_attempts: int = Field(10_000, ge=1, description="task attempts staged under one epoch, per job")
     max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")

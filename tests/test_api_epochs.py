@@ -143,13 +143,13 @@ def test_an_attempt_without_epoch_is_refused(http, job):
 
 
 def test_staging_is_bounded(tmp_path):
-    server = start_server(tmp_path, {"STATEHOUSE_MAX_STAGED_BYTES": "3000", "STATEHOUSE_BACKEND": "heap"})
+    server = start_server(tmp_path, {"STATEHOUSE_MAX_STAGED_BYTES": "30000", "STATEHOUSE_BACKEND": "heap"})
     try:
         with httpx.Client(base_url=server.url + "/v1") as http:
             http.put("/jobs/j", json={"max_parallelism": 8}).raise_for_status()
             http.put("/jobs/j/states/total", json={"kind": "reducing", "function": "sum"}).raise_for_status()
             http.post("/jobs/j/fence", json={"epoch": 1}).raise_for_status()
-            ops = [{**ADD, "value": 1}] * 20  # about 1,300 bytes a request
+            ops = [{**ADD, "value": 1}] * 20  # about 1,300 request bytes + 20 x 512 a request
             assert [staged(http, "/jobs/j", 1, 0, "t", seq, ops).status_code for seq in (0, 1)] == [200, 200]
             for _ in range(2):  # refused, and nothing of it staged
                 over = staged(http, "/jobs/j", 1, 0, "t", 2, ops).json()
