@@ -197,13 +197,11 @@ class Job:
         staging = self._staging
         return staging if staging is not None and staging.epoch == epoch else None
 
-    def drop_staging(self, epoch: int) -> bool:
-        """Forget what ``epoch`` staged (after its commit, or an abort); ``False`` if nothing was."""
+    def drop_staging(self, epoch: int) -> None:
+        """Forget what ``epoch`` staged (after its commit, or an abort)."""
         with self._lock:
-            if self.staged(epoch) is None:
-                return False
-            self._staging = None
-            return True
+            if self.staged(epoch) is not None:
+                self._staging = None
 
     def check_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, int):

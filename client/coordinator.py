@@ -202,9 +202,11 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        if any(epoch != anchor.metadata["epoch"] for epoch in self.job.committed_epochs()):
+        infos = self.job.infos()  # one read for both epochs (a round trip per micro-batch)
+        if any(info["committed_epoch"] != anchor.metadata["epoch"] for info in infos):
             self.restore(anchor.checkpoint_id)
-        return BatchPlan(batch_id, self.job.fence(self.job.epoch() + 1), replay=False)
+            infos = self.job.infos()  # the restore moved the writer epochs
+        return BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
 
     def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
         """Commit the winning attempts on every replica, then checkpoint the batch."""

@@ -119,12 +119,16 @@ class JobClient:
         """Raise the writer epoch on every replica; returns the epoch now in force everywhere."""
         return max(e["epoch"] for e in self.replicas.on_all("POST", f"/v1/jobs/{self.name}/fence", {"epoch": epoch}))
 
+    def infos(self) -> list[dict[str, Any]]:
+        """Every replica's ``GET /v1/jobs/{job}``, in replica order."""
+        return self.replicas.on_all("GET", f"/v1/jobs/{self.name}")
+
     def epoch(self) -> int:
-        return max(info["epoch"] for info in self.replicas.on_all("GET", f"/v1/jobs/{self.name}"))
+        return max(info["epoch"] for info in self.infos())
 
     def committed_epochs(self) -> list[int]:
         """Per replica, the last micro-batch epoch whose staged writes it committed."""
-        return [info["committed_epoch"] for info in self.replicas.on_all("GET", f"/v1/jobs/{self.name}")]
+        return [info["committed_epoch"] for info in self.infos()]
 
     # -- operator state: subtask i lives on replica i % replica_count --------------------
 
