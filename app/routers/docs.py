@@ -45,16 +45,15 @@ def static_files() -> StaticFiles:
     return StaticFiles(directory=STATIC_DIR, check_dir=True)
 
 
-def _urls(request: Request) -> tuple[str, str]:
-    """The OpenAPI document and the assets, behind any root path (a proxy's prefix)."""
+def _urls(request: Request) -> tuple[str, str, str]:
+    """The OpenAPI document, the root path (a proxy's prefix) and the static assets behind it."""
     root = request.scope.get("root_path", "")
-    return root + (request.app.openapi_url or "/openapi.json"), root
+    return root + (request.app.openapi_url or "/openapi.json"), root, root + STATIC_URL
 
 
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
-    openapi_url, root = _urls(request)
-    static = root + STATIC_URL
+    openapi_url, root, static = _urls(request)
     return _self_only(
         get_swagger_ui_html(
             openapi_url=openapi_url,
@@ -75,8 +74,7 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get("/redoc")
 async def redoc(request: Request) -> HTMLResponse:
-    openapi_url, root = _urls(request)
-    static = root + STATIC_URL
+    openapi_url, _root, static = _urls(request)
     return _self_only(
         get_redoc_html(
             openapi_url=openapi_url,
