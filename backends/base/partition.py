@@ -9,7 +9,7 @@ table the secondary key is always empty.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Literal, NamedTuple
 
@@ -29,6 +29,10 @@ class WriteOp(NamedTuple):
     primary: bytes
     secondary: bytes = b""
     value: bytes | None = None
+
+
+# A flat table's changes in one transaction: (key group, primary) -> value, None deleting it.
+FlatChanges = Mapping[tuple[int, bytes], bytes | None]
 
 
 class FrozenView(ABC):
@@ -74,6 +78,18 @@ class StorePartition(ABC):
     @abstractmethod
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None: ...
 
+    def get_many(
+        self,
+        table: str,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        secondaries: Sequence[bytes] | None = None,
+    ) -> list[bytes | None]:
+        """:meth:`get` for many rows at once (a columnar request); backends answer it faster."""
+        if secondaries is None:
+            return [self.get(table, kg, p) for kg, p in zip(key_groups, primaries, strict=True)]
+        return [self.get(table, kg, p, s) for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)]
+
     @abstractmethod
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
         """``(secondary, value)`` under one primary key, in byte order."""
@@ -88,6 +104,20 @@ class StorePartition(ABC):
     @abstractmethod
     def write(self, ops: list[WriteOp]) -> None:
         """Apply all ops atomically and in order."""
+
+    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
+        """Apply a transaction atomically: the changes of flat tables, then ``ops`` (nested
+        tables). Backends take the flat changes as they are, without a ``WriteOp`` per row."""
+        self.write(
+            [
+                WriteOp("delete", table, kg, primary)
+                if value is None
+                else WriteOp("put", table, kg, primary, b"", value)
+                for table, changes in flat.items()
+                for (kg, primary), value in changes.items()
+            ]
+            + ops
+        )
 
     def load(self, ops: Iterable[WriteOp], batch_size: int = 5_000) -> int:
         """Bulk-load a restore into a staged partition (nobody reads it until it is promoted, so

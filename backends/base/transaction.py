@@ -6,13 +6,14 @@ writes, and if any operation fails nothing reaches the partition.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import repeat
 from typing import Protocol
 
-from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.base.partition import FlatChanges, WriteOp
 
 _DELETED = None
-_ABSENT = object()
+_ABSENT: object = object()
 
 
 class _PendingKey:
@@ -33,19 +34,29 @@ class TransactionSource(Protocol):
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None: ...
 
+    def get_many(
+        self,
+        table: str,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        secondaries: Sequence[bytes] | None = None,
+    ) -> list[bytes | None]: ...
+
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]: ...
 
-    def write(self, ops: list[WriteOp]) -> None: ...
+    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None: ...
 
 
 class PartitionTransaction:
     def __init__(self, partition: TransactionSource) -> None:
         self.partition = partition
         self._nested = partition.tables()
-        # Flat tables (one value per primary, the common case) keep a plain dict of pending
-        # values; nested tables (maps) keep per-primary entries that a clear can drop at once.
-        self._flat: dict[tuple[str, int, bytes], bytes | None] = {}
+        # Flat tables (one value per primary, the common case) keep per table a plain dict of
+        # pending values, which the partition commits as it is (no object per row); nested
+        # tables (maps) keep per-primary entries that a clear can drop at once.
+        self._flat: dict[str, dict[tuple[int, bytes], bytes | None]] = {}
         self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
+        self._pending_tables: set[str] = set()
 
     def _is_nested(self, table: str) -> bool:
         nested = self._nested.get(table)
@@ -54,15 +65,23 @@ class PartitionTransaction:
             nested = self._nested[table]
         return nested
 
+    def _changes(self, table: str) -> dict[tuple[int, bytes], bytes | None]:
+        changes = self._flat.get(table)
+        if changes is None:
+            changes = self._flat[table] = {}
+        return changes
+
     def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
         slot = self._pending.get((table, key_group, primary))
         if slot is None:
             slot = self._pending[(table, key_group, primary)] = _PendingKey()
+            self._pending_tables.add(table)
         return slot
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
         if not self._is_nested(table):
-            value = self._flat.get((table, key_group, primary), _ABSENT)
+            changes = self._flat.get(table)
+            value = _ABSENT if changes is None else changes.get((key_group, primary), _ABSENT)
             return self.partition.get(table, key_group, primary) if value is _ABSENT else value  # type: ignore[return-value]
         slot = self._pending.get((table, key_group, primary))
         if slot is not None:
@@ -71,6 +90,30 @@ class PartitionTransaction:
             if slot.cleared:
                 return None
         return self.partition.get(table, key_group, primary, secondary)
+
+    def get_many(
+        self,
+        table: str,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        secondaries: Sequence[bytes] | None = None,
+    ) -> list[bytes | None]:
+        """:meth:`get` for many rows: what this transaction changed, else one read of the source."""
+        if self._is_nested(table):
+            if table not in self._pending_tables:
+                return self.partition.get_many(table, key_groups, primaries, secondaries)
+            assert secondaries is not None
+            return [self.get(table, kg, p, s) for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)]
+        changes = self._flat.get(table)
+        if not changes:
+            return self.partition.get_many(table, key_groups, primaries)
+        found: list = list(map(changes.get, zip(key_groups, primaries, strict=True), repeat(_ABSENT)))
+        missing = [i for i, value in enumerate(found) if value is _ABSENT]
+        if missing:
+            fetched = self.partition.get_many(table, [key_groups[i] for i in missing], [primaries[i] for i in missing])
+            for i, value in zip(missing, fetched, strict=True):
+                found[i] = value
+        return found
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
         if not self._is_nested(table):
@@ -91,28 +134,47 @@ class PartitionTransaction:
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = value
         else:
-            self._flat[(table, key_group, primary)] = value
+            self._changes(table)[(key_group, primary)] = value
+
+    def put_many(
+        self,
+        table: str,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        values: Sequence[bytes | None],
+        secondaries: Sequence[bytes] | None = None,
+    ) -> None:
+        """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value)."""
+        if not self._is_nested(table):
+            self._changes(table).update(zip(zip(key_groups, primaries, strict=True), values, strict=True))
+            return
+        assert secondaries is not None
+        for kg, primary, secondary, value in zip(key_groups, primaries, secondaries, values, strict=True):
+            self._slot(table, kg, primary).values[secondary] = value
 
     def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = _DELETED
         else:
-            self._flat[(table, key_group, primary)] = _DELETED
+            self._changes(table)[(key_group, primary)] = _DELETED
 
     def clear(self, table: str, key_group: int, primary: bytes) -> None:
         if not self._is_nested(table):
-            self._flat[(table, key_group, primary)] = _DELETED
+            self._changes(table)[(key_group, primary)] = _DELETED
             return
         slot = self._slot(table, key_group, primary)
         slot.cleared = True
         slot.values.clear()
 
-    def write_ops(self) -> list[WriteOp]:
-        ops = [
-            WriteOp("delete", table, key_group, primary) if value is _DELETED else
-            WriteOp("put", table, key_group, primary, b"", value)
-            for (table, key_group, primary), value in self._flat.items()
-        ]  # fmt: skip
+    def clear_many(self, table: str, key_groups: Sequence[int], primaries: Sequence[bytes]) -> None:
+        if not self._is_nested(table):
+            self._changes(table).update(zip(zip(key_groups, primaries, strict=True), repeat(_DELETED)))
+            return
+        for kg, primary in zip(key_groups, primaries, strict=True):
+            self.clear(table, kg, primary)
+
+    def _nested_ops(self) -> list[WriteOp]:
+        ops = []
         for (table, key_group, primary), slot in self._pending.items():
             if slot.cleared:
                 ops.append(WriteOp("clear", table, key_group, primary))
@@ -125,15 +187,16 @@ class PartitionTransaction:
         return ops
 
     def commit(self) -> None:
-        ops = self.write_ops()
-        self._flat.clear()
-        self._pending.clear()
-        if ops:
-            self.partition.write(ops)
+        flat = {table: changes for table, changes in self._flat.items() if changes}
+        ops = self._nested_ops()
+        self.rollback()
+        if flat or ops:
+            self.partition.write_changes(flat, ops)
 
     def rollback(self) -> None:
-        self._flat.clear()
-        self._pending.clear()
+        self._flat = {}
+        self._pending = {}
+        self._pending_tables = set()
 
 
 class StagedView(PartitionTransaction):
@@ -144,7 +207,10 @@ class StagedView(PartitionTransaction):
     def tables(self) -> dict[str, bool]:
         return self.partition.tables()
 
-    def write(self, ops: list[WriteOp]) -> None:
+    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
+        """Take a request's committed transaction: its changes now belong to this view."""
+        for table, changes in flat.items():
+            self._changes(table).update(changes)
         for op in ops:
             if op.kind == "put":
                 assert op.value is not None

@@ -12,9 +12,9 @@ is copied any more.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
-from statehouse.backends.base.partition import FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
 
 
@@ -95,6 +95,26 @@ class HeapPartition(StorePartition):
         entries = container.data.get(primary)
         return entries.data.get(secondary) if entries is not None else None
 
+    def get_many(
+        self,
+        table: str,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        secondaries: Sequence[bytes] | None = None,
+    ) -> list[bytes | None]:
+        t = self._tables[table]
+        groups = {kg: c.data for kg, c in t.groups.items()}
+        empty: dict = {}
+        if not t.nested:
+            group = groups.get
+            return [group(kg, empty).get(p) for kg, p in zip(key_groups, primaries, strict=True)]
+        assert secondaries is not None
+        no_entries = _Container(0, {})
+        return [
+            groups.get(kg, empty).get(p, no_entries).data.get(s)
+            for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)
+        ]
+
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
         t = self._tables[table]
         container = t.groups.get(key_group)
@@ -130,11 +150,37 @@ class HeapPartition(StorePartition):
             return _Container(self._version, dict(container.data))
         return container
 
-    def write(self, ops: list[WriteOp]) -> None:
+    def _check_tables(self, tables: Iterator[str]) -> None:
         # Validate every table first so a batch is applied whole or not at all.
-        for op in ops:
-            if op.table not in self._tables:
-                raise KeyError(f"no table {op.table!r}")
+        for table in tables:
+            if table not in self._tables:
+                raise KeyError(f"no table {table!r}")
+
+    def write(self, ops: list[WriteOp]) -> None:
+        self._check_tables(op.table for op in ops)
+        self._apply(ops)
+
+    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
+        self._check_tables(iter(flat))
+        self._check_tables(op.table for op in ops)
+        for table, changes in flat.items():
+            groups = self._tables[table].groups
+            writable: dict[int, dict] = {}  # key group -> its dict, made writable once
+            for (kg, primary), value in changes.items():
+                data = writable.get(kg)
+                if data is None:
+                    container = groups.get(kg)
+                    if value is None and container is None:
+                        continue
+                    container = groups[kg] = self._writable(container)
+                    data = writable[kg] = container.data
+                if value is None:
+                    data.pop(primary, None)
+                else:
+                    data[primary] = value
+        self._apply(ops)
+
+    def _apply(self, ops: list[WriteOp]) -> None:
         for op in ops:
             t = self._tables[op.table]
             group = t.groups.get(op.key_group)
