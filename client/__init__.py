@@ -8,7 +8,18 @@ with StatehouseClient(["http://sh-0:8000", "http://sh-1:8000"]) as sh:
     with job.batch() as batch:
         total = batch.get("spent", "alice")
     print(total.value)
+
+Whole columns at once (pandas, numpy, Arrow; the ``columnar`` extra: pyarrow, numpy, pandas)::
+
+    spent.add_many(df["user_id"], df["amount"])      # one Arrow request per replica
+    df["total"] = spent.get_many(df["user_id"])      # a Series with df's index
+    cols = job.columns()                             # every columnar operation of the job
+
+Only ``statehouse.client.columns`` imports pyarrow, numpy and pandas, when first used
+(``statehouse.client.Columns`` loads it), so a row-wise user installs none of them.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from statehouse.client.batch import Batch, PendingResult
 from statehouse.client.client import StatehouseClient
@@ -24,6 +35,18 @@ from statehouse.client.errors import (
     Unavailable,
 )
 from statehouse.client.job import JobClient
+
+if TYPE_CHECKING:
+    from statehouse.client.columns import Columns as Columns
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Columns":  # loaded on first use: it imports pyarrow, numpy and pandas
+        from statehouse.client.columns import Columns
+
+        return Columns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Batch",

@@ -19,6 +19,7 @@ from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.columns import Columns
     from statehouse.client.replicas import Replicas
     from statehouse.client.transport import ReplicaConnection
 
@@ -34,7 +35,7 @@ class JobClient:
     # -- routing -------------------------------------------------------------------------
 
     def _checked_key_type(self, state: str, key: Any) -> str:
-        key_type = self._key_type(state)
+        key_type = self.key_type(state)
         if key_type == "string" and not isinstance(key, str):
             raise InvalidRequest(f"state {state!r} has string keys; got {type(key).__name__} {key!r}")
         if key_type != "string" and (isinstance(key, bool) or not isinstance(key, int)):
@@ -58,7 +59,8 @@ class JobClient:
     def key_group_range(self, replica: int) -> KeyGroupRange:
         return KeyGroupRange.for_operator(self.max_parallelism, len(self.replicas), replica)
 
-    def _key_type(self, state: str) -> str:
+    def key_type(self, state: str) -> str:
+        """The state's ``key_type`` (``string``, ``int`` or ``long``), read once per state."""
         key_type = self._key_types.get(state)
         if key_type is None:
             key_type = self._key_types[state] = self.describe(state)["key_type"]
@@ -114,6 +116,22 @@ class JobClient:
             attempt=attempt,
             max_ops=max_ops or self.replicas.config.max_batch_ops,
         )
+
+    def columns(
+        self,
+        attempt: TaskAttempt | None = None,
+        *,
+        epoch: int | None = None,
+        max_rows: int | None = None,
+        read_only: str | None = None,
+    ) -> Columns:
+        """Columnar operations (whole pandas / numpy / Arrow columns, one request per replica):
+        plain, fenced with ``epoch``, or staged for a task ``attempt``. Needs the client's
+        ``columnar`` extra (pyarrow, numpy, pandas). ``max_rows``: rows per request (default
+        the config's ``max_batch_ops``; at most the server's ``STATEHOUSE_MAX_BATCH_OPS``)."""
+        from statehouse.client.columns import Columns  # pyarrow, numpy and pandas load only here
+
+        return Columns(self, attempt=attempt, epoch=epoch, max_rows=max_rows, read_only=read_only)
 
     def fence(self, epoch: int) -> int:
         """Raise the writer epoch on every replica; returns the epoch now in force everywhere."""

@@ -2,8 +2,10 @@
 
 Nothing here imports pyspark at module level: the functions take and return plain callables,
 so the same code runs on the driver (``foreachBatch``) and inside executor tasks
-(``mapPartitions``). Commit messages travel back to the driver in an accumulator, which
-Spark merges for successful tasks only — the driver's side of Spark's own write protocol.
+(``mapPartitions``, ``mapInPandas``, ``mapInArrow``). Commit messages travel back to the driver
+in an accumulator, which Spark merges for successful tasks only — the driver's side of
+Spark's own write protocol. Nor does it import pandas or pyarrow: the columnar helpers load
+them inside the task.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.batch import Batch
@@ -22,6 +24,9 @@ from statehouse.client.config import ClientConfig
 from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
+
+if TYPE_CHECKING:
+    from statehouse.client.columns import Columns
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,22 @@ class BatchContext:
         if self.replay or self.attempt is None:
             return job.batch()
         return job.batch(attempt=self.attempt)
+
+    def columns(self, job: JobClient) -> Columns:
+        """Columnar operations for this task attempt: writes staged under it (rows count as its
+        writes), reads see its own writes; on a replay, reads of the committed state only (a
+        write raises)."""
+        if self.replay:
+            return job.columns(
+                read_only=f"micro-batch {self.batch_id} was applied and checkpointed already: a replay must not "
+                "write (check ctx.replay and only read)"
+            )
+        if self.attempt is None:
+            return job.columns(
+                read_only="ctx.columns() writes inside a task: wrap the function with with_state_pandas(ctx, fn), "
+                "with_state_arrow(ctx, fn) or with_state(ctx, fn)"
+            )
+        return job.columns(self.attempt)
 
     def for_task(self, replica_count: int, unit: str) -> BatchContext:
         if self.replay:
@@ -145,6 +166,72 @@ def with_state(
             job = client.job(ctx.job)
             task_ctx = ctx.for_task(len(job.replicas), unit)
             yield from fn(rows, job, task_ctx)
+            task_ctx.report()
+
+    return run
+
+
+def with_state_pandas(
+    ctx: BatchContext, fn: Callable[[Any, Columns, BatchContext], Any]
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """For ``df.mapInPandas(with_state_pandas(ctx, fn), schema)``: ``fn(batch, columns, ctx)``
+    runs for every pandas DataFrame of the task's partition, with one client and one task
+    attempt per task (``columns`` is ``ctx.columns(job)``), and returns a DataFrame (or
+    ``None``, or an iterable of DataFrames). A batch reads and updates state in as few as two
+    requests per replica (``columns.add(...)`` then ``columns.get(...)``). When the partition
+    is done, the attempt reports its commit message, as :func:`with_state` does.
+
+    ``applyInPandas`` has no such helper: Spark calls its function once per group with no
+    signal for the task's last group, so a task attempt cannot know when to report its one
+    commit message (and an attempt per group would cost requests and staged attempts per
+    group). Put the rows of a key in one partition (``df.repartition("user_id")``) and group
+    inside ``fn`` (``batch.groupby("user_id")``) instead."""
+
+    def outputs(result: Any) -> Iterator[Any]:
+        import pandas as pd  # type: ignore[import-untyped]  # inside the task: the columnar extra
+
+        if isinstance(result, pd.DataFrame):
+            yield result
+        elif result is not None:
+            yield from result
+
+    return _with_columns(ctx, fn, outputs)
+
+
+def with_state_arrow(
+    ctx: BatchContext, fn: Callable[[Any, Columns, BatchContext], Any]
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """For ``df.mapInArrow(with_state_arrow(ctx, fn), schema)``: as :func:`with_state_pandas`,
+    for ``pyarrow.RecordBatch`` batches; ``fn`` returns a RecordBatch, a Table, ``None`` or an
+    iterable of RecordBatches."""
+
+    def outputs(result: Any) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if isinstance(result, pa.RecordBatch):
+            yield result
+        elif isinstance(result, pa.Table):
+            yield from result.to_batches()
+        elif result is not None:
+            yield from result
+
+    return _with_columns(ctx, fn, outputs)
+
+
+def _with_columns(
+    ctx: BatchContext,
+    fn: Callable[[Any, Columns, BatchContext], Any],
+    outputs: Callable[[Any], Iterator[Any]],
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    unit = uuid.uuid4().hex[:8]  # one state update, however often Spark computes a partition of it
+
+    def run(batches: Iterable[Any]) -> Iterator[Any]:
+        with StatehouseClient(ctx.config) as client:
+            job = client.job(ctx.job)
+            task_ctx = ctx.for_task(len(job.replicas), unit)
+            columns = task_ctx.columns(job)
+            for batch in batches:
+                yield from outputs(fn(batch, columns, task_ctx))
             task_ctx.report()
 
     return run

@@ -1,16 +1,30 @@
-"""Typed state handles with Flink's method names; each call is one request to the owning replica."""
+"""Typed state handles with Flink's method names; each call is one request to the owning replica.
+
+The ``*_many`` methods take whole columns (pandas, numpy, Arrow, lists) and send one Arrow
+request per replica (``client/columns.py``; they need the client's ``columnar`` extra)::
+
+    spent = job.reducing_state("spent")
+    spent.add_many(df["user_id"], df["amount"])
+    df["total"] = spent.get_many(df["user_id"])
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from statehouse.client.batch import Batch
 
+if TYPE_CHECKING:
+    from statehouse.client.columns import Columns
+
 
 class BatchOpener(Protocol):
-    """What a handle needs of its job (a JobClient): a batch to send its one operation in."""
+    """What a handle needs of its job (a JobClient): a batch to send its one operation in, and
+    the columnar operations for the ``*_many`` methods."""
 
     def batch(self) -> Batch: ...
+
+    def columns(self) -> Columns: ...
 
 
 class StateHandle:
@@ -27,6 +41,10 @@ class StateHandle:
     def clear(self, key: Any, ns: str = "") -> None:
         self._one("clear", key, ns)
 
+    def clear_many(self, keys: Any, ns: Any = "") -> int:
+        """Clear every key of the column; returns the rows sent."""
+        return self._job.columns().clear(self.name, keys, ns)
+
 
 class ValueStateHandle(StateHandle):
     def value(self, key: Any, ns: str = "") -> Any:
@@ -36,6 +54,15 @@ class ValueStateHandle(StateHandle):
 
     def update(self, key: Any, value: Any, ns: str = "") -> None:
         self._one("put", key, ns, value=value)
+
+    def get_many(self, keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """Every key's value: a ``pandas.Series`` in the keys' order (a Series' index kept), or
+        a ``pyarrow.Array`` with ``as_arrow``; null where absent."""
+        return self._job.columns().get(self.name, keys, ns, as_arrow=as_arrow)
+
+    def put_many(self, keys: Any, values: Any, ns: Any = "") -> int:
+        """Set each key's value (a null value clears); in row order, so the last of a duplicate key wins."""
+        return self._job.columns().put(self.name, keys, values, ns)
 
 
 class ListStateHandle(StateHandle):
@@ -50,6 +77,18 @@ class ListStateHandle(StateHandle):
 
     def update(self, key: Any, values: list[Any], ns: str = "") -> None:
         self._one("put", key, ns, value=list(values))
+
+    def get_many(self, keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """Every key's list (``None`` where absent), as a Series of lists or an Arrow list array."""
+        return self._job.columns().get(self.name, keys, ns, as_arrow=as_arrow)
+
+    def put_many(self, keys: Any, values: Any, ns: Any = "") -> int:
+        """Replace each key's list with the row's list (a list column)."""
+        return self._job.columns().put(self.name, keys, values, ns)
+
+    def add_many(self, keys: Any, values: Any, ns: Any = "") -> int:
+        """Append each row's value to its key's list (a list per row: add all of them)."""
+        return self._job.columns().add(self.name, keys, values, ns)
 
 
 class MapStateHandle(StateHandle):
@@ -86,6 +125,28 @@ class MapStateHandle(StateHandle):
     def is_empty(self, key: Any, ns: str = "") -> bool:
         return not self.entries(key, ns)
 
+    def get_many(self, keys: Any, user_keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """Row ``i``'s entry ``user_keys[i]`` of key ``keys[i]`` (null where absent)."""
+        return self._job.columns().map_get(self.name, keys, user_keys, ns, as_arrow=as_arrow)
+
+    def put_many(self, keys: Any, user_keys: Any, values: Any, ns: Any = "") -> int:
+        return self._job.columns().map_put(self.name, keys, user_keys, values, ns)
+
+    def add_many(self, keys: Any, user_keys: Any, values: Any, ns: Any = "") -> int:
+        """Fold each row's value into its entry with the map's ``function``, on the server."""
+        return self._job.columns().map_add(self.name, keys, user_keys, values, ns)
+
+    def remove_many(self, keys: Any, user_keys: Any, ns: Any = "") -> int:
+        return self._job.columns().map_remove(self.name, keys, user_keys, ns)
+
+    def entries_many(self, keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """Every key's whole map (a dict; ``None`` where absent), or an Arrow map array."""
+        return self._job.columns().get(self.name, keys, ns, as_arrow=as_arrow)
+
+    def replace_many(self, keys: Any, maps: Any, ns: Any = "") -> int:
+        """Replace each key's whole map with the row's (dicts, or an Arrow map column)."""
+        return self._job.columns().put(self.name, keys, maps, ns)
+
 
 class ReducingStateHandle(StateHandle):
     """Reducing and aggregating state: ``add`` folds into the server-side built-in function."""
@@ -98,6 +159,14 @@ class ReducingStateHandle(StateHandle):
 
     def add_all(self, key: Any, values: list[Any], ns: str = "") -> None:
         self._one("add_all", key, ns, values=list(values))
+
+    def get_many(self, keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """Every key's reduced or aggregated result (typed by the state's ``value_type``)."""
+        return self._job.columns().get(self.name, keys, ns, as_arrow=as_arrow)
+
+    def add_many(self, keys: Any, values: Any, ns: Any = "") -> int:
+        """Fold each row's value into its key with the state's function (a scalar: into every key)."""
+        return self._job.columns().add(self.name, keys, values, ns)
 
 
 class AggregatingStateHandle(ReducingStateHandle):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
+from urllib.parse import urlencode
 
 import httpx
 import msgpack
@@ -14,12 +15,14 @@ import urllib3
 from statehouse.client.errors import Unavailable, error_from_response
 
 MSGPACK = "application/msgpack"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 class ReplicaConnection:
-    """Requests to one replica: JSON calls through httpx, and the batch hot path through a
-    urllib3 pool, which costs about half of httpx per request (see bench/RESULTS.md)."""
+    """Requests to one replica: JSON calls through httpx, and the hot paths (batches, columnar
+    requests) through a urllib3 pool, which costs about half of httpx per request (see
+    bench/RESULTS.md)."""
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class ReplicaConnection:
             self.url, maxsize=8, block=False, timeout=urllib3.Timeout(total=timeout), retries=False
         )
         self._batch_headers = {**headers, "content-type": MSGPACK, "accept": MSGPACK}
+        self._columns_headers = {**headers, "content-type": ARROW_STREAM, "accept": f"{ARROW_STREAM}, application/json"}
         self.retries = retries
         self.backoff = backoff
 
@@ -86,6 +90,30 @@ class ReplicaConnection:
 
         answer = self._retrying(send, idempotent)
         return msgpack.unpackb(answer.content, raw=False, strict_map_key=False)["results"]
+
+    def columns(
+        self,
+        job: str,
+        state: str,
+        op: str,
+        body: bytes | memoryview,
+        *,
+        params: dict[str, Any],
+        idempotent: bool,
+    ) -> bytes:
+        """One columnar request (an Arrow IPC stream, ``client/columns.py`` builds it); the answer's
+        body: an Arrow stream for reads, a JSON summary for writes. ``params``: the fencing epoch,
+        or a task attempt's epoch, partition, attempt and seq, sent as query parameters."""
+        query = urlencode(params)
+        path = f"/v1/jobs/{job}/states/{state}/columns/{op}" + (f"?{query}" if query else "")
+
+        def send() -> _Answer:
+            # urllib3 sends any buffer as it is (its annotation names bytes): no copy of the Arrow stream.
+            payload = cast(bytes, body)
+            response = self._pool.urlopen("POST", path, body=payload, headers=self._columns_headers, retries=False)
+            return _Answer(response.status, response.data, response.reason or "")
+
+        return self._retrying(send, idempotent).content
 
     def close(self) -> None:
         self._http.close()

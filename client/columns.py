@@ -1,0 +1,487 @@
+"""Columnar state: one operation over a whole column of keys, one Arrow request per replica.
+
+``job.columns()`` (or, in a Spark task, ``ctx.columns(job)``) returns :class:`Columns`; the
+state handles' ``*_many`` methods use it too::
+
+    cols = job.columns()
+    cols.add("spent", df["user_id"], df["amount"])           # one request per replica
+    totals = cols.get("spent", df["user_id"])                 # a pandas Series, df's index
+
+Keys, user keys, namespaces and values may be pandas Series or Index, numpy arrays, pyarrow
+Arrays or ChunkedArrays, or Python lists (a namespace may also be one string for every row,
+a value one scalar for every row). Every row is routed to the replica that owns its key at
+once (numpy key groups, bit-for-bit Flink's), the rows of each replica are sent as one Arrow
+IPC stream (chunked at ``max_rows`` rows), the replicas in parallel, and reads come back in
+the caller's row order.
+
+A call is atomic per request (one replica's rows, up to ``max_rows``), not across replicas
+or chunks: as with :class:`~statehouse.client.batch.Batch`, when one part fails the parts not
+yet sent are not sent, and the first error is raised. Rows of one key always go to one
+replica, in their input order, so duplicate keys apply in row order.
+
+This is the only client module that imports numpy, pandas and pyarrow (the ``columnar``
+extra): ``import statehouse.client`` stays free of them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa
+
+from statehouse.client.batch import IDEMPOTENT_OPS
+from statehouse.client.errors import Conflict, InvalidRequest, StatehouseError
+from statehouse.keygroups import KeyType
+from statehouse.keygroups.columnar import integer_keys, key_groups, operator_indexes
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.replicas import Replicas
+
+__all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]
+
+COLUMN_OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove")
+READ_COLUMN_OPS = frozenset({"get", "map_get"})
+_KEY_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
+# A request's Arrow body stays below this (the server's STATEHOUSE_MAX_BODY_BYTES defaults to
+# 64 MiB): rows with big values go in smaller chunks than ``max_rows``.
+MAX_REQUEST_BYTES = 32 << 20
+# Python values that stand for one value of every row (anything else is a column).
+_SCALARS = (str, bytes, int, float, bool)
+
+
+class ColumnarJob(Protocol):
+    """What :class:`Columns` needs of its job (a :class:`~statehouse.client.job.JobClient`)."""
+
+    replicas: Replicas
+    name: str
+    max_parallelism: int
+
+    def key_type(self, state: str) -> str: ...
+
+
+class _NotSent(StatehouseError):
+    """A part left unsent because another part of the same call failed."""
+
+
+@dataclass
+class _Part:
+    """The rows of one call that one replica owns: ``positions`` in the caller's rows (``None``:
+    all of them, in order), and what each of its requests read."""
+
+    replica: int
+    positions: np.ndarray | None
+    values: list[pa.Array]
+    error: BaseException | None = None
+
+
+class Columns:
+    """Columnar operations of one job: plain, fenced with ``epoch``, or staged for a Spark task
+    ``attempt`` (its reads see its writes; each request may be re-sent, and the server applies
+    it once). Write methods return the number of rows written; ``read_only`` (a reason) makes
+    them raise ``RuntimeError`` (a replayed micro-batch reads only)."""
+
+    def __init__(
+        self,
+        job: ColumnarJob,
+        *,
+        attempt: TaskAttempt | None = None,
+        epoch: int | None = None,
+        max_rows: int | None = None,
+        read_only: str | None = None,
+    ) -> None:
+        self.job = job
+        self.attempt = attempt
+        self.epoch = attempt.epoch if attempt is not None else epoch
+        self.max_rows = max_rows or job.replicas.config.max_batch_ops
+        if self.max_rows < 1:
+            raise ValueError(f"max_rows must be positive, got {self.max_rows}")
+        self.read_only = read_only
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, state: str, keys: Any, ns: Any = "", *, as_arrow: bool = False) -> pd.Series | pa.Array:
+        """Each key's value (value state), list, whole map, or reduced / aggregated result;
+        null (``NaN`` / ``<NA>`` / ``None``) where absent."""
+        return self.apply(state, "get", keys, ns=ns, as_arrow=as_arrow)
+
+    def map_get(
+        self, state: str, keys: Any, user_keys: Any, ns: Any = "", *, as_arrow: bool = False
+    ) -> pd.Series | pa.Array:
+        """Each row's map entry ``user_keys[i]`` of key ``keys[i]``."""
+        return self.apply(state, "map_get", keys, user_keys=user_keys, ns=ns, as_arrow=as_arrow)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put(self, state: str, keys: Any, values: Any, ns: Any = "") -> int:
+        """Value state: set (null clears); list state: replace (list values); map state: replace
+        the whole map (dict or Arrow map values)."""
+        return self.apply(state, "put", keys, values=values, ns=ns)
+
+    def add(self, state: str, keys: Any, values: Any, ns: Any = "") -> int:
+        """List state: add one element per row (or a list per row: addAll); reducing and
+        aggregating state: fold each value in with the state's function."""
+        return self.apply(state, "add", keys, values=values, ns=ns)
+
+    def clear(self, state: str, keys: Any, ns: Any = "") -> int:
+        return self.apply(state, "clear", keys, ns=ns)
+
+    def map_put(self, state: str, keys: Any, user_keys: Any, values: Any, ns: Any = "") -> int:
+        return self.apply(state, "map_put", keys, user_keys=user_keys, values=values, ns=ns)
+
+    def map_add(self, state: str, keys: Any, user_keys: Any, values: Any, ns: Any = "") -> int:
+        """Fold each value into its map entry with the map's ``function``, on the server."""
+        return self.apply(state, "map_add", keys, user_keys=user_keys, values=values, ns=ns)
+
+    def map_remove(self, state: str, keys: Any, user_keys: Any, ns: Any = "") -> int:
+        return self.apply(state, "map_remove", keys, user_keys=user_keys, ns=ns)
+
+    # -- the core ----------------------------------------------------------------------------
+
+    def apply(
+        self,
+        state: str,
+        op: str,
+        keys: Any,
+        *,
+        user_keys: Any = None,
+        values: Any = None,
+        ns: Any = "",
+        as_arrow: bool = False,
+    ) -> Any:
+        """Run ``op`` for every row: a read answers a ``pandas.Series`` (or, ``as_arrow``, a
+        ``pyarrow.Array``) in the rows' order, a write the number of rows written."""
+        if op not in COLUMN_OPS:
+            raise InvalidRequest(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
+        reads = op in READ_COLUMN_OPS
+        if not reads and self.read_only:
+            raise RuntimeError(self.read_only)
+        maps = op.startswith("map_")
+        if maps and user_keys is None:
+            raise InvalidRequest(f"'{op}' needs user_keys")
+        if op in ("put", "add", "map_put", "map_add") and values is None:
+            raise InvalidRequest(f"'{op}' needs values (pass a column of nulls to clear with 'put')")
+        index = keys.index if isinstance(keys, pd.Series) else None
+        key_column = self._keys(state, keys)
+        rows = len(key_column)
+        columns = {"key": key_column}
+        namespaces = _namespaces(ns, rows)
+        if namespaces is not None:
+            columns["ns"] = namespaces
+        if maps:
+            columns["user_key"] = _strings(user_keys, "user key", rows)
+        if op in ("put", "add", "map_put", "map_add"):
+            columns["value"] = _values(values, rows)
+        table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
+        if rows == 0:
+            if reads:
+                return _read_result(pa.nulls(0), index, state, as_arrow)
+            return 0
+        parts = self._run(state, op, table, self._route(state, key_column))
+        if not reads:
+            return rows
+        return _read_result(_assemble(parts, rows, state), index, state, as_arrow)
+
+    def _keys(self, state: str, keys: Any) -> pa.Array:
+        """The keys as the state's key type's Arrow type: utf8, int32 or int64, no nulls."""
+        key_type = self.job.key_type(state)
+        where = f"state {state!r} has {key_type} keys"
+        if isinstance(keys, _SCALARS) or keys is None:
+            raise InvalidRequest(f"keys must be a column (a Series, array or list), got {type(keys).__name__}")
+        array = _array(keys, "key")
+        if pa.types.is_null(array.type):  # no values at all: an empty list, or nulls
+            if len(array):
+                raise InvalidRequest(f"{where}; row 0: key is null")
+            return pa.array([], _KEY_TYPES[key_type])
+        if key_type == "string":
+            if not _is_string(array.type):
+                raise InvalidRequest(f"{where}; got {array.type} keys (convert them, e.g. with .astype(str))")
+            _no_nulls(array, "key", where)
+            return array.cast(pa.string()) if array.type != pa.string() else array
+        try:
+            return pa.array(integer_keys(array, cast(KeyType, key_type)))
+        except TypeError:
+            raise InvalidRequest(f"{where}; got {array.type} keys") from None
+        except ValueError as exc:
+            raise InvalidRequest(f"{where}; {exc}") from None
+
+    def _route(self, state: str, keys: pa.Array) -> list[np.ndarray | None]:
+        """Per replica, the positions of the rows it owns (``None``: every row, in order)."""
+        count = len(self.job.replicas)
+        if count == 1:  # the only replica owns every key: no need to hash
+            return [None]
+        key_type = cast(KeyType, self.job.key_type(state))
+        owners = operator_indexes(key_groups(keys, key_type, self.job.max_parallelism), self.job.max_parallelism, count)
+        sizes = np.bincount(owners, minlength=count)
+        if sizes.max() == len(keys):  # one replica owns them all
+            return [None if size else np.empty(0, np.int64) for size in sizes]
+        # A stable sort of small integers is a radix sort: linear, and keeps the rows' order.
+        order = np.argsort(owners.astype(np.int16 if count < (1 << 15) else np.int32), kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        return [order[bounds[r] : bounds[r + 1]] for r in range(count)]
+
+    def _run(self, state: str, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
+        """Send every replica its rows, the replicas in parallel; raise the first error."""
+        parts = [
+            _Part(replica, positions, [])
+            for replica, positions in enumerate(routes)
+            if positions is None or len(positions)
+        ]
+        failed = threading.Event()
+        if len(parts) == 1 and self.attempt is None:
+            self._send_part(state, op, table, parts[0], failed)  # one replica to talk to: no thread hop
+        else:
+            # Each replica's own sender thread: parallel across replicas, and in order with what
+            # this client sends that replica otherwise (a task attempt's seq must arrive in order).
+            sending: list[Future[None]] = [
+                self.job.replicas.send_in_order(part.replica, self._send_part, state, op, table, part, failed)
+                for part in parts
+            ]
+            for future in sending:
+                future.result()
+        errors = [part.error for part in parts if part.error is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, _NotSent)), errors[0])
+        return parts
+
+    def _send_part(self, state: str, op: str, table: pa.Table, part: _Part, failed: threading.Event) -> None:
+        try:
+            rows = table if part.positions is None else table.take(pa.array(part.positions))
+            step = _chunk_rows(rows, self.max_rows)
+            for start in range(0, rows.num_rows, step):
+                if failed.is_set():
+                    raise _NotSent("not sent: another part of this columnar call failed")
+                try:
+                    answer = self._request(state, op, rows.slice(start, step), part.replica)
+                except StatehouseError as exc:
+                    raise _at_row(exc, part.positions, start) from None
+                if answer is not None:
+                    part.values.append(answer)
+        except BaseException as exc:
+            failed.set()
+            part.error = exc
+
+    def _request(self, state: str, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
+        """One request: a read's ``value`` column, or ``None`` for a write."""
+        attempt = self.attempt
+        if attempt is not None:
+            fields, idempotent = attempt.fields(replica), True  # a re-sent seq is answered, not applied again
+        else:
+            fields = {"epoch": self.epoch} if self.epoch is not None else {}
+            idempotent = op in IDEMPOTENT_OPS
+        try:
+            content = self.job.replicas[replica].columns(
+                self.job.name, state, op, _ipc(rows), params=fields, idempotent=idempotent
+            )
+        except StatehouseError as exc:
+            if attempt is not None and 400 <= (exc.status or 0) < 500:
+                attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
+            raise
+        if op in READ_COLUMN_OPS:
+            if attempt is not None:
+                attempt.answered(replica, 0)
+            return pa.ipc.open_stream(content).read_all().column("value").combine_chunks()
+        if attempt is not None:
+            attempt.answered(replica, int(json.loads(content)["rows"]))  # rows are the writes it staged
+        return None
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def _is_string(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _array(values: Any, what: str) -> pa.Array:
+    """Any column-like input as one Arrow array (dictionary-encoded ones decoded)."""
+    if isinstance(values, pa.ChunkedArray):
+        array = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    elif isinstance(values, pa.Array):
+        array = values
+    elif isinstance(values, pd.Series | pd.Index):
+        if values.dtype == object:
+            array = _from_python(values.tolist(), what, from_pandas=True)
+        else:
+            array = pa.Array.from_pandas(values)
+    elif isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise InvalidRequest(f"{what}s must be one-dimensional, got an array of shape {values.shape}")
+        array = _from_python(values.tolist(), what) if values.dtype == object else pa.array(values)
+    elif isinstance(values, Iterable) and not isinstance(values, (*_SCALARS, dict)):
+        array = _from_python(list(values), what)
+    else:
+        raise InvalidRequest(f"{what}s must be a column (a Series, array or list), got {type(values).__name__}")
+    if isinstance(array, pa.ChunkedArray):  # from_pandas of some extension types
+        array = array.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    return array
+
+
+def _from_python(values: list[Any], what: str, *, from_pandas: bool = False) -> pa.Array:
+    """Python values as one Arrow column; dicts become an Arrow map (keys strings) when their
+    values share one type, else a struct."""
+    first = next((v for v in values if v is not None), None)
+    if isinstance(first, dict):
+        maps = _maps(values)
+        if maps is not None:
+            return maps
+    try:
+        return pa.array(values, from_pandas=from_pandas)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequest(
+            f"the {what}s have no one Arrow type ({exc}); pass a pyarrow array of the type you want, "
+            "or register the state with a value_type and send values of that type"
+        ) from None
+
+
+def _maps(values: list[Any]) -> pa.Array | None:
+    try:
+        entries = pa.array([v for m in values if m for v in m.values()])
+        items = [None if m is None else list(m.items()) for m in values]
+        return pa.array(items, type=pa.map_(pa.string(), entries.type))
+    except (pa.ArrowException, TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
+def _no_nulls(array: pa.Array, what: str, where: str = "") -> None:
+    if array.null_count:
+        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InvalidRequest(f"{where}; row {row}: {what} is null" if where else f"row {row}: {what} is null")
+
+
+def _checked_length(array: pa.Array, what: str, rows: int) -> pa.Array:
+    if len(array) != rows:
+        raise InvalidRequest(f"{rows} keys but {len(array)} {what}s: give one per key")
+    return array
+
+
+def _strings(values: Any, what: str, rows: int, *, nulls: bool = False) -> pa.Array:
+    array = _array(values, what)
+    if pa.types.is_null(array.type):
+        array = array.cast(pa.string())
+    if not _is_string(array.type):
+        raise InvalidRequest(f"{what}s must be strings; got {array.type}")
+    if not nulls:
+        _no_nulls(array, what)
+    _checked_length(array, what, rows)
+    return array.cast(pa.string()) if array.type != pa.string() else array
+
+
+def _namespaces(ns: Any, rows: int) -> pa.Array | None:
+    """One namespace for every row (a string; ``""`` sends no column), or one per row (null: ``""``)."""
+    if ns is None or (isinstance(ns, str) and not ns):
+        return None
+    if isinstance(ns, str):
+        return pa.repeat(pa.scalar(ns, pa.string()), rows)
+    return _strings(ns, "namespace", rows, nulls=True)
+
+
+def _values(values: Any, rows: int) -> pa.Array:
+    """The ``value`` column: a column of values, or one scalar (or dict) for every row."""
+    if isinstance(values, _SCALARS):
+        try:
+            return pa.repeat(pa.scalar(values), rows)
+        except (pa.ArrowException, OverflowError) as exc:
+            raise InvalidRequest(f"value {values!r} has no Arrow type: {exc}") from None
+    if isinstance(values, dict):
+        return _from_python([values] * rows, "value")
+    return _checked_length(_array(values, "value"), "value", rows)
+
+
+def _chunk_rows(rows: pa.Table, max_rows: int) -> int:
+    """Rows per request: ``max_rows``, fewer when the rows are big."""
+    if not rows.num_rows:
+        return max_rows
+    per_row = max(1, rows.nbytes // rows.num_rows)
+    return max(1, min(max_rows, MAX_REQUEST_BYTES // per_row))
+
+
+def _ipc(rows: pa.Table) -> memoryview:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    return memoryview(sink.getvalue())
+
+
+def _at_row(exc: StatehouseError, positions: np.ndarray | None, start: int) -> StatehouseError:
+    """The server names a row of its request (``row`` in the problem): name the caller's row."""
+    row = exc.problem.get("row")
+    if not isinstance(row, int) or isinstance(row, bool):
+        return exc
+    original = start + row if positions is None else int(positions[start + row])
+    if original == row:
+        return exc
+    detail = exc.detail
+    prefix = f"row {row}"
+    detail = f"row {original}{detail[len(prefix) :]}" if detail.startswith(prefix) else f"{detail} (row {original})"
+    located = type(exc)(detail, status=exc.status, code=exc.code, problem={**exc.problem, "row": original})
+    located.__cause__ = exc.__cause__
+    return located
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def _assemble(parts: list[_Part], rows: int, state: str) -> pa.Array:
+    """The read values of every part, back in the caller's row order."""
+    values = _concat([value for part in parts for value in part.values], state)
+    if len(parts) == 1 and parts[0].positions is None:
+        return values
+    positions = np.concatenate([part.positions for part in parts if part.positions is not None])
+    inverse = np.empty(rows, np.int64)
+    inverse[positions] = np.arange(rows, dtype=np.int64)  # the scatter: row positions[i] is values[i]
+    return values.take(pa.array(inverse))
+
+
+def _concat(arrays: list[pa.Array], state: str) -> pa.Array:
+    """One array of the parts' answers. An untyped state's replicas may answer different types
+    (ints here, floats there; all absent: null): unify them as Arrow would."""
+    if len(arrays) == 1:
+        return arrays[0]
+    kinds = {array.type for array in arrays}
+    if len(kinds) > 1:
+        known = kinds - {pa.null()}
+        if len(known) == 1:
+            kind = known.pop()
+            arrays = [a if a.type == kind else pa.nulls(len(a), kind) for a in arrays]
+        else:
+            try:
+                tables = [pa.table({"value": a}) for a in arrays]
+                unified = pa.concat_tables(tables, promote_options="permissive")
+            except (pa.ArrowException, TypeError) as exc:
+                raise Conflict(
+                    f"the values read from state {state!r} have no one Arrow type ({exc}); register the state "
+                    "with a value_type"
+                ) from None
+            return unified.column("value").combine_chunks()
+    return pa.concat_arrays(arrays)
+
+
+def _read_result(values: pa.Array, index: pd.Index | None, state: str, as_arrow: bool) -> pd.Series | pa.Array:
+    if as_arrow:
+        return values
+    kind = values.type
+    if pa.types.is_integer(kind):  # absent keys are <NA>: pandas' nullable integers keep the type
+        series = values.to_pandas(types_mapper={kind: pd.Int64Dtype()}.get)
+    elif pa.types.is_boolean(kind):
+        series = values.to_pandas(types_mapper={kind: pd.BooleanDtype()}.get)
+    elif pa.types.is_nested(kind):  # lists as lists, maps as dicts (not numpy arrays, tuples)
+        series = pd.Series(values.to_pylist(maps_as_pydicts="strict"), dtype=object)
+    elif pa.types.is_null(kind):
+        series = pd.Series([None] * len(values), dtype=object)
+    else:
+        series = values.to_pandas()
+    if index is not None:
+        series.index = index
+    series.name = state
+    return series
