@@ -61,6 +61,7 @@ class CountingTransport:
 
     def __init__(self, job, monkeypatch):
         self.requests = [[] for _ in job.replicas]
+        self.idempotent = []
         for index, replica in enumerate(job.replicas):
             monkeypatch.setattr(replica, "columns", self._wrap(index, replica.columns))
 
@@ -68,6 +69,7 @@ class CountingTransport:
         def columns(job, state, op, body, **kwargs):
             rows = pa.ipc.open_stream(pa.py_buffer(bytes(body))).read_all().num_rows
             self.requests[index].append((op, rows, dict(kwargs["params"])))
+            self.idempotent.append((op, kwargs["idempotent"]))
             return send(job, state, op, body, **kwargs)
 
         return columns
@@ -288,6 +290,35 @@ def test_chunks_on_two_replicas_stay_in_order_per_replica(job, monkeypatch):
     assert all(rows <= 7 for requests in counting.requests for _op, rows, _p in requests)
     assert sum(len(r) for r in counting.requests) > 2
     assert items.get("items", KEYS[:3]).tolist() == [[f"{k}:{n}" for n in range(3)] for k in KEYS[:3]]
+
+
+def test_only_requests_safe_to_repeat_are_retried(job, monkeypatch):
+    """The batch endpoint's rule: reads, and writes whose repetition changes nothing (put,
+    clear, map_put, map_remove), may be re-sent after a timeout; add and map_add only under a
+    task attempt, whose seq makes the server answer a re-sent request without applying it."""
+    counting = CountingTransport(job, monkeypatch)
+    plain = job.columns()
+    plain.put("last", ["a"], [1])
+    plain.clear("last", ["a"])
+    plain.get("last", ["a"])
+    plain.add("total", ["a"], [1.0])
+    plain.map_put("tags", ["a"], ["x"], [1])
+    plain.map_add("tags", ["a"], ["x"], [1])
+    plain.map_get("tags", ["a"], ["x"])
+    plain.map_remove("tags", ["a"], ["x"])
+    plan = MicroBatchCoordinator(job).begin(0)
+    job.columns(TaskAttempt(plan.epoch, 0, len(job.replicas))).add("total", ["a"], [1.0])
+    assert counting.idempotent == [
+        ("put", True),
+        ("clear", True),
+        ("get", True),
+        ("add", False),
+        ("map_put", True),
+        ("map_add", False),
+        ("map_get", True),
+        ("map_remove", True),
+        ("add", True),
+    ]
 
 
 # -- task attempts -----------------------------------------------------------------------------
