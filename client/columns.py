@@ -194,7 +194,7 @@ class Columns:
         """The keys as the state's key type's Arrow type: utf8, int32 or int64, no nulls."""
         key_type = self.job.key_type(state)
         where = f"state {state!r} has {key_type} keys"
-        if isinstance(keys, _SCALARS) or keys is None:
+        if isinstance(keys, (*_SCALARS, np.generic)) or keys is None:
             raise InvalidRequest(f"keys must be a column (a Series, array or list), got {type(keys).__name__}")
         array = _array(keys, "key")
         if pa.types.is_null(array.type):  # no values at all: an empty list, or nulls
@@ -388,7 +388,7 @@ def _namespaces(ns: Any, rows: int) -> pa.Array | None:
 
 def _values(values: Any, rows: int) -> pa.Array:
     """The ``value`` column: a column of values, or one scalar (or dict) for every row."""
-    if isinstance(values, _SCALARS):
+    if isinstance(values, (*_SCALARS, np.generic)):  # np.generic: a numpy scalar (np.int64(1))
         try:
             return pa.repeat(pa.scalar(values), rows)
         except (pa.ArrowException, OverflowError) as exc:

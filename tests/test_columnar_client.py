@@ -159,7 +159,8 @@ def test_map_state(job):
 def test_reducing_and_aggregating_states(job):
     total, count, mean = job.reducing_state("total"), job.reducing_state("count"), job.aggregating_state("mean")
     total.add_many(KEYS, np.arange(len(KEYS), dtype=np.float64))
-    total.add_many(KEYS, 1)  # an int into a float64 sum
+    total.add_many(KEYS[:100], 1)  # an int into a float64 sum
+    total.add_many(KEYS[100:], np.int64(1))  # a numpy scalar
     count.add_many(KEYS[:10], "anything")
     mean.add_many(["m", "m", "m"], [1.0, 2.0, 6.0])
     got = total.get_many([*KEYS, "none"])
