@@ -1,0 +1,160 @@
+"""The stored keys of :mod:`statehouse.backends.codec` for whole Arrow columns at once.
+
+``encode_primaries`` gives, row by row, exactly ``codec.encode_primary(key, key_type, namespace)``,
+and ``prefixed`` the RocksDB keys ``key group + primary``. A columnar request carries thousands
+of rows, so the bytes are laid out by numpy and Arrow, and Python only receives the results.
+Keys and namespaces are checked as :mod:`statehouse.keygroups.columnar` checks them: a
+``TypeError`` for a wrong Arrow type, a ``ValueError`` naming the first bad row.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from typing import NamedTuple, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+
+from statehouse.keygroups import KEY_TYPES, KeyType
+from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, utf8_column
+
+__all__ = ["EncodedPrimaries", "encode_primaries", "prefixed"]
+
+# A part of every row's bytes: unsigned ints (big-endian, one per row), bytes (the same in every
+# row), or a Utf8Column (each row's own bytes).
+_Part: TypeAlias = "np.ndarray | bytes | Utf8Column"
+_LENGTH = struct.Struct(">I")
+
+
+class EncodedPrimaries(NamedTuple):
+    """The primary keys of a column of rows, with the sizes of their parts.
+
+    ``key_bytes`` and ``namespace_bytes`` (int64, one per row) are the lengths of the encoded
+    key and namespace without their 4-byte length headers: what size limits are checked on.
+    """
+
+    primaries: list[bytes]
+    key_bytes: np.ndarray
+    namespace_bytes: np.ndarray
+
+
+def encode_primaries(keys: ArrowValues, key_type: KeyType, namespaces: ArrowValues | str) -> EncodedPrimaries:
+    """``codec.encode_primary`` of every row; ``namespaces`` is a utf8 column, or one namespace for all rows."""
+    count = len(keys)
+    key_parts: list[_Part]
+    if key_type == "string":
+        key = utf8_column(keys)
+        key_bytes = np.diff(key.offsets)
+        key_parts = [key_bytes.astype(np.uint32), key]
+    elif key_type == "int":  # key + 2**31 (the sign bit flipped): bytes sort as the numbers do
+        key_parts = [_LENGTH.pack(4), integer_keys(keys, key_type).view(np.uint32) ^ np.uint32(1 << 31)]
+        key_bytes = np.full(count, 4, np.int64)
+    elif key_type == "long":
+        key_parts = [_LENGTH.pack(8), integer_keys(keys, key_type).view(np.uint64) ^ np.uint64(1 << 63)]
+        key_bytes = np.full(count, 8, np.int64)
+    else:
+        raise ValueError(f"key_type must be one of {', '.join(KEY_TYPES)}; got {key_type!r}")
+
+    namespace_parts: list[_Part]
+    if isinstance(namespaces, str):
+        encoded = namespaces.encode("utf-8")
+        namespace_bytes = np.full(count, len(encoded), np.int64)
+        namespace_parts = [_LENGTH.pack(len(encoded)) + encoded]
+    else:
+        namespace = utf8_column(namespaces, "namespace")
+        namespace_bytes = np.diff(namespace.offsets)
+        if len(namespace_bytes) != count:
+            raise ValueError(f"{len(namespace_bytes)} namespaces for {count} keys: give one per row, or one for all")
+        namespace_parts = [namespace_bytes.astype(np.uint32), namespace]
+    return EncodedPrimaries(_join_rows([*key_parts, *namespace_parts], count), key_bytes, namespace_bytes)
+
+
+def prefixed(key_groups: np.ndarray, prefix_width: int, primaries: list[bytes]) -> list[bytes]:
+    """RocksDB keys: every row's key group as a ``prefix_width``-byte big-endian prefix (1 or 2,
+    see ``codec.key_group_prefix_width``), then its primary key."""
+    groups = np.asarray(key_groups)
+    if prefix_width not in (1, 2):
+        raise ValueError(f"prefix_width must be 1 or 2, got {prefix_width}")
+    if len(groups) != len(primaries):
+        raise ValueError(f"{len(groups)} key groups for {len(primaries)} primary keys")
+    if len(groups) and (groups.min() < 0 or groups.max() >= 1 << (8 * prefix_width)):
+        raise ValueError(f"key groups must be in [0, {1 << (8 * prefix_width)}) for a {prefix_width}-byte prefix")
+    # One bytes object per prefix straight from numpy, then one C-level loop of concatenations:
+    # faster than building the keys in Arrow, which would first have to copy the primaries in.
+    prefixes = groups.astype(">u2" if prefix_width == 2 else np.uint8).view(f"V{prefix_width}").tolist()
+    return list(map(operator.add, prefixes, primaries))
+
+
+class _Fixed(NamedTuple):
+    """A part of one width: numpy's type for it, and its value in every row or in all."""
+
+    dtype: np.dtype
+    value: np.ndarray | np.void
+    per_row: bool
+
+
+def _fixed(part: _Part) -> _Fixed | None:
+    """The part as a field of a numpy structured array, unless its rows differ in length."""
+    if isinstance(part, np.ndarray):
+        return _Fixed(part.dtype.newbyteorder(">"), part, True)
+    if isinstance(part, bytes):
+        return _Fixed(np.dtype(f"V{len(part)}"), np.void(part), False)
+    lengths = np.diff(part.offsets)
+    if len(lengths) and lengths.min() == lengths.max():  # fixed-width ids, say
+        width = int(lengths[0])
+        return _Fixed(np.dtype(f"V{width}"), part.data.view(f"V{width}") if width else part.data, True)
+    return None
+
+
+def _rows(run: list[_Fixed], count: int) -> np.ndarray:
+    """Fixed-width parts side by side: a structured array of ``count`` rows (1 if all are constants)."""
+    rows = count if any(f.per_row for f in run) else 1
+    joined = np.empty(rows, np.dtype([(f"f{i}", f.dtype) for i, f in enumerate(run)]))  # packed
+    for i, f in enumerate(run):
+        joined[f"f{i}"] = f.value  # one loop per field, byte-swapping the ints to big-endian
+    return joined
+
+
+def _join_rows(parts: list[_Part], count: int) -> list[bytes]:
+    """Row ``i`` of every part, concatenated, for every row."""
+    runs: list[list[_Fixed] | Utf8Column] = []  # fixed-width parts together, between varying ones
+    for part in parts:
+        fixed = _fixed(part)
+        if fixed is None:
+            assert isinstance(part, Utf8Column)  # only strings vary in length
+            runs.append(part)
+        elif not fixed.dtype.itemsize:  # e.g. the empty namespace of every row
+            continue
+        elif runs and isinstance(runs[-1], list):
+            runs[-1].append(fixed)
+        else:
+            runs.append([fixed])
+    if len(runs) == 1 and isinstance(runs[0], list):  # every row one width: one structured array
+        rows = _rows(runs[0], count)
+        rows = np.broadcast_to(rows, (count,)) if len(rows) != count else rows
+        return np.ascontiguousarray(rows).view(f"V{rows.dtype.itemsize}").tolist()  # voids' values are bytes
+    if not count:
+        return []
+    # Put all parts in one Arrow array and take its elements row by row: the data of the result
+    # is then the rows back to back, and every len(runs)-th offset is where a row starts.
+    arrays = [_binary(run if isinstance(run, Utf8Column) else _rows(run, count)) for run in runs]
+    firsts = np.cumsum([0] + [len(array) for array in arrays[:-1]])
+    order = np.empty((count, len(arrays)), np.int64)
+    for i, array in enumerate(arrays):
+        order[:, i] = firsts[i] + (np.arange(count) if len(array) == count else 0)
+    taken = pa.concat_arrays(arrays).take(order.ravel())
+    _, offsets, data = taken.buffers()
+    starts = np.frombuffer(offsets, np.int64)[taken.offset : taken.offset + len(taken) + 1 : len(arrays)]
+    return pa.Array.from_buffers(pa.large_binary(), count, [None, pa.py_buffer(starts.copy()), data]).to_pylist()
+
+
+def _binary(part: np.ndarray | Utf8Column) -> pa.Array:
+    """A structured array's rows, or a Utf8Column, as a large_binary array (its bytes not copied)."""
+    if isinstance(part, np.ndarray):
+        rows, width = len(part), part.dtype.itemsize
+        offsets = np.arange(0, rows * width + 1, width, dtype=np.int64) if width else np.zeros(rows + 1, np.int64)
+        return pa.Array.from_buffers(pa.large_binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(part)])
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(part.offsets) - 1, [None, pa.py_buffer(part.offsets), pa.py_buffer(part.data)]
+    )
