@@ -15,7 +15,7 @@ from statehouse.app import openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
-from statehouse.app.routers import batch, checkpoints, docs, epochs, health, jobs, keyed, operators
+from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -112,7 +112,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     v1 = [Depends(require_token)]
-    for router in (jobs.router, keyed.router, operators.router, batch.router, epochs.router, checkpoints.router):
+    for router in (
+        jobs.router,
+        keyed.router,
+        operators.router,
+        batch.router,
+        columns.router,
+        epochs.router,
+        checkpoints.router,
+    ):
         app.include_router(router, dependencies=v1)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

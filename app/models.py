@@ -16,6 +16,7 @@ from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ops import OpName
 from statehouse.backends.staging import ATTEMPT_PATTERN
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
+from statehouse.backends.value_types import ValueType
 from statehouse.keygroups import KeyType
 from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
 
@@ -89,6 +90,11 @@ class DescriptorBody(Strict):
         "map (optional, what map_add folds entries with): sum, min, max, count, first, last",
     )
     ttl: TtlBody | None = None
+    value_type: ValueType | None = Field(
+        None,
+        description="optional: the type of the state's values (list elements, map entries, values added); other "
+        "values are refused, and columnar reads return this Arrow type",
+    )
 
     def to_descriptor(self, name: str) -> StateDescriptor:
         return StateDescriptor(
@@ -98,6 +104,7 @@ class DescriptorBody(Strict):
             default=self.default,
             function=self.function,
             ttl=TtlConfig(**self.ttl.model_dump()) if self.ttl else None,
+            value_type=self.value_type,
         )
 
 
@@ -108,6 +115,7 @@ class DescriptorInfo(BaseModel):
     default: JsonValue = None
     function: str | None = None
     ttl: TtlBody | None = None
+    value_type: ValueType | None = None
 
 
 class ValueBody(Strict):
@@ -298,6 +306,14 @@ class FenceResponse(BaseModel):
 
 class BatchResponse(BaseModel):
     results: list[dict[str, JsonValue]] = Field(description='per op, in order: {"value": ...} for reads, {} for writes')
+
+
+class ColumnsResponse(BaseModel):
+    """What a columnar write did."""
+
+    op: str
+    rows: int = Field(description="rows applied, or staged for the task attempt")
+    staged: bool = Field(description="true when the rows were staged for a task attempt (committed with its epoch)")
 
 
 # -- errors and probes -------------------------------------------------------------------------

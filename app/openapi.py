@@ -28,7 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from statehouse.app.dependencies import require_token
 from statehouse.app.models import BatchRequest, Problem
 from statehouse.app.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE
-from statehouse.app.wire import JSON, MSGPACK
+from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
 
 REF = "#/components/schemas/{model}"
 PROBLEM_SCHEMA = {"$ref": REF.format(model="Problem")}
@@ -66,6 +66,7 @@ OPERATION_IDS: dict[str, str] = {
     "list_entries": "listMapEntries",
     "list_keys": "listKeys",
     "batch": "applyBatch",
+    "columns": "applyColumns",
     # task attempts' epochs
     "describe_epoch": "getEpoch",
     "prepare_epoch": "prepareEpoch",
@@ -172,6 +173,40 @@ BATCH = {
         "unsupported_media_type",
     ),
     **msgpack_reply(),
+}
+COLUMNS_BODY = {
+    "required": True,
+    "content": {
+        ARROW_STREAM: {
+            "schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM},
+            "description": "an Arrow IPC stream of one or more record batches with the operation's columns: "
+            "key, and as the operation needs user_key and value; ns optional",
+        }
+    },
+}
+COLUMNS = {
+    200: {
+        "description": "a read (`get`, `map_get`): the request's rows, in order, with a `value` column (null where "
+        "absent) as an Arrow IPC stream; a write: how many rows were applied (or staged)",
+        "content": {
+            ARROW_STREAM: {"schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}},
+            JSON: {"schema": {"$ref": REF.format(model="ColumnsResponse")}},
+        },
+    },
+    **errors(
+        *KEYED,
+        *VALUES,
+        "wrong_state_kind",
+        "untyped_values",
+        "stale_epoch",
+        "attempt_lost",
+        "attempt_conflict",
+        "epoch_sealed",
+        "staging_too_large",
+        "batch_too_large",
+        "malformed_body",
+        "unsupported_media_type",
+    ),
 }
 EPOCH_COMMIT = errors(*KEYED, *VALUES, "wrong_state_kind", "stale_epoch", "attempt_lost", "invalid_argument")
 

@@ -44,6 +44,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "job_conflict": 409,
     "incompatible_state": 409,
     "wrong_state_kind": 409,
+    "untyped_values": 409,
     "operator_state_conflict": 409,
     "key_not_owned": 421,
     "stale_epoch": 409,

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgpack
 import orjson
+import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -18,6 +19,7 @@ from statehouse.app.problems import ApiError
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
 
@@ -70,3 +72,23 @@ def render(request: Request, content: Any, status_code: int = 200) -> Response:
         status_code=status_code,
         media_type=JSON,
     )
+
+
+def read_arrow(content_type: str | None, raw: bytes) -> pa.Table:
+    """An Arrow IPC stream body as one table, fully validated (UTF-8 included); 400/415 when not."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media != ARROW_STREAM:
+        raise ApiError("unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {ARROW_STREAM}")
+    try:
+        table = pa.ipc.open_stream(pa.BufferReader(raw)).read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
+    return table
+
+
+def arrow_response(table: pa.Table) -> Response:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return Response(memoryview(sink.getvalue()), media_type=ARROW_STREAM)

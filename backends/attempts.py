@@ -15,30 +15,33 @@ exactly-once per Spark task attempt (the driver's side is ``client/coordinator.p
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from statehouse.backends import ops
+from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
-from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, Winner
+from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
 
 # Memory a staged write takes beyond its bytes in the request: the decoded operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
 # that STATEHOUSE_MAX_STAGED_BYTES bounds memory, not just request bytes.
 STAGED_OP_OVERHEAD = 512
+R = TypeVar("R")
 
 
-def apply_all(tx: JobTransaction, operations: list[Any], where: str = "") -> list[dict[str, Any]]:
+def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]:
     """Run operations in order inside ``tx``; a failure names the operation's index."""
     results = []
     for index, op in enumerate(operations):
         try:
             results.append(ops.apply(tx, op))
         except StateError as exc:
-            exc.detail = f"{where}op {index}: {exc.detail}"
-            exc.extra["op_index"] = index
-            raise
+            raise exc.within(f"op {index}", op_index=index) from None
     return results
 
 
@@ -48,9 +51,34 @@ def run_batch(
     """Apply a batch atomically: directly, or staged for ``attempt`` under ``epoch``.
 
     ``size`` is the request's size in bytes: with a per-write overhead, what staging it costs."""
+
+    def staged() -> tuple[list[StagedWrite], int]:
+        writes = [op for op in operations if op["op"] not in READ_OPS]
+        return writes, len(writes)
+
+    return _run(job, epoch, attempt, size, lambda tx: apply_all(tx, operations), staged)
+
+
+def run_columns(
+    job: Job, op: ColumnOp, *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
+) -> pa.Array | None:
+    """:func:`run_batch` for one columnar operation: its rows count as write operations."""
+    return _run(
+        job, epoch, attempt, size, lambda tx: apply_columns(tx, op), lambda: ([op], op.rows) if op.writes else ([], 0)
+    )
+
+
+def _run(
+    job: Job,
+    epoch: int | None,
+    attempt: AttemptRef | None,
+    size: int,
+    apply: Callable[[JobTransaction], R],
+    writes_of: Callable[[], tuple[list[StagedWrite], int]],
+) -> R:
     if attempt is None:
         with job.transaction(epoch=epoch) as tx:
-            return apply_all(tx, operations)
+            return apply(tx)
     if epoch is None:
         raise AttemptConflict("a task attempt's batch must carry the micro-batch's 'epoch'")
     with job.exclusive():
@@ -67,17 +95,30 @@ def run_batch(
                 "an attempt must send its requests to a replica one after the other"
             )
         with job.transaction(source=staged.view) as tx:
-            results = apply_all(tx, operations)
-            writes = [op for op in operations if op["op"] not in READ_OPS]
-            cost = size + STAGED_OP_OVERHEAD * len(writes) if writes else 0
-            if writes:
+            results = apply(tx)
+            writes, count = writes_of()
+            cost = size + STAGED_OP_OVERHEAD * count if count else 0
+            if count:
                 job.limits.check_staging(len(staging.attempts), staging.bytes + cost)
         staged.seq, staged.last_results = attempt.seq, results
-        if writes:
+        if count:
             staged.writes += writes
+            staged.ops += count
             staged.bytes += cost
             staging.bytes += cost
         return results
+
+
+def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
+    """Apply an attempt's staged writes again, in order, inside the epoch's commit."""
+    for index, write in enumerate(staged.writes):
+        try:
+            if isinstance(write, Mapping):
+                ops.apply(tx, write)
+            else:
+                apply_columns(tx, write)  # type: ignore[arg-type]  # a ColumnOp: see StagedColumns
+        except StateError as exc:
+            raise exc.within(f"attempt {staged.attempt!r} (partition {staged.partition}) write {index}") from None
 
 
 def _attempt(job: Job, staging: EpochStaging, ref: AttemptRef) -> StagedAttempt:
@@ -102,7 +143,7 @@ def _verify(job: Job, epoch: int, winners: list[Winner]) -> list[StagedAttempt]:
     found, wrong = [], []
     for winner in winners:
         staged = held.get(winner.attempt)
-        count = len(staged.writes) if staged is not None else 0
+        count = staged.ops if staged is not None else 0
         if count != winner.ops or (staged is not None and staged.partition != winner.partition):
             wrong.append(
                 {"partition": winner.partition, "attempt": winner.attempt, "expected": winner.ops, "held": count}
@@ -164,7 +205,7 @@ def prepare(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
         job.check_epoch(epoch)
         found = _verify(job, epoch, winners)
         job.staging(epoch).sealed = True
-        return describe(job, epoch, sum(len(s.writes) for s in found))
+        return describe(job, epoch, sum(s.ops for s in found))
 
 
 def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
@@ -176,10 +217,10 @@ def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
         found = _verify(job, epoch, winners)
         with job.transaction() as tx:
             for staged in found:
-                apply_all(tx, staged.writes, f"attempt {staged.attempt!r} (partition {staged.partition}) ")
+                _replay(tx, staged)
             tx.record_commit(epoch)
         job.drop_staging(epoch)
-        return describe(job, epoch, sum(len(s.writes) for s in found))
+        return describe(job, epoch, sum(s.ops for s in found))
 
 
 def abort(job: Job, epoch: int) -> EpochReport:

@@ -43,6 +43,23 @@ def decode_value(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+def decode_many(raws: list[bytes | None]) -> list[Any]:
+    """:func:`decode_value` of many stored values (``None`` stays ``None``) in one C loop."""
+    present = [raw for raw in raws if raw is not None]
+    if not present:
+        return [None] * len(raws)
+    data = b"".join(present)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data))
+    unpacker.feed(data)
+    values = list(unpacker)
+    if len(values) != len(present):  # a stored value is one msgpack object; never trust it blindly
+        values = [decode_value(raw) for raw in present]
+    if len(present) == len(raws):
+        return values
+    decoded = iter(values)
+    return [None if raw is None else next(decoded) for raw in raws]
+
+
 def iter_values(data: bytes) -> Iterator[Any]:
     """Decode a concatenation of msgpack values (a stored list)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)

@@ -9,6 +9,7 @@ from statehouse.backends.errors import IncompatibleState, InvalidArgument
 from statehouse.backends.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
 from statehouse.backends.names import validate_name
 from statehouse.backends.ttl import TtlConfig
+from statehouse.backends.value_types import COERCE, ValueType, check_value_type
 from statehouse.keygroups import KEY_TYPES, KeyType
 
 StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
@@ -17,7 +18,8 @@ STATE_KINDS: tuple[StateKind, ...] = ("value", "list", "map", "reducing", "aggre
 
 @dataclass(frozen=True, slots=True)
 class StateDescriptor:
-    """Flink's ``StateDescriptor``: name, kind, key type, optional default, function and TTL."""
+    """Flink's ``StateDescriptor``: name, kind, key type, optional default, function, TTL and
+    value type (see ``value_types``)."""
 
     name: str
     kind: StateKind
@@ -25,6 +27,7 @@ class StateDescriptor:
     default: Any = None
     function: str | None = None
     ttl: TtlConfig | None = None
+    value_type: ValueType | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "state")
@@ -49,6 +52,9 @@ class StateDescriptor:
                 f"a {self.kind} state needs 'function', one of: {', '.join(sorted(functions))}"
                 + (f" (got {self.function!r})" if self.function is not None else "")
             )
+        check_value_type(self.value_type, self.kind, self.function)
+        if self.default is not None and self.value_type is not None:
+            object.__setattr__(self, "default", COERCE[self.value_type](self.default))
 
     def _map_function_error(self, functions: dict[str, StateFunction]) -> str:
         detail = (
@@ -86,7 +92,7 @@ class StateDescriptor:
         valid); switching TTL on or off changes the stored layout and is refused. A map without
         function may gain one: its entries are stored alike either way.
         """
-        for field in ("kind", "key_type", "function"):
+        for field in ("kind", "key_type", "function", "value_type"):
             old, new = getattr(existing, field), getattr(self, field)
             if field == "function" and self.kind == "map" and old is None:
                 continue  # the kinds are equal here: checked first
@@ -109,6 +115,7 @@ class StateDescriptor:
             "default": self.default,
             "function": self.function,
             "ttl": self.ttl.to_dict() if self.ttl else None,
+            "value_type": self.value_type,
         }
 
     @classmethod
@@ -121,4 +128,5 @@ class StateDescriptor:
             default=data.get("default"),
             function=data.get("function"),
             ttl=TtlConfig(**ttl) if ttl else None,
+            value_type=data.get("value_type"),
         )

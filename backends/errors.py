@@ -18,6 +18,12 @@ class StateError(Exception):
         self.detail = detail
         self.extra = extra
 
+    def within(self, where: str, **extra: Any) -> StateError:
+        """Say where in a request this happened (an operation of a batch, a row of columns)."""
+        self.detail = f"{where}: {self.detail}"
+        self.extra.update(extra)
+        return self
+
 
 class InvalidName(StateError):
     code = "invalid_name"

@@ -28,7 +28,10 @@ class Limits:
 
     def check_key(self, encoded: bytes, what: str = "key") -> None:
         if len(encoded) > self.max_key_bytes:
-            raise KeyTooLarge(f"{what} is {len(encoded)} bytes; the limit is {self.max_key_bytes}")
+            raise self.key_error(len(encoded), what)
+
+    def key_error(self, size: int, what: str = "key") -> KeyTooLarge:
+        return KeyTooLarge(f"{what} is {size} bytes; the limit is {self.max_key_bytes}")
 
     def check_value(self, encoded: bytes) -> None:
         if len(encoded) > self.max_value_bytes:

@@ -19,11 +19,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.errors import InvalidArgument
+
+
+class StagedColumns(Protocol):
+    """A staged columnar write (a ``backends.columns.ColumnOp``, which this module cannot
+    import: the columns need the job, which needs this module)."""
+
+    @property
+    def rows(self) -> int: ...
+
+
+# What a task attempt's log holds: batch operations (decoded dicts) and columnar operations.
+StagedWrite = Mapping[str, Any] | StagedColumns
 
 # Operations that only read: everything else an attempt sends is a write and is staged.
 READ_OPS = frozenset({"get", "map_get", "map_contains"})
@@ -91,19 +103,20 @@ class Winner:
 class StagedAttempt:
     """One attempt's staged writes on this replica: its redo log and its own view."""
 
-    __slots__ = ("attempt", "bytes", "last_results", "partition", "seq", "view", "writes")
+    __slots__ = ("attempt", "bytes", "last_results", "ops", "partition", "seq", "view", "writes")
 
     def __init__(self, partition: int, attempt: str, view: StagedView) -> None:
         self.partition = partition
         self.attempt = attempt
         self.view = view
-        self.writes: list[Mapping[str, Any]] = []
+        self.writes: list[StagedWrite] = []
+        self.ops = 0  # write operations in ``writes`` (a columnar write counts its rows)
         self.seq = -1  # the last request applied
-        self.last_results: list[dict[str, Any]] = []  # its answer, for a re-sent request
+        self.last_results: Any = []  # its answer, for a re-sent request
         self.bytes = 0
 
     def summary(self) -> dict[str, Any]:
-        return {"partition": self.partition, "attempt": self.attempt, "ops": len(self.writes), "bytes": self.bytes}
+        return {"partition": self.partition, "attempt": self.attempt, "ops": self.ops, "bytes": self.bytes}
 
 
 class EpochStaging:

@@ -60,9 +60,10 @@ def gen(spec, tmp_path_factory):
     imported: ``gen.<operation id in snake_case>`` is its module, ``gen.m`` the models."""
     work = tmp_path_factory.mktemp("openapi-client")
     (work / "openapi.json").write_text(json.dumps(spec))
-    # The generator knows binary bodies as application/octet-stream only; msgpack is one.
+    # The generator knows binary bodies as application/octet-stream only; msgpack and Arrow are two.
     (work / "config.yaml").write_text(
         "post_hooks: []\ncontent_type_overrides:\n  application/msgpack: application/octet-stream\n"
+        "  application/vnd.apache.arrow.stream: application/octet-stream\n"
     )
     output = work / "out" / PACKAGE
     command = [str(GENERATOR), "generate", "--path", str(work / "openapi.json"), "--output-path", str(output)]

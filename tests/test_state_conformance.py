@@ -1,5 +1,6 @@
-"""One conformance suite for every backend: state kinds, namespaces, TTL, atomicity,
-ownership, operator state and consistent frozen views."""
+"""One conformance suite for every backend and both paths (per operation, and columnar
+through ``tests/columnar_path.py``): state kinds, namespaces, TTL, atomicity, ownership,
+operator state and consistent frozen views."""
 
 import pytest
 
@@ -17,15 +18,27 @@ from statehouse.backends.errors import (
     WrongStateKind,
 )
 from statehouse.keygroups import assign_to_key_group
+from tests.columnar_path import ColumnarTransaction
 
 
 def register(job, name, kind, **kwargs):
     job.register_state(StateDescriptor(name, kind, **kwargs))
 
 
+_path = {"name": "per_op"}
+
+
+@pytest.fixture(autouse=True, params=["per_op", "columnar"])
+def path(request):
+    """Which path keyed-state calls take: ``run`` hands the test a transaction of that path."""
+    _path["name"] = request.param
+    yield request.param
+    _path["name"] = "per_op"
+
+
 def run(job, fn):
     with job.transaction() as tx:
-        return fn(tx)
+        return fn(tx if _path["name"] == "per_op" else ColumnarTransaction(tx))
 
 
 # -- state kinds -------------------------------------------------------------------------

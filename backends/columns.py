@@ -1,0 +1,279 @@
+"""Columnar keyed state: one operation over many rows given as Arrow columns.
+
+The per-operation vocabulary (``ops``) names one key per operation; a columnar operation
+names one state and one operation for a whole table of rows (what a Spark executor holds as
+an Arrow record batch). It runs through the same state kinds and rules — their ``*_many``
+methods — inside one transaction: rows apply in order, all or nothing.
+
+Columns, by operation (``ns`` is optional everywhere, null meaning ""):
+
+=============  ==========================================================================
+``get``        ``key`` → value / list / whole map / reduced or aggregated result
+``put``        ``key``, ``value``: value update (null clears); list: replace (a list
+               column); map: replace the whole map (a map or struct column)
+``add``        ``key``, ``value``: list add (one element, or a list column: addAll);
+               reducing / aggregating add
+``clear``      ``key``
+``map_get``    ``key``, ``user_key``; ``map_put`` and ``map_add`` also ``value``;
+``map_remove`` ``key``, ``user_key``
+=============  ==========================================================================
+
+Reads answer a ``value`` column typed by the state's ``value_type`` (see ``value_types``),
+or as Arrow infers it from the values of an untyped state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from statehouse.backends.columnar_codec import encode_primaries
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError, WrongStateKind
+from statehouse.backends.job import Job, JobTransaction
+from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.backends.value_types import result_type
+from statehouse.keygroups.columnar import key_groups
+
+COLUMN_OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove")
+READ_COLUMN_OPS = frozenset({"get", "map_get"})
+# Per operation: the columns it needs, beside the optional ``ns``.
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "get": ("key",),
+    "put": ("key", "value"),
+    "add": ("key", "value"),
+    "clear": ("key",),
+    "map_get": ("key", "user_key"),
+    "map_put": ("key", "user_key", "value"),
+    "map_add": ("key", "user_key", "value"),
+    "map_remove": ("key", "user_key"),
+}
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "bool": pa.bool_(),
+}
+
+
+class UntypedValues(StateError):
+    """An untyped state whose values have no one Arrow type (e.g. ints beside strings)."""
+
+    code = "untyped_values"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnOp:
+    """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
+    what a columnar request asks, and what a task attempt's staged log replays."""
+
+    state: str
+    op: str
+    columns: pa.Table
+
+    @property
+    def rows(self) -> int:
+        return self.columns.num_rows
+
+    @property
+    def writes(self) -> bool:
+        return self.op not in READ_COLUMN_OPS
+
+    @classmethod
+    def parse(cls, state: str, op: str, columns: pa.Table) -> ColumnOp:
+        """Check the operation and its columns' names (types are checked against the state)."""
+        needed = _COLUMNS.get(op)
+        if needed is None:
+            raise InvalidArgument(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
+        names = columns.column_names
+        missing = [c for c in needed if c not in names]
+        unknown = [c for c in names if c not in needed and c != "ns"]
+        if missing or unknown or len(set(names)) != len(names):
+            raise InvalidArgument(
+                f"'{op}' takes the columns {', '.join(needed)} (and optionally ns); got {', '.join(names) or 'none'}"
+            )
+        return cls(state, op, columns.combine_chunks())
+
+
+def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
+    """``Job.locate`` for every row: key groups and stored keys at once, the same checks."""
+    keys = columns.column("key").combine_chunks()
+    try:
+        groups = key_groups(keys, descriptor.key_type, job.max_parallelism)
+    except (TypeError, ValueError) as exc:
+        raise InvalidKey(f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}") from None
+    owned = job.key_group_range
+    foreign = np.flatnonzero((groups < owned.start) | (groups > owned.end))
+    if foreign.size:
+        row = int(foreign[0])
+        try:
+            job.check_owned(int(groups[row]))
+        except StateError as exc:
+            raise exc.within(f"row {row}", row=row) from None
+    namespaces = _strings(columns, "ns", "") if "ns" in columns.column_names else ""
+    encoded = encode_primaries(keys, descriptor.key_type, namespaces)
+    limit = job.limits.max_key_bytes
+    for lengths, what in ((encoded.key_bytes, "key"), (encoded.namespace_bytes, "namespace")):
+        too_long = np.flatnonzero(lengths + 4 > limit)  # the stored field: a 4-byte length, then the bytes
+        if too_long.size:
+            row = int(too_long[0])
+            raise job.limits.key_error(int(lengths[row]) + 4, what).within(f"row {row}", row=row)
+    return Rows(groups.tolist(), encoded.primaries)
+
+
+def _strings(columns: pa.Table, name: str, null: str | None) -> pa.Array:
+    """A utf8 column; nulls become ``null``, or are refused when it is ``None``."""
+    column = columns.column(name).combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise InvalidArgument(f"column {name!r} must be utf8 strings; got {column.type}")
+    if column.null_count:
+        if null is None:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InvalidArgument(f"row {row}: {name} is null", row=row)
+        column = column.fill_null(null)
+    return column
+
+
+def _values(columns: pa.Table) -> list[Any]:
+    """The ``value`` column as Python values (maps as dicts)."""
+    column = columns.column("value").combine_chunks()
+    values = column.to_pylist()
+    if pa.types.is_map(column.type):
+        return [None if v is None else dict(v) for v in values]
+    return values
+
+
+def _lists(columns: pa.Table, what: str) -> list[list[Any]]:
+    column = columns.column("value")
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise InvalidArgument(f"{what}: 'value' must be a list column; got {column.type}")
+    return _not_null(_values(columns), "value")
+
+
+def _not_null(values: list[Any], name: str) -> list[Any]:
+    if None in values:
+        row = values.index(None)
+        raise InvalidValue(f"row {row}: {name} is null", row=row)
+    return values
+
+
+def _wrong(state: KeyedState, op: str) -> WrongStateKind:
+    hint = " (use 'map_add' to fold a value into one map entry)" if op == "add" and isinstance(state, MapState) else ""
+    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}{hint}")
+
+
+def _get(state: KeyedState, rows: Rows, columns: pa.Table) -> list[Any]:
+    if isinstance(state, ValueState | ListState | MapState | ReducingState):
+        return state.get_many(rows)
+    raise _wrong(state, "get")  # pragma: no cover - every kind reads
+
+
+def _put(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
+    if isinstance(state, ValueState):
+        state.update_many(rows, _values(columns))
+    elif isinstance(state, ListState):
+        state.update_many(rows, _lists(columns, "'put' on a list state replaces the list"))
+    elif isinstance(state, MapState):
+        kind = columns.column("value").type
+        if not (pa.types.is_map(kind) or pa.types.is_struct(kind)):
+            raise InvalidArgument(f"'put' on a map state replaces the map: 'value' must be a map column; got {kind}")
+        state.update_many(rows, _not_null(_values(columns), "value"))
+    else:
+        raise _wrong(state, "put")
+
+
+def _add(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
+    if isinstance(state, ListState):
+        kind = columns.column("value").type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            state.add_many(rows, _not_null(_values(columns), "value"))
+        else:
+            state.add_many(rows, [[v] for v in _values(columns)])
+    elif isinstance(state, ReducingState):
+        state.add_many(rows, _values(columns))
+    else:
+        raise _wrong(state, "add")
+
+
+def _clear(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
+    state.clear_many(rows)
+
+
+def _map(state: KeyedState, op: str) -> MapState:
+    if not isinstance(state, MapState):
+        raise _wrong(state, op)
+    return state
+
+
+def _user_keys(columns: pa.Table) -> list[str]:
+    return _strings(columns, "user_key", None).to_pylist()
+
+
+_HANDLERS: dict[str, Callable[[KeyedState, Rows, pa.Table], list[Any] | None]] = {
+    "get": _get,
+    "put": _put,
+    "add": _add,
+    "clear": _clear,
+    "map_get": lambda s, r, c: _map(s, "map_get").get_entries_many(r, _user_keys(c)),
+    "map_put": lambda s, r, c: _map(s, "map_put").put_entries_many(r, _user_keys(c), _values(c)),
+    "map_add": lambda s, r, c: _map(s, "map_add").add_entries_many(r, _user_keys(c), _values(c)),
+    "map_remove": lambda s, r, c: _map(s, "map_remove").remove_many(r, _user_keys(c)),
+}
+
+
+def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
+    """Run ``op`` inside ``tx``; a read answers its ``value`` column, a write ``None``."""
+    state = tx.state(op.state)
+    if op.rows == 0:
+        return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
+    rows = state.accessed(locate(tx.job, state.descriptor, op.columns))
+    values = _HANDLERS[op.op](state, rows, op.columns)
+    return None if values is None else to_arrow(values, state.descriptor, op.op)
+
+
+def value_type(descriptor: StateDescriptor, op: str) -> pa.DataType | None:
+    """The Arrow type of what ``op`` reads from the state, ``None`` when it is not typed."""
+    kind, function = descriptor.kind, descriptor.function
+    scalar = result_type(descriptor.value_type, kind, function)
+    if scalar == "summary":
+        number = _ARROW_TYPES[descriptor.value_type or "float64"]
+        return pa.struct(
+            [("count", pa.int64()), ("sum", number), ("min", number), ("max", number), ("avg", pa.float64())]
+        )
+    arrow = _ARROW_TYPES.get(scalar) if scalar is not None else None
+    if op == "get" and kind == "list":
+        return pa.list_(arrow) if arrow is not None else None
+    if op == "get" and kind == "map":
+        return pa.map_(pa.string(), arrow) if arrow is not None else None
+    return arrow
+
+
+def to_arrow(values: list[Any], descriptor: StateDescriptor, op: str) -> pa.Array:
+    """Read values as one Arrow column: the state's type, else what Arrow infers."""
+    arrow = value_type(descriptor, op)
+    if arrow is None and op == "get" and descriptor.kind == "map":
+        entries = _infer([v for m in values if m for v in m.values()], descriptor)
+        arrow = pa.map_(pa.string(), entries.type)
+    if arrow is None:
+        return _infer(values, descriptor)
+    try:
+        return pa.array(values, type=arrow)
+    except (pa.ArrowException, OverflowError, TypeError) as exc:  # stored before the state was typed
+        raise UntypedValues(f"values of state {descriptor.name!r} do not fit {arrow}: {exc}") from None
+
+
+def _infer(values: list[Any], descriptor: StateDescriptor) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowException, OverflowError, TypeError) as exc:
+        raise UntypedValues(
+            f"the values read from state {descriptor.name!r} have no one Arrow type ({exc}); register the state with "
+            "a 'value_type', or read it per operation"
+        ) from None
