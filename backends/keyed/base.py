@@ -1,0 +1,219 @@
+"""What every keyed state kind shares: rows located for a request, the context a state needs of
+its job, and the single-record rules (Flink's read rule with TTL, encoding, limits, folding)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any, Protocol
+
+from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.codec import (
+    decode_many,
+    decode_value,
+    encode_timestamped,
+    encode_user_key,
+    encode_value,
+    split_timestamped,
+)
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InvalidValue, StateError
+from statehouse.backends.functions import StateFunction
+from statehouse.backends.keyed.cleaner import ttl_cleaner
+from statehouse.backends.limits import Limits
+from statehouse.backends.ttl import Clock, TtlConfig, is_expired
+from statehouse.backends.ttl_cleanup import IncrementalCleanup
+from statehouse.backends.value_types import COERCE, coerce_many
+
+Key = str | int
+NONE_TYPE = type(None)
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Many rows of one request, located: each row's key group and stored primary key (see
+    ``Job.locate_many``). The ``*_many`` methods of the states take them, apply the same rules
+    as the one-key methods, and read and write the transaction once per request."""
+
+    key_groups: list[int]
+    primaries: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.primaries)
+
+
+def each_row(rows: Sequence[Any], check: Callable[[Any], Any]) -> list[Any]:
+    """``check`` over many values (in a C loop); a failure names its row."""
+    try:
+        return list(map(check, rows))
+    except StateError:
+        for row, value in enumerate(rows):  # find the row: only on the error path
+            try:
+                check(value)
+            except StateError as exc:
+                raise exc.within(f"row {row}", row=row) from None
+        raise
+
+
+class KeyedContext(Protocol):
+    """What a state needs of its job (a ``Job``): the clock, the limits, where a key lives
+    (which also refuses keys other replicas own), and the TTL state's incremental cleanup."""
+
+    clock: Clock
+    limits: Limits
+
+    def locate(self, descriptor: StateDescriptor, key: Key, namespace: str) -> tuple[int, bytes]: ...
+
+    @property
+    def ttl_cleanup(self) -> IncrementalCleanup: ...
+
+
+class KeyedState:
+    """A registered state bound to one transaction; every call names its key and namespace."""
+
+    def __init__(self, job: KeyedContext, tx: PartitionTransaction, descriptor: StateDescriptor) -> None:
+        self._job = job
+        self._tx = tx
+        self.descriptor = descriptor
+        self._table = descriptor.name
+        self._ttl: TtlConfig | None = descriptor.ttl
+        self._clock = job.clock
+        self._limits = job.limits
+        # Incremental TTL cleanup: what each access checks, fixed for the descriptor.
+        self._cleanup_budget = self._ttl.cleanup_incremental_size if self._ttl is not None else 0
+        self._cleaner = ttl_cleaner(descriptor) if self._cleanup_budget else None
+        self._coerce = COERCE[descriptor.value_type] if descriptor.value_type is not None else None
+
+    def _input(self, value: Any) -> Any:
+        """A value given to the state, checked against its value type (if it has one)."""
+        return value if self._coerce is None or value is None else self._coerce(value)
+
+    def _inputs(self, values: Sequence[Any]) -> list[Any]:
+        """:meth:`_input` of many values; a failure names its row."""
+        value_type = self.descriptor.value_type
+        if value_type is None:
+            return list(values)
+        checked = coerce_many(value_type, list(values))
+        return checked if checked is not None else each_row(values, self._input)
+
+    def _locate(self, key: Key, namespace: str) -> tuple[int, bytes]:
+        located = self._job.locate(self.descriptor, key, namespace)
+        if self._cleaner is not None:
+            self._job.ttl_cleanup.step(self._table, self._cleaner, self._cleanup_budget, self._tx, self._clock.now_ms())
+        return located
+
+    def accessed(self, rows: Rows) -> Rows:
+        """Rows located for a request: as many TTL cleanup steps as one access per row takes."""
+        if self._cleaner is not None and len(rows):
+            budget = self._cleanup_budget * len(rows)
+            self._job.ttl_cleanup.step(self._table, self._cleaner, budget, self._tx, self._clock.now_ms())
+        return rows
+
+    def clear(self, key: Key, namespace: str = "") -> None:
+        kg, primary = self._locate(key, namespace)
+        self._tx.clear(self._table, kg, primary)
+
+    def clear_many(self, rows: Rows) -> None:
+        self._tx.clear_many(self._table, rows.key_groups, rows.primaries)
+
+    # -- single timestamped records (value, reducing, aggregating, one map entry) -----------
+
+    def _read(self, kg: int, primary: bytes, secondary: bytes = b"", *, for_update: bool = False) -> Any:
+        """Flink's read rule: expired → cleared, returned once only if visibility allows."""
+        raw = self._tx.get(self._table, kg, primary, secondary)
+        return None if raw is None else self._from_raw(raw, kg, primary, secondary, for_update)
+
+    def _read_many(self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False) -> list:
+        """:meth:`_read` of many rows (map entries: one secondary per row)."""
+        raws = self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries)
+        if self._ttl is None:
+            return decode_many(raws)
+        secs = secondaries if secondaries is not None else repeat(b"")
+        return [
+            None if raw is None else self._from_raw(raw, kg, primary, secondary, for_update)
+            for raw, kg, primary, secondary in zip(raws, rows.key_groups, rows.primaries, secs, strict=False)
+        ]
+
+    def _from_raw(self, raw: bytes, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> Any:
+        ttl = self._ttl
+        if ttl is None:
+            return decode_value(raw)
+        timestamp, payload = split_timestamped(raw)
+        now = self._clock.now_ms()
+        if is_expired(timestamp, ttl.ttl_ms, now):
+            self._tx.delete(self._table, kg, primary, secondary)
+            return decode_value(payload) if ttl.return_expired and not for_update else None
+        if ttl.refresh_on_read and not for_update:
+            self._tx.put(self._table, kg, primary, encode_timestamped(now, payload), secondary)
+        return decode_value(payload)
+
+    def _encode(self, value: Any) -> bytes:
+        payload = encode_value(value)
+        self._limits.check_value(payload)
+        return payload
+
+    def _user_key(self, user_key: str) -> bytes:
+        encoded = encode_user_key(user_key)
+        self._limits.check_key(encoded, "map user key")
+        return encoded
+
+    def _record(self, value: Any) -> bytes:
+        payload = self._encode(value)
+        return payload if self._ttl is None else encode_timestamped(self._clock.now_ms(), payload)
+
+    def _write(self, kg: int, primary: bytes, value: Any, secondary: bytes = b"") -> None:
+        self._tx.put(self._table, kg, primary, self._record(value), secondary)
+
+    def _records_many(self, values: Sequence[Any]) -> list[bytes]:
+        """:meth:`_record` of many values (``None`` stays ``None``: a row that deletes)."""
+        payloads = each_row(values, encode_or_none)
+        present = [p for p in payloads if p is not None] if None in values else payloads
+        if present and max(map(len, present)) > self._limits.max_value_bytes:
+            each_row(payloads, self._check_payload)  # names the row
+        if self._ttl is None:
+            return payloads
+        stamp = encode_timestamped(self._clock.now_ms(), b"")
+        return [None if p is None else stamp + p for p in payloads]  # type: ignore[misc]
+
+    def _check_payload(self, payload: bytes | None) -> None:
+        if payload is not None:
+            self._limits.check_value(payload)
+
+    def _fold_many(
+        self, rows: Rows, secondaries: Sequence[bytes] | None, values: Sequence[Any], function: StateFunction
+    ) -> None:
+        """Fold each row's value into its accumulator with ``function``, in row order (a key
+        that comes back continues from its earlier rows), then write every accumulator once."""
+        if NONE_TYPE in set(map(type, values)):
+            row = list(values).index(None)
+            raise InvalidValue(f"cannot add null to {self.descriptor.kind} state {self._table!r}").within(
+                f"row {row}", row=row
+            )
+        values = self._inputs(values)
+        accs = self._read_many(rows, secondaries, for_update=True)
+        secs = secondaries if secondaries is not None else [b""] * len(rows)
+        slots = list(zip(rows.key_groups, rows.primaries, secs, strict=True))
+        try:
+            if len(set(slots)) == len(slots):  # every key once: one add per row, maybe vectorized
+                kgs, primaries, results = rows.key_groups, rows.primaries, function.add_each(accs, values)
+            else:
+                folded: dict[tuple[int, bytes, bytes], Any] = {}
+                add, current = function.add, folded.get
+                for slot, acc, value in zip(slots, accs, values, strict=True):
+                    folded[slot] = add(current(slot, acc), value)
+                kgs, primaries, secs = (list(column) for column in zip(*folded, strict=True))
+                results = list(folded.values())
+        except StateError:
+            for row, (acc, value) in enumerate(zip(accs, values, strict=True)):  # find the row: error path only
+                try:
+                    function.add(acc, value)
+                except StateError as exc:
+                    raise exc.within(f"row {row}", row=row) from None
+            raise
+        records = self._records_many(results)
+        self._tx.put_many(self._table, kgs, primaries, records, secs if secondaries is not None else None)
+
+
+def encode_or_none(value: Any) -> bytes | None:
+    return None if value is None else encode_value(value)

@@ -1,0 +1,95 @@
+"""Flink's ``ListState``: each element its own record, so TTL applies per element."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from statehouse.backends.codec import (
+    encode_timestamped,
+    iter_timestamped,
+    iter_values,
+)
+from statehouse.backends.errors import InvalidValue
+from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row
+from statehouse.backends.ttl import is_expired
+
+
+def _check_elements(values: Iterable[Any], coerce: Callable[[Any], Any] | None) -> list[Any]:
+    elements = list(values)
+    if any(v is None for v in elements):
+        raise InvalidValue("list elements must not be null (Flink's ListState refuses null)")
+    return elements if coerce is None else [coerce(v) for v in elements]
+
+
+class ListState(KeyedState):
+    """Each element is its own record, so TTL applies per element (Flink's ``TtlListState``)."""
+
+    def _records(self, elements: list[Any]) -> bytes:
+        if self._ttl is None:
+            return b"".join(self._encode(v) for v in elements)
+        now = self._clock.now_ms()
+        return b"".join(encode_timestamped(now, self._encode(v)) for v in elements)
+
+    def get(self, key: Key, namespace: str = "") -> list[Any] | None:
+        kg, primary = self._locate(key, namespace)
+        raw = self._tx.get(self._table, kg, primary)
+        return None if raw is None else self._from_list(raw, kg, primary)
+
+    def get_many(self, rows: Rows) -> list[list[Any] | None]:
+        raws = self._tx.get_many(self._table, rows.key_groups, rows.primaries)
+        return [
+            None if raw is None else self._from_list(raw, kg, primary)
+            for raw, kg, primary in zip(raws, rows.key_groups, rows.primaries, strict=False)
+        ]
+
+    def _from_list(self, raw: bytes, kg: int, primary: bytes) -> list[Any] | None:
+        ttl = self._ttl
+        if ttl is None:
+            return list(iter_values(raw))
+        now = self._clock.now_ms()
+        stored = list(iter_timestamped(raw))
+        unexpired = [v for ts, v in stored if not is_expired(ts, ttl.ttl_ms, now)]
+        if not unexpired:
+            self._tx.clear(self._table, kg, primary)
+        elif ttl.refresh_on_read:
+            self._tx.put(self._table, kg, primary, self._records(unexpired))
+        if ttl.return_expired:
+            return [v for _ts, v in stored]
+        return unexpired or None
+
+    def add(self, key: Key, value: Any, namespace: str = "") -> None:
+        self.add_all(key, [value], namespace)
+
+    def add_all(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:
+        elements = _check_elements(values, self._coerce)
+        kg, primary = self._locate(key, namespace)
+        if not elements:
+            return
+        existing = self._tx.get(self._table, kg, primary) or b""
+        self._tx.put(self._table, kg, primary, existing + self._records(elements))
+
+    def add_many(self, rows: Rows, elements: Sequence[list[Any]]) -> None:
+        """:meth:`add_all` per row, in order: each row appends its elements."""
+        records = each_row(elements, lambda values: self._records(_check_elements(values, self._coerce)))
+        existing = self._tx.get_many(self._table, rows.key_groups, rows.primaries)
+        lists: dict[tuple[int, bytes], bytes] = {}
+        for kg, primary, stored, appended in zip(rows.key_groups, rows.primaries, existing, records, strict=False):
+            if appended:
+                slot = (kg, primary)
+                lists[slot] = (lists.get(slot, stored or b"")) + appended
+        kgs, primaries = zip(*lists, strict=False) if lists else ((), ())
+        self._tx.put_many(self._table, kgs, primaries, list(lists.values()))
+
+    def update_many(self, rows: Rows, lists: Sequence[list[Any]]) -> None:
+        """:meth:`update` per row, in order (an empty list clears)."""
+        records = each_row(lists, lambda values: self._records(_check_elements(values, self._coerce)) or None)
+        self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
+
+    def update(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:
+        elements = _check_elements(values, self._coerce)
+        kg, primary = self._locate(key, namespace)
+        if elements:
+            self._tx.put(self._table, kg, primary, self._records(elements))
+        else:
+            self._tx.clear(self._table, kg, primary)

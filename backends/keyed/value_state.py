@@ -1,0 +1,32 @@
+"""Flink's ``ValueState``: one value per key and namespace (``update(None)`` clears)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from statehouse.backends.keyed.base import Key, KeyedState, Rows
+
+
+class ValueState(KeyedState):
+    def get(self, key: Key, namespace: str = "") -> Any:
+        value = self._read(*self._locate(key, namespace))
+        return self.descriptor.default if value is None else value
+
+    def update(self, key: Key, value: Any, namespace: str = "") -> None:
+        """``update(None)`` clears, as in Flink."""
+        kg, primary = self._locate(key, namespace)
+        if value is None:
+            self._tx.clear(self._table, kg, primary)
+        else:
+            self._write(kg, primary, self._input(value))
+
+    def get_many(self, rows: Rows) -> list[Any]:
+        values = self._read_many(rows)
+        default = self.descriptor.default
+        return values if default is None else [default if v is None else v for v in values]
+
+    def update_many(self, rows: Rows, values: Sequence[Any]) -> None:
+        """:meth:`update` per row, in order (a null value clears)."""
+        records = self._records_many(self._inputs(values))
+        self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
