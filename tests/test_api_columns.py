@@ -197,3 +197,14 @@ def test_row_limit(http, job, server):
     limit = 10_000  # the default STATEHOUSE_MAX_BATCH_OPS
     r = post(http, job, "count", "add", key=["k"] * (limit + 1), value=[1] * (limit + 1))
     assert (r.status_code, r.json()["code"]) == (413, "batch_too_large")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"epoch": "x"}, {"epoch": "-1"}, {"epoch": "1.5"}, {"attempt": "t1"}, {"partition": "0", "seq": "0"},
+     {"partition": "0", "attempt": "bad id", "seq": "0"}],
+)  # fmt: skip
+def test_bad_attempt_parameters_are_refused(http, job, params):
+    r = post(http, job, "total", "add", params=params, key=["a"], value=[1.0])
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_argument"), r.text
+    assert values(post(http, job, "total", "get", key=["a"])) == [None]

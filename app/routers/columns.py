@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Literal
+from typing import Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
@@ -22,23 +22,45 @@ router = APIRouter(prefix="/v1", tags=["batch"])
 ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
 
 
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+# Declared here and read by hand (below): FastAPI's per-parameter validation costs more than the
+# rest of a small columnar request, and these four are optional integers and one id.
+ATTEMPT_PARAMETERS = [
+    _query("epoch", "the writer epoch (fencing), as in a batch", {"type": "integer", "minimum": 0}),
+    _query("partition", "Spark partition of the task attempt", {"type": "integer", "minimum": 0}),
+    _query("attempt", "task attempt id", {"type": "string", "pattern": ATTEMPT_PATTERN}),
+    _query("seq", "the attempt's request number to this replica", {"type": "integer", "minimum": 0}),
+]
+
+
+def _count(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdecimal()):
+        raise ApiError("invalid_argument", f"query parameter {name!r} must be a non-negative integer; got {raw!r}")
+    return int(raw)
+
+
+def _attempt(request: Request) -> AttemptRef | None:
+    """The task attempt a request comes from, if it names one (see the batch endpoint)."""
+    partition, seq = _count(request, "partition"), _count(request, "seq")
+    attempt = request.query_params.get("attempt")
+    if attempt is None and partition is None and seq is None:
+        return None
+    return AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]  # validates all three
+
+
 @router.post(
     "/jobs/{job}/states/{state}/columns/{op}",
     response_model=ColumnsResponse,
-    openapi_extra={"requestBody": doc.COLUMNS_BODY},
+    openapi_extra={"requestBody": doc.COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
     responses=doc.COLUMNS,
 )
-async def columns(
-    service: ServiceDep,
-    job: JobDep,
-    state: str,
-    op: ColumnOpName,
-    request: Request,
-    epoch: Annotated[int | None, Query(ge=0, description="the writer epoch (fencing), as in a batch")] = None,
-    partition: Annotated[int | None, Query(ge=0, description="Spark partition of the task attempt")] = None,
-    attempt: Annotated[str | None, Query(pattern=ATTEMPT_PATTERN, description="task attempt id")] = None,
-    seq: Annotated[int | None, Query(ge=0, description="the attempt's request number to this replica")] = None,
-) -> Response:
+async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName, request: Request) -> Response:
     """One operation on one state for every row of an Arrow IPC stream, applied in order and
     atomically, with the rules of the batch endpoint (same state kinds, TTL, ownership, limits).
     Reads answer the request's columns plus `value` as an Arrow stream; typed states
@@ -53,10 +75,8 @@ async def columns(
             "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
         )
     work = ColumnOp.parse(state, op, table)
-    ref = None
-    if attempt is not None or partition is not None or seq is not None:
-        ref = AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]
-    values = run_columns(job, work, epoch=epoch, attempt=ref, size=len(raw))
+    ref = _attempt(request)
+    values = run_columns(job, work, epoch=_count(request, "epoch"), attempt=ref, size=len(raw))
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:
         return arrow_response(work.columns.append_column("value", values))
