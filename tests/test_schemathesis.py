@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.server import start_server
+from harness.server import REPO, start_server
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "20"))
@@ -91,8 +91,9 @@ def fuzz(server, workdir: Path, token: str | None, *options: str, examples: int 
     command += ["--generation-database", "none", "--no-color", *options]
     if token:
         command += ["--header", f"Authorization: Bearer {token}"]
-    # cwd: schemathesis may leave reports behind; not in the repository.
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=workdir)
+    # cwd: schemathesis may leave reports behind; not in the repository. The hooks make Arrow bodies.
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "harness.schemathesis_hooks", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=workdir, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-20000:] + "\n--- server log ---\n" + server.log()[-5000:]
     counts = re.search(r"(\d+) generated, (\d+) passed\n", output)
