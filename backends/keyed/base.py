@@ -126,14 +126,15 @@ class KeyedState:
 
     def _read_many(self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False) -> list:
         """:meth:`_read` of many rows (map entries: one secondary per row)."""
-        raws = self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries)
-        if self._ttl is None:
-            return decode_many(raws)
-        secs = secondaries if secondaries is not None else repeat(b"")
-        return [
-            None if raw is None else self._from_raw(raw, kg, primary, secondary, for_update)
-            for raw, kg, primary, secondary in zip(raws, rows.key_groups, rows.primaries, secs, strict=False)
-        ]
+        if self._ttl is not None:
+            # Row by row through the transaction: a read may expire (delete) or refresh the
+            # record, and a later row of the same key must see that, as the next call would.
+            secs = secondaries if secondaries is not None else repeat(b"")
+            return [
+                self._read(kg, primary, secondary, for_update=for_update)
+                for kg, primary, secondary in zip(rows.key_groups, rows.primaries, secs, strict=False)
+            ]
+        return decode_many(self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries))
 
     def _from_raw(self, raw: bytes, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> Any:
         ttl = self._ttl

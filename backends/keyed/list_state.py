@@ -37,6 +37,12 @@ class ListState(KeyedState):
         return None if raw is None else self._from_list(raw, kg, primary)
 
     def get_many(self, rows: Rows) -> list[list[Any] | None]:
+        if self._ttl is not None:  # a read may clear or rewrite the list: later rows must see it
+            found = []
+            for kg, primary in zip(rows.key_groups, rows.primaries, strict=True):
+                raw = self._tx.get(self._table, kg, primary)
+                found.append(None if raw is None else self._from_list(raw, kg, primary))
+            return found
         raws = self._tx.get_many(self._table, rows.key_groups, rows.primaries)
         return [
             None if raw is None else self._from_list(raw, kg, primary)
