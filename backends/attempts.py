@@ -37,17 +37,6 @@ STAGED_ROW_OVERHEAD = 256
 R = TypeVar("R")
 
 
-def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]:
-    """Run operations in order inside ``tx``; a failure names the operation's index."""
-    results = []
-    for index, op in enumerate(operations):
-        try:
-            results.append(ops.apply(tx, op))
-        except StateError as exc:
-            raise exc.within(f"op {index}", op_index=index) from None
-    return results
-
-
 def run_batch(
     job: Job, operations: list[Any], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
 ) -> list[dict[str, Any]]:
@@ -59,7 +48,7 @@ def run_batch(
         writes = [op for op in operations if op["op"] not in READ_OPS]
         return writes, len(writes)
 
-    return _run(job, epoch, attempt, size, lambda tx: apply_all(tx, operations), staged, STAGED_OP_OVERHEAD)
+    return _run(job, epoch, attempt, size, lambda tx: ops.apply_all(tx, operations), staged, STAGED_OP_OVERHEAD)
 
 
 def run_columns(
@@ -120,15 +109,22 @@ def _run(
 
 
 def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
-    """Apply an attempt's staged writes again, in order, inside the epoch's commit."""
-    for index, write in enumerate(staged.writes):
+    """Apply an attempt's staged writes again, in order, inside the epoch's commit: its batch
+    operations together (one run per state and operation), its columnar writes as they came."""
+    where = f"attempt {staged.attempt!r} (partition {staged.partition})"
+    batch: list[Mapping[str, Any]] = []
+    for write in [*staged.writes, None]:
+        if isinstance(write, Mapping):
+            batch.append(write)
+            continue
         try:
-            if isinstance(write, Mapping):
-                ops.apply(tx, write)
-            else:
+            if batch:
+                ops.apply_all(tx, batch)
+            if write is not None:
                 apply_columns(tx, write)  # type: ignore[arg-type]  # a ColumnOp: see StagedColumns
         except StateError as exc:
-            raise exc.within(f"attempt {staged.attempt!r} (partition {staged.partition}) write {index}") from None
+            raise exc.within(where) from None
+        batch = []
 
 
 def _attempt(job: Job, staging: EpochStaging, ref: AttemptRef) -> StagedAttempt:

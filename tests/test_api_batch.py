@@ -112,6 +112,27 @@ def test_a_failing_op_applies_nothing_and_names_its_index(http, job):
     assert body["results"] == [{"value": "before"}, {"value": None}, {"value": None}]
 
 
+def test_the_first_failing_op_is_named_though_each_state_runs_its_ops_together(http, job):
+    ops = [
+        {"op": "add", "state": "s", "key": "k", "value": 1},
+        {"op": "add", "state": "s", "key": "j", "value": 2},
+        {"op": "add", "state": "v", "key": "k", "value": 1},  # the first failure: value states take no add
+        {"op": "add", "state": "s", "key": "k", "value": "x"},  # fails too, in the run of state s
+        {"op": "add", "state": "s", "key": "k", "value": 3},
+    ]
+    status, problem = batch(http, job, ops)
+    assert (status, problem["code"], problem["op_index"]) == (409, "wrong_state_kind", 2)
+    assert problem["detail"].startswith("op 2:")
+    ops[2] = {"op": "put", "state": "v", "key": "k", "value": 1}
+    status, problem = batch(http, job, ops)
+    assert (status, problem["code"], problem["op_index"]) == (422, "invalid_value", 3)
+    del ops[3]
+    status, body = batch(
+        http, job, [*ops, {"op": "get", "state": "s", "key": "k"}, {"op": "get", "state": "v", "key": "k"}]
+    )
+    assert body["results"] == [{}, {}, {}, {}, {"value": 4}, {"value": 1}]
+
+
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
 def test_map_add_folds_into_entries(http, job, binary):
     ops = [

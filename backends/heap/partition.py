@@ -103,15 +103,12 @@ class HeapPartition(StorePartition):
         secondaries: Sequence[bytes] | None = None,
     ) -> list[bytes | None]:
         t = self._tables[table]
-        groups = {kg: c.data for kg, c in t.groups.items()}
-        empty: dict = {}
+        containers, empty = t.groups, _Container(0, {})
         if not t.nested:
-            group = groups.get
-            return [group(kg, empty).get(p) for kg, p in zip(key_groups, primaries, strict=True)]
+            return [containers.get(kg, empty).data.get(p) for kg, p in zip(key_groups, primaries, strict=True)]
         assert secondaries is not None
-        no_entries = _Container(0, {})
         return [
-            groups.get(kg, empty).get(p, no_entries).data.get(s)
+            containers.get(kg, empty).data.get(p, empty).data.get(s)
             for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)
         ]
 

@@ -103,6 +103,14 @@ class KeyedState:
             self._job.ttl_cleanup.step(self._table, self._cleaner, self._cleanup_budget, self._tx, self._clock.now_ms())
         return located
 
+    def locate_many(self, keys: Sequence[Key], namespaces: Sequence[str]) -> Rows:
+        """:meth:`_locate` for many keys given as Python values (a batch's run of operations)."""
+        located = each_row(list(zip(keys, namespaces, strict=True)), self._locate_key)
+        return self.accessed(Rows([kg for kg, _p in located], [p for _kg, p in located]))
+
+    def _locate_key(self, key_and_namespace: tuple[Key, str]) -> tuple[int, bytes]:
+        return self._job.locate(self.descriptor, *key_and_namespace)
+
     def accessed(self, rows: Rows) -> Rows:
         """Rows located for a request: as many TTL cleanup steps as one access per row takes."""
         if self._cleaner is not None and len(rows):
@@ -206,9 +214,10 @@ class KeyedState:
                 kgs, primaries, secs = (list(column) for column in zip(*folded, strict=True))
                 results = list(folded.values())
         except StateError:
-            for row, (acc, value) in enumerate(zip(accs, values, strict=True)):  # find the row: error path only
+            replayed: dict[tuple[int, bytes, bytes], Any] = {}  # fold again, row by row, to name the row
+            for row, (slot, acc, value) in enumerate(zip(slots, accs, values, strict=True)):
                 try:
-                    function.add(acc, value)
+                    replayed[slot] = function.add(replayed.get(slot, acc), value)
                 except StateError as exc:
                     raise exc.within(f"row {row}", row=row) from None
             raise
