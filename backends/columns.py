@@ -24,7 +24,6 @@ or as Arrow infers it from the values of an untyped state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +32,10 @@ import pyarrow as pa
 
 from statehouse.backends.columnar_codec import encode_primaries
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError, WrongStateKind
+from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError
 from statehouse.backends.job import Job, JobTransaction
-from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.backends.keyed import KeyedState, ListState, Rows
+from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
 from statehouse.keygroups.columnar import key_groups
 
@@ -150,82 +150,26 @@ def _values(columns: pa.Table) -> list[Any]:
     return values
 
 
-def _lists(columns: pa.Table, what: str) -> list[list[Any]]:
-    column = columns.column("value")
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-        raise InvalidArgument(f"{what}: 'value' must be a list column; got {column.type}")
-    return _not_null(_values(columns), "value")
+def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
+    """What the rows carry for ``op``, as the runs take it. A list state's ``add`` takes a
+    list column as addAll (one list per row); any other ``add`` adds one value per row."""
+    user_keys = _strings(columns, "user_key", None).to_pylist() if op.startswith("map_") else None
+    values = _values(columns) if "value" in columns.column_names else None
+    adds = None
+    if op in ("add", "map_add") and values is not None:
+        kind = columns.column("value").type
+        if isinstance(state, ListState) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            adds = _not_null(values, "value")
+        else:
+            adds = [[v] for v in values]
+    return RunArgs(user_keys=user_keys, values=values, adds=adds)
 
 
 def _not_null(values: list[Any], name: str) -> list[Any]:
     if None in values:
         row = values.index(None)
-        raise InvalidValue(f"row {row}: {name} is null", row=row)
+        raise InvalidValue(f"{name} is null").within(f"row {row}", row=row)
     return values
-
-
-def _wrong(state: KeyedState, op: str) -> WrongStateKind:
-    hint = " (use 'map_add' to fold a value into one map entry)" if op == "add" and isinstance(state, MapState) else ""
-    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}{hint}")
-
-
-def _get(state: KeyedState, rows: Rows, columns: pa.Table) -> list[Any]:
-    if isinstance(state, ValueState | ListState | MapState | ReducingState):
-        return state.get_many(rows)
-    raise _wrong(state, "get")  # pragma: no cover - every kind reads
-
-
-def _put(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
-    if isinstance(state, ValueState):
-        state.update_many(rows, _values(columns))
-    elif isinstance(state, ListState):
-        state.update_many(rows, _lists(columns, "'put' on a list state replaces the list"))
-    elif isinstance(state, MapState):
-        kind = columns.column("value").type
-        if not (pa.types.is_map(kind) or pa.types.is_struct(kind)):
-            raise InvalidArgument(f"'put' on a map state replaces the map: 'value' must be a map column; got {kind}")
-        state.update_many(rows, _not_null(_values(columns), "value"))
-    else:
-        raise _wrong(state, "put")
-
-
-def _add(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
-    if isinstance(state, ListState):
-        kind = columns.column("value").type
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            state.add_many(rows, _not_null(_values(columns), "value"))
-        else:
-            state.add_many(rows, [[v] for v in _values(columns)])
-    elif isinstance(state, ReducingState):
-        state.add_many(rows, _values(columns))
-    else:
-        raise _wrong(state, "add")
-
-
-def _clear(state: KeyedState, rows: Rows, columns: pa.Table) -> None:
-    state.clear_many(rows)
-
-
-def _map(state: KeyedState, op: str) -> MapState:
-    if not isinstance(state, MapState):
-        raise _wrong(state, op)
-    return state
-
-
-def _user_keys(columns: pa.Table) -> list[str]:
-    return _strings(columns, "user_key", None).to_pylist()
-
-
-_HANDLERS: dict[str, Callable[[KeyedState, Rows, pa.Table], list[Any] | None]] = {
-    "get": _get,
-    "put": _put,
-    "add": _add,
-    "clear": _clear,
-    "map_get": lambda s, r, c: _map(s, "map_get").get_entries_many(r, _user_keys(c)),
-    "map_put": lambda s, r, c: _map(s, "map_put").put_entries_many(r, _user_keys(c), _values(c)),
-    "map_add": lambda s, r, c: _map(s, "map_add").add_entries_many(r, _user_keys(c), _values(c)),
-    "map_remove": lambda s, r, c: _map(s, "map_remove").remove_many(r, _user_keys(c)),
-}
 
 
 def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
@@ -234,7 +178,7 @@ def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
     rows = state.accessed(locate(tx.job, state.descriptor, op.columns))
-    values = _HANDLERS[op.op](state, rows, op.columns)
+    values = apply_run(state, op.op, rows, _args(state, op.op, op.columns))
     return None if values is None else to_arrow(values, state.descriptor, op.op)
 
 

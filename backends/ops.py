@@ -1,8 +1,9 @@
 """Keyed operations by name — the vocabulary of the batch API, usable on any state kind.
 
-``apply(tx, op)`` runs one operation given as a plain dict (decoded straight from JSON or
-msgpack, no model per operation) and returns its result: ``{"value": ...}`` for reads
-(``None`` when absent) and ``{}`` for writes. What each generic operation means per kind:
+``apply_all(tx, ops)`` runs operations given as plain dicts (decoded straight from JSON or
+msgpack, no model per operation) and returns their results: ``{"value": ...}`` for reads
+(``None`` when absent) and ``{}`` for writes. What each generic operation means per kind
+(``runs`` applies them):
 
 =============  ==========================================================================
 ``get``        value / list / whole map / reduced / aggregated result
@@ -17,13 +18,13 @@ msgpack, no model per operation) and returns its result: ``{"value": ...}`` for 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
+from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
-from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
 from statehouse.backends.keyed.base import each_row
+from statehouse.backends.runs import RunArgs, apply_run
 
 OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
 OPS: tuple[str, ...] = get_args(OpName)
@@ -54,120 +55,17 @@ def _add_values(op: Mapping[str, Any]) -> list[Any]:
     return [_value(op)]
 
 
-def _wrong(state: KeyedState, op: str) -> WrongStateKind:
-    hint = " (use 'map_add' to fold a value into one map entry)" if op == "add" and isinstance(state, MapState) else ""
-    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}{hint}")
+def _user_key(op: Mapping[str, Any]) -> str:
+    return _field(op, "user_key", str, "a string")
 
 
-def _values_of(ops: list[Mapping[str, Any]]) -> list[Any]:
-    return [_value(op) for op in ops]
-
-
-def _get(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> list[Any]:
-    return state.get_many(rows)  # type: ignore[attr-defined]  # every kind reads
-
-
-def _put(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> None:
-    values = _values_of(ops)
-    if isinstance(state, ValueState):
-        state.update_many(rows, values)
-    elif isinstance(state, ListState):
-        if not all(isinstance(v, list) for v in values):
-            raise _first(
-                values,
-                lambda v: not isinstance(v, list),
-                InvalidArgument("'put' on a list state replaces the list: 'value' must be a list"),
-            )
-        state.update_many(rows, values)
-    elif isinstance(state, MapState):
-        if not all(isinstance(v, dict) for v in values):
-            raise _first(
-                values,
-                lambda v: not isinstance(v, dict),
-                InvalidArgument("'put' on a map state replaces the map: 'value' must be an object"),
-            )
-        state.update_many(rows, values)
-    else:
-        raise _wrong(state, "put")
-
-
-def _first(values: list[Any], bad: Callable[[Any], bool], error: StateError) -> StateError:
-    row = next(i for i, v in enumerate(values) if bad(v))
-    return error.within(f"row {row}", row=row)
-
-
-def _expanded(rows: Rows, ops: list[Mapping[str, Any]]) -> tuple[Rows, list[Any], list[int]]:
-    """One row per value added (an op with ``values`` adds several, in order), and each new
-    row's operation."""
-    per_op = each_row(ops, _add_values)
-    origin = [i for i, values in enumerate(per_op) for _ in values]
-    return (
-        Rows([rows.key_groups[i] for i in origin], [rows.primaries[i] for i in origin]),
-        [v for values in per_op for v in values],
-        origin,
+def _args(name: str, ops: list[Mapping[str, Any]]) -> RunArgs:
+    """What a run of operations named ``name`` carries, row by row."""
+    return RunArgs(
+        user_keys=each_row(ops, _user_key) if name.startswith("map_") else None,
+        values=each_row(ops, _value) if name in ("put", "map_put") else None,
+        adds=each_row(ops, _add_values) if name in ("add", "map_add") else None,
     )
-
-
-def _add(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> None:
-    if isinstance(state, ListState):
-        state.add_many(rows, each_row(ops, _add_values))
-    elif isinstance(state, ReducingState):
-        many, values, origin = _expanded(rows, ops)
-        _in_ops(origin, lambda: state.add_many(many, values))
-    else:
-        raise _wrong(state, "add")
-
-
-def _in_ops(origin: list[int], run: Callable[[], Any]) -> Any:
-    """Run over expanded rows; an error names the operation the failing row came from."""
-    try:
-        return run()
-    except StateError as exc:
-        if "row" in exc.extra:
-            row = exc.extra["row"]
-            exc.detail = exc.detail.removeprefix(f"row {row}: ")
-            raise exc.within(f"row {origin[row]}", row=origin[row]) from None
-        raise
-
-
-def _clear(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> None:
-    state.clear_many(rows)
-
-
-def _user_keys(ops: list[Mapping[str, Any]]) -> list[str]:
-    return each_row(ops, lambda op: _field(op, "user_key", str, "a string"))
-
-
-def _map(state: KeyedState, name: str) -> MapState:
-    if not isinstance(state, MapState):
-        raise _wrong(state, name)
-    return state
-
-
-def _map_add(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> None:
-    user_keys = _user_keys(ops)
-    many, values, origin = _expanded(rows, ops)
-    map_state = _map(state, "map_add")
-    _in_ops(origin, lambda: map_state.add_entries_many(many, [user_keys[i] for i in origin], values))
-
-
-def _map_contains(state: KeyedState, rows: Rows, ops: list[Mapping[str, Any]]) -> list[Any]:
-    found = _map(state, "map_contains").get_entries_many(rows, _user_keys(ops))
-    return [value is not None for value in found]
-
-
-Run = Callable[[KeyedState, Rows, list[Mapping[str, Any]]], list[Any] | None]
-_RUNS: dict[str, Run] = {
-    "get": _get,
-    "put": _put,
-    "add": _add,
-    "clear": _clear,
-    "map_get": lambda s, r, o: _map(s, "map_get").get_entries_many(r, _user_keys(o)),
-    "map_put": lambda s, r, o: _map(s, "map_put").put_entries_many(r, _user_keys(o), _values_of(o)),
-    "map_add": _map_add,
-    "map_remove": lambda s, r, o: _map(s, "map_remove").remove_many(r, _user_keys(o)),
-    "map_contains": _map_contains,
-}
 
 
 def _checked(op: Any) -> tuple[str, str, str]:
@@ -175,7 +73,7 @@ def _checked(op: Any) -> tuple[str, str, str]:
     if type(op) is not dict and not isinstance(op, Mapping):  # decoded bodies are dicts: skip the ABC check
         raise InvalidArgument(f"an operation must be an object; got {type(op).__name__}")
     name = op.get("op")
-    if not isinstance(name, str) or name not in _RUNS:
+    if not isinstance(name, str) or name not in OPS:
         raise InvalidArgument(f"'op' must be one of {', '.join(OPS)}; got {name!r}")
     state = _field(op, "state", str, "a state name")
     if "key" not in op:
@@ -236,7 +134,8 @@ def _apply_runs(
         try:
             state = tx.state(state_name)
             rows = state.locate_many([operations[i]["key"] for i in run], [checked[i][2] for i in run])
-            values = _RUNS[name](state, rows, [operations[i] for i in run])
+            run_ops = [operations[i] for i in run]
+            values = apply_run(state, name, rows, _args(name, run_ops))
         except StateError as exc:
             index = run[exc.extra.pop("row", 0)]
             exc.detail = exc.detail.removeprefix(f"row {run.index(index)}: ")

@@ -1,0 +1,132 @@
+"""One named operation over many located rows of one state: what the batch endpoint
+(``ops``, a run of operations) and the columnar endpoint (``columns``, a table of rows) both
+apply. It maps the generic operation to the state kind's ``*_many`` method; the kinds hold
+the rules.
+
+=============  ==========================================================================
+``get``        value / list / whole map / reduced / aggregated result
+``put``        value: update (``None`` clears); list: replace (a list); map: replace all (a dict)
+``add``        list: append the row's values; reducing/aggregating: add each, in order
+``clear``      any kind
+``map_get``    ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_keys``)
+``map_add``    fold each of the row's values into one map entry with the map's ``function``
+=============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
+from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+
+
+@dataclass(frozen=True, slots=True)
+class RunArgs:
+    """What the rows carry besides their keys, one item per row, as the operation needs."""
+
+    user_keys: list[str] | None = None  # map entry operations
+    values: list[Any] | None = None  # put, map_put
+    adds: list[list[Any]] | None = None  # add, map_add: the values each row adds, in order
+
+
+def apply_run(state: KeyedState, name: str, rows: Rows, args: RunArgs) -> list[Any] | None:
+    """Apply operation ``name`` to every row, in order; a read returns one value per row.
+    An error names its row (``row N:``, and ``row`` in its extra)."""
+    return _RUNS[name](state, rows, args)
+
+
+def wrong_kind(state: KeyedState, op: str) -> WrongStateKind:
+    hint = " (use 'map_add' to fold a value into one map entry)" if op == "add" and isinstance(state, MapState) else ""
+    return WrongStateKind(f"'{op}' does not apply to {state.descriptor.kind} state {state.descriptor.name!r}{hint}")
+
+
+def _get(state: KeyedState, rows: Rows, args: RunArgs) -> list[Any]:
+    return state.get_many(rows)  # type: ignore[attr-defined]  # every kind reads
+
+
+def _put(state: KeyedState, rows: Rows, args: RunArgs) -> None:
+    values = args.values or []
+    if isinstance(state, ValueState):
+        state.update_many(rows, values)
+    elif isinstance(state, ListState):
+        _each_is(values, list, "'put' on a list state replaces the list: 'value' must be a list")
+        state.update_many(rows, values)
+    elif isinstance(state, MapState):
+        _each_is(values, dict, "'put' on a map state replaces the map: 'value' must be an object (a map)")
+        state.update_many(rows, values)
+    else:
+        raise wrong_kind(state, "put")
+
+
+def _each_is(values: list[Any], kind: type, detail: str) -> None:
+    for row, value in enumerate(values):
+        if not isinstance(value, kind):
+            raise InvalidArgument(detail).within(f"row {row}", row=row)
+
+
+def _add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
+    adds = args.adds or []
+    if isinstance(state, ListState):
+        state.add_many(rows, adds)
+    elif isinstance(state, ReducingState):
+        many, values, origin = _one_row_per_value(rows, adds)
+        _named_by_origin(origin, lambda: state.add_many(many, values))
+    else:
+        raise wrong_kind(state, "add")
+
+
+def _one_row_per_value(rows: Rows, adds: list[list[Any]]) -> tuple[Rows, list[Any], list[int]]:
+    """One row per value added (a row may add several, in order), and each new row's origin."""
+    origin = [row for row, values in enumerate(adds) for _ in values]
+    many = Rows([rows.key_groups[i] for i in origin], [rows.primaries[i] for i in origin])
+    return many, [v for values in adds for v in values], origin
+
+
+def _named_by_origin(origin: list[int], run: Callable[[], Any]) -> Any:
+    """Run over rows made by ``_one_row_per_value``; an error names the row it came from."""
+    try:
+        return run()
+    except StateError as exc:
+        if "row" not in exc.extra:
+            raise
+        row = exc.extra["row"]
+        exc.detail = exc.detail.removeprefix(f"row {row}: ")
+        raise exc.within(f"row {origin[row]}", row=origin[row]) from None
+
+
+def _clear(state: KeyedState, rows: Rows, args: RunArgs) -> None:
+    state.clear_many(rows)
+
+
+def _map(state: KeyedState, name: str) -> MapState:
+    if not isinstance(state, MapState):
+        raise wrong_kind(state, name)
+    return state
+
+
+def _map_add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
+    map_state, user_keys = _map(state, "map_add"), args.user_keys or []
+    many, values, origin = _one_row_per_value(rows, args.adds or [])
+    _named_by_origin(origin, lambda: map_state.add_entries_many(many, [user_keys[i] for i in origin], values))
+
+
+def _map_contains(state: KeyedState, rows: Rows, args: RunArgs) -> list[Any]:
+    found = _map(state, "map_contains").get_entries_many(rows, args.user_keys or [])
+    return [value is not None for value in found]
+
+
+_RUNS: dict[str, Callable[[KeyedState, Rows, RunArgs], list[Any] | None]] = {
+    "get": _get,
+    "put": _put,
+    "add": _add,
+    "clear": _clear,
+    "map_get": lambda s, r, a: _map(s, "map_get").get_entries_many(r, a.user_keys or []),
+    "map_put": lambda s, r, a: _map(s, "map_put").put_entries_many(r, a.user_keys or [], a.values or []),
+    "map_add": _map_add,
+    "map_remove": lambda s, r, a: _map(s, "map_remove").remove_many(r, a.user_keys or []),
+    "map_contains": _map_contains,
+}
+RUN_NAMES = tuple(_RUNS)
