@@ -158,22 +158,21 @@ BATCH_BODY = {
         MSGPACK: binary("a BatchRequest encoded as msgpack (values may be bytes)"),
     },
 }
-BATCH = {
-    **errors(
-        *KEYED,
-        *VALUES,
-        "wrong_state_kind",
-        "stale_epoch",
-        "attempt_lost",
-        "attempt_conflict",
-        "epoch_sealed",
-        "staging_too_large",
-        "batch_too_large",
-        "malformed_body",
-        "unsupported_media_type",
-    ),
-    **msgpack_reply(),
-}
+# What a batch of keyed operations can answer, staged for a task attempt or not (batch, columns).
+MANY_KEYED = (
+    *KEYED,
+    *VALUES,
+    "wrong_state_kind",
+    "stale_epoch",
+    "attempt_lost",
+    "attempt_conflict",
+    "epoch_sealed",
+    "staging_too_large",
+    "batch_too_large",
+    "malformed_body",
+    "unsupported_media_type",
+)
+BATCH = {**errors(*MANY_KEYED), **msgpack_reply()}
 COLUMNS_BODY = {
     "required": True,
     "content": {
@@ -193,20 +192,7 @@ COLUMNS = {
             JSON: {"schema": {"$ref": REF.format(model="ColumnsResponse")}},
         },
     },
-    **errors(
-        *KEYED,
-        *VALUES,
-        "wrong_state_kind",
-        "untyped_values",
-        "stale_epoch",
-        "attempt_lost",
-        "attempt_conflict",
-        "epoch_sealed",
-        "staging_too_large",
-        "batch_too_large",
-        "malformed_body",
-        "unsupported_media_type",
-    ),
+    **errors(*MANY_KEYED, "untyped_values"),
 }
 EPOCH_COMMIT = errors(*KEYED, *VALUES, "wrong_state_kind", "stale_epoch", "attempt_lost", "invalid_argument")
 
