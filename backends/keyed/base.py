@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import (
@@ -27,6 +27,7 @@ from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.backends.value_types import COERCE, coerce_many
 
 Key = str | int
+T = TypeVar("T")
 NONE_TYPE = type(None)
 
 
@@ -41,6 +42,17 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.primaries)
+
+
+def one_key(run: Callable[[], T]) -> T:
+    """A one-key call through a ``*_many`` method: its errors say nothing of rows."""
+    try:
+        return run()
+    except StateError as exc:
+        row = exc.extra.pop("row", None)
+        if row is not None:
+            exc.detail = exc.detail.removeprefix(f"row {row}: ")
+        raise
 
 
 def each_row(rows: Sequence[Any], check: Callable[[Any], Any]) -> list[Any]:
@@ -102,6 +114,11 @@ class KeyedState:
         if self._cleaner is not None:
             self._job.ttl_cleanup.step(self._table, self._cleaner, self._cleanup_budget, self._tx, self._clock.now_ms())
         return located
+
+    def _row(self, key: Key, namespace: str, times: int = 1) -> Rows:
+        """One key located, as the rows of a ``*_many`` call (``times`` rows of it)."""
+        kg, primary = self._locate(key, namespace)
+        return Rows([kg] * times, [primary] * times)
 
     def locate_many(self, keys: Sequence[Key], namespaces: Sequence[str]) -> Rows:
         """:meth:`_locate` for many keys given as Python values (a batch's run of operations)."""

@@ -11,7 +11,7 @@ from statehouse.backends.codec import (
     iter_values,
 )
 from statehouse.backends.errors import InvalidValue
-from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row
+from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
 from statehouse.backends.ttl import is_expired
 
 
@@ -32,9 +32,7 @@ class ListState(KeyedState):
         return b"".join(encode_timestamped(now, self._encode(v)) for v in elements)
 
     def get(self, key: Key, namespace: str = "") -> list[Any] | None:
-        kg, primary = self._locate(key, namespace)
-        raw = self._tx.get(self._table, kg, primary)
-        return None if raw is None else self._from_list(raw, kg, primary)
+        return self.get_many(self._row(key, namespace))[0]
 
     def get_many(self, rows: Rows) -> list[list[Any] | None]:
         if self._ttl is not None:  # a read may clear or rewrite the list: later rows must see it
@@ -68,12 +66,7 @@ class ListState(KeyedState):
         self.add_all(key, [value], namespace)
 
     def add_all(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:
-        elements = _check_elements(values, self._coerce)
-        kg, primary = self._locate(key, namespace)
-        if not elements:
-            return
-        existing = self._tx.get(self._table, kg, primary) or b""
-        self._tx.put(self._table, kg, primary, existing + self._records(elements))
+        one_key(lambda: self.add_many(self._row(key, namespace), [list(values)]))
 
     def add_many(self, rows: Rows, elements: Sequence[list[Any]]) -> None:
         """:meth:`add_all` per row, in order: each row appends its elements."""
@@ -93,9 +86,4 @@ class ListState(KeyedState):
         self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
 
     def update(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:
-        elements = _check_elements(values, self._coerce)
-        kg, primary = self._locate(key, namespace)
-        if elements:
-            self._tx.put(self._table, kg, primary, self._records(elements))
-        else:
-            self._tx.clear(self._table, kg, primary)
+        one_key(lambda: self.update_many(self._row(key, namespace), [list(values)]))

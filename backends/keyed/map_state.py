@@ -14,7 +14,7 @@ from statehouse.backends.codec import (
 )
 from statehouse.backends.errors import InvalidValue, WrongStateKind
 from statehouse.backends.functions import StateFunction
-from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row
+from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
 from statehouse.backends.ttl import is_expired
 
 
@@ -22,8 +22,7 @@ class MapState(KeyedState):
     """Each entry is its own record with its own TTL timestamp (Flink's ``TtlMapState``)."""
 
     def get(self, key: Key, user_key: str, namespace: str = "") -> Any:
-        kg, primary = self._locate(key, namespace)
-        return self._read(kg, primary, self._user_key(user_key))
+        return one_key(lambda: self.get_entries_many(self._row(key, namespace), [user_key])[0])
 
     def contains(self, key: Key, user_key: str, namespace: str = "") -> bool:
         return self.get(key, user_key, namespace) is not None
@@ -32,10 +31,8 @@ class MapState(KeyedState):
         self.put_all(key, {user_key: value}, namespace)
 
     def put_all(self, key: Key, entries: Mapping[str, Any], namespace: str = "") -> None:
-        encoded = self._entries_in(entries)
-        kg, primary = self._locate(key, namespace)
-        for secondary, value in encoded:
-            self._write(kg, primary, value, secondary)
+        rows = self._row(key, namespace, len(entries))
+        one_key(lambda: self.put_entries_many(rows, list(entries), list(entries.values())))
 
     def _entries_in(self, entries: Mapping[str, Any]) -> list[tuple[bytes, Any]]:
         encoded = [(self._user_key(uk), self._input(v)) for uk, v in entries.items()]
@@ -88,19 +85,9 @@ class MapState(KeyedState):
         """Fold values into one entry with the descriptor's function: ``ReducingState.add`` per
         user key. As ``put`` does, the write gives the entry a new TTL timestamp; an expired
         entry is never folded into."""
-        function = self._add_function()
-        secondary = self._user_key(user_key)
-        kg, primary = self._locate(key, namespace)
         elements = list(values)
-        if any(v is None for v in elements):
-            raise InvalidValue(f"cannot add null to an entry of map state {self._table!r}")
-        elements = [self._input(v) for v in elements]
-        if not elements:
-            return
-        acc = self._read(kg, primary, secondary, for_update=True)
-        for value in elements:
-            acc = function.add(acc, value)
-        self._write(kg, primary, acc, secondary)
+        rows = self._row(key, namespace, len(elements))
+        one_key(lambda: self.add_entries_many(rows, [user_key] * len(elements), elements))
 
     def _add_function(self) -> StateFunction:
         if self.descriptor.function is None:
@@ -113,15 +100,10 @@ class MapState(KeyedState):
 
     def update(self, key: Key, entries: Mapping[str, Any], namespace: str = "") -> None:
         """Replace the whole map."""
-        encoded = self._entries_in(entries)
-        kg, primary = self._locate(key, namespace)
-        self._tx.clear(self._table, kg, primary)
-        for secondary, value in encoded:
-            self._write(kg, primary, value, secondary)
+        one_key(lambda: self.update_many(self._row(key, namespace), [entries]))
 
     def remove(self, key: Key, user_key: str, namespace: str = "") -> None:
-        kg, primary = self._locate(key, namespace)
-        self._tx.delete(self._table, kg, primary, self._user_key(user_key))
+        one_key(lambda: self.remove_many(self._row(key, namespace), [user_key]))
 
     def entries(self, key: Key, namespace: str = "") -> list[tuple[str, Any]]:
         """All live entries in user-key byte order; iteration applies the TTL rules per entry."""

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statehouse.backends.errors import InvalidValue
-from statehouse.backends.keyed.base import Key, KeyedState, Rows
+from statehouse.backends.keyed.base import Key, KeyedState, Rows, one_key
 
 
 class ReducingState(KeyedState):
@@ -18,22 +17,14 @@ class ReducingState(KeyedState):
     """
 
     def get(self, key: Key, namespace: str = "") -> Any:
-        acc = self._read(*self._locate(key, namespace))
-        return None if acc is None else self.descriptor.state_function.result(acc)
+        return self.get_many(self._row(key, namespace))[0]
 
     def add(self, key: Key, value: Any, namespace: str = "") -> None:
         self.add_all(key, [value], namespace)
 
     def add_all(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:
-        kg, primary = self._locate(key, namespace)
-        function = self.descriptor.state_function
-        acc = self._read(kg, primary, for_update=True)
-        for value in values:
-            if value is None:
-                raise InvalidValue(f"cannot add null to {self.descriptor.kind} state {self._table!r}")
-            acc = function.add(acc, self._input(value))
-        if acc is not None:
-            self._write(kg, primary, acc)
+        elements = list(values)
+        one_key(lambda: self.add_many(self._row(key, namespace, len(elements)), elements))
 
     def get_many(self, rows: Rows) -> list[Any]:
         result = self.descriptor.state_function.result

@@ -5,21 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statehouse.backends.keyed.base import Key, KeyedState, Rows
+from statehouse.backends.keyed.base import Key, KeyedState, Rows, one_key
 
 
 class ValueState(KeyedState):
     def get(self, key: Key, namespace: str = "") -> Any:
-        value = self._read(*self._locate(key, namespace))
-        return self.descriptor.default if value is None else value
+        return self.get_many(self._row(key, namespace))[0]
 
     def update(self, key: Key, value: Any, namespace: str = "") -> None:
         """``update(None)`` clears, as in Flink."""
-        kg, primary = self._locate(key, namespace)
-        if value is None:
-            self._tx.clear(self._table, kg, primary)
-        else:
-            self._write(kg, primary, self._input(value))
+        one_key(lambda: self.update_many(self._row(key, namespace), [value]))
 
     def get_many(self, rows: Rows) -> list[Any]:
         values = self._read_many(rows)
