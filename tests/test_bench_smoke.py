@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, latency, restore
+from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, columnar, latency, restore
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
@@ -77,3 +77,12 @@ def test_attempts_quick():
     assert (runs["old"]["requests"]["commit"], runs["new"]["requests"]["commit"]) == (0, 4)  # prepare + commit x 2
     for run in runs.values():
         assert run["requests"]["tasks"] > 0 and run["phases"]["tasks"]["server_cpu_s"] > 0
+
+
+def test_columnar():
+    out = columnar.main(["--quick"])
+    paths = {(r["system"], r["path"], r["op"]) for r in out["results"]}
+    for backend in ("heap", "rocksdb"):
+        assert (f"statehouse {backend}", "columnar client", "get") in paths, paths
+        assert (f"statehouse {backend}", "columnar client", "put") in paths, paths
+    assert all(r["ops_per_s"]["median"] > 0 for r in out["results"])
