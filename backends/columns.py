@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,8 @@ from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
 from statehouse.keygroups.columnar import key_groups
 
-COLUMN_OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove")
+ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
+COLUMN_OPS: tuple[str, ...] = get_args(ColumnOpName)
 READ_COLUMN_OPS = frozenset({"get", "map_get"})
 # Per operation: the columns it needs, beside the optional ``ns``.
 _COLUMNS: dict[str, tuple[str, ...]] = {

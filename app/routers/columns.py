@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
@@ -14,13 +14,10 @@ from statehouse.app.models import ColumnsResponse
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import JSON, arrow_response, read_arrow
 from statehouse.backends.attempts import run_columns
-from statehouse.backends.columns import ColumnOp
+from statehouse.backends.columns import ColumnOp, ColumnOpName
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 
 router = APIRouter(prefix="/v1", tags=["batch"])
-
-ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
-
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
