@@ -107,6 +107,9 @@ def process_batch(
     return process
 
 
+ProcessBatch = Callable[[str, Callable[[BatchContext], None] | None], Callable[[Any, BatchContext], None]]
+
+
 def start(
     spark: Any,
     *,
@@ -118,19 +121,27 @@ def start(
     max_files_per_trigger: int = 1,
     available_now: bool = True,
     on_partition: Callable[[BatchContext], None] | None = None,
+    process: ProcessBatch = process_batch,
 ) -> Any:
-    """Start the streaming query; returns the ``StreamingQuery``."""
+    """Start the streaming query; returns the ``StreamingQuery``. ``process`` makes the body of
+    ``foreachBatch`` (the columnar job passes its own)."""
     events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", max_files_per_trigger).json(input_dir)
     writer = events.writeStream.option("checkpointLocation", checkpoint_dir).foreachBatch(
-        exactly_once(config, job, process_batch(output_dir, on_partition))
+        exactly_once(config, job, process(output_dir, on_partition))
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
     return writer.start()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: list[str] | None = None,
+    *,
+    description: str = __doc__,
+    app_name: str = "statehouse-user-features",
+    process: ProcessBatch = process_batch,
+) -> None:
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="directory of JSON event files")
     parser.add_argument("--output", required=True, help="directory for per-batch feature files")
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint location")
@@ -147,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     config = ClientConfig.of(args.statehouse, token=args.token)
     setup(config, args.job, args.max_parallelism)
-    spark = SparkSession.builder.appName("statehouse-user-features").getOrCreate()
+    spark = SparkSession.builder.appName(app_name).getOrCreate()
     query = start(
         spark,
         input_dir=args.input,
@@ -156,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         config=config,
         job=args.job,
         available_now=not args.continuous,
+        process=process,
     )
     query.awaitTermination()
 
