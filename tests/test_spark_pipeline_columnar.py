@@ -1,0 +1,113 @@
+"""The columnar user-features job (mapInPandas, one columnar request per state and Arrow batch)
+on real local Spark against real replicas: its sink output and final state equal the row-wise
+job's on the same input, and the plain-Python oracle's, also when a task fails after its
+writes and Spark retries it."""
+
+import contextlib
+import json
+import os
+
+import pytest
+
+from statehouse.client import ClientConfig
+from statehouse.pipelines import user_features_columnar
+from tests.test_spark_exactly_once import check_against_oracle, marker_once
+from tests.test_spark_pipeline import assert_matches, make_events, reference, run, state_of, write_files
+
+
+def run_columnar(spark, tmp_path, urls, job, **kwargs):
+    """The columnar query over ``tmp_path/input`` (the row-wise job's input), to its own
+    output and Spark checkpoint, run until it has caught up."""
+    config = ClientConfig.of(list(urls))
+    user_features_columnar.setup(config, job)
+    query = user_features_columnar.start(
+        spark,
+        input_dir=str(tmp_path / "input"),
+        output_dir=str(tmp_path / "columnar-output"),
+        checkpoint_dir=str(tmp_path / "columnar-checkpoint"),
+        config=config,
+        job=job,
+        **kwargs,
+    )
+    with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
+        query.awaitTermination(240)
+    return query
+
+
+def sink(output):
+    """Each micro-batch's rows, per user (the list of items sorted: its order is Spark's)."""
+    batches = {}
+    for directory in sorted(output.glob("batch_id=*")):
+        rows = {}
+        for part in directory.glob("*.json"):
+            for line in part.read_text().splitlines():
+                row = json.loads(line)
+                assert row["user_id"] not in rows, f"{row['user_id']} twice in {directory.name}"
+                rows[row["user_id"]] = {**row, "recent_items": sorted(row.get("recent_items", []))}
+        batches[directory.name] = rows
+    return batches
+
+
+def assert_same_rows(actual, expected):
+    assert list(actual) == list(expected)
+    for name, rows in expected.items():
+        assert set(actual[name]) == set(rows), name
+        for user, row in rows.items():
+            got = actual[name][user]
+            assert got["batch_id"] == row["batch_id"]
+            assert got["total_spent"] == pytest.approx(row["total_spent"]), (name, user)
+            assert got["avg_amount"] == pytest.approx(row["avg_amount"]), (name, user)
+            assert got["recent_items"] == row["recent_items"], (name, user)
+            assert got["item_counts"] == row["item_counts"], (name, user)
+
+
+def oracle_sink(batches):
+    """What each micro-batch must write: its users' features after it, from the oracle."""
+    expected = {}
+    for b, events in enumerate(batches):
+        state = reference(batches[: b + 1])
+        users = {e["user_id"] for e in events}
+        expected[f"batch_id={b}"] = {u: {**state[u], "user_id": u, "batch_id": b} for u in users}
+    return expected
+
+
+def test_columnar_job_equals_the_row_wise_job_and_the_oracle(spark, tmp_path, two_replicas, job_name):
+    urls = [s.url for s in two_replicas]
+    batches = make_events(21, files=3, per_file=120, users=20)  # ~6 events per user and batch
+    assert all(len({e["user_id"] for e in events}) < len(events) for events in batches)
+    write_files(tmp_path / "input", batches)
+    rows_job, columnar_job = f"{job_name}-rows", f"{job_name}-columnar"
+
+    assert run(spark, tmp_path, urls, rows_job).exception() is None
+    # Arrow batches of 16 rows: a user's events span batches, yet the user gets one row.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+    try:
+        assert run_columnar(spark, tmp_path, urls, columnar_job).exception() is None
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    expected = reference(batches)
+    columnar_state = state_of(urls, columnar_job, expected)
+    assert_matches(columnar_state, expected)
+    assert_matches(columnar_state, state_of(urls, rows_job, expected))
+    columnar_sink = sink(tmp_path / "columnar-output")
+    assert list(columnar_sink) == ["batch_id=0", "batch_id=1", "batch_id=2"]
+    assert_same_rows(columnar_sink, sink(tmp_path / "output"))
+    assert_same_rows(columnar_sink, oracle_sink(batches))
+
+
+def test_a_columnar_task_failing_after_its_writes_is_retried_and_counted_once(spark, tmp_path, two_replicas, job_name):
+    urls = [s.url for s in two_replicas]
+    batches = make_events(22, files=3, per_file=120, users=20)
+    write_files(tmp_path / "input", batches)
+    marker = str(tmp_path / "failed")
+
+    def fail_first_attempt(ctx):
+        # Every columnar write and read of the partition is done; the task dies before it ends.
+        if ctx.batch_id == 1 and ctx.attempt.partition == 0 and marker_once(marker):
+            raise RuntimeError("injected task failure after its columnar writes")
+
+    query = run_columnar(spark, tmp_path, urls, job_name, on_partition=fail_first_attempt)
+    assert query.exception() is None and os.path.exists(marker)  # Spark retried the task
+    check_against_oracle(urls, job_name, batches)
+    assert_same_rows(sink(tmp_path / "columnar-output"), oracle_sink(batches))
