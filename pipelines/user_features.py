@@ -140,14 +140,17 @@ def main(
     description: str = __doc__,
     app_name: str = "statehouse-user-features",
     process: ProcessBatch = process_batch,
+    prepare: Callable[[ClientConfig, str, int], None] = setup,
+    default_job: str = JOB,
 ) -> None:
+    """The command line; the columnar job passes its own body, state setup and job name."""
     parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="directory of JSON event files")
     parser.add_argument("--output", required=True, help="directory for per-batch feature files")
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint location")
     parser.add_argument("--statehouse", default="http://127.0.0.1:8000", help="replica URLs, comma-separated")
     parser.add_argument("--token", default=None, help="bearer token, if the service requires one")
-    parser.add_argument("--job", default=JOB)
+    parser.add_argument("--job", default=default_job)
     parser.add_argument("--max-parallelism", type=int, default=128)
     parser.add_argument("--continuous", action="store_true", help="keep running instead of stopping when caught up")
     args = parser.parse_args(argv)
@@ -157,7 +160,7 @@ def main(
     # Executors run this interpreter, which has the client's dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     config = ClientConfig.of(args.statehouse, token=args.token)
-    setup(config, args.job, args.max_parallelism)
+    prepare(config, args.job, args.max_parallelism)
     spark = SparkSession.builder.appName(app_name).getOrCreate()
     query = start(
         spark,

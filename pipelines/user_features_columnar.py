@@ -32,14 +32,11 @@ imports them inside the tasks only.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from statehouse.client import ClientConfig, StatehouseClient
-from statehouse.client.spark import BatchContext, exactly_once, with_state_pandas
+from statehouse.client.spark import BatchContext, with_state_pandas
 from statehouse.pipelines import user_features
 
 JOB = "user_features_columnar"
@@ -175,57 +172,22 @@ def process_batch(
     return process
 
 
-def start(
-    spark: Any,
-    *,
-    input_dir: str,
-    output_dir: str,
-    checkpoint_dir: str,
-    config: ClientConfig,
-    job: str = JOB,
-    max_files_per_trigger: int = 1,
-    available_now: bool = True,
-    on_partition: Callable[[BatchContext], None] | None = None,
-) -> Any:
-    """Start the streaming query; returns the ``StreamingQuery``."""
-    events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", max_files_per_trigger).json(input_dir)
-    writer = events.writeStream.option("checkpointLocation", checkpoint_dir).foreachBatch(
-        exactly_once(config, job, process_batch(output_dir, on_partition))
-    )
-    if available_now:
-        writer = writer.trigger(availableNow=True)
-    return writer.start()
+def start(spark: Any, **options: Any) -> Any:
+    """Start the streaming query (the options of :func:`user_features.start`); returns the
+    ``StreamingQuery``."""
+    return user_features.start(spark, **{"job": JOB, **options, "process": process_batch})
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, help="directory of JSON event files")
-    parser.add_argument("--output", required=True, help="directory for per-batch feature files")
-    parser.add_argument("--checkpoint", required=True, help="Spark checkpoint location")
-    parser.add_argument("--statehouse", default="http://127.0.0.1:8000", help="replica URLs, comma-separated")
-    parser.add_argument("--token", default=None, help="bearer token, if the service requires one")
-    parser.add_argument("--job", default=JOB)
-    parser.add_argument("--max-parallelism", type=int, default=128)
-    parser.add_argument("--continuous", action="store_true", help="keep running instead of stopping when caught up")
-    args = parser.parse_args(argv)
-
-    from pyspark.sql import SparkSession
-
-    # Executors run this interpreter, which has the client's columnar dependencies.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    config = ClientConfig.of(args.statehouse, token=args.token)
-    setup(config, args.job, args.max_parallelism)
-    spark = SparkSession.builder.appName("statehouse-user-features-columnar").getOrCreate()
-    query = start(
-        spark,
-        input_dir=args.input,
-        output_dir=args.output,
-        checkpoint_dir=args.checkpoint,
-        config=config,
-        job=args.job,
-        available_now=not args.continuous,
+    """Run it against a running service: the command line of :func:`user_features.main`."""
+    user_features.main(
+        argv,
+        description=__doc__,
+        app_name="statehouse-user-features-columnar",
+        process=process_batch,
+        prepare=setup,
+        default_job=JOB,
     )
-    query.awaitTermination()
 
 
 if __name__ == "__main__":
