@@ -157,14 +157,12 @@ def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
     list column as addAll (one list per row); any other ``add`` adds one value per row."""
     user_keys = _strings(columns, "user_key", None).to_pylist() if op.startswith("map_") else None
     values = _values(columns) if "value" in columns.column_names else None
-    adds = None
-    if op in ("add", "map_add") and values is not None:
-        kind = columns.column("value").type
-        if isinstance(state, ListState) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-            adds = _not_null(values, "value")
-        else:
-            adds = [[v] for v in values]
-    return RunArgs(user_keys=user_keys, values=values, adds=adds)
+    if op not in ("add", "map_add") or values is None:
+        return RunArgs(user_keys=user_keys, values=values)
+    kind = columns.column("value").type
+    if isinstance(state, ListState) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return RunArgs(user_keys=user_keys, adds=_not_null(values, "value"))
+    return RunArgs(user_keys=user_keys, added=values)
 
 
 def _not_null(values: list[Any], name: str) -> list[Any]:

@@ -30,6 +30,13 @@ class RunArgs:
     user_keys: list[str] | None = None  # map entry operations
     values: list[Any] | None = None  # put, map_put
     adds: list[list[Any]] | None = None  # add, map_add: the values each row adds, in order
+    added: list[Any] | None = None  # add, map_add when every row adds one value (a column)
+
+    def per_row(self) -> list[list[Any]]:
+        """The values each row adds, whichever way they were given."""
+        if self.adds is not None:
+            return self.adds
+        return [[v] for v in self.added or []]
 
 
 def apply_run(state: KeyedState, name: str, rows: Rows, args: RunArgs) -> list[Any] | None:
@@ -68,11 +75,13 @@ def _each_is(values: list[Any], kind: type, detail: str) -> None:
 
 
 def _add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
-    adds = args.adds or []
     if isinstance(state, ListState):
-        state.add_many(rows, adds)
+        state.add_many(rows, args.per_row())
     elif isinstance(state, ReducingState):
-        many, values, origin = _one_row_per_value(rows, adds)
+        if args.added is not None:
+            state.add_many(rows, args.added)
+            return
+        many, values, origin = _one_row_per_value(rows, args.per_row())
         _named_by_origin(origin, lambda: state.add_many(many, values))
     else:
         raise wrong_kind(state, "add")
@@ -109,7 +118,10 @@ def _map(state: KeyedState, name: str) -> MapState:
 
 def _map_add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
     map_state, user_keys = _map(state, "map_add"), args.user_keys or []
-    many, values, origin = _one_row_per_value(rows, args.adds or [])
+    if args.added is not None:
+        map_state.add_entries_many(rows, user_keys, args.added)
+        return
+    many, values, origin = _one_row_per_value(rows, args.per_row())
     _named_by_origin(origin, lambda: map_state.add_entries_many(many, [user_keys[i] for i in origin], values))
 
 
