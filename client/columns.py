@@ -101,7 +101,7 @@ class Columns:
         self.job = job
         self.attempt = attempt
         self.epoch = attempt.epoch if attempt is not None else epoch
-        self.max_rows = max_rows or job.replicas.config.max_batch_ops
+        self.max_rows = max_rows or job.replicas.config.max_columnar_rows
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be positive, got {self.max_rows}")
         self.read_only = read_only

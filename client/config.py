@@ -14,7 +14,8 @@ class ClientConfig:
     timeout: float = 30.0
     retries: int = 3
     backoff: float = 0.1
-    max_batch_ops: int = 5000
+    max_batch_ops: int = 5000  # operations per row batch (sent while the next one fills)
+    max_columnar_rows: int = 10_000  # rows per columnar request: the server's default STATEHOUSE_MAX_BATCH_OPS
 
     @classmethod
     def of(cls, urls: str | list[str] | tuple[str, ...], **kwargs) -> ClientConfig:

@@ -267,7 +267,7 @@ def small_server(tmp_path_factory):
 
 
 def test_inputs_above_the_row_limit_go_in_chunks(small_server, job_name, monkeypatch):
-    with StatehouseClient([small_server.url], max_batch_ops=50) as client:
+    with StatehouseClient([small_server.url], max_columnar_rows=50) as client:
         job = client.create_job(job_name)
         total = job.register("total", "reducing", function="sum", value_type="float64")
         counting = CountingTransport(job, monkeypatch)
