@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
-from statehouse.backends.base.transaction import PartitionTransaction, TransactionSource
+from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
@@ -92,6 +92,10 @@ class Job:
         self._lock = threading.RLock()
         self._replaced = False
         self._staging: EpochStaging | None = None  # task attempts' writes under the current epoch
+        # Counts every change to the partition made outside the epoch commit (direct writes,
+        # registrations): the staged views of an epoch hold exactly its partition as long as
+        # this did not move since the epoch's staging began.
+        self.changes = 0
 
     # -- life: a restore replaces a job by a new one -----------------------------------------
 
@@ -139,6 +143,7 @@ class Job:
             tx = PartitionTransaction(self.partition)
             tx.put(META_TABLE, 0, STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
             tx.commit()
+            self.changes += 1
             self.descriptors[descriptor.name] = descriptor
             return existing is None
 
@@ -157,6 +162,7 @@ class Job:
             del self.descriptors[name]
             self.ttl_cleanup.forget(name)
             self.partition.drop_table(name)
+            self.changes += 1
 
     # -- writer epochs (fencing) ---------------------------------------------------------
 
@@ -189,7 +195,7 @@ class Job:
     def staging(self, epoch: int) -> EpochStaging:
         """The staging of ``epoch``, the current epoch (call under :meth:`exclusive`)."""
         if self._staging is None or self._staging.epoch != epoch:
-            self._staging = EpochStaging(epoch, self.partition)
+            self._staging = EpochStaging(epoch, self.partition, self.changes)
         return self._staging
 
     def staged(self, epoch: int) -> EpochStaging | None:
@@ -296,7 +302,8 @@ class Job:
             except BaseException:
                 tx.rollback()
                 raise
-            tx.commit()
+            if tx.commit() and source is None:
+                self.changes += 1
 
     def close(self) -> None:
         self._staging = None
@@ -343,12 +350,18 @@ class JobTransaction:
     def aggregating(self, name: str) -> AggregatingState:
         return self._typed(name, "aggregating")
 
+    def apply_views(self, views: Iterable[StagedView]) -> None:
+        """Take the changes staged attempts' views hold (see ``attempts.commit``)."""
+        for view in views:
+            self._tx.write_changes(*view.changes())
+
     def record_commit(self, epoch: int) -> None:
         """Commit with this transaction: the staged writes of ``epoch`` are in it."""
         self._tx.put(META_TABLE, 0, COMMITTED_EPOCH_META, str(epoch).encode())
 
-    def commit(self) -> None:
-        self._tx.commit()
+    def commit(self) -> bool:
+        """Write the transaction's changes; whether there were any."""
+        return self._tx.commit()
 
     def rollback(self) -> None:
         self._tx.rollback()

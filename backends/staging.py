@@ -123,9 +123,10 @@ class EpochStaging:
     """Everything staged under one writer epoch. ``sealed`` after a successful prepare: the
     epoch's staging is then what the driver verified, and takes no more writes."""
 
-    def __init__(self, epoch: int, partition: StorePartition) -> None:
+    def __init__(self, epoch: int, partition: StorePartition, job_changes: int = 0) -> None:
         self.epoch = epoch
         self._partition = partition
+        self.job_changes = job_changes  # ``Job.changes`` when staging began
         self.attempts: dict[str, StagedAttempt] = {}
         self.sealed = False
         self.bytes = 0

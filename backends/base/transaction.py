@@ -173,6 +173,20 @@ class PartitionTransaction:
         for kg, primary in zip(key_groups, primaries, strict=True):
             self.clear(table, kg, primary)
 
+    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
+        """Take another transaction's changes as this one's (a request's into its attempt's view;
+        the winning views into the epoch's commit)."""
+        for table, changes in flat.items():
+            self._changes(table).update(changes)
+        for op in ops:
+            if op.kind == "put":
+                assert op.value is not None
+                self.put(op.table, op.key_group, op.primary, op.value, op.secondary)
+            elif op.kind == "delete":
+                self.delete(op.table, op.key_group, op.primary, op.secondary)
+            else:
+                self.clear(op.table, op.key_group, op.primary)
+
     def _nested_ops(self) -> list[WriteOp]:
         ops = []
         for (table, key_group, primary), slot in self._pending.items():
@@ -186,12 +200,22 @@ class PartitionTransaction:
                     ops.append(WriteOp("put", table, key_group, primary, secondary, value))
         return ops
 
-    def commit(self) -> None:
-        flat = {table: changes for table, changes in self._flat.items() if changes}
-        ops = self._nested_ops()
+    def commit(self) -> bool:
+        """Write the changes atomically; whether there were any."""
+        flat, ops = self.changes()
         self.rollback()
         if flat or ops:
             self.partition.write_changes(flat, ops)
+        return bool(flat or ops)
+
+    def changes(self) -> tuple[dict[str, dict[tuple[int, bytes], bytes | None]], list[WriteOp]]:
+        """What this transaction would write: flat tables' changes, and nested tables' ops."""
+        return {table: changes for table, changes in self._flat.items() if changes}, self._nested_ops()
+
+    def touched(self) -> set[tuple[str, int, bytes]]:
+        """Every (table, key group, primary) this transaction changes."""
+        keys = {(table, kg, primary) for table, changes in self._flat.items() for kg, primary in changes}
+        return keys | set(self._pending)
 
     def rollback(self) -> None:
         self._flat = {}
@@ -207,18 +231,5 @@ class StagedView(PartitionTransaction):
     def tables(self) -> dict[str, bool]:
         return self.partition.tables()
 
-    def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
-        """Take a request's committed transaction: its changes now belong to this view."""
-        for table, changes in flat.items():
-            self._changes(table).update(changes)
-        for op in ops:
-            if op.kind == "put":
-                assert op.value is not None
-                self.put(op.table, op.key_group, op.primary, op.value, op.secondary)
-            elif op.kind == "delete":
-                self.delete(op.table, op.key_group, op.primary, op.secondary)
-            else:
-                self.clear(op.table, op.key_group, op.primary)
-
-    def commit(self) -> None:
+    def commit(self) -> bool:
         raise TypeError("a staged view is never committed: its attempt's writes are replayed at the epoch commit")

@@ -1,0 +1,109 @@
+"""The epoch commit on both backends: it takes the winning attempts' views when that is exactly
+what replaying their logs would write, and replays otherwise — each case checked for its
+result and for the path it took."""
+
+import pyarrow as pa
+import pytest
+
+from statehouse.backends import StateDescriptor, TtlConfig, attempts
+from statehouse.backends.attempts import commit, prepare, run_batch, run_columns
+from statehouse.backends.columns import ColumnOp
+from statehouse.backends.staging import AttemptRef, Winner
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """How many attempts the commit replayed (0: it took the views)."""
+    count = {"n": 0}
+    replay = attempts._replay
+
+    def counting(tx, staged):
+        count["n"] += 1
+        replay(tx, staged)
+
+    monkeypatch.setattr(attempts, "_replay", counting)
+    return count
+
+
+def stage(job, epoch, partition, attempt, keys, values, state="s"):
+    op = ColumnOp.parse(state, "add", pa.table({"key": keys, "value": values}))
+    run_columns(job, op, epoch=epoch, attempt=AttemptRef(partition, attempt, 0))
+    return Winner(partition, attempt, len(keys))
+
+
+def commit_all(job, epoch, winners):
+    prepare(job, epoch, winners)
+    return commit(job, epoch, winners)
+
+
+def totals(job, *keys, state="s"):
+    with job.transaction() as tx:
+        return [tx.reducing(state).get(k) for k in keys]
+
+
+@pytest.fixture
+def sums(job):
+    job.register_state(StateDescriptor("s", "reducing", function="sum"))
+    run_batch(job, [{"op": "add", "state": "s", "key": "a", "value": 100}])
+    job.fence(1)
+    return job
+
+
+def test_disjoint_winners_commit_their_views(sums, replays):
+    winners = [stage(sums, 1, 0, "t0", ["a", "b", "a"], [1, 2, 3]), stage(sums, 1, 1, "t1", ["c"], [4])]
+    stage(sums, 1, 1, "t1-loser", ["a"], [1000])  # a losing attempt's writes never count
+    assert commit_all(sums, 1, winners).ops == 4
+    assert replays["n"] == 0
+    assert totals(sums, "a", "b", "c") == [104, 2, 4]
+    assert sums.committed_epoch == 1
+
+
+def test_two_winners_on_one_key_are_replayed_and_both_count(sums, replays):
+    winners = [stage(sums, 1, 0, "t0", ["a", "b"], [1, 2]), stage(sums, 1, 1, "t1", ["a"], [10])]
+    commit_all(sums, 1, winners)
+    assert replays["n"] == 2
+    assert totals(sums, "a", "b") == [111, 2]
+
+
+def test_a_direct_write_during_the_epoch_makes_the_commit_replay(sums, replays):
+    winners = [stage(sums, 1, 0, "t0", ["a"], [1])]
+    run_batch(sums, [{"op": "add", "state": "s", "key": "a", "value": 50}])  # not fenced, not staged
+    commit_all(sums, 1, winners)
+    assert replays["n"] == 1
+    assert totals(sums, "a") == [151]  # the view alone would say 101
+
+
+def test_a_registration_during_the_epoch_makes_the_commit_replay(sums, replays):
+    winners = [stage(sums, 1, 0, "t0", ["a"], [1])]
+    sums.register_state(StateDescriptor("other", "value"))
+    commit_all(sums, 1, winners)
+    assert replays["n"] == 1
+    assert totals(sums, "a") == [101]
+
+
+def test_ttl_states_are_replayed(job, replays):
+    job.register_state(StateDescriptor("s", "reducing", function="sum", ttl=TtlConfig(60_000)))
+    job.fence(1)
+    commit_all(job, 1, [stage(job, 1, 0, "t0", ["a", "a"], [1, 2])])
+    assert replays["n"] == 1
+    assert totals(job, "a") == [3]
+
+
+def test_batches_maps_and_lists_commit_their_views(job, replays):
+    job.register_state(StateDescriptor("m", "map", function="sum"))
+    job.register_state(StateDescriptor("l", "list"))
+    run_batch(job, [{"op": "map_put", "state": "m", "key": "u", "user_key": "x", "value": 5}])
+    job.fence(1)
+    ops = [
+        {"op": "map_add", "state": "m", "key": "u", "user_key": "x", "value": 1},
+        {"op": "map_add", "state": "m", "key": "u", "user_key": "y", "value": 2},
+        {"op": "add", "state": "l", "key": "u", "values": [1, 2]},
+        {"op": "put", "state": "m", "key": "v", "value": {"z": 9}},
+    ]
+    run_batch(job, ops, epoch=1, attempt=AttemptRef(0, "t0", 0))
+    commit_all(job, 1, [Winner(0, "t0", 4)])
+    assert replays["n"] == 0
+    with job.transaction() as tx:
+        assert tx.map("m").get_all("u") == {"x": 6, "y": 2}
+        assert tx.map("m").get_all("v") == {"z": 9}
+        assert tx.list("l").get("u") == [1, 2]
