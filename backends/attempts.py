@@ -8,8 +8,9 @@ exactly-once per Spark task attempt (the driver's side is ``client/coordinator.p
 3. The driver learns from Spark which attempt of each partition succeeded, with the number
    of write operations it staged on each replica, and sends that list to every replica:
    ``prepare`` checks that the replica holds exactly those writes and seals the epoch;
-   ``commit`` replays the winners' writes in (partition, attempt) order in one transaction,
-   records the epoch as committed, and drops everything else staged under it. A commit
+   ``commit`` replays the winners' writes in (partition, attempt) order in one transaction
+   (or takes their views, when that writes exactly the same), records the epoch as committed,
+   and drops everything else staged under it. A commit
    re-sent after it succeeded does nothing again.
 """
 

@@ -9,7 +9,9 @@ winning attempts; their logs are replayed in one transaction, and everything els
 under the epoch is dropped (see ``backends/attempts.py``).
 
 A redo log, not the view's values, is what commits: two partitions adding to one key must
-both count, whichever order they ran in. Staging lives in memory: a replica that restarts
+both count, whichever order they ran in. (When no two winners wrote one key and nothing else
+changed the job since staging began, the views hold exactly what the replay would write, and
+the commit takes them instead: ``attempts._views_if_exact``.) Staging lives in memory: a replica that restarts
 loses it, and the commit, which names each winner's operation count, then fails loudly
 instead of committing part of a batch.
 """
