@@ -19,6 +19,7 @@ from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 
 router = APIRouter(prefix="/v1", tags=["batch"])
 
+
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
