@@ -30,8 +30,13 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _media(content_type: str | None, default: str = "") -> str:
+    """The media type of a Content-Type header, without parameters, lower case."""
+    return (content_type or default).split(";", 1)[0].strip().lower()
+
+
 def is_msgpack(content_type: str | None) -> bool:
-    return bool(content_type) and content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
+    return _media(content_type) in _MSGPACK_TYPES
 
 
 async def read_body(request: Request) -> Any:
@@ -43,7 +48,7 @@ async def read_body(request: Request) -> Any:
             return msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise ApiError("malformed_body", f"request body is not valid msgpack: {exc}") from None
-    media = (content_type or JSON).split(";", 1)[0].strip().lower()
+    media = _media(content_type, JSON)
     if media != JSON and not media.endswith("+json"):
         raise ApiError(
             "unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {JSON} or {MSGPACK}"
@@ -76,8 +81,7 @@ def render(request: Request, content: Any, status_code: int = 200) -> Response:
 
 def read_arrow(content_type: str | None, raw: bytes) -> pa.Table:
     """An Arrow IPC stream body as one table, fully validated (UTF-8 included); 400/415 when not."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    if media != ARROW_STREAM:
+    if _media(content_type) != ARROW_STREAM:
         raise ApiError("unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {ARROW_STREAM}")
     try:
         table = pa.ipc.open_stream(pa.BufferReader(raw)).read_all()

@@ -24,6 +24,14 @@ class StateError(Exception):
         self.extra.update(extra)
         return self
 
+    def unplaced(self, label: str, key: str | None = None) -> Any:
+        """Undo :meth:`within` for a place ``label N`` kept in ``extra[key]`` (default: the
+        label); returns N, or ``None`` when the error named no such place."""
+        place = self.extra.pop(key or label, None)
+        if place is not None:
+            self.detail = self.detail.removeprefix(f"{label} {place}: ")
+        return place
+
 
 class InvalidName(StateError):
     code = "invalid_name"

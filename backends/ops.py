@@ -137,8 +137,7 @@ def _apply_runs(
             run_ops = [operations[i] for i in run]
             values = apply_run(state, name, rows, _args(name, run_ops))
         except StateError as exc:
-            index = run[exc.extra.pop("row", 0)]
-            exc.detail = exc.detail.removeprefix(f"row {run.index(index)}: ")
+            index = run[exc.unplaced("row") or 0]  # no row: the run's first op (the whole run is refused)
             raise exc.within(f"op {index}", op_index=index) from None
         if values is not None:
             for i, value in zip(run, values, strict=True):
@@ -151,6 +150,5 @@ def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return apply_all(tx, [op])[0]
     except StateError as exc:
-        exc.detail = exc.detail.removeprefix("op 0: ")
-        exc.extra.pop("op_index", None)
+        exc.unplaced("op", "op_index")
         raise

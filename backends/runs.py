@@ -99,10 +99,9 @@ def _named_by_origin(origin: list[int], run: Callable[[], Any]) -> Any:
     try:
         return run()
     except StateError as exc:
-        if "row" not in exc.extra:
+        row = exc.unplaced("row")
+        if row is None:
             raise
-        row = exc.extra["row"]
-        exc.detail = exc.detail.removeprefix(f"row {row}: ")
         raise exc.within(f"row {origin[row]}", row=origin[row]) from None
 
 

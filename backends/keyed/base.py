@@ -49,9 +49,7 @@ def one_key(run: Callable[[], T]) -> T:
     try:
         return run()
     except StateError as exc:
-        row = exc.extra.pop("row", None)
-        if row is not None:
-            exc.detail = exc.detail.removeprefix(f"row {row}: ")
+        exc.unplaced("row")
         raise
 
 
