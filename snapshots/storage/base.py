@@ -143,6 +143,12 @@ class CheckpointStorage(ABC):
         check_bytes(f"{handle.path}@{offset}", data, length, sha256)
         return data
 
+    def sweep_abandoned(self) -> int:
+        """Clean up what failed or killed uploads left invisible in storage (S3: in-progress
+        multipart uploads, billed until aborted); the number cleaned. Local and memory storage
+        leave nothing of the kind: a local file is renamed into place only when complete."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook: only S3 holds a client
         """Release clients and connections."""
 

@@ -4,14 +4,27 @@ Credentials come the standard AWS way (environment, config files, instance roles
 files go up in parts (boto3's managed transfer), partial reads are ranged GETs. A file is
 durable once S3 confirmed the PUT (or the multipart completion); until then the key does
 not exist, so a failed upload never leaves a half file behind a valid key.
+
+A multipart upload that fails leaves its parts stored (and billed) until it is aborted.
+boto3's transfer manager aborts once by itself, but when S3 is what failed its abort fails too
+(logged at DEBUG, then dropped). So every failed upload is aborted here again, with bounded
+retries; a key whose abort still fails is retried before the next upload, and
+:meth:`S3Storage.sweep_abandoned` (at each start) aborts what a crashed process left behind.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
+import re
 import tempfile
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -28,7 +41,17 @@ _TRANSFER = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART,
 _CLIENT_CONFIG = Config(
     retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30, s3={"addressing_style": "path"}
 )
+# Aborts and the sweep retry in their own loop (bounded backoff), not in botocore's.
+_HOUSEKEEPING_CONFIG = _CLIENT_CONFIG.merge(Config(retries={"max_attempts": 1, "mode": "standard"}))
+_ABORT_PAUSES_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before each attempt to abort a failed upload: < 4 s in all
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_NO_UPLOAD = {"NoSuchUpload", "404", "NotFound"}  # already aborted (e.g. by another replica's sweep)
+DEFAULT_ABANDONED_UPLOAD_AGE_S = 3600
+# The keys Statehouse writes, relative to the root (snapshots/layout.py): the sweep touches no
+# other upload, so a bucket or prefix shared with other software keeps its uploads.
+_SNAPSHOT_KEY = re.compile(r"^[^/]+/(?:chk-\d+|savepoints/sp-\d+|shared)/")
+
+log = logging.getLogger(__name__)
 
 
 def _unavailable(action: str, exc: Exception) -> StorageUnavailable:
@@ -49,20 +72,29 @@ class S3OutputStream(CheckpointOutputStream):
 
     def _commit(self) -> None:
         try:
-            self._spool.seek(0)
-            self._storage._client.upload_fileobj(self._spool, self._storage.bucket, self._key, Config=_TRANSFER)
-        except (BotoCoreError, ClientError) as exc:
-            raise _unavailable(f"upload {self._key}", exc) from exc
+            with self._storage._uploading(self._key, self._key):
+                self._spool.seek(0)
+                self._storage._client.upload_fileobj(self._spool, self._storage.bucket, self._key, Config=_TRANSFER)
         finally:
             self._spool.close()
         self._storage._count(written=self.tell())
 
     def discard(self) -> None:
+        # Nothing reached S3 before _commit (the bytes are spooled locally), and a failed
+        # _commit has aborted its multipart upload already.
         self._spool.close()
 
 
 class S3Storage(CheckpointStorage):
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client=None) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client=None,
+        abandoned_upload_age_s: float = DEFAULT_ABANDONED_UPLOAD_AGE_S,
+    ) -> None:
         super().__init__()
         if not bucket:
             raise InvalidLocation("an S3 location needs a bucket: s3://bucket/prefix")
@@ -70,7 +102,12 @@ class S3Storage(CheckpointStorage):
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.abandoned_upload_age_s = abandoned_upload_age_s
         self._client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=_CLIENT_CONFIG)
+        self._housekeeping_client = client
+        self._abort_lock = threading.Lock()
+        self._unaborted: set[str] = set()  # keys of failed uploads whose abort failed too
+        self.uploads_aborted = 0  # multipart uploads this storage aborted (failed ones and swept ones)
 
     def _key(self, path: str) -> str:
         joined = posixpath.normpath(posixpath.join(self.prefix, path))
@@ -84,12 +121,140 @@ class S3Storage(CheckpointStorage):
     def put_file(self, path: str, local_path: str) -> StreamHandle:
         # Hash locally first (files are immutable SSTs), then let boto3 choose single or multipart.
         handle = file_handle(path, local_path)
-        try:
-            self._client.upload_file(local_path, self.bucket, self._key(path), Config=_TRANSFER)
-        except (BotoCoreError, ClientError) as exc:
-            raise _unavailable(f"upload {path}", exc) from exc
+        key = self._key(path)
+        with self._uploading(key, path):
+            self._client.upload_file(local_path, self.bucket, key, Config=_TRANSFER)
         self._count(written=handle.size)
         return handle
+
+    # -- multipart uploads that failed or were abandoned ------------------------------------
+
+    @property
+    def _housekeeping(self):
+        """The client for listing and aborting uploads, made on first use: no botocore retries
+        (the abort loop paces its own), so a failure is reported within seconds."""
+        with self._abort_lock:
+            if self._housekeeping_client is None:
+                session = boto3.session.Session()
+                self._housekeeping_client = session.client(
+                    "s3", endpoint_url=self.endpoint_url, config=_HOUSEKEEPING_CONFIG
+                )
+            return self._housekeeping_client
+
+    @contextmanager
+    def _uploading(self, key: str, what: str) -> Iterator[None]:
+        """Around one upload of ``key``: first retry earlier failed aborts; if this upload fails,
+        abort its multipart upload before the error goes up (as ``StorageUnavailable``)."""
+        self._retry_unaborted()
+        try:
+            yield
+        except Exception as exc:
+            self._abort_failed_upload(key)
+            if isinstance(exc, (BotoCoreError, ClientError)):
+                raise _unavailable(f"upload {what}", exc) from exc
+            raise
+
+    def _abort_failed_upload(self, key: str) -> None:
+        """Abort every in-progress multipart upload of ``key``, retrying with bounded backoff.
+
+        Every key is written by one upload attempt only (``chk-<id>/replica-<i>-of-<n>/...``,
+        ``shared/<uuid>-...``; ids never repeat), so any upload of it is the one that failed.
+        Never raises: the upload's own error is the one to report.
+        """
+        error: Exception | None = None
+        for pause in _ABORT_PAUSES_S:
+            time.sleep(pause)
+            try:
+                self._abort_uploads_of(key)
+                return
+            except (BotoCoreError, ClientError) as exc:
+                error = exc
+        with self._abort_lock:
+            self._unaborted.add(key)
+        log.warning(
+            "could not abort the multipart upload of s3://%s/%s after it failed (%s); retrying before the "
+            "next upload, and the sweep at start aborts it once older than STATEHOUSE_S3_ABANDONED_UPLOAD_AGE_S",
+            self.bucket,
+            key,
+            error,
+        )
+
+    def _abort_uploads_of(self, key: str) -> int:
+        found = [u for u in self._list_uploads(key) if u["Key"] == key]
+        for upload in found:
+            self._abort(upload)
+        if found:
+            log.info("aborted %d multipart upload(s) of s3://%s/%s after a failed upload", len(found), self.bucket, key)
+        return len(found)
+
+    def _retry_unaborted(self) -> int:
+        """One more try for each key whose abort failed; stops at the first failure (S3 still away)."""
+        with self._abort_lock:
+            keys, self._unaborted = sorted(self._unaborted), set()
+        aborted = 0
+        for i, key in enumerate(keys):
+            try:
+                aborted += self._abort_uploads_of(key)
+            except (BotoCoreError, ClientError):
+                with self._abort_lock:
+                    self._unaborted.update(keys[i:])
+                break
+        return aborted
+
+    def _list_uploads(self, prefix: str) -> list[dict[str, Any]]:
+        """In-progress multipart uploads whose key starts with ``prefix`` (all pages, then abort:
+        aborting while paging could shift the markers)."""
+        paginator = self._housekeeping.get_paginator("list_multipart_uploads")
+        return [u for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix) for u in page.get("Uploads", ())]
+
+    def _abort(self, upload: dict[str, Any]) -> None:
+        try:
+            self._housekeeping.abort_multipart_upload(
+                Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in _NO_UPLOAD:
+                raise
+        with self._abort_lock:
+            self.uploads_aborted += 1
+
+    def sweep_abandoned(self, initiated_before: datetime | None = None) -> int:
+        """Abort the multipart uploads a failed or killed process left under this storage's root.
+
+        Only uploads started more than ``abandoned_upload_age_s`` ago (or before
+        ``initiated_before``), and only of keys in Statehouse's layout, are aborted. The age
+        is what keeps a live upload safe: all replicas write under one root, and the large
+        files — SSTs in ``<job>/shared/`` — carry no replica in their names, so a replica
+        cannot tell its own uploads from another replica's by key. Uploads this process
+        failed to abort are aborted whatever their age. Never raises (S3 may be away at start).
+        """
+        aborted = self._retry_unaborted()
+        cutoff = initiated_before or datetime.now(UTC) - timedelta(seconds=self.abandoned_upload_age_s)
+        root = self.prefix + "/" if self.prefix else ""
+        failed = 0
+        error: Exception | None = None
+        try:
+            uploads = self._list_uploads(root)
+        except (BotoCoreError, ClientError) as exc:
+            log.warning("could not list abandoned multipart uploads in %s: %s", self.location, exc)
+            return aborted
+        for upload in uploads:
+            if upload["Initiated"] > cutoff or not _SNAPSHOT_KEY.match(upload["Key"][len(root) :]):
+                continue
+            try:
+                self._abort(upload)
+                aborted += 1
+            except (BotoCoreError, ClientError) as exc:
+                failed, error = failed + 1, exc
+        log.log(
+            logging.WARNING if failed else logging.INFO,
+            "swept %s: aborted %d abandoned multipart upload(s) started before %s%s",
+            self.location,
+            aborted,
+            cutoff.isoformat(timespec="seconds"),
+            f"; {failed} could not be aborted ({error})" if failed else "",
+        )
+        return aborted
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         if length == 0:
@@ -155,4 +320,7 @@ class S3Storage(CheckpointStorage):
             raise _unavailable("delete files", exc) from exc
 
     def close(self) -> None:
+        self._retry_unaborted()
         self._client.close()
+        if self._housekeeping_client is not None:
+            self._housekeeping_client.close()
