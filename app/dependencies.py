@@ -1,4 +1,4 @@
-"""Shared concerns as FastAPI dependencies: the service, the job lookup, bearer-token auth."""
+"""Shared concerns as FastAPI dependencies: the service, the job lookup, bearer-token auth and scopes."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from fastapi import Depends, Path, Request
 from statehouse.app.metrics import Metrics
 from statehouse.app.problems import ApiError
 from statehouse.app.settings import Settings
+from statehouse.app.tokens import OPEN, Grant, digest
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
 from statehouse.snapshots.manager import CheckpointManager
+from statehouse.snapshots.storage.locations import Resolved
 
 JobName = Annotated[str, Path(description="job name", pattern=NAME_PATTERN)]  # where the job may not exist
 
@@ -31,6 +33,11 @@ class Service:
     metrics: Metrics
     draining: bool = False
     restoring_jobs: set[str] = field(default_factory=set)
+    # (SHA-256 of a token, its grant) for every configured token: compared in constant time
+    token_digests: list[tuple[bytes, Grant]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.token_digests = [(digest(t.encode("ascii")), g) for t, g in self.settings.grants.items()]
 
     @contextmanager
     def restoring(self, job: str) -> Iterator[None]:
@@ -72,11 +79,82 @@ async def get_job(service: ServiceDep, job: Annotated[str, Path(description="job
 JobDep = Annotated[Job, Depends(get_job)]
 
 
-async def require_token(request: Request) -> None:
-    """When ``STATEHOUSE_API_TOKENS`` is set, every /v1 call needs ``Authorization: Bearer <token>``."""
-    tokens = service_of(request).settings.tokens
-    if not tokens:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not any(secrets.compare_digest(token.strip(), t) for t in tokens):
-        raise ApiError("unauthorized", "missing or invalid bearer token: send 'Authorization: Bearer <token>'")
+UNAUTHORIZED = "missing or invalid bearer token: send 'Authorization: Bearer <token>'"
+
+
+def _presented_token(request: Request) -> bytes | None:
+    """The bearer token of the request as raw bytes (headers are bytes; any byte may arrive)."""
+    for name, value in request.scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+def authenticate(request: Request) -> Grant:
+    """The grant of the request's bearer token: ``OPEN`` when auth is off, else 401 ``unauthorized``.
+
+    Tokens are compared as SHA-256 digests with ``secrets.compare_digest``, against every
+    configured token (no early exit), so neither timing nor length tells which bytes matched.
+    """
+    service = service_of(request)
+    grants = service.settings.grants
+    if not grants:
+        return OPEN
+    token = _presented_token(request)
+    if not token:
+        raise ApiError("unauthorized", UNAUTHORIZED)
+    presented = digest(token)
+    found: Grant | None = None
+    for candidate, grant in service.token_digests:
+        if secrets.compare_digest(presented, candidate):
+            found = grant
+    if found is None:
+        raise ApiError("unauthorized", UNAUTHORIZED)
+    return found
+
+
+def forbidden_job(job: str) -> ApiError:
+    return ApiError(
+        "forbidden",
+        f"this bearer token is not scoped to job {job!r}: use a token whose scopes name the job (or '*')",
+    )
+
+
+async def require_token(request: Request) -> Grant:
+    """Every /v1 route depends on this (``app/main.py``). When ``STATEHOUSE_API_TOKENS`` or
+    ``STATEHOUSE_API_TOKENS_FILE`` configure tokens, the call needs ``Authorization: Bearer <token>``
+    (401 ``unauthorized``), and a route under ``/v1/jobs/{job}`` a token scoped to that job (403
+    ``forbidden``, before anything is looked up, so a refusal tells nothing about the job). Routes
+    that need the grant itself (the job listing, restore) declare ``GrantDep``: FastAPI runs this
+    once per request and hands them its result."""
+    grant = authenticate(request)
+    job = request.path_params.get("job")
+    if job is not None and not grant.allows(job):
+        raise forbidden_job(job)
+    return grant
+
+
+GrantDep = Annotated[Grant, Depends(require_token)]
+
+
+def authorize_restore_location(service: Service, grant: Grant, location: str) -> Resolved:
+    """May this token restore from ``location``? Inside the checkpoint storage: when it is scoped
+    to the job whose directory holds the snapshot (a job-scoped token cannot read another job's
+    state by restoring it). Under ``STATEHOUSE_RESTORE_LOCATIONS``: ``@admin`` tokens only (anyone
+    when auth is off). Anywhere else: nobody (400 ``invalid_location``)."""
+    resolved = service.checkpoints.locations.resolve(location)
+    if resolved.job is None:
+        if not grant.admin:
+            raise ApiError(
+                "forbidden",
+                f"restoring from outside the checkpoint storage ({service.checkpoints.storage.location}) needs an "
+                "@admin token: restore a checkpoint or savepoint of the job instead, or ask an operator",
+            )
+    elif not grant.allows(resolved.job):  # "" (the storage root) only for tokens of every job
+        owner = f"job {resolved.job!r}" if resolved.job else "the checkpoint storage root"
+        raise ApiError(
+            "forbidden",
+            f"this bearer token may not read {owner}'s snapshots: restore from a location under a job it is scoped to",
+        )
+    return resolved

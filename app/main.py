@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             compression=settings.snapshot_compression,
             s3_endpoint_url=settings.s3_endpoint_url,
             work_dir=restore_work_dir(settings),
+            restore_locations=settings.restore_location_list,
         )
         app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)
         log.info(

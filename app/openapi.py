@@ -7,7 +7,8 @@ then adds what follows from the route itself, so that no router has to repeat it
 
 * operation ids from ``OPERATION_IDS`` (route function name → stable camelCase id);
 * bearer ``security`` plus 401 ``unauthorized`` and 503 ``not_ready`` on every route behind
-  ``require_token`` (all of ``/v1``);
+  ``require_token`` (all of ``/v1``), and 403 ``forbidden`` on those under ``/v1/jobs/{job}`` (a
+  token not scoped to the job);
 * 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body`` and
   413 ``body_too_large`` on every route with a body (FastAPI's ``HTTPValidationError`` is gone:
   the server never sends it).
@@ -259,6 +260,8 @@ def _complete(operation: dict[str, Any], route: Any) -> None:
     if _secured(route):
         operation["security"] = [{SECURITY_SCHEME: []}]
         _add_codes(operation, "unauthorized", "not_ready")
+        if "{job}" in (route.path_format or ""):  # the token must be scoped to the job
+            _add_codes(operation, "forbidden")
         operation["responses"]["401"]["headers"] = {"WWW-Authenticate": CHALLENGE}
     if "requestBody" in operation:
         _add_codes(operation, "malformed_body", "body_too_large")
@@ -282,7 +285,8 @@ def document(app: FastAPI) -> dict[str, Any]:
         SECURITY_SCHEME: {
             "type": "http",
             "scheme": "bearer",
-            "description": "one of STATEHOUSE_API_TOKENS; every /v1 call needs it when tokens are configured",
+            "description": "one of STATEHOUSE_API_TOKENS (or STATEHOUSE_API_TOKENS_FILE); every /v1 call needs "
+            "it when tokens are configured, and a route of a job a token scoped to that job",
         }
     }
     seen: dict[str, str] = {}

@@ -36,6 +36,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "malformed_body": 400,
     "unsupported_media_type": 415,
     "unauthorized": 401,
+    "forbidden": 403,
     "job_not_found": 404,
     "state_not_found": 404,
     "key_not_found": 404,

@@ -5,8 +5,12 @@ from __future__ import annotations
 import sys
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from statehouse.app.tokens import Grant, TokenError, parse_tokens
+from statehouse.snapshots.errors import InvalidLocation
+from statehouse.snapshots.storage.locations import parse_restore_locations
 
 
 class Settings(BaseSettings):
@@ -21,7 +25,19 @@ class Settings(BaseSettings):
     )
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint for S3-compatible servers")
     num_retained: int = Field(3, ge=1, description="completed checkpoints kept")
-    api_tokens: str = Field("", description="comma-separated bearer tokens; empty = auth off")
+    api_tokens: str = Field(
+        "",
+        description="comma-separated bearer tokens, each TOKEN (every job) or TOKEN:SCOPE+SCOPE (job names, *, "
+        "@admin); empty (and no tokens file) = auth off",
+    )
+    api_tokens_file: str | None = Field(
+        None, description="a file of tokens in the STATEHOUSE_API_TOKENS syntax, one or more per line; # comments"
+    )
+    restore_locations: str = Field(
+        "",
+        description="comma-separated prefixes (paths, s3://bucket/prefix) a restore may read besides the checkpoint "
+        "storage: @admin tokens only when auth is on",
+    )
     snapshot_compression: Literal["zstd", "none"] = Field(
         "zstd", description="per-key-group compression of full snapshots"
     )
@@ -52,9 +68,45 @@ class Settings(BaseSettings):
             )
         return self
 
+    _grants: dict[str, Grant] = PrivateAttr(default_factory=dict)
+    _restore_locations: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _parse_tokens(self) -> Settings:
+        # Messages name the variable and the entry, never the token: they go to the log.
+        file = None
+        if self.api_tokens_file is not None:
+            variable = f"STATEHOUSE_API_TOKENS_FILE={self.api_tokens_file!r}"
+            try:
+                with open(self.api_tokens_file, encoding="utf-8") as f:
+                    file = (variable, f.read().splitlines())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{variable} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            self._grants = parse_tokens(self.api_tokens, file)
+        except TokenError as exc:
+            raise ValueError(str(exc)) from None
+        if file is not None and not self._grants:
+            raise ValueError(f"{file[0]} holds no token: auth would be off")
+        try:
+            self._restore_locations = parse_restore_locations(self.restore_locations)
+        except InvalidLocation as exc:
+            raise ValueError(f"STATEHOUSE_RESTORE_LOCATIONS={self.restore_locations!r}: {exc.detail}") from None
+        return self
+
+    @property
+    def grants(self) -> dict[str, Grant]:
+        """Token → what it may reach; empty when auth is off."""
+        return self._grants
+
     @property
     def tokens(self) -> frozenset[str]:
-        return frozenset(t.strip() for t in self.api_tokens.split(",") if t.strip())
+        return frozenset(self._grants)
+
+    @property
+    def restore_location_list(self) -> tuple[str, ...]:
+        """Where restores may read besides the checkpoint storage (canonical locations)."""
+        return self._restore_locations
 
 
 def load_settings() -> Settings:

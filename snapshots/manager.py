@@ -73,6 +73,7 @@ class CheckpointManager:
         upload_threads: int = 2,
         work_dir: str | None = None,
         s3_endpoint_url: str | None = None,
+        restore_locations: tuple[str, ...] = (),
     ) -> None:
         if num_retained < 1:
             raise ValueError("num_retained must be at least 1")
@@ -83,7 +84,7 @@ class CheckpointManager:
         self.complete_timeout_s = complete_timeout_s
         self.work_dir = work_dir
         self.snapshots = SnapshotCatalog(storage, catalog.replica_index, catalog.replica_count)
-        self.locations = RestoreLocations(storage, s3_endpoint_url=s3_endpoint_url)
+        self.locations = RestoreLocations(storage, s3_endpoint_url=s3_endpoint_url, allowed=restore_locations)
         self._runner = SnapshotStrategyRunner(upload_threads)
         self._lock = threading.RLock()
         self._jobs: dict[str, _JobCheckpoints] = {}

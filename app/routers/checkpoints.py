@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
-from statehouse.app.dependencies import JobDep, JobName, ServiceDep
+from statehouse.app.dependencies import GrantDep, JobDep, JobName, ServiceDep, authorize_restore_location
 from statehouse.app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
 from statehouse.app.paging import PageDep
 
@@ -67,13 +67,17 @@ async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -
 
 
 @router.post("/jobs/{job}/restore", response_model=RestoreInfoModel, responses=doc.RESTORE)
-async def restore(service: ServiceDep, job: JobName, body: RestoreBody | None = None) -> Any:
+async def restore(service: ServiceDep, grant: GrantDep, job: JobName, body: RestoreBody | None = None) -> Any:
     """Replace the job's state on this replica with its key groups of a completed checkpoint or savepoint
     (`{"checkpoint_id": N}`, `{"location": "..."}`, or the latest completed checkpoint). Parts written by
-    any number of replicas are read (rescaling). The job answers 503 while it restores."""
+    any number of replicas are read (rescaling). The job answers 503 while it restores. A `location` lies in
+    the checkpoint storage, under a job the token is scoped to, or (`@admin` tokens) under
+    `STATEHOUSE_RESTORE_LOCATIONS`."""
     body = body or RestoreBody()
+    # Checked here, with the caller's grant; the normalized location is what the restore opens.
+    location = None if body.location is None else authorize_restore_location(service, grant, body.location).url
     with service.restoring(job):
         info = await run_in_threadpool(
-            service.checkpoints.restore, job, body.checkpoint_id, body.location, body.operator_parallelism
+            service.checkpoints.restore, job, body.checkpoint_id, location, body.operator_parallelism
         )
     return info

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Response
 
 from statehouse.app import openapi as doc
-from statehouse.app.dependencies import NAME_PATTERN, JobDep, ServiceDep
+from statehouse.app.dependencies import NAME_PATTERN, GrantDep, JobDep, ServiceDep
 from statehouse.app.models import (
     DescriptorBody,
     DescriptorInfo,
@@ -41,9 +41,10 @@ async def put_job(
 
 
 @router.get("/jobs", response_model=JobPage, responses=doc.LIST_JOBS)
-async def list_jobs(service: ServiceDep, paging: PageDep) -> JobPage:
+async def list_jobs(service: ServiceDep, grant: GrantDep, paging: PageDep) -> JobPage:
+    """The jobs on this replica that the bearer token is scoped to (all of them when auth is off)."""
     after = paging.after
-    names = (n for n in service.catalog.names() if after is None or n.encode() > after)
+    names = (n for n in service.catalog.names() if (after is None or n.encode() > after) and grant.allows(n))
     page, next_cursor = paging.take(names, str.encode)
     return JobPage(items=[JobInfo.of(service.catalog.get(n)) for n in page], next_cursor=next_cursor)
 

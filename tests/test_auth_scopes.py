@@ -1,0 +1,304 @@
+"""Per-job tokens over real HTTP: a token reaches only the jobs in its scopes (403 `forbidden`,
+nothing changed), the job listing shows only those, undecodable Authorization headers are a
+401, and restore locations stay inside the checkpoint storage unless an @admin token restores
+from a location the operator allowed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from harness.server import start_server
+
+ADMIN, ALL, JOB_A = "admin-token", "every-job-token", "job-a-token"
+FROM_FILE = "file-token-of-b"
+ARROW = "application/vnd.apache.arrow.stream"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scopes")
+    token_file = root / "tokens"
+    token_file.write_text(f"# one entry per line, as in STATEHOUSE_API_TOKENS\n\n{FROM_FILE}:b+c\n")
+    (root / "archive").mkdir()
+    env = {
+        "STATEHOUSE_BACKEND": "heap",
+        "STATEHOUSE_API_TOKENS": f"{JOB_A}:a, {ALL}, {ADMIN}:@admin",
+        "STATEHOUSE_API_TOKENS_FILE": str(token_file),
+        "STATEHOUSE_RESTORE_LOCATIONS": str(root / "archive"),
+    }
+    server = start_server(root / "server", env)
+    server.checkpoints = root / "server" / "checkpoints"
+    server.archive = root / "archive"
+    yield server
+    server.stop()
+    assert "Traceback" not in server.log()
+
+
+def client(server, token: str | None) -> httpx.Client:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=server.url + "/v1", headers=headers, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def admin(server):
+    with client(server, ADMIN) as c:
+        for job in ("a", "b"):
+            c.put(f"/jobs/{job}", json={"max_parallelism": 128}).raise_for_status()
+            c.put(f"/jobs/{job}/states/v", json={"kind": "value"}).raise_for_status()
+            c.put(f"/jobs/{job}/states/m", json={"kind": "map"}).raise_for_status()
+            c.put(f"/jobs/{job}/states/v/keys/k", json={"value": f"{job}-1"}).raise_for_status()
+            c.put(f"/jobs/{job}/states/m/keys/k/entries/e", json={"value": 1}).raise_for_status()
+            c.put(f"/jobs/{job}/operators/o/subtasks/0/lists/l", json={"value": [1]}).raise_for_status()
+            c.put(f"/jobs/{job}/operators/o/broadcast/bc/entries/x", json={"value": 1}).raise_for_status()
+        yield c
+
+
+@pytest.fixture(scope="module")
+def job_a(server):
+    with client(server, JOB_A) as c:
+        yield c
+
+
+def assert_forbidden(response: httpx.Response) -> None:
+    assert response.status_code == 403, (response.request.method, response.request.url, response.text)
+    problem = response.json()
+    assert problem["code"] == "forbidden" and problem["type"].endswith("#forbidden")
+    assert "not scoped to job" in problem["detail"] or "may not read" in problem["detail"]
+
+
+def complete(http: httpx.Client, job: str, checkpoint_id: int, kind: str = "savepoint") -> dict:
+    assert http.post(f"/jobs/{job}/checkpoints", json={"checkpoint_id": checkpoint_id, "kind": kind}).status_code == 202
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = http.post(f"/jobs/{job}/checkpoints/{checkpoint_id}/complete")
+        if done.status_code != 409 or done.json()["code"] != "checkpoint_not_ready":
+            break
+        time.sleep(0.05)
+    assert done.status_code == 200, done.text
+    return done.json()
+
+
+def view(admin: httpx.Client, job: str) -> dict:
+    """What a job holds, as its admin sees it (to show a refused request changed nothing)."""
+    info = admin.get(f"/jobs/{job}").json()
+    return {
+        "job": {k: info[k] for k in ("max_parallelism", "states", "epoch", "committed_epoch")},
+        "states": admin.get(f"/jobs/{job}/states").json(),
+        "v": admin.get(f"/jobs/{job}/states/v/keys/k").json(),
+        "m": admin.get(f"/jobs/{job}/states/m/keys/k/entries").json(),
+        "list": admin.get(f"/jobs/{job}/operators/o/subtasks/0/lists/l").json(),
+        "broadcast": admin.get(f"/jobs/{job}/operators/o/broadcast/bc/entries").json(),
+        "checkpoints": admin.get(f"/jobs/{job}/checkpoints").json(),
+        "epoch": admin.get(f"/jobs/{job}/epochs/1").json(),
+    }
+
+
+def arrow(**columns) -> bytes:
+    sink = pa.BufferOutputStream()
+    table = pa.table(columns)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def every_family(job: str) -> list[tuple[str, str, dict]]:
+    """One request of each endpoint family on ``job``, valid apart from the token."""
+    base = f"/jobs/{job}"
+    keyed = f"{base}/states/v/keys/k"
+    entry = f"{base}/states/m/keys/k/entries/e"
+    operator_list = f"{base}/operators/o/subtasks/0/lists/l"
+    broadcast = f"{base}/operators/o/broadcast/bc/entries"
+    attempts = {"json": {"attempts": []}}
+    put_ops = {"json": {"ops": [{"op": "put", "state": "v", "key": "k", "value": "stolen"}]}}
+    columns_body = {"content": arrow(key=["k"], value=["stolen"]), "headers": {"content-type": ARROW}}
+    return [
+        # jobs
+        ("GET", base, {}),
+        ("PUT", base, {"json": {}}),
+        ("DELETE", base, {}),
+        ("POST", f"{base}/fence", {"json": {"epoch": 7}}),
+        ("GET", f"{base}/states", {}),
+        ("PUT", f"{base}/states/new", {"json": {"kind": "value"}}),
+        ("GET", f"{base}/states/v", {}),
+        ("DELETE", f"{base}/states/v", {}),
+        # keyed
+        ("GET", keyed, {}),
+        ("PUT", keyed, {"json": {"value": "stolen"}}),
+        ("DELETE", keyed, {}),
+        ("GET", f"{base}/states/v/keys", {}),
+        ("GET", entry, {}),
+        ("PUT", entry, {"json": {"value": 99}}),
+        ("DELETE", entry, {}),
+        ("GET", f"{base}/states/m/keys/k/entries", {}),
+        # batch and columns
+        ("POST", f"{base}/batch", put_ops),
+        ("POST", f"{base}/batch", {"json": {"ops": [{"op": "get", "state": "v", "key": "k"}]}}),
+        ("POST", f"{base}/states/v/columns/put", columns_body),
+        ("POST", f"{base}/states/v/columns/get", {"content": arrow(key=["k"]), "headers": {"content-type": ARROW}}),
+        # operators
+        ("GET", operator_list, {}),
+        ("PUT", operator_list, {"json": {"value": [2]}}),
+        ("POST", operator_list, {"json": {"value": 3}}),
+        ("DELETE", operator_list, {}),
+        ("GET", broadcast, {}),
+        ("GET", f"{broadcast}/x", {}),
+        ("PUT", f"{broadcast}/x", {"json": {"value": 2}}),
+        ("DELETE", f"{broadcast}/x", {}),
+        # checkpoints and restore
+        ("POST", f"{base}/checkpoints", {"json": {"checkpoint_id": 50}}),
+        ("GET", f"{base}/checkpoints", {}),
+        ("GET", f"{base}/checkpoints/1", {}),
+        ("POST", f"{base}/checkpoints/1/complete", {}),
+        ("POST", f"{base}/checkpoints/1/abort", {}),
+        ("POST", f"{base}/restore", {"json": {}}),
+        ("POST", f"{base}/restore", {"json": {"checkpoint_id": 1}}),
+        # epochs
+        ("GET", f"{base}/epochs/1", {}),
+        ("POST", f"{base}/epochs/1/prepare", attempts),
+        ("POST", f"{base}/epochs/1/commit", attempts),
+        ("POST", f"{base}/epochs/1/abort", {}),
+    ]
+
+
+def test_a_token_reaches_only_its_jobs_and_a_refusal_changes_nothing(server, admin, job_a):
+    complete(admin, "b", 1, kind="checkpoint")
+    before = view(admin, "b")
+    for method, path, kwargs in every_family("b"):
+        assert_forbidden(job_a.request(method, path, **kwargs))
+    assert view(admin, "b") == before
+    # the same requests on its own job get through (a few, to show the token itself works)
+    assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "a-1"}
+    assert job_a.post("/jobs/a/batch", json={"ops": [{"op": "get", "state": "v", "key": "k"}]}).status_code == 200
+    assert job_a.get("/jobs/a/operators/o/subtasks/0/lists/l").status_code == 200
+
+
+def test_a_refusal_says_nothing_about_whether_the_job_exists(job_a, admin):
+    for job in ("b", "no-such-job"):
+        assert_forbidden(job_a.get(f"/jobs/{job}"))
+    assert_forbidden(job_a.put("/jobs/z", json={"max_parallelism": 128}))  # creating needs the scope too
+    assert admin.get("/jobs/z").status_code == 404
+    created = job_a.put("/jobs/a", json={"max_parallelism": 128})
+    assert created.status_code == 200
+
+
+def test_the_listing_shows_the_tokens_jobs(server, admin, job_a):
+    admin.put("/jobs/c").raise_for_status()
+    try:
+        listed = {}
+        for token in (ADMIN, ALL, JOB_A, FROM_FILE):
+            with client(server, token) as http:
+                pages, cursor = [], None
+                while True:  # paging stays correct when jobs are skipped
+                    page = http.get("/jobs", params={"limit": 1, **({"cursor": cursor} if cursor else {})}).json()
+                    pages += [j["job"] for j in page["items"]]
+                    cursor = page["next_cursor"]
+                    if cursor is None:
+                        break
+                listed[token] = pages
+        assert listed == {ADMIN: ["a", "b", "c"], ALL: ["a", "b", "c"], JOB_A: ["a"], FROM_FILE: ["b", "c"]}
+    finally:
+        admin.delete("/jobs/c")
+
+
+def test_missing_wrong_and_undecodable_tokens_are_401_and_the_connection_lives_on(server):
+    with httpx.Client(base_url=server.url + "/v1", timeout=10, limits=httpx.Limits(max_connections=1)) as http:
+        for authorization in (
+            None,
+            b"Bearer wrong",
+            b"Bearer",
+            b"Basic " + JOB_A.encode(),
+            "Bearer t\u00f6ken".encode(),
+            b"Bearer \xff\xfe",
+            b"Bearer " + JOB_A.encode() + b"\xe9",
+            "Bearer \u00e9".encode("latin-1"),
+        ):
+            headers = {"authorization": authorization} if authorization is not None else {}
+            refused = http.get("/jobs/a", headers=headers)
+            assert refused.status_code == 401, (authorization, refused.text)
+            assert refused.json()["code"] == "unauthorized" and refused.headers["www-authenticate"] == "Bearer"
+            # the same connection still answers
+            assert http.get("/jobs/a", headers={"authorization": f"Bearer {JOB_A}"}).status_code == 200
+        assert http.get("/jobs/a", headers={"authorization": f"bearer   {JOB_A}"}).status_code == 200
+    assert "Traceback" not in server.log()
+
+
+def test_restore_reads_the_checkpoint_storage_of_the_tokens_jobs(server, admin, job_a):
+    own = complete(job_a, "a", 10)
+    other = complete(admin, "b", 11)
+    job_a.put("/jobs/a/states/v/keys/k", json={"value": "a-2"}).raise_for_status()
+    restored = job_a.post("/jobs/a/restore", json={"location": own["location"]})
+    assert restored.status_code == 200, restored.text
+    assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "a-1"}
+
+    # another job's snapshot, however it is spelled, is that job's state: refused
+    job_a.put("/jobs/a/states/v/keys/k", json={"value": "a-3"}).raise_for_status()
+    checkpoints = str(server.checkpoints)
+    link = server.checkpoints / "a" / "link-to-b"
+    os.symlink(other["location"], link)
+    try:
+        for location in (
+            other["location"],
+            f"{own['location']}/../../../b/savepoints/sp-11",
+            f"file://{other['location']}",
+            str(link),
+            checkpoints,  # the root holds every job
+        ):
+            assert_forbidden(job_a.post("/jobs/a/restore", json={"location": location}))
+        assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "a-3"}
+        # a token of every job may restore one job's savepoint into another
+        with client(server, ALL) as every_job:
+            assert every_job.post("/jobs/a/restore", json={"location": str(link)}).status_code == 200
+        assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "b-1"}
+    finally:
+        link.unlink()
+
+
+def test_restore_from_elsewhere_needs_an_admin_token_and_an_allowed_location(server, admin, job_a, tmp_path):
+    expected = admin.get("/jobs/a/states/v/keys/k").json()
+    savepoint = complete(admin, "a", 20)
+    archived = server.archive / "a-sp-20"
+    shutil.copytree(savepoint["location"], archived)
+    admin.put("/jobs/a/states/v/keys/k", json={"value": "changed"}).raise_for_status()
+    for token in (JOB_A, ALL):
+        with client(server, token) as http:
+            refused = http.post("/jobs/a/restore", json={"location": str(archived)})
+            assert refused.status_code == 403 and refused.json()["code"] == "forbidden", refused.text
+            assert "@admin" in refused.json()["detail"]
+    assert admin.get("/jobs/a/states/v/keys/k").json() == {"value": "changed"}
+    for location in (str(archived), f"file://{archived}", f"{archived}/../{archived.name}"):
+        restored = admin.post("/jobs/a/restore", json={"location": location})
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["location"] == os.path.realpath(archived)
+        assert admin.get("/jobs/a/states/v/keys/k").json() == expected
+        admin.put("/jobs/a/states/v/keys/k", json={"value": "changed"}).raise_for_status()
+
+    # outside both the checkpoint storage and the allowed locations: nobody, not even an admin
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(savepoint["location"], outside)
+    escape = server.archive / "escape"
+    os.symlink(outside, escape)
+    try:
+        for location in (
+            str(outside),
+            f"{archived}/../../{outside.parent.name}/{outside.name}",
+            f"{server.checkpoints}/a/../../..",
+            str(escape),
+            "/etc",
+            "s3://some-bucket/a",
+            "s3://some-bucket/../other",
+            "memory://x/y",
+            f"file://{archived}?x=1",
+        ):
+            for token in (ADMIN, JOB_A):
+                with client(server, token) as http:
+                    refused = http.post("/jobs/a/restore", json={"location": location})
+                assert refused.status_code == 400, (location, refused.text)
+                assert refused.json()["code"] == "invalid_location"
+    finally:
+        escape.unlink()
