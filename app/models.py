@@ -10,10 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, mode
 from pydantic.json_schema import SkipJsonSchema
 
 from statehouse.backends.attempts import EpochReport
+from statehouse.backends.codec import parse_decimal
 from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ops import OpName
+from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.staging import ATTEMPT_PATTERN
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
@@ -28,8 +30,23 @@ KeyGroupRange = Annotated[
 ]
 
 
+def canonical_index(value: Any) -> Any:
+    """A path or query integer in its one canonical form (see ``codec.parse_decimal``)."""
+    if isinstance(value, str):
+        number = parse_decimal(value)
+        if number is None:
+            raise ValueError(
+                f"{value!r} is not an integer in canonical form (ASCII digits, no leading zeros or spaces)"
+            )
+        return number
+    return value
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields refused, and one JSON form per value (``true``, ``"7"`` and
+    ``8.0`` are not the integer 8)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class JobBody(Strict):
@@ -263,7 +280,7 @@ class CheckpointPage(Page):
 class RestoreBody(Strict):
     checkpoint_id: int | None = Field(None, ge=1, description="a checkpoint or savepoint id of this job")
     location: str | None = Field(None, description="a snapshot location (a checkpoint's or savepoint's `location`)")
-    operator_parallelism: dict[str, int] | None = Field(
+    operator_parallelism: dict[Annotated[str, Name], Annotated[int, Field(ge=1, le=MAX_SUBTASKS)]] | None = Field(
         None, description="new subtask count per operator, for redistributing operator list state"
     )
 
@@ -353,6 +370,9 @@ class Problem(BaseModel):
     errors: list[ValidationIssue] | SkipJsonSchema[None] = _extra("validation_error: each issue")
     attempts: list[dict[str, Any]] | SkipJsonSchema[None] = _extra(
         "attempt_lost: each winning attempt this replica lacks, with its expected and held write counts"
+    )
+    request_id: str | SkipJsonSchema[None] = _extra(
+        "internal_error: the id the server log has the fault under (also the X-Request-ID response header)"
     )
 
 

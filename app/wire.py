@@ -7,6 +7,8 @@ model per item: this is the hot path of Spark executors.
 from __future__ import annotations
 
 import base64
+import json
+import re
 from typing import Any
 
 import msgpack
@@ -53,10 +55,34 @@ async def read_body(request: Request) -> Any:
         raise ApiError(
             "unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {JSON} or {MSGPACK}"
         )
+    return loads_json(raw)
+
+
+# An integer literal of 19 or more digits may be beyond 64 bits, where orjson quietly gives
+# a float; only then is the body parsed a second time, exactly.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def loads_json(raw: bytes) -> Any:
+    """Parse a JSON body strictly: 400 when it is not JSON (NaN and Infinity are not), 422 for a
+    number that would not read back as sent (beyond 64 bits, or overflowing a double)."""
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "number is infinity" in str(exc):
+            raise ApiError("invalid_value", f"a number in the body overflows a double: {exc}") from None
         raise ApiError("malformed_body", f"request body is not valid JSON: {exc}") from None
+    if _LONG_DIGITS.search(raw):
+        json.loads(raw, parse_int=_int64)
+    return value
+
+
+def _int64(literal: str) -> int:
+    number = int(literal)
+    if not _INT_MIN <= number <= _INT_MAX:
+        raise ApiError("invalid_value", f"integer {literal} is outside [-2**63, 2**64): send it as a string or a float")
+    return number
 
 
 def wants_msgpack(request: Request) -> bool:

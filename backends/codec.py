@@ -15,8 +15,10 @@ Stored layout (so a snapshot is independent of the backend and of the wire forma
 from __future__ import annotations
 
 import functools
+import math
+import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -32,11 +34,59 @@ _I64 = struct.Struct(">Q")
 _packer = msgpack.Packer(use_bin_type=True)
 
 
+# What a value may hold: what both wire formats read back as they were written. JSON has no
+# NaN or infinities and only string object keys; msgpack's ext types have no JSON form at all.
+# (Integers outside [-2**63, 2**64) are refused by the packer; bytes read back base64 in JSON.)
+_SCALARS = frozenset({str, int, bool, bytes, type(None)})
+
+
+def check_value(value: Any) -> None:
+    """Refuse a value that would not read back as written through every wire format."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise InvalidValue(f"{value} is not a number JSON can carry: send a finite number")
+    elif kind is list or kind is tuple:
+        for item in value:
+            check_value(item)
+    elif kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise InvalidValue(
+                    f"object keys must be strings; got {type(key).__name__} {key!r} (JSON cannot carry it)"
+                )
+            check_value(item)
+    else:
+        raise InvalidValue(
+            f"a {kind.__name__} cannot be stored: use null, booleans, numbers, strings, bytes, lists, objects"
+        )
+
+
+def all_plain(values: Sequence[Any]) -> bool:
+    """Whether every value passes :func:`check_value` by its type alone (the usual column), or
+    is a finite float; otherwise check them one by one."""
+    kinds = set(map(type, values))
+    if kinds <= _SCALARS:
+        return True
+    return kinds <= _SCALARS_OR_FLOAT and all(map(math.isfinite, (v for v in values if type(v) is float)))
+
+
+_SCALARS_OR_FLOAT = _SCALARS | {float}
+
+
 def encode_value(value: Any) -> bytes:
+    check_value(value)
+    return pack_value(value)
+
+
+def pack_value(value: Any) -> bytes:
+    """:func:`encode_value` of a value already checked."""
     try:
         return _packer.pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidValue(f"value cannot be stored: {exc}") from None
+        raise InvalidValue(f"value cannot be stored: {exc} (integers must be in [-2**63, 2**64))") from None
 
 
 def decode_value(data: bytes) -> Any:
@@ -91,6 +141,30 @@ def iter_timestamped(data: bytes) -> Iterator[tuple[int, Any]]:
 
 def _field(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
+
+
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def parse_decimal(text: str) -> int | None:
+    """The integer a text names in its one canonical form (ASCII digits, no sign but ``-``, no
+    leading zeros, no spaces or ``_``), else ``None``: ``int()`` would also take ``" +1_000 "``
+    and other scripts' digits, so one key would have many names."""
+    return int(text) if _DECIMAL.fullmatch(text) and len(text) <= 20 else None
+
+
+def parse_key(text: str, key_type: KeyType) -> str | int:
+    """A key given as text (a URL path segment): itself for string keys, the canonical decimal
+    form for int and long keys."""
+    if key_type == "string":
+        return text
+    key = parse_decimal(text)
+    if key is None:
+        raise InvalidKey(
+            f"this state has {key_type} keys; {text!r} is not an integer in canonical form "
+            "(ASCII digits, optional leading '-', no leading zeros, no spaces)"
+        )
+    return key
 
 
 def encode_key(key: str | int, key_type: KeyType) -> bytes:

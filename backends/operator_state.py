@@ -16,6 +16,7 @@ from statehouse.backends.codec import decode_value, encode_fields, encode_user_k
 from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
 from statehouse.backends.limits import Limits
 from statehouse.backends.names import validate_name
+from statehouse.backends.redistribution import check_subtask
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
 
 ListMode = Literal["split", "union"]
@@ -40,9 +41,7 @@ class OperatorState:
     def _list_primary(operator: str, subtask: int, name: str) -> bytes:
         validate_name(operator, "operator")
         validate_name(name, "operator state")
-        if isinstance(subtask, bool) or not isinstance(subtask, int) or subtask < 0:
-            raise InvalidArgument(f"subtask index must be a non-negative integer, got {subtask!r}")
-        return encode_fields(operator, name, str(subtask))
+        return encode_fields(operator, name, str(check_subtask(subtask)))
 
     def list_mode(self, operator: str, name: str) -> ListMode | None:
         raw = self._tx.get(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name))

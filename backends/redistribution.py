@@ -9,7 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from statehouse.keygroups import java_string_hash
+from statehouse.backends.errors import InvalidArgument
+from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, java_string_hash
+
+# Flink caps an operator's parallelism at the largest max parallelism: subtask indexes and
+# subtask counts stay below it, so no request or snapshot can make a restore allocate more.
+MAX_SUBTASKS = UPPER_BOUND_MAX_PARALLELISM
+
+
+def check_parallelism(parallelism: object, what: str = "parallelism") -> int:
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 1 <= parallelism <= MAX_SUBTASKS:
+        raise InvalidArgument(f"{what} must be an integer in [1, {MAX_SUBTASKS}]; got {parallelism!r}")
+    return parallelism
+
+
+def check_subtask(subtask: object) -> int:
+    if isinstance(subtask, bool) or not isinstance(subtask, int) or not 0 <= subtask < MAX_SUBTASKS:
+        raise InvalidArgument(f"subtask index must be an integer in [0, {MAX_SUBTASKS - 1}]; got {subtask!r}")
+    return subtask
 
 
 @dataclass
@@ -70,8 +87,7 @@ def _split_name(entries: list[tuple[int, list[Any]]], parallelism: int, start: i
 
 def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[OperatorSubtaskState]:
     """New subtask states for ``parallelism`` subtasks from the old subtasks' states."""
-    if parallelism <= 0:
-        raise ValueError("parallelism must be positive")
+    check_parallelism(parallelism)
     new = [OperatorSubtaskState() for _ in range(parallelism)]
     split_names: list[str] = []
     union_names: list[str] = []

@@ -14,7 +14,7 @@ import msgpack
 
 from statehouse.backends.base.partition import FrozenView, WriteOp
 from statehouse.backends.codec import decode_fields, encode_fields, encode_value, iter_values
-from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
+from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
     LIST_MODE_META,
@@ -80,7 +80,7 @@ class OperatorSnapshot:
             if body["version"] != _VERSION:
                 raise SnapshotCorrupt(f"unsupported operator state version {body['version']!r}")
             return cls(
-                {(op, name, sub): raw for op, name, sub, raw in body["lists"]},
+                {(op, name, check_subtask(sub)): raw for op, name, sub, raw in body["lists"]},
                 {(op, name): mode for op, name, mode in body["modes"]},
                 {(op, name): dict(entries) for op, name, entries in body["broadcast"]},
                 dict(body["meta"]),
@@ -105,6 +105,8 @@ def merge_for_replica(
     metadata go to every replica (the first part holding an entry wins).
     """
     operator_parallelism = operator_parallelism or {}
+    for operator, parallelism in operator_parallelism.items():
+        check_parallelism(parallelism, f"operator_parallelism[{operator!r}]")
     merged = OperatorSnapshot()
     for part in parts:
         for state, mode in part.modes.items():

@@ -5,18 +5,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import BatchResponse
 from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
 from statehouse.app.wire import read_body, render
 from statehouse.backends.attempts import run_batch
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 
-router = APIRouter(prefix="/v1", tags=["batch"])
+router = api_router(prefix="/v1", tags=["batch"])
 
 
 @router.post(

@@ -6,18 +6,20 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
 from statehouse.app.wire import JSON, arrow_response, read_arrow
 from statehouse.backends.attempts import run_columns
+from statehouse.backends.codec import parse_decimal
 from statehouse.backends.columns import ColumnOp, ColumnOpName
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 
-router = APIRouter(prefix="/v1", tags=["batch"])
+router = api_router(prefix="/v1", tags=["batch"])
 
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -38,9 +40,13 @@ def _count(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return None
-    if not (raw.isascii() and raw.isdecimal()):
-        raise ApiError("invalid_argument", f"query parameter {name!r} must be a non-negative integer; got {raw!r}")
-    return int(raw)
+    number = parse_decimal(raw)
+    if number is None or number < 0:
+        raise ApiError(
+            "invalid_argument",
+            f"query parameter {name!r} must be a non-negative integer (ASCII digits); got {raw!r}",
+        )
+    return number
 
 
 def _attempt(request: Request) -> AttemptRef | None:

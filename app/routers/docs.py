@@ -12,10 +12,12 @@ import os
 from importlib.resources import files
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import HTMLResponse
+
+from statehouse.app.routing import api_router
 
 STATIC_URL = "/docs/static"
 STATIC_DIR = os.fspath(files("fastapi_offline").joinpath("static"))  # type: ignore[arg-type]
@@ -32,7 +34,7 @@ CONTENT_SECURITY_POLICY = (
     "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'"
 )
 
-router = APIRouter(include_in_schema=False)
+router = api_router(include_in_schema=False)
 
 
 def _self_only(response: HTMLResponse) -> HTMLResponse:

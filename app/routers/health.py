@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -10,8 +10,9 @@ from statehouse.app import openapi as doc
 from statehouse.app.dependencies import service_of
 from statehouse.app.models import Health, Readiness
 from statehouse.app.problems import problem_response
+from statehouse.app.routing import api_router
 
-router = APIRouter(tags=["operations"])
+router = api_router(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)

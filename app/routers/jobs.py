@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Response
+from fastapi import Body, Path, Response
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import NAME_PATTERN, GrantDep, JobDep, ServiceDep
@@ -19,8 +19,9 @@ from statehouse.app.models import (
     JobPage,
 )
 from statehouse.app.paging import PageDep
+from statehouse.app.routing import api_router
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = api_router(prefix="/v1", tags=["jobs"])
 
 StateName = Annotated[str, Path(description="state name", pattern=NAME_PATTERN)]
 

@@ -10,11 +10,14 @@ from typing import Any, Protocol, TypeVar
 
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import (
+    all_plain,
+    check_value,
     decode_many,
     decode_value,
     encode_timestamped,
     encode_user_key,
     encode_value,
+    pack_value,
     split_timestamped,
 )
 from statehouse.backends.descriptors import StateDescriptor
@@ -191,7 +194,9 @@ class KeyedState:
 
     def _records_many(self, values: Sequence[Any]) -> list[bytes]:
         """:meth:`_record` of many values (``None`` stays ``None``: a row that deletes)."""
-        payloads = each_row(values, encode_or_none)
+        if not all_plain(values):
+            each_row(values, check_value)
+        payloads = each_row(values, pack_or_none)
         present = [p for p in payloads if p is not None] if None in values else payloads
         if present and max(map(len, present)) > self._limits.max_value_bytes:
             each_row(payloads, self._check_payload)  # names the row
@@ -240,5 +245,5 @@ class KeyedState:
         self._tx.put_many(self._table, kgs, primaries, records, secs if secondaries is not None else None)
 
 
-def encode_or_none(value: Any) -> bytes | None:
-    return None if value is None else encode_value(value)
+def pack_or_none(value: Any) -> bytes | None:
+    return None if value is None else pack_value(value)

@@ -1,0 +1,58 @@
+"""The route class of every router: one strict reading of paths and JSON bodies for all endpoints.
+
+FastAPI parses model-validated bodies with ``json.loads``, which takes ``NaN``, ``Infinity``
+and ``1e400`` (read back as ``null``) and nests without limit; uvicorn decodes ``%ff`` in a
+path to U+FFFD, so ``%ff``, ``%fe`` and ``%EF%BF%BD`` would name one key. Every route here
+reads JSON the way the batch endpoint does (:func:`statehouse.app.wire.loads_json`) and
+refuses a path that is not UTF-8 once percent-decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.responses import Response
+
+from statehouse.app.problems import ApiError
+from statehouse.app.wire import loads_json
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_json(await self.body())
+        return self._json
+
+
+def check_path(raw_path: bytes) -> None:
+    """A path whose percent-escapes do not decode as UTF-8 names nothing: refuse it."""
+    if b"%" in raw_path:
+        try:
+            unquote_to_bytes(raw_path).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                "invalid_argument",
+                f"the path is not UTF-8 once percent-decoded ({exc.reason} at byte {exc.start}): "
+                "percent-encode keys and names as UTF-8",
+            ) from None
+
+
+class StrictRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            check_path(request.scope.get("raw_path") or b"")
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
+
+
+def api_router(**kwargs: Any) -> APIRouter:
+    """An ``APIRouter`` whose routes read paths and bodies strictly (every router uses this)."""
+    return APIRouter(route_class=StrictRoute, **kwargs)
