@@ -73,7 +73,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         catalog = open_catalog(settings)
         checkpoints = CheckpointManager(
             catalog,
-            open_storage(settings.checkpoint_dir, s3_endpoint_url=settings.s3_endpoint_url),
+            open_storage(
+                settings.checkpoint_dir,
+                s3_endpoint_url=settings.s3_endpoint_url,
+                s3_abandoned_upload_age_s=settings.s3_abandoned_upload_age_s,
+            ),
             num_retained=settings.num_retained,
             compression=settings.snapshot_compression,
             s3_endpoint_url=settings.s3_endpoint_url,

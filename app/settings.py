@@ -24,6 +24,12 @@ class Settings(BaseSettings):
         "./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"
     )
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint for S3-compatible servers")
+    s3_abandoned_upload_age_s: int = Field(
+        3600,
+        ge=0,
+        description="seconds after which an in-progress S3 multipart upload under the checkpoint prefix counts as "
+        "abandoned: the sweep at start aborts it (younger ones may be another replica's live upload)",
+    )
     num_retained: int = Field(3, ge=1, description="completed checkpoints kept")
     api_tokens: str = Field(
         "",

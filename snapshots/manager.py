@@ -88,6 +88,7 @@ class CheckpointManager:
         self._runner = SnapshotStrategyRunner(upload_threads)
         self._lock = threading.RLock()
         self._jobs: dict[str, _JobCheckpoints] = {}
+        storage.sweep_abandoned()  # S3: abort what a failed or killed process left uploading (billed)
 
     @property
     def _replica(self) -> tuple[int, int]:
