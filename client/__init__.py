@@ -26,6 +26,7 @@ from statehouse.client.client import StatehouseClient
 from statehouse.client.config import ClientConfig
 from statehouse.client.errors import (
     Conflict,
+    Forbidden,
     InvalidRequest,
     KeyNotOwned,
     NotFound,
@@ -52,6 +53,7 @@ __all__ = [
     "Batch",
     "ClientConfig",
     "Conflict",
+    "Forbidden",
     "InvalidRequest",
     "JobClient",
     "KeyNotOwned",

@@ -25,6 +25,11 @@ class Unauthorized(StatehouseError):
     """401: missing or wrong bearer token."""
 
 
+class Forbidden(StatehouseError):
+    """403 ``forbidden``: the token is valid but not scoped to this job (or this restore location).
+    Not retried: another token is needed."""
+
+
 class NotFound(StatehouseError):
     """404: no such job, state, key or checkpoint."""
 
@@ -52,6 +57,7 @@ class Unavailable(StatehouseError):
 _BY_STATUS: dict[int, type[StatehouseError]] = {
     400: InvalidRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: InvalidRequest,

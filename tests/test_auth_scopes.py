@@ -302,3 +302,17 @@ def test_restore_from_elsewhere_needs_an_admin_token_and_an_allowed_location(ser
                 assert refused.json()["code"] == "invalid_location"
     finally:
         escape.unlink()
+
+
+def test_the_python_client_sends_its_token_and_raises_forbidden(server, admin):
+    from statehouse.client import Forbidden, StatehouseClient, Unauthorized
+
+    with StatehouseClient([server.url], token=JOB_A) as sh:
+        assert sh.job("a").value_state("v").get("k") is not None
+        with pytest.raises(Forbidden) as info:
+            sh.job("b").value_state("v").get("k")
+        assert info.value.status == 403 and info.value.code == "forbidden"
+        with pytest.raises(Forbidden):
+            sh.create_job("z", 128)
+    with StatehouseClient([server.url], token="wrong") as sh, pytest.raises(Unauthorized):
+        sh.job("a").value_state("v").get("k")

@@ -8,9 +8,10 @@ import sys
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from harness.server import REPO, free_port, start_server, stop_process
-from statehouse.app.settings import load_settings
+from statehouse.app.settings import Settings, describe_errors, load_settings
 
 START_TIMEOUT = 60  # seconds for uvicorn to import the app and give up
 
@@ -45,6 +46,24 @@ BAD = {
             "STATEHOUSE_SNAPSHOT_COMPRESSION='gzip' is not one of: zstd, none",
             "STATEHOUSE_INCREMENTAL_CHECKPOINTS='maybe' is not a boolean (true/false, 1/0, yes/no, on/off)",
             "STATEHOUSE_MAX_BODY_BYTES='64MB' is not an integer",
+        ],
+    ),
+    "a malformed token entry (the token is not printed)": (
+        {"STATEHOUSE_API_TOKENS": "s3cret-1:orders, s3cret-2:orders payments"},
+        [
+            "STATEHOUSE_API_TOKENS: entry 2 has an invalid scope 'orders payments': use job names, '*' (every job) "
+            "or '@admin'"
+        ],
+    ),
+    "an unreadable tokens file": (
+        {"STATEHOUSE_API_TOKENS_FILE": "/nonexistent/tokens"},
+        ["STATEHOUSE_API_TOKENS_FILE='/nonexistent/tokens' cannot be read: No such file or directory"],
+    ),
+    "a restore location above its bucket": (
+        {"STATEHOUSE_RESTORE_LOCATIONS": "/archive, s3://bucket/../other"},
+        [
+            "STATEHOUSE_RESTORE_LOCATIONS='/archive, s3://bucket/../other': location 's3://bucket/../other' climbs "
+            "above its bucket"
         ],
     ),
 }
@@ -105,3 +124,61 @@ def test_good_environment_starts(tmp_path):
         assert (ready["backend"], ready["replica_index"], ready["replica_count"]) == ("heap", 1, 2)
     finally:
         server.stop()
+
+
+def token_settings(monkeypatch, tmp_path, tokens: str | None = None, file: str | None = None):
+    for name in [k for k in os.environ if k.upper().startswith("STATEHOUSE_")]:
+        monkeypatch.delenv(name)
+    if tokens is not None:
+        monkeypatch.setenv("STATEHOUSE_API_TOKENS", tokens)
+    if file is not None:
+        (tmp_path / "tokens").write_text(file)
+        monkeypatch.setenv("STATEHOUSE_API_TOKENS_FILE", str(tmp_path / "tokens"))
+    return Settings()
+
+
+def test_token_scopes(monkeypatch, tmp_path):
+    # plain tokens, as before scopes: every job, not admin
+    plain = token_settings(monkeypatch, tmp_path, " tok-1 , tok-2,, ")
+    assert plain.tokens == {"tok-1", "tok-2"}
+    assert all(g.all_jobs and not g.admin and g.allows("any") for g in plain.grants.values())
+    assert token_settings(monkeypatch, tmp_path, "").grants == {}  # auth off
+
+    scoped = token_settings(
+        monkeypatch,
+        tmp_path,
+        "a1:orders+clicks, a2:*, a3:@admin, a4:admin, YWJj+/=:orders",
+        file="# comment\n\nf1:payments\nf2:x, f3:y\n",
+    )
+    grants = scoped.grants
+    assert grants["a1"].jobs == {"orders", "clicks"} and not grants["a1"].allows("payments")
+    assert grants["a2"].all_jobs and not grants["a2"].admin
+    assert grants["a3"].admin and grants["a3"].allows("anything")
+    assert grants["a4"].jobs == {"admin"} and not grants["a4"].admin  # a job called admin, not the admin scope
+    assert grants["YWJj+/="].jobs == {"orders"}  # base64 tokens keep their + / =
+    assert {t: g.jobs for t, g in grants.items() if t.startswith("f")} == {"f1": {"payments"}, "f2": {"x"}, "f3": {"y"}}
+
+
+@pytest.mark.parametrize(
+    ("tokens", "file", "message"),
+    [
+        ("secret:", None, "STATEHOUSE_API_TOKENS: entry 1 has an empty scope (scopes are separated by '+')"),
+        ("secret:a++b", None, "STATEHOUSE_API_TOKENS: entry 1 has an empty scope (scopes are separated by '+')"),
+        ("ok, secret:a:b", None, "STATEHOUSE_API_TOKENS: entry 2 has an invalid scope 'a:b'"),
+        ("ok, :a", None, "STATEHOUSE_API_TOKENS: entry 2 has no token before ':'"),
+        ("secr\u00e9t", None, "STATEHOUSE_API_TOKENS: entry 1 has a token that is not visible ASCII"),
+        ("secret:..", None, "STATEHOUSE_API_TOKENS: entry 1 has an invalid scope '..'"),
+        (
+            "secret:a",
+            "other\nsecret:b\n",
+            "STATEHOUSE_API_TOKENS_FILE='{file}': line 2, entry 1 repeats the token of STATEHOUSE_API_TOKENS entry 1",
+        ),
+        (None, "# only a comment\n", "STATEHOUSE_API_TOKENS_FILE='{file}' holds no token: auth would be off"),
+    ],
+)
+def test_bad_tokens_stop_startup_without_printing_them(monkeypatch, capsys, tmp_path, tokens, file, message):
+    with pytest.raises(ValidationError) as info:
+        token_settings(monkeypatch, tmp_path, tokens, file)
+    (line,) = describe_errors(info.value)
+    assert line.startswith(message.format(file=tmp_path / "tokens")), line
+    assert "secret" not in line and "secr" not in line

@@ -610,3 +610,34 @@ def test_values_schema_and_readme_cover_every_value():
                 assert f"`{key}.{sub}" in readme or f"`{key}.*`" in readme, f"{key}.{sub} not in the chart README"
         else:
             assert f"`{key}`" in readme or f"`{key}." in readme, f"{key} not in the chart README"
+
+
+def test_auth_tokens_mounted_as_a_file(chart, tmp_path, monkeypatch):
+    """``auth.mountAsFile``: the Secret's key becomes /etc/statehouse/auth/tokens and
+    STATEHOUSE_API_TOKENS_FILE names it; the tokens are not in the environment. The chart's Secret
+    holds what the server reads from the file as is (scoped entries included)."""
+    tokens = ["tok-1:orders+clicks", "tok-2", "tok-3:@admin"]
+    for auth in ({"tokens": tokens}, {"existingSecret": "api-tokens", "secretKey": "tokens"}):
+        docs, _ = render(chart, {"auth": {"enabled": True, "mountAsFile": True, **auth}})
+        for doc in docs:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        env = env_of(docs)
+        assert "STATEHOUSE_API_TOKENS" not in env
+        assert env["STATEHOUSE_API_TOKENS_FILE"]["value"] == "/etc/statehouse/auth/tokens"
+        mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "auth-tokens")
+        assert mount == {"name": "auth-tokens", "mountPath": "/etc/statehouse/auth", "readOnly": True}
+        volumes = one(docs, "StatefulSet")["spec"]["template"]["spec"]["volumes"]
+        secret = next(v for v in volumes if v["name"] == "auth-tokens")["secret"]
+        name, key = (f"{FULLNAME}-auth", "api-tokens") if "tokens" in auth else ("api-tokens", "tokens")
+        assert secret["secretName"] == name and secret["items"] == [{"key": key, "path": "tokens"}]
+
+    docs, _ = render(chart, {"auth": {"enabled": True, "mountAsFile": True, "tokens": tokens}})
+    mounted = tmp_path / "tokens"
+    mounted.write_bytes(base64.b64decode(one(docs, "Secret", f"{FULLNAME}-auth")["data"]["api-tokens"]))
+    for name in [k for k in os.environ if k.upper().startswith("STATEHOUSE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("STATEHOUSE_API_TOKENS_FILE", str(mounted))
+    from statehouse.app.settings import Settings
+
+    grants = Settings().grants
+    assert grants["tok-1"].jobs == {"orders", "clicks"} and grants["tok-2"].all_jobs and grants["tok-3"].admin
