@@ -316,3 +316,42 @@ def test_the_python_client_sends_its_token_and_raises_forbidden(server, admin):
             sh.create_job("z", 128)
     with StatehouseClient([server.url], token="wrong") as sh, pytest.raises(Unauthorized):
         sh.job("a").value_state("v").get("k")
+
+
+def test_bucket_locations_are_normalized_before_they_are_compared():
+    """The same rules on S3 checkpoint storage (a real boto3 client, never contacted: nothing is read)."""
+    from statehouse.snapshots import InvalidLocation
+    from statehouse.snapshots.storage.locations import RestoreLocations
+    from statehouse.snapshots.storage.s3 import S3Storage
+
+    storage = S3Storage("state", "/statehouse/prod/", endpoint_url="http://127.0.0.1:9")
+    policy = RestoreLocations(storage, allowed=("s3://archive/keep",))
+    inside = {
+        "s3://state/statehouse/prod/orders/chk-3": ("s3://state/statehouse/prod/orders/chk-3", "orders"),
+        "s3://state/statehouse/prod/orders/../clicks/chk-3/": ("s3://state/statehouse/prod/clicks/chk-3", "clicks"),
+        "s3://state//statehouse//prod/./orders": ("s3://state/statehouse/prod/orders", "orders"),
+        "s3://state/statehouse/prod": ("s3://state/statehouse/prod", ""),
+        "s3://archive/keep/sp-1": ("s3://archive/keep/sp-1", None),
+        "s3://archive/keep/x/../sp-2": ("s3://archive/keep/sp-2", None),
+    }
+    for location, (url, job) in inside.items():
+        resolved = policy.resolve(location)
+        assert (resolved.url, resolved.job) == (url, job), location
+    for location in (
+        "s3://state/statehouse/prod/../other/orders",
+        "s3://state/statehouse/production/orders",
+        "s3://state/statehouse/prod/orders/../../../../x",
+        "s3://other-bucket/statehouse/prod/orders",
+        "s3://user@state/statehouse/prod/orders",
+        "s3://state/statehouse/prod/orders?versionId=1",
+        "s3://state/statehouse/prod/orders#x",
+        "s3://[state/statehouse/prod",
+        "s3:///statehouse/prod",
+        "s3://archive/keepsake",
+        "s3://archive/keep/../../etc",
+        "/statehouse/prod/orders",
+        "http://state/statehouse/prod/orders",
+        "",
+    ):
+        with pytest.raises(InvalidLocation):
+            policy.resolve(location)

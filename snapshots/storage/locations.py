@@ -67,7 +67,10 @@ def parse_place(location: str) -> Place:
         raise InvalidLocation("a location must be a non-empty path or URL without NUL bytes")
     if "://" not in location:
         return Place("file", "", os.path.realpath(location))
-    parsed = urlparse(location)
+    try:
+        parsed = urlparse(location)
+    except ValueError as exc:  # e.g. an unbalanced '[' in the host
+        raise InvalidLocation(f"location {location!r} is not a URL: {exc}") from None
     if parsed.scheme not in _SCHEMES:
         raise InvalidLocation(f"unsupported location {location!r}: use a path, file://, s3:// or memory://")
     if parsed.query or parsed.fragment or parsed.params or "?" in location or "#" in location:
