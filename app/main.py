@@ -47,6 +47,8 @@ def open_catalog(settings: Settings) -> JobCatalog:
             max_value_bytes=settings.max_value_bytes,
             max_staged_bytes=settings.max_staged_bytes,
             max_staged_attempts=settings.max_staged_attempts,
+            max_map_read_entries=settings.max_map_read_entries,
+            max_list_bytes=settings.max_list_bytes,
         ),
     )
 

@@ -141,8 +141,8 @@ PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state")
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
 
-KEYED_READ = {**errors(*KEYED, "key_not_found"), **msgpack_reply()}
-KEYED_WRITE = errors(*KEYED, *VALUES, "wrong_state_kind")
+KEYED_READ = {**errors(*KEYED, "key_not_found", "map_too_large"), **msgpack_reply()}
+KEYED_WRITE = errors(*KEYED, *VALUES, "wrong_state_kind", "list_too_large")
 KEYED_CLEAR = errors(*KEYED)
 MAP_READ = {**errors(*KEYED, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
 MAP_REMOVE = errors(*KEYED, "wrong_state_kind")
@@ -164,6 +164,8 @@ MANY_KEYED = (
     *KEYED,
     *VALUES,
     "wrong_state_kind",
+    "map_too_large",
+    "list_too_large",
     "stale_epoch",
     "attempt_lost",
     "attempt_conflict",
@@ -195,7 +197,9 @@ COLUMNS = {
     },
     **errors(*MANY_KEYED, "untyped_values"),
 }
-EPOCH_COMMIT = errors(*KEYED, *VALUES, "wrong_state_kind", "stale_epoch", "attempt_lost", "invalid_argument")
+EPOCH_COMMIT = errors(
+    *KEYED, *VALUES, "wrong_state_kind", "list_too_large", "stale_epoch", "attempt_lost", "invalid_argument"
+)
 
 OPERATOR_LIST_READ = {**errors(*OPERATOR, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")

@@ -52,6 +52,10 @@ class PageRequest:
             raise ApiError("invalid_argument", _INVALID)
         return int(self.after)
 
+    def cursor_at(self, position: bytes | None) -> str | None:
+        """The ``next_cursor`` of a listing that knows where its next page starts (``None``: the end)."""
+        return None if position is None else encode_cursor(position)
+
     def take(self, items: Iterable[T], position: Callable[[T], bytes]) -> tuple[list[T], str | None]:
         """Up to ``limit`` items, and the cursor after the last one when more follow."""
         page = list(islice(items, self.limit + 1))

@@ -53,6 +53,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "attempt_conflict": 409,
     "epoch_sealed": 409,
     "staging_too_large": 413,
+    "map_too_large": 413,
+    "list_too_large": 413,
     "not_ready": 503,
     "checkpoint_not_found": 404,
     "checkpoint_conflict": 409,

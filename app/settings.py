@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     max_staged_attempts: int = Field(10_000, ge=1, description="task attempts staged under one epoch, per job")
     max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")
     max_page_size: int = Field(1000, ge=1, description="largest page of a listing")
+    max_map_read_entries: int = Field(
+        100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
+    )
+    max_list_bytes: int = Field(16 << 20, ge=1, description="largest stored list state of one key, in bytes")
     problem_docs_url: str = Field(
         "https://statehouse.dev/docs/api",
         description="where docs/api.md is published: problem `type` URIs are <this>#<code>, one anchor per code",

@@ -274,10 +274,8 @@ class Job:
             if start_after is not None and kg < start_after[0]:
                 continue
             previous = start_after[1] if start_after is not None and kg == start_after[0] else None
-            for primary, _secondary, _value in self.partition.scan(state, kg):
-                if previous is not None and primary <= previous:
-                    continue  # already listed, or a further entry of one map
-                previous = primary
+            # Seeks past the previous page (and past each map's entries): a page reads its keys.
+            for primary in self.partition.primaries_from(state, kg, previous):
                 key, ns = decode_primary(primary, descriptor.key_type)
                 if namespace is None or ns == namespace:
                     yield StoredKey(kg, key, ns, (kg, primary))

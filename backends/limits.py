@@ -19,12 +19,27 @@ class StagingTooLarge(StateError):
     code = "staging_too_large"
 
 
+class MapTooLarge(StateError):
+    code = "map_too_large"
+
+
+class ListTooLarge(StateError):
+    code = "list_too_large"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_key_bytes: int = 4096
     max_value_bytes: int = 1 << 20
     max_staged_bytes: int = 256 << 20  # request bytes staged under one epoch, per job and replica
     max_staged_attempts: int = 10_000  # task attempts staged under one epoch, per job and replica
+    # A whole-map read materializes the map in one response; paging (``entries_page``) has no
+    # limit. The map itself is not bounded: counting a map's entries on every write would cost
+    # a read per write on RocksDB (puts are blind writes there).
+    max_map_read_entries: int = 100_000
+    # A list is one record that every add appends to (and every read decodes whole), so its
+    # stored size is what a write and a read cost; known without decoding, unlike its length.
+    max_list_bytes: int = 16 << 20
 
     def check_key(self, encoded: bytes, what: str = "key") -> None:
         if len(encoded) > self.max_key_bytes:
@@ -39,6 +54,25 @@ class Limits:
                 f"value is {len(encoded)} bytes encoded; the limit is {self.max_value_bytes} "
                 "(STATEHOUSE_MAX_VALUE_BYTES)"
             )
+
+    def check_map_read(self, entries: int) -> None:
+        """A whole-map read that found more than ``max_map_read_entries`` live entries."""
+        if entries > self.max_map_read_entries:
+            raise MapTooLarge(
+                f"the map has more than {self.max_map_read_entries} entries, too many to read whole "
+                "(STATEHOUSE_MAX_MAP_READ_ENTRIES); page through it with GET .../keys/{key}/entries"
+            )
+
+    def check_list(self, stored_bytes: int) -> None:
+        """A list write that would store more than ``max_list_bytes``."""
+        if stored_bytes > self.max_list_bytes:
+            raise self.list_error(stored_bytes)
+
+    def list_error(self, stored_bytes: int) -> ListTooLarge:
+        return ListTooLarge(
+            f"the list would be {stored_bytes} bytes stored; the limit is {self.max_list_bytes} "
+            "(STATEHOUSE_MAX_LIST_BYTES): clear it, keep fewer elements, or spread it over keys"
+        )
 
     def check_staging(self, attempts: int, staged_bytes: int) -> None:
         if attempts > self.max_staged_attempts:

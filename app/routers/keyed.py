@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
@@ -20,6 +21,11 @@ router = APIRouter(prefix="/v1", tags=["keyed state"])
 
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
 BASE = "/jobs/{job}/states/{state}/keys/{key}"
+
+# A whole read of these kinds costs what the key holds (a map's entries, a list's elements), so
+# it runs in a worker thread and the event loop keeps serving (/healthz too); other one-key
+# operations are a few microseconds, less than the hop to a thread, and stay on the loop.
+LONG_READS = frozenset({"map", "list"})
 
 
 def parse_key(job: Job, state: str, key: str) -> str | int:
@@ -54,8 +60,12 @@ async def get_key(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = ""
 ) -> Response:
     """Read: the value, the list, the whole map, or the reduced / aggregated result."""
-    result = run_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
-    return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
+
+    def read() -> Response:
+        result = run_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
+        return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
+
+    return await run_in_threadpool(read) if job.descriptor(state).kind in LONG_READS else read()
 
 
 @router.put(BASE, status_code=204, responses=doc.KEYED_WRITE)
@@ -126,15 +136,18 @@ async def list_entries(
     key: str,
     paging: PageDep,
     ns: Namespace = "",
-) -> EntryPage:
-    """Map iteration in user-key order, paged."""
-    parsed = parse_key(job, state, key)
-    after = paging.after
-    with job.transaction() as tx:
-        entries = tx.map(state).entries(parsed, ns)
-    remaining = (e for e in entries if after is None or e[0].encode() > after)
-    page, next_cursor = paging.take(remaining, lambda e: e[0].encode())
-    return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
+) -> Response:
+    """Map iteration in user-key order, paged: each page seeks to its cursor. A page may hold
+    fewer than `limit` entries (expired ones are skipped); only `next_cursor: null` ends."""
+
+    def page() -> Response:
+        parsed = parse_key(job, state, key)
+        with job.transaction() as tx:
+            found = tx.map(state).entries_page(parsed, ns, paging.after, paging.limit)
+        items = [{"key": k, "value": v} for k, v in found.entries]
+        return render(request, {"items": items, "next_cursor": paging.cursor_at(found.next_after)})
+
+    return await run_in_threadpool(page)
 
 
 @router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage, responses=doc.LIST_KEYS)
@@ -150,8 +163,12 @@ async def list_keys(
     start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
     if key_group is not None and key_group >= job.max_parallelism:
         raise ApiError("invalid_argument", f"key_group must be < max_parallelism ({job.max_parallelism})")
-    keys = job.keys(state, ns, key_group, start_after)
-    page, next_cursor = paging.take(keys, lambda k: k.position[0].to_bytes(2, "big") + k.position[1])
-    return KeyPage(
-        items=[KeyItem(key=k.key, key_group=k.key_group, ns=k.namespace) for k in page], next_cursor=next_cursor
-    )
+
+    def page() -> KeyPage:
+        with job.exclusive():  # the iteration seeks in the live partition: no write in between
+            keys = job.keys(state, ns, key_group, start_after)
+            found, next_cursor = paging.take(keys, lambda k: k.position[0].to_bytes(2, "big") + k.position[1])
+        items = [KeyItem(key=k.key, key_group=k.key_group, ns=k.namespace) for k in found]
+        return KeyPage(items=items, next_cursor=next_cursor)
+
+    return await run_in_threadpool(page)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
@@ -26,12 +27,15 @@ Mode = Annotated[
 
 @router.get(LIST, response_model=OperatorListResponse, responses=doc.OPERATOR_LIST_READ)
 async def get_list(request: Request, job: JobDep, operator: str, index: Index, name: str) -> Response:
-    with job.transaction() as tx:
-        values = tx.operator.list_get(operator, index, name)
-        mode = tx.operator.list_mode(operator, name)
-    if values is None:
-        raise ApiError("key_not_found", f"operator list state {operator}/{index}/{name} is empty")
-    return render(request, {"value": values, "mode": mode})
+    def read() -> Response:  # a whole list, however long: off the event loop
+        with job.transaction() as tx:
+            values = tx.operator.list_get(operator, index, name)
+            mode = tx.operator.list_mode(operator, name)
+        if values is None:
+            raise ApiError("key_not_found", f"operator list state {operator}/{index}/{name} is empty")
+        return render(request, {"value": values, "mode": mode})
+
+    return await run_in_threadpool(read)
 
 
 @router.put(LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
@@ -75,11 +79,15 @@ async def list_broadcast(
     paging: PageDep,
 ) -> EntryPage:
     after = paging.after
-    with job.transaction() as tx:
-        entries = tx.operator.broadcast_entries(operator, name)
-    remaining = ((k, v) for k, v in entries.items() if after is None or k.encode() > after)
-    page, next_cursor = paging.take(remaining, lambda e: e[0].encode())
-    return render(request, {"items": [{"key": k, "value": v} for k, v in page], "next_cursor": next_cursor})
+
+    def page() -> Response:  # reads the whole broadcast state (kept small by design): off the event loop
+        with job.transaction() as tx:
+            entries = tx.operator.broadcast_entries(operator, name)
+        remaining = ((k, v) for k, v in entries.items() if after is None or k.encode() > after)
+        found, next_cursor = paging.take(remaining, lambda e: e[0].encode())
+        return render(request, {"items": [{"key": k, "value": v} for k, v in found], "next_cursor": next_cursor})
+
+    return await run_in_threadpool(page)
 
 
 @router.get(BROADCAST + "/{key}", response_model=ValueResponse, responses=doc.BROADCAST_READ)

@@ -101,6 +101,21 @@ class StorePartition(ABC):
         Safe to interleave with writes: the iteration sees the data as of its start.
         """
 
+    # Seeking reads, for listings that page: each starts at its position instead of reading
+    # what comes before it, so a page costs what it returns (plus one seek), not the map size.
+    # Their iterators are meant to be consumed at once, under the job's lock (no write between).
+
+    @abstractmethod
+    def items_from(
+        self, table: str, key_group: int, primary: bytes, after: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """:meth:`items` whose secondary sorts after ``after`` (all of them when ``None``)."""
+
+    @abstractmethod
+    def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
+        """Every distinct primary of one key group sorting after ``after``, in byte order (a
+        nested table's map is one primary however many entries it has)."""
+
     @abstractmethod
     def write(self, ops: list[WriteOp]) -> None:
         """Apply all ops atomically and in order."""

@@ -6,6 +6,7 @@ writes, and if any operation fails nothing reaches the partition.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Protocol
@@ -43,6 +44,10 @@ class TransactionSource(Protocol):
     ) -> list[bytes | None]: ...
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def items_from(
+        self, table: str, key_group: int, primary: bytes, after: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]: ...
 
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None: ...
 
@@ -129,6 +134,22 @@ class PartitionTransaction:
             else:
                 merged[secondary] = value
         return iter(sorted(merged.items()))
+
+    def items_from(
+        self, table: str, key_group: int, primary: bytes, after: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """:meth:`items` whose secondary sorts after ``after``: the source seeks there (a page
+        of a listing reads the page, not the map), with this transaction's changes laid over."""
+        if not self._is_nested(table):
+            return iter(()) if after is not None else self.items(table, key_group, primary)
+        slot = self._pending.get((table, key_group, primary))
+        if slot is None:
+            return self.partition.items_from(table, key_group, primary, after)
+        stored = iter(()) if slot.cleared else self.partition.items_from(table, key_group, primary, after)
+        changed = slot.values
+        kept = ((s, v) for s, v in stored if s not in changed)
+        pending = sorted((s, v) for s, v in changed.items() if v is not _DELETED and (after is None or s > after))
+        return heapq.merge(kept, pending)
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
         if self._is_nested(table):

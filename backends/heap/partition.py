@@ -7,23 +7,95 @@ captures references to the current key-group dicts, which costs O(key groups), n
 O(state). A later write to a container older than the newest live freeze copies that
 container first, so frozen views never change; after all views are released nothing
 is copied any more.
+
+Seeking reads (listings that page) need keys in order without sorting a whole map per page.
+A container gets a sorted *index* of its keys on its first seeking read; writes then keep a
+small delta beside it (keys added since, a count of keys removed) instead of re-sorting, and
+a read folds the delta in (one linear merge) once it grows past a fraction of the index. The
+index list is never changed in place, so a copy-on-write copy shares it.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
 
+_MISSING = object()
+
 
 class _Container:
-    __slots__ = ("data", "version")
+    __slots__ = ("added", "data", "index", "removed", "version")
 
     def __init__(self, version: int, data: dict) -> None:
         self.version = version
         self.data = data
+        self.index: list[bytes] | None = None  # sorted keys as of the last fold; None: not indexed
+        self.added: set[bytes] = set()  # keys inserted since the fold (not in the index)
+        self.removed = 0  # keys deleted since the fold (still in the index, skipped on reads)
+
+    def copy(self, version: int) -> _Container:
+        """A writable copy for copy-on-write: the index list is shared (never changed in place)."""
+        copy = _Container(version, dict(self.data))
+        if self.index is not None:
+            copy.index, copy.added, copy.removed = self.index, set(self.added), self.removed
+        return copy
+
+    # Writes through these keep the index's delta (they also work on a container not indexed);
+    # they take the same arguments as the dict's, so a write loop can target either.
+
+    def __setitem__(self, key: bytes, value: object) -> None:
+        if self.index is not None and key not in self.data:
+            self.added.add(key)
+        self.data[key] = value
+
+    def pop(self, key: bytes, _default: None = None) -> None:
+        if self.data.pop(key, _MISSING) is not _MISSING and self.index is not None:
+            if key in self.added:
+                self.added.discard(key)
+            else:
+                self.removed += 1
+
+    def keys_after(self, after: bytes | None) -> Iterator[bytes]:
+        """The keys sorting after ``after`` (all when ``None``), in byte order: a bisect into the
+        index merged with the (sorted) keys added since; O(page + delta), not O(container)."""
+        index = self._folded()
+        data = self.data
+        start = 0 if after is None else bisect_right(index, after)
+        stored = (index[i] for i in range(start, len(index)))
+        if not self.added:
+            return (key for key in stored if key in data)
+        added = sorted(key for key in self.added if after is None or key > after)
+        return _unique(key for key in heapq.merge(stored, added) if key in data)
+
+    def _folded(self) -> list[bytes]:
+        index = self.index
+        size = 0 if index is None else len(index)
+        if index is not None and len(self.added) <= max(1024, size // 64) and self.removed <= max(1024, size // 4):
+            return index
+        if index is None:
+            index = sorted(self.data)  # the first seeking read: one sort
+        else:  # two sorted runs: the sort merges them in linear time
+            kept = [key for key in index if key in self.data] if self.removed else index
+            index = kept + sorted(self.added)
+            index.sort()
+            if self.removed:  # a key deleted and inserted again is in both runs
+                index = list(_unique(iter(index)))
+        self.index, self.added, self.removed = index, set(), 0
+        return index
+
+
+def _unique(keys: Iterator[bytes]) -> Iterator[bytes]:
+    """Drop repeats from sorted keys (a key deleted and inserted again is in both runs)."""
+    last = None
+    for key in keys:
+        if key != last:
+            yield key
+            last = key
 
 
 class _Table:
@@ -131,6 +203,26 @@ class HeapPartition(StorePartition):
         # Materialize the sorted list now, so later writes cannot disturb the iteration.
         return iter(list(_sorted_entries(t.nested, container.data)))
 
+    def items_from(
+        self, table: str, key_group: int, primary: bytes, after: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        t = self._tables[table]
+        container = t.groups.get(key_group)
+        if container is None:
+            return iter(())
+        if not t.nested:
+            value = container.data.get(primary)
+            return iter(() if value is None or after is not None else ((b"", value),))
+        entries = container.data.get(primary)
+        if entries is None:
+            return iter(())
+        data = entries.data
+        return ((secondary, data[secondary]) for secondary in entries.keys_after(after))
+
+    def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
+        container = self._tables[table].groups.get(key_group)
+        return iter(()) if container is None else container.keys_after(after)
+
     # -- writes ------------------------------------------------------------------------
 
     def create_table(self, table: str, nested: bool) -> None:
@@ -144,7 +236,7 @@ class HeapPartition(StorePartition):
         if container is None:
             return _Container(self._version, {})
         if container.version < self._required_version:
-            return _Container(self._version, dict(container.data))
+            return container.copy(self._version)
         return container
 
     def _check_tables(self, tables: Iterator[str]) -> None:
@@ -162,7 +254,7 @@ class HeapPartition(StorePartition):
         self._check_tables(op.table for op in ops)
         for table, changes in flat.items():
             groups = self._tables[table].groups
-            writable: dict[int, dict] = {}  # key group -> its dict, made writable once
+            writable: dict[int, dict | _Container] = {}  # key group -> where to write, made writable once
             for (kg, primary), value in changes.items():
                 data = writable.get(kg)
                 if data is None:
@@ -170,7 +262,9 @@ class HeapPartition(StorePartition):
                     if value is None and container is None:
                         continue
                     container = groups[kg] = self._writable(container)
-                    data = writable[kg] = container.data
+                    # An indexed container (one a listing has read) tracks its key set; the
+                    # common case stays a plain dict write.
+                    data = writable[kg] = container.data if container.index is None else container
                 if value is None:
                     data.pop(primary, None)
                 else:
@@ -186,23 +280,26 @@ class HeapPartition(StorePartition):
             group = self._writable(group)
             t.groups[op.key_group] = group
             data = group.data
+            keys: dict | _Container = data if group.index is None else group  # indexed: track the key set
             if not t.nested or op.kind == "clear":
                 if op.kind == "put":
-                    data[op.primary] = op.value
+                    keys[op.primary] = op.value
                 else:
-                    data.pop(op.primary, None)
+                    keys.pop(op.primary, None)
                 continue
             entries = data.get(op.primary)
             if op.kind == "delete" and entries is None:
                 continue
-            entries = self._writable(entries)
-            data[op.primary] = entries
+            writable = self._writable(entries)
+            if writable is not entries:  # a new map, or a copy of a frozen one
+                keys[op.primary] = writable
+            target: dict | _Container = writable.data if writable.index is None else writable
             if op.kind == "put":
-                entries.data[op.secondary] = op.value
+                target[op.secondary] = op.value
             else:
-                entries.data.pop(op.secondary, None)
-                if not entries.data:
-                    del data[op.primary]
+                target.pop(op.secondary, None)
+                if not writable.data:
+                    keys.pop(op.primary, None)
 
     # -- snapshots ---------------------------------------------------------------------
 

@@ -73,16 +73,21 @@ class ListState(KeyedState):
         records = each_row(elements, lambda values: self._records(_check_elements(values, self._coerce)))
         existing = self._tx.get_many(self._table, rows.key_groups, rows.primaries)
         lists: dict[tuple[int, bytes], bytes] = {}
-        for kg, primary, stored, appended in zip(rows.key_groups, rows.primaries, existing, records, strict=False):
+        for row, (kg, primary, stored, appended) in enumerate(
+            zip(rows.key_groups, rows.primaries, existing, records, strict=False)
+        ):
             if appended:
                 slot = (kg, primary)
-                lists[slot] = (lists.get(slot, stored or b"")) + appended
+                grown = lists[slot] = (lists.get(slot, stored or b"")) + appended
+                if len(grown) > self._limits.max_list_bytes:
+                    raise self._limits.list_error(len(grown)).within(f"row {row}", row=row)
         kgs, primaries = zip(*lists, strict=False) if lists else ((), ())
         self._tx.put_many(self._table, kgs, primaries, list(lists.values()))
 
     def update_many(self, rows: Rows, lists: Sequence[list[Any]]) -> None:
         """:meth:`update` per row, in order (an empty list clears)."""
         records = each_row(lists, lambda values: self._records(_check_elements(values, self._coerce)) or None)
+        each_row([len(r) if r else 0 for r in records], self._limits.check_list)
         self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
 
     def update(self, key: Key, values: Iterable[Any], namespace: str = "") -> None:

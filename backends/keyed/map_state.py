@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any, NamedTuple
 
 from statehouse.backends.codec import (
     decode_user_key,
@@ -12,10 +13,28 @@ from statehouse.backends.codec import (
     encode_timestamped,
     split_timestamped,
 )
-from statehouse.backends.errors import InvalidValue, WrongStateKind
+from statehouse.backends.errors import InvalidValue, StateError, WrongStateKind
 from statehouse.backends.functions import StateFunction
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
 from statehouse.backends.ttl import is_expired
+
+
+class MapPage(NamedTuple):
+    entries: list[tuple[str, Any]]
+    next_after: bytes | None  # where the next page starts (a stored user key); None: the end
+
+
+class _Last:
+    """Passes stored entries through, remembering the last one's secondary (a page's end)."""
+
+    def __init__(self, stored: Iterator[tuple[bytes, bytes]]) -> None:
+        self._stored = stored
+        self.secondary: bytes | None = None
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        for entry in self._stored:
+            self.secondary = entry[0]
+            yield entry
 
 
 class MapState(KeyedState):
@@ -65,10 +84,13 @@ class MapState(KeyedState):
 
     def get_many(self, rows: Rows) -> list[dict[str, Any] | None]:
         """:meth:`get_all` per row: whole maps."""
-        return [
-            dict(self._entries_at(kg, primary)) or None
-            for kg, primary in zip(rows.key_groups, rows.primaries, strict=True)
-        ]
+        maps = []
+        for row, (kg, primary) in enumerate(zip(rows.key_groups, rows.primaries, strict=True)):
+            try:
+                maps.append(dict(self._entries_at(kg, primary)) or None)
+            except StateError as exc:
+                raise exc.within(f"row {row}", row=row) from None
+        return maps
 
     def update_many(self, rows: Rows, maps: Sequence[Mapping[str, Any]]) -> None:
         """:meth:`update` per row, in order: each row replaces its key's whole map."""
@@ -110,12 +132,36 @@ class MapState(KeyedState):
         return self._entries_at(*self._locate(key, namespace))
 
     def _entries_at(self, kg: int, primary: bytes) -> list[tuple[str, Any]]:
+        """The whole map: refused past ``max_map_read_entries`` (before reading further)."""
+        limit = self._limits.max_map_read_entries
+        entries = list(islice(self._live(kg, primary, self._tx.items_from(self._table, kg, primary, None)), limit + 1))
+        self._limits.check_map_read(len(entries))
+        return entries
+
+    def entries_page(self, key: Key, namespace: str, after: bytes | None, limit: int) -> MapPage:
+        """Up to ``limit`` live entries whose user key (UTF-8) sorts after ``after``, and where
+        the next page starts. Reads from ``after`` on (a seek) and at most ``limit`` plus a
+        bounded run of expired entries, never the whole map: a page costs what it returns."""
+        kg, primary = self._locate(key, namespace)
+        budget = 2 * limit + 1000  # stored entries one page reads; expired ones are dropped as read
+        stored = islice(self._tx.items_from(self._table, kg, primary, after), budget)
+        last = _Last(stored)
+        entries = list(islice(self._live(kg, primary, last), limit))
+        if last.secondary is None:
+            return MapPage(entries, None)
+        # More follow if anything is stored past the last entry read (read raw: no TTL refresh
+        # of an entry this page does not return). A page may come back short, even empty.
+        following = next(self._tx.items_from(self._table, kg, primary, last.secondary), None)
+        return MapPage(entries, last.secondary if following is not None else None)
+
+    def _live(self, kg: int, primary: bytes, stored: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[str, Any]]:
+        """The live entries of ``stored``, lazily, applying the TTL rules to each as it is read."""
         ttl = self._ttl
-        stored = list(self._tx.items(self._table, kg, primary))
         if ttl is None:
-            return [(decode_user_key(s), decode_value(v)) for s, v in stored]
+            for secondary, raw in stored:
+                yield decode_user_key(secondary), decode_value(raw)
+            return
         now = self._clock.now_ms()
-        result = []
         for secondary, raw in stored:
             timestamp, payload = split_timestamped(raw)
             if is_expired(timestamp, ttl.ttl_ms, now):
@@ -124,8 +170,7 @@ class MapState(KeyedState):
                     continue
             elif ttl.refresh_on_read:
                 self._tx.put(self._table, kg, primary, encode_timestamped(now, payload), secondary)
-            result.append((decode_user_key(secondary), decode_value(payload)))
-        return result
+            yield decode_user_key(secondary), decode_value(payload)
 
     def keys(self, key: Key, namespace: str = "") -> list[str]:
         return [uk for uk, _v in self.entries(key, namespace)]
@@ -134,7 +179,8 @@ class MapState(KeyedState):
         return [v for _uk, v in self.entries(key, namespace)]
 
     def is_empty(self, key: Key, namespace: str = "") -> bool:
-        return not self.entries(key, namespace)
+        kg, primary = self._locate(key, namespace)
+        return next(self._live(kg, primary, self._tx.items_from(self._table, kg, primary, None)), None) is None
 
     def get_all(self, key: Key, namespace: str = "") -> dict[str, Any] | None:
         """The whole map, or ``None`` when it has no live entry."""

@@ -199,6 +199,43 @@ class RocksDBPartition(StorePartition):
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
         return self._layout.scan(self._families[table], table, key_group)
 
+    def items_from(
+        self, table: str, key_group: int, primary: bytes, after: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        # One iterator seeked past ``after`` and bounded to the primary: nothing before it is read.
+        prefix = self._layout.key(table, key_group, primary)
+        start = prefix if after is None else prefix + after + b"\x00"  # the least key above prefix + after
+        n = len(prefix)
+        for key, value in _iterate(self._families[table], start, prefix_successor(prefix)):
+            yield key[n:], value
+
+    def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
+        family, prefix = self._families[table], self._layout.scan_prefix(table, key_group)
+        n, end = len(prefix), prefix_successor(prefix)
+        start = prefix if after is None else prefix + after + b"\x00"
+        if not self._nested.get(table, False):
+            for key, _value in _iterate(family, start, end):
+                yield key[n:]
+            return
+        # A map is one primary over many keys: take its primary, then seek past all of its
+        # entries (primaries are self-delimiting, so they are exactly the keys it prefixes).
+        if after is not None:
+            start = prefix_successor(prefix + after) or start
+        read_options = ReadOptions()
+        read_options.set_iterate_lower_bound(start)
+        if end is not None:
+            read_options.set_iterate_upper_bound(end)
+        it = family.iter(read_options)
+        it.seek(start)
+        while it.valid():
+            primary, _secondary = split_nested_key(it.key(), n)
+            yield primary
+            following = prefix_successor(prefix + primary)
+            if following is None:
+                break
+            it.seek(following)
+        del it
+
     # -- writes ------------------------------------------------------------------------
 
     def create_table(self, table: str, nested: bool) -> None:
