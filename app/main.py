@@ -33,7 +33,11 @@ problem+json with a stable `code`."""
 
 def open_store(settings: Settings) -> Store:
     if settings.backend == "rocksdb":
-        return RocksDBStore(settings.data_dir, incremental_checkpoints=settings.incremental_checkpoints)
+        return RocksDBStore(
+            settings.data_dir,
+            incremental_checkpoints=settings.incremental_checkpoints,
+            max_open=settings.max_open_jobs,
+        )
     return HeapStore()
 
 
@@ -47,6 +51,8 @@ def open_catalog(settings: Settings) -> JobCatalog:
             max_value_bytes=settings.max_value_bytes,
             max_staged_bytes=settings.max_staged_bytes,
             max_staged_attempts=settings.max_staged_attempts,
+            max_jobs=settings.max_jobs,
+            max_states_per_job=settings.max_states_per_job,
             max_map_read_entries=settings.max_map_read_entries,
             max_list_bytes=settings.max_list_bytes,
         ),
@@ -73,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # every millisecond instead of every five, so requests wait less behind an upload.
         sys.setswitchinterval(0.001)
         catalog = open_catalog(settings)
+        metrics.watch(catalog)
         checkpoints = CheckpointManager(
             catalog,
             open_storage(

@@ -1,12 +1,15 @@
-"""Prometheus metrics: requests and latencies per route, state operations per kind, errors by code."""
+"""Prometheus metrics: requests and latencies per route, state operations per kind, errors by code,
+and the resources a replica holds (jobs, open RocksDB instances)."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter as Tally
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from statehouse.backends.catalog import JobCatalog
 
 
 class Metrics:
@@ -26,6 +29,20 @@ class Metrics:
             "statehouse_state_operations_total", "Keyed state operations", ["kind", "op"], registry=self.registry
         )
         self.errors = Counter("statehouse_errors_total", "Problem responses by code", ["code"], registry=self.registry)
+        self.jobs = Gauge(
+            "statehouse_jobs", "Jobs on this replica (STATEHOUSE_MAX_JOBS bounds it)", registry=self.registry
+        )
+        self.open_instances = Gauge(
+            "statehouse_rocksdb_open_instances",
+            "RocksDB instances (one per job) open now (STATEHOUSE_MAX_OPEN_JOBS bounds it while they are idle)",
+            registry=self.registry,
+        )
+
+    def watch(self, catalog: JobCatalog) -> None:
+        """Read the resource gauges from ``catalog`` at each scrape."""
+        self.jobs.set_function(lambda: len(catalog))
+        instances = getattr(catalog.store, "instances", None)  # RocksDB only; 0 on the heap backend
+        self.open_instances.set_function(lambda: len(instances) if instances is not None else 0)
 
     def count_ops(self, tally: Tally[tuple[str, str]]) -> None:
         for (kind, op), n in tally.items():

@@ -133,11 +133,11 @@ KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned
 OPERATOR = (*JOB,)  # operator and state names are validated like job names
 CHECKPOINT_STORAGE = ("storage_unavailable", "snapshot_corrupt")
 
-PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict")
+PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict", "too_many_jobs")
 LIST_JOBS = errors(*PAGED)
 JOB_ONLY = errors(*JOB)
 FENCE = errors(*JOB, "invalid_argument")
-PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state")
+PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state", "too_many_states")
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
 
@@ -220,6 +220,8 @@ RESTORE = errors(
     "restore_incomplete",
     "restore_incompatible",
     "invalid_location",
+    "too_many_jobs",
+    "too_many_states",
     *CHECKPOINT_STORAGE,
 )
 

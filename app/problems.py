@@ -53,6 +53,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "attempt_conflict": 409,
     "epoch_sealed": 409,
     "staging_too_large": 413,
+    "too_many_jobs": 422,
+    "too_many_states": 422,
     "map_too_large": 413,
     "list_too_large": 413,
     "not_ready": 503,

@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     max_staged_attempts: int = Field(10_000, ge=1, description="task attempts staged under one epoch, per job")
     max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")
     max_page_size: int = Field(1000, ge=1, description="largest page of a listing")
+    max_jobs: int = Field(1000, ge=1, description="most jobs on one replica (creates and restores past it are refused)")
+    max_states_per_job: int = Field(
+        100, ge=1, description="most keyed states one job registers (operator states do not count)"
+    )
+    max_open_jobs: int = Field(
+        128, ge=1, description="RocksDB instances (one per job) kept open; the least recently used idle one closes"
+    )
     max_map_read_entries: int = Field(
         100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )

@@ -139,6 +139,8 @@ class Job:
                 descriptor.check_compatible(existing)
                 if existing == descriptor:
                     return False
+            else:
+                self.limits.check_states(self.name, len(self.descriptors) + 1)
             self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
             tx = PartitionTransaction(self.partition)
             tx.put(META_TABLE, 0, STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())

@@ -19,6 +19,14 @@ class StagingTooLarge(StateError):
     code = "staging_too_large"
 
 
+class TooManyJobs(StateError):
+    code = "too_many_jobs"
+
+
+class TooManyStates(StateError):
+    code = "too_many_states"
+
+
 class MapTooLarge(StateError):
     code = "map_too_large"
 
@@ -33,6 +41,11 @@ class Limits:
     max_value_bytes: int = 1 << 20
     max_staged_bytes: int = 256 << 20  # request bytes staged under one epoch, per job and replica
     max_staged_attempts: int = 10_000  # task attempts staged under one epoch, per job and replica
+    # Jobs and keyed states are counted, not sized: on RocksDB each job is a database and each
+    # keyed state a column family (a file descriptor, memtables, and an OPTIONS file that RocksDB
+    # rewrites whole on every registration), so their number is what a replica pays for.
+    max_jobs: int = 1000  # per replica
+    max_states_per_job: int = 100  # keyed states; operator states are rows of two shared tables
     # A whole-map read materializes the map in one response; paging (``entries_page``) has no
     # limit. The map itself is not bounded: counting a map's entries on every write would cost
     # a read per write on RocksDB (puts are blind writes there).
@@ -73,6 +86,22 @@ class Limits:
             f"the list would be {stored_bytes} bytes stored; the limit is {self.max_list_bytes} "
             "(STATEHOUSE_MAX_LIST_BYTES): clear it, keep fewer elements, or spread it over keys"
         )
+
+    def check_jobs(self, jobs: int) -> None:
+        """Before a replica holding ``jobs`` jobs takes one more."""
+        if jobs >= self.max_jobs:
+            raise TooManyJobs(
+                f"this replica holds {jobs} jobs, the limit (STATEHOUSE_MAX_JOBS={self.max_jobs}); "
+                "delete a job first, or raise the limit"
+            )
+
+    def check_states(self, job: str, states: int) -> None:
+        """Before a job holding ``states`` keyed states registers one more (or is restored with them)."""
+        if states > self.max_states_per_job:
+            raise TooManyStates(
+                f"job {job!r} would hold {states} keyed states; the limit is {self.max_states_per_job} "
+                "(STATEHOUSE_MAX_STATES_PER_JOB): drop unused states, or spread them over jobs"
+            )
 
     def check_staging(self, attempts: int, staged_bytes: int) -> None:
         if attempts > self.max_staged_attempts:

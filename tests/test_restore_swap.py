@@ -12,9 +12,10 @@ import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore, StateDescriptor
 from statehouse.backends.errors import JobReplaced
-from statehouse.snapshots import open_storage
+from statehouse.backends.limits import Limits, TooManyStates
+from statehouse.snapshots import CheckpointManager, open_storage
 from statehouse.snapshots.errors import SnapshotCorrupt
-from tests.test_snapshot_support import dump, operator_dump, populate
+from tests.test_snapshot_support import STATES, dump, operator_dump, populate
 
 
 @pytest.fixture(params=["full", "incremental"])
@@ -177,28 +178,49 @@ def test_rocksdb_swap_rolls_back_when_the_new_database_cannot_open(make_manager,
     catalog.close()
 
 
-def test_a_build_refused_by_the_backend_leaves_the_job(make_manager, tmp_path):
-    """A heap savepoint with a state RocksDB cannot hold, restored into RocksDB: the restore
-    fails, the live job keeps its states and data (it used to be left empty)."""
-    storage = open_storage(str(tmp_path / "checkpoints"))
+def _heap_savepoint(storage, states: list[str]) -> None:
+    """A heap deployment's savepoint of job "orders" holding ``states``, one entry each."""
     heap = JobCatalog(HeapStore())
     source, _ = heap.create("orders", 128)
-    source.register_state(StateDescriptor("default", "value"))
-    with source.transaction() as tx:
-        tx.value("default").update("k", 1)
-    saver = make_manager(heap, storage)
+    for name in states:
+        source.register_state(StateDescriptor(name, "value"))
+        with source.transaction() as tx:
+            tx.value(name).update("k", name)
+    saver = CheckpointManager(heap, storage)
     saver.trigger("orders", 1, kind="savepoint")
     saver.complete("orders", 1)
     saver.close()  # the heap deployment stops
 
+
+def test_a_state_named_default_restores_into_rocksdb(make_manager, tmp_path):
+    """RocksDB's own column family is "default": a heap savepoint's state of that name gets
+    another column family (it used to fail the restore)."""
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    _heap_savepoint(storage, ["default", "other"])
     rocks = JobCatalog(RocksDBStore(str(tmp_path / "data")))
+    live, _ = rocks.create("orders", 128)
+    populate(live, 10)
+    make_manager(rocks, storage).restore("orders", 1)
+    restored = rocks.get("orders")
+    with restored.transaction() as tx:
+        assert tx.value("default").get("k") == "default" and tx.value("other").get("k") == "other"
+    rocks.close()
+
+
+def test_a_build_refused_by_the_engine_leaves_the_job(make_manager, tmp_path):
+    """A savepoint with more keyed states than the limit: the restore fails (too_many_states),
+    the live job keeps its states and data (a failed restore used to leave it empty)."""
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    _heap_savepoint(storage, ["default", *(f"s{i}" for i in range(len(STATES)))])
+    rocks = JobCatalog(RocksDBStore(str(tmp_path / "data")), limits=Limits(max_states_per_job=len(STATES)))
     live, _ = rocks.create("orders", 128)
     populate(live, 40)
     before = snapshot_of(live)
     manager = make_manager(rocks, storage)
-    with pytest.raises(Exception):  # noqa: B017 - RocksDB's own refusal; the point is what survives
+    with pytest.raises(TooManyStates):
         manager.restore("orders", 1)
     assert rocks.get("orders") is live and snapshot_of(live) == before
+    assert_serving(rocks)
     rocks.close()
 
 

@@ -4,14 +4,25 @@ Layout (Flink's ``RocksDBKeyedStateBackend``): one column family per table; a Ro
 is ``key-group prefix + primary + secondary``, the prefix big-endian in 1 byte when max
 parallelism ≤ 128 and 2 bytes otherwise, so every key group — and every range of key
 groups — is one contiguous byte range. Job metadata lives in the default column family.
+
+A partition may be closed while idle and reopened on its next use (``OpenInstances`` in
+``pool.py`` bounds how many are open): every access to the database holds a lease, and only
+a partition without one is closed. Iterators over the live database hold a lease while they
+are alive, except :meth:`RocksDBPartition.scan`, which reads in chunks (a TTL cleanup cursor
+lives across requests and must not keep its database open).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rocksdict import AccessType, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
@@ -19,7 +30,19 @@ from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePar
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
 from statehouse.backends.reserved import META_TABLE
 
+if TYPE_CHECKING:
+    from statehouse.backends.rocksdb.pool import OpenInstances
+
 _DEFAULT_CF = "default"
+# A state named "default" would be RocksDB's own default column family (the job's metadata):
+# its column family gets a name no state can have ("$" cannot occur in names).
+_DEFAULT_STATE_CF = "$default"
+# Table files one instance keeps open (RocksDB's default, -1, keeps every SST file open): with
+# the open-instance bound, this bounds a replica's file descriptors.
+MAX_OPEN_FILES = 64
+_SCAN_CHUNK = 512  # entries a scan reads under one lease
+_TICKS = itertools.count(1)  # last-use stamps, for the least recently used instance
+_T = TypeVar("_T")
 _MAX_PARALLELISM_KEY = b"max_parallelism"
 _NESTED_PREFIX = b"table-nested:"
 _META_PREFIX = b"meta:"
@@ -29,7 +52,42 @@ def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    options.set_max_open_files(MAX_OPEN_FILES)
+    options.set_keep_log_file_num(3)  # every reopen rolls the info LOG; keep a few, not 1000
     return options
+
+
+def _cf(table: str) -> str:
+    """The column family of a (non-meta) table."""
+    return _DEFAULT_STATE_CF if table == _DEFAULT_CF else table
+
+
+def _leased(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run a partition method holding a lease on its (re)opened database."""
+
+    @functools.wraps(method)
+    def leased(self: RocksDBPartition, *args: Any, **kwargs: Any) -> _T:
+        self._acquire()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._release()
+
+    return leased
+
+
+def _leased_iter(method: Callable[..., Iterator[_T]]) -> Callable[..., Iterator[_T]]:
+    """A generator method whose iteration holds a lease until it ends or is dropped."""
+
+    @functools.wraps(method)
+    def leased(self: RocksDBPartition, *args: Any, **kwargs: Any) -> Iterator[_T]:
+        self._acquire()
+        try:
+            yield from method(self, *args, **kwargs)
+        finally:
+            self._release()
+
+    return leased
 
 
 def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
@@ -110,12 +168,12 @@ class RocksDBFrozenView(FrozenView):
             self._db = Rdict(
                 self.path,
                 _options(),
-                column_families={t: _options() for t in names},
+                column_families={_cf(t): _options() for t in names},
                 access_type=AccessType.read_only(),
             )
         family = self._families.get(table)
         if family is None:
-            family = self._db if table == META_TABLE else self._db.get_column_family(table)
+            family = self._db if table == META_TABLE else self._db.get_column_family(_cf(table))
             self._families[table] = family
         return family
 
@@ -133,22 +191,88 @@ class RocksDBFrozenView(FrozenView):
 
 
 class RocksDBPartition(StorePartition):
-    def __init__(self, path: str, max_parallelism: int | None, frozen_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        max_parallelism: int | None,
+        frozen_dir: str | None = None,
+        pool: OpenInstances | None = None,
+    ) -> None:
         self.path = path
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0
+        self._pool = pool  # None: stays open until closed (staged restores, snapshot readers)
+        self._guard = threading.Lock()  # opening, closing and the lease count
+        self._leases = 0  # accesses in progress (and live iterators)
+        self._is_open = False
+        self.last_used = 0
+        self._closed = False
         self._open(max_parallelism)
+        self._opened()
+        if pool is not None:
+            pool.trim()
+
+    # -- open instances: leases, idle close, reopen ---------------------------------------
+
+    def _opened(self) -> None:
+        self.last_used = next(_TICKS)
+        if self._pool is not None:
+            self._pool.add(self)
+
+    def _acquire(self) -> None:
+        """Hold the database open (reopening it if it was closed while idle)."""
+        with self._guard:
+            if self._closed:
+                raise RuntimeError(f"the state partition at {self.path} is closed")
+            self._leases += 1
+            if self._is_open:
+                self.last_used = next(_TICKS)
+                return
+            try:
+                self._open(None)
+            except BaseException:
+                self._leases -= 1
+                raise
+            self._opened()
+        if self._pool is not None:
+            self._pool.trim()
+
+    def _release(self) -> None:
+        with self._guard:
+            self._leases -= 1
+
+    def close_idle(self) -> bool:
+        """Close the database if nothing uses it (it reopens on the next access); whether it did."""
+        with self._guard:
+            if not self._is_open or self._leases or self._closed:
+                return False
+            self._close_db()
+            return True
+
+    @property
+    def is_open(self) -> bool:
+        return self._is_open
 
     def _open(self, max_parallelism: int | None) -> None:
         path = self.path
-        self._closed = False
         existing = Rdict.list_cf(path, _options()) if os.path.exists(os.path.join(path, "CURRENT")) else []
-        self._db = Rdict(path, _options(), column_families={cf: _options() for cf in existing if cf != _DEFAULT_CF})
+        families = {cf: _options() for cf in existing if cf != _DEFAULT_CF}
+        try:
+            self._db = Rdict(path, _options(), column_families=families)
+        except Exception as exc:
+            # The lock of a database closed moments ago is held until its last Rdict object is
+            # gone: a leftover one in a reference cycle (an exception's traceback) goes with a
+            # collection. Only here, not on every close.
+            if "lock" not in str(exc).lower():
+                raise
+            gc.collect()
+            self._db = Rdict(path, _options(), column_families=families)
+        self._is_open = True
         stored = self._db.get(_MAX_PARALLELISM_KEY)
         if stored is not None:
             self.max_parallelism = int(stored)
         elif max_parallelism is None:
-            self._db.close()
+            self._close_db()
             raise FileNotFoundError(f"no state partition at {path}")
         else:
             self.max_parallelism = max_parallelism
@@ -167,17 +291,19 @@ class RocksDBPartition(StorePartition):
             self._families[table] = self._db
             self._handles[table] = self._db.get_column_family_handle(_DEFAULT_CF)
         else:
-            self._families[table] = self._db.get_column_family(table)
-            self._handles[table] = self._db.get_column_family_handle(table)
+            self._families[table] = self._db.get_column_family(_cf(table))
+            self._handles[table] = self._db.get_column_family_handle(_cf(table))
 
     # -- reads -------------------------------------------------------------------------
 
     def tables(self) -> dict[str, bool]:
         return dict(self._nested)
 
+    @_leased
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
         return self._families[table].get(self._layout.key(table, key_group, primary, secondary))
 
+    @_leased
     def get_many(
         self,
         table: str,
@@ -190,6 +316,7 @@ class RocksDBPartition(StorePartition):
         # Point gets in a loop: rocksdict's multi-get measured no faster here.
         return list(map(self._families[table].get, self._layout.keys(key_groups, primaries, secondaries)))
 
+    @_leased_iter
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
         prefix = self._layout.key(table, key_group, primary)
         n = len(prefix)
@@ -197,8 +324,24 @@ class RocksDBPartition(StorePartition):
             yield key[n:], value
 
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
-        return self._layout.scan(self._families[table], table, key_group)
+        # In chunks, each read under its own lease: a scan left open (a TTL cleanup cursor)
+        # holds no database open. Each chunk sees the data as of its read.
+        lower = self._layout.scan_prefix(table, key_group)
+        upper = prefix_successor(lower)
+        split = self._layout.splitter(table)
+        while True:
+            chunk = self._chunk(table, lower, upper)
+            for key, value in chunk:
+                yield (*split(key), value)
+            if len(chunk) < _SCAN_CHUNK:
+                return
+            lower = chunk[-1][0] + b"\x00"  # the least key after the last one read
 
+    @_leased
+    def _chunk(self, table: str, lower: bytes, upper: bytes | None) -> list[tuple[bytes, bytes]]:
+        return list(islice(_iterate(self._families[table], lower, upper), _SCAN_CHUNK))
+
+    @_leased_iter
     def items_from(
         self, table: str, key_group: int, primary: bytes, after: bytes | None
     ) -> Iterator[tuple[bytes, bytes]]:
@@ -209,6 +352,7 @@ class RocksDBPartition(StorePartition):
         for key, value in _iterate(self._families[table], start, prefix_successor(prefix)):
             yield key[n:], value
 
+    @_leased_iter
     def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
         family, prefix = self._families[table], self._layout.scan_prefix(table, key_group)
         n, end = len(prefix), prefix_successor(prefix)
@@ -238,14 +382,16 @@ class RocksDBPartition(StorePartition):
 
     # -- writes ------------------------------------------------------------------------
 
+    @_leased
     def create_table(self, table: str, nested: bool) -> None:
         if table in self._nested:
             return
-        self._db.create_column_family(table, _options())
+        self._db.create_column_family(_cf(table), _options())
         self._db.put(_NESTED_PREFIX + table.encode(), b"1" if nested else b"0")
         self._nested[table] = nested
         self._open_family(table)
 
+    @_leased
     def drop_table(self, table: str) -> None:
         if table not in self._nested or table == META_TABLE:
             return
@@ -254,13 +400,15 @@ class RocksDBPartition(StorePartition):
         self._handles.pop(table, None)
         gc.collect()
         self._db.delete(_NESTED_PREFIX + table.encode())
-        self._db.drop_column_family(table)
+        self._db.drop_column_family(_cf(table))
 
+    @_leased
     def write(self, ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
         self._add_ops(batch, ops)
         self._db.write(batch)
 
+    @_leased
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
         for table, changes in flat.items():
@@ -296,12 +444,14 @@ class RocksDBPartition(StorePartition):
 
     # -- snapshots ---------------------------------------------------------------------
 
+    @_leased
     def flush(self) -> None:
         # RocksDB releases the GIL while it flushes, and writes go on into new memtables;
         # the checkpoint in freeze() then only flushes what arrived meanwhile.
         for family in list(self._families.values()):
             family.flush()
 
+    @_leased
     def freeze(self) -> RocksDBFrozenView:
         # Flushes the memtables and hard-links the SST files: milliseconds, not a copy.
         self._frozen_count += 1
@@ -317,16 +467,30 @@ class RocksDBPartition(StorePartition):
             return f.read().strip()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            if self._is_open:
+                self._close_db()
+
+    def _close_db(self) -> None:
+        # No gc.collect(): the leases say nothing uses the database, and this drops every Rdict
+        # object of it that the partition holds. A full collection per close made shutting
+        # down many jobs take tens of seconds; _open collects only if a reopen finds the lock.
+        self._is_open = False
         self._families.clear()
         self._handles.clear()
-        gc.collect()
         self._db.close()
         del self._db
-        gc.collect()
+        if self._pool is not None:
+            self._pool.discard(self)
 
     def reopen(self) -> None:
         """Open the database at ``path`` again after :meth:`close` (it may be another one now)."""
-        self._open(None)
+        with self._guard:
+            self._open(None)
+            self._closed = False
+            self._opened()
+        if self._pool is not None:
+            self._pool.trim()

@@ -9,6 +9,7 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.names import validate_name
 from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.rocksdb.pool import OpenInstances
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL
 from statehouse.snapshots.layout import SnapshotKind
 from statehouse.snapshots.strategy import FULL, SnapshotStrategy
@@ -21,9 +22,11 @@ class RocksDBStore(Store):
 
     name = "rocksdb"
 
-    def __init__(self, data_dir: str, *, incremental_checkpoints: bool = True) -> None:
+    def __init__(self, data_dir: str, *, incremental_checkpoints: bool = True, max_open: int | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
+        # Jobs' databases kept open at once (None: no bound); staged restores are not counted.
+        self.instances = OpenInstances(max_open)
         os.makedirs(self.data_dir, exist_ok=True)
         self._staging = os.path.join(self.data_dir, "$staging")
         self._retired = os.path.join(self.data_dir, "$retired")
@@ -54,7 +57,7 @@ class RocksDBStore(Store):
         # allowed in names.
         frozen_dir = os.path.join(self.data_dir, "$frozen", job)
         shutil.rmtree(frozen_dir, ignore_errors=True)  # views of a previous process are stale
-        return RocksDBPartition(self._path(job), max_parallelism, frozen_dir)
+        return RocksDBPartition(self._path(job), max_parallelism, frozen_dir, self.instances)
 
     def destroy_partition(self, job: str) -> None:
         shutil.rmtree(self._path(job), ignore_errors=True)
