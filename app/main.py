@@ -8,14 +8,14 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
-from starlette.responses import Response
+from fastapi import Depends, FastAPI
 
 from statehouse.app import openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators
+from statehouse.app.server_errors import ServerErrorMiddleware
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -116,12 +116,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     problems.install(app)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        metrics.errors.labels("internal_error").inc()
-        return problems.problem_response(500, "internal_error", "internal error; see the server log", request.url.path)
-
     v1 = [Depends(require_token)]
     # Routes match in order: the executors' hot endpoints first, so they skip the other routes' tests.
     for router in (columns.router, batch.router):
@@ -131,7 +125,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     for router in (jobs.router, keyed.router, operators.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
+    # Outermost last: metrics see every response, the 500s of unexpected faults included.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ServerErrorMiddleware, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     openapi.install(app)

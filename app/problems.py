@@ -11,10 +11,11 @@ from http import HTTPStatus
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from statehouse.app.settings import Settings
@@ -147,12 +148,34 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if isinstance(exc.__cause__, StateError):
+        # FastAPI turns any error while it reads a body into "400 There was an error parsing
+        # the body": the body limit and the strict JSON parser say better what is wrong.
+        return _state_error(request, exc.__cause__)
+    if exc.status_code == 405:
+        return _method_not_allowed(request)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     _count(request, code)
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no such resource: {request.method} {request.url.path}"
     return problem_response(exc.status_code, code, detail, request.url.path, exc.headers)
+
+
+def _method_not_allowed(request: Request) -> Response:
+    """``Allow`` names every method of the path (Starlette names one route's); ``OPTIONS``
+    is answered with it (RFC 9110 §9.3.7) instead of refused."""
+    methods = {"OPTIONS"}
+    for context in routing.iter_route_contexts(request.app.routes):  # included routers' routes too
+        route = context.original_route
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    allow = {"Allow": ", ".join(sorted(methods))}
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers=allow)
+    _count(request, "method_not_allowed")
+    detail = f"{request.method} is not allowed on {request.url.path}; allowed: {allow['Allow']}"
+    return problem_response(405, "method_not_allowed", detail, request.url.path, allow)
 
 
 def install(app: FastAPI) -> None:

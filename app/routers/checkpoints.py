@@ -5,24 +5,34 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import Body, Path
+from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import GrantDep, JobDep, JobName, ServiceDep, authorize_restore_location
-from statehouse.app.models import CheckpointInfoModel, CheckpointPage, RestoreBody, RestoreInfoModel, TriggerBody
+from statehouse.app.models import (
+    CheckpointInfoModel,
+    CheckpointPage,
+    RestoreBody,
+    RestoreInfoModel,
+    TriggerBody,
+    canonical_index,
+)
 from statehouse.app.paging import PageDep
+from statehouse.app.routing import api_router
 
-router = APIRouter(prefix="/v1", tags=["checkpoints"])
+router = api_router(prefix="/v1", tags=["checkpoints"])
 
-CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id")]
+CheckpointId = Annotated[int, BeforeValidator(canonical_index), Path(ge=1, description="checkpoint id")]
 
 
 @router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202, responses=doc.TRIGGER)
-async def trigger(service: ServiceDep, job: JobDep, body: TriggerBody | None = None) -> Any:
+async def trigger(
+    service: ServiceDep, job: JobDep, body: Annotated[TriggerBody, Body(default_factory=TriggerBody)]
+) -> Any:
     """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
     in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it."""
-    body = body or TriggerBody()
     # Off the event loop: a RocksDB freeze first flushes memtables (writes go on meanwhile).
     return await run_in_threadpool(service.checkpoints.trigger, job.name, body.checkpoint_id, body.kind, body.metadata)
 
@@ -67,13 +77,14 @@ async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -
 
 
 @router.post("/jobs/{job}/restore", response_model=RestoreInfoModel, responses=doc.RESTORE)
-async def restore(service: ServiceDep, grant: GrantDep, job: JobName, body: RestoreBody | None = None) -> Any:
+async def restore(
+    service: ServiceDep, grant: GrantDep, job: JobName, body: Annotated[RestoreBody, Body(default_factory=RestoreBody)]
+) -> Any:
     """Replace the job's state on this replica with its key groups of a completed checkpoint or savepoint
     (`{"checkpoint_id": N}`, `{"location": "..."}`, or the latest completed checkpoint). Parts written by
     any number of replicas are read (rescaling). The job answers 503 while it restores. A `location` lies in
     the checkpoint storage, under a job the token is scoped to, or (`@admin` tokens) under
     `STATEHOUSE_RESTORE_LOCATIONS`."""
-    body = body or RestoreBody()
     # Checked here, with the caller's grant; the normalized location is what the restore opens.
     location = None if body.location is None else authorize_restore_location(service, grant, body.location).url
     with service.restoring(job):

@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Path
+from pydantic import BeforeValidator
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
-from statehouse.app.models import EpochBody, EpochReportModel
+from statehouse.app.models import EpochBody, EpochReportModel, canonical_index
 from statehouse.app.routing import api_router
 from statehouse.backends import attempts
 from statehouse.backends.staging import Winner
 
 router = api_router(prefix="/v1", tags=["epochs"])
 
-Epoch = Annotated[int, Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch")]
+Epoch = Annotated[
+    int, BeforeValidator(canonical_index), Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch")
+]
 
 
 def _winners(body: EpochBody) -> list[Winner]:

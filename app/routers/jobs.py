@@ -31,11 +31,11 @@ async def put_job(
     service: ServiceDep,
     response: Response,
     job: Annotated[str, Path(description="job name")],
-    body: Annotated[JobBody | None, Body()] = None,
+    body: Annotated[JobBody, Body(default_factory=JobBody)],
 ) -> JobInfo:
     """Create a job, or confirm one exists; a different `max_parallelism` for an existing job is refused (409)."""
     service.check_available(job)
-    created_job, created = service.catalog.create(job, body.max_parallelism if body else None)
+    created_job, created = service.catalog.create(job, body.max_parallelism)
     if created:
         response.status_code = 201
     return JobInfo.of(created_job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
@@ -12,12 +12,13 @@ from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
 from statehouse.app.wire import render
-from statehouse.backends import ops
+from statehouse.backends import codec, ops
 from statehouse.backends.errors import InvalidKey
 from statehouse.backends.job import Job
 
-router = APIRouter(prefix="/v1", tags=["keyed state"])
+router = api_router(prefix="/v1", tags=["keyed state"])
 
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
 BASE = "/jobs/{job}/states/{state}/keys/{key}"
@@ -29,15 +30,11 @@ LONG_READS = frozenset({"map", "list"})
 
 
 def parse_key(job: Job, state: str, key: str) -> str | int:
-    """Path keys are text; int and long states take their decimal form."""
-    if job.descriptor(state).key_type == "string":
-        return key
+    """Path keys are text; int and long states take their canonical decimal form."""
     try:
-        return int(key)
-    except ValueError:
-        raise InvalidKey(
-            f"state {state!r} has {job.descriptor(state).key_type} keys; {key!r} is not an integer"
-        ) from None
+        return codec.parse_key(key, job.descriptor(state).key_type)
+    except InvalidKey as exc:
+        raise exc.within(f"state {state!r}") from None
 
 
 def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import Path, Query, Request, Response
+from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
-from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse
+from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse, canonical_index
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
 from statehouse.app.wire import render
+from statehouse.backends.redistribution import MAX_SUBTASKS
 
-router = APIRouter(prefix="/v1", tags=["operator state"])
+router = api_router(prefix="/v1", tags=["operator state"])
 
 LIST = "/jobs/{job}/operators/{operator}/subtasks/{index}/lists/{name}"
 BROADCAST = "/jobs/{job}/operators/{operator}/broadcast/{name}/entries"
-Index = Annotated[int, Path(ge=0, description="subtask index")]
+Index = Annotated[
+    int,
+    BeforeValidator(canonical_index),
+    Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
+]
 Mode = Annotated[
     Literal["split", "union"] | None,
     Query(description="redistribution mode, fixed on first write: split (default) or union"),
