@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, columnar, latency, restore
+from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, columnar, latency, map_paging, restore
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
@@ -86,3 +86,12 @@ def test_columnar():
         assert (f"statehouse {backend}", "columnar client", "get") in paths, paths
         assert (f"statehouse {backend}", "columnar client", "put") in paths, paths
     assert all(r["ops_per_s"]["median"] > 0 for r in out["results"])
+
+
+def test_map_paging_quick():
+    out = map_paging.main(["--quick"])
+    assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
+    for r in out["results"]:
+        (paged,) = r["passes"]
+        assert paged["entries"] == r["entries"] and paged["pages"] == r["entries"] // 1000
+        assert paged["healthz"]["n"] > 0 and all(w["total_s"] > 0 for w in r["whole_map"])

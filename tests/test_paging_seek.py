@@ -387,3 +387,54 @@ def test_the_heap_index_keeps_frozen_views_intact():
         page = tx.map("m").entries_page("k", "", None, 2)
     assert [k for k, _v in page.entries] == [uk(0), "u000000a"]
     view.release()
+
+
+class Watched(dict):
+    """A map's entries that count every pass over all of them (iteration, keys, items, values)."""
+
+    passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        return super().__iter__()
+
+    def keys(self):
+        self.passes += 1
+        return super().keys()
+
+    def items(self):
+        self.passes += 1
+        return super().items()
+
+    def values(self):
+        self.passes += 1
+        return super().values()
+
+
+def test_heap_pages_sort_a_map_once_not_per_page():
+    partition = HeapPartition(128)
+    job = Job("j", partition)
+    job.register_state(StateDescriptor("m", "map"))
+    with job.transaction() as tx:
+        tx.map("m").put_all("k", {uk(i): i for i in range(5000)})
+    kg, primary = job.locate(job.descriptor("m"), "k", "")
+    entries = partition._tables["m"].groups[kg].data[primary]
+    entries.data = watched = Watched(entries.data)
+
+    def page_all() -> list[str]:
+        after, seen = None, []
+        while True:
+            with job.transaction() as tx:
+                page = tx.map("m").entries_page("k", "", after, 100)
+            seen += [k for k, _v in page.entries]
+            if page.next_after is None:
+                return seen
+            after = page.next_after
+
+    assert page_all() == [uk(i) for i in range(5000)]
+    assert watched.passes == 1  # the index was built by the first page; the other 49 bisect into it
+    with job.transaction() as tx:  # new keys go to the index's delta, not a new sort
+        tx.map("m").put_all("k", {"u000100x": 0, "zzz": 1})
+        tx.map("m").remove("k", uk(7))
+    assert page_all() == sorted({uk(i) for i in range(5000)} - {uk(7)} | {"u000100x", "zzz"})
+    assert watched.passes == 1
