@@ -112,6 +112,18 @@ class Job:
             self._check_live()
             yield
 
+    @contextmanager
+    def held_if_free(self) -> Iterator[bool]:
+        """Take the job's lock only if nobody holds it, and say whether it was taken: a caller
+        that must not wait (the event loop) runs elsewhere when it was not. Work run inside
+        takes the lock again (it is reentrant)."""
+        taken = self._lock.acquire(blocking=False)
+        try:
+            yield taken and self.partition.is_open
+        finally:
+            if taken:
+                self._lock.release()
+
     def retire(self) -> None:
         """Refuse every later access (``not_ready``: retry); waits for a running write.
 

@@ -10,6 +10,7 @@ from fastapi import Request, Response
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import BatchResponse
+from statehouse.app.offload import run_engine
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import read_body, render
@@ -49,7 +50,11 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     if "attempt" in body or "partition" in body or "seq" in body:
         attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]
     size = len(await request.body())
-    results = run_batch(job, operations, epoch=body.get("epoch"), attempt=attempt, size=size)
+    results = await run_engine(
+        job,
+        lambda: run_batch(job, operations, epoch=body.get("epoch"), attempt=attempt, size=size),
+        len(operations),
+    )
     service.metrics.count_ops(_tally(job, operations))
     return render(request, {"results": results})
 

@@ -11,6 +11,7 @@ from fastapi import Request, Response
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import ColumnsResponse
+from statehouse.app.offload import run_engine
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import JSON, arrow_response, read_arrow
@@ -80,7 +81,8 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
         )
     work = ColumnOp.parse(state, op, table)
     ref = _attempt(request)
-    values = run_columns(job, work, epoch=_count(request, "epoch"), attempt=ref, size=len(raw))
+    epoch = _count(request, "epoch")
+    values = await run_engine(job, lambda: run_columns(job, work, epoch=epoch, attempt=ref, size=len(raw)), work.rows)
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:
         return arrow_response(work.columns.append_column("value", values))

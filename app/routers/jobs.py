@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Body, Path, Response
+from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import NAME_PATTERN, GrantDep, JobDep, ServiceDep
@@ -18,6 +19,7 @@ from statehouse.app.models import (
     JobInfo,
     JobPage,
 )
+from statehouse.app.offload import run_engine
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 
@@ -35,7 +37,9 @@ async def put_job(
 ) -> JobInfo:
     """Create a job, or confirm one exists; a different `max_parallelism` for an existing job is refused (409)."""
     service.check_available(job)
-    created_job, created = service.catalog.create(job, body.max_parallelism)
+    # Off the event loop, as every change of what a replica holds: opening (or deleting) a RocksDB
+    # instance or a column family takes milliseconds, and waits for the job's running snapshot.
+    created_job, created = await run_in_threadpool(service.catalog.create, job, body.max_parallelism)
     if created:
         response.status_code = 201
     return JobInfo.of(created_job)
@@ -58,7 +62,7 @@ async def get_job(job: JobDep) -> JobInfo:
 @router.delete("/jobs/{job}", status_code=204, responses=doc.JOB_ONLY)
 async def delete_job(service: ServiceDep, job: JobDep) -> Response:
     """Delete a job and all its local state (checkpoints in storage are kept)."""
-    service.catalog.delete(job.name)
+    await run_in_threadpool(service.catalog.delete, job.name)
     return Response(status_code=204)
 
 
@@ -66,7 +70,7 @@ async def delete_job(service: ServiceDep, job: JobDep) -> Response:
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
     """Raise the job's writer epoch (never lowers it). Batches that carry an older epoch are then refused,
     so a stale attempt of a Spark micro-batch cannot overwrite a newer one."""
-    return FenceResponse(epoch=job.fence(body.epoch))
+    return FenceResponse(epoch=await run_engine(job, lambda: job.fence(body.epoch)))
 
 
 @router.put(
@@ -77,7 +81,7 @@ async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
 async def put_state(job: JobDep, state: StateName, body: DescriptorBody, response: Response) -> DescriptorInfo:
     """Register a keyed state. Registering again with a compatible descriptor is a no-op (or updates the TTL);
     an incompatible one (other kind, key type, function, TTL on/off) is refused with 409."""
-    if job.register_state(body.to_descriptor(state)):
+    if await run_in_threadpool(job.register_state, body.to_descriptor(state)):
         response.status_code = 201
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
@@ -98,5 +102,5 @@ async def get_state(job: JobDep, state: str) -> DescriptorInfo:
 @router.delete("/jobs/{job}/states/{state}", status_code=204, responses=doc.STATE)
 async def delete_state(job: JobDep, state: str) -> Response:
     """Drop a state and all its data."""
-    job.drop_state(state)
+    await run_in_threadpool(job.drop_state, state)
     return Response(status_code=204)

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
+from statehouse.app.offload import OFF_LOOP, run_engine
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
@@ -37,12 +38,17 @@ def parse_key(job: Job, state: str, key: str) -> str | int:
         raise exc.within(f"state {state!r}") from None
 
 
-def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
+def apply_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
     op["key"] = parse_key(job, op["state"], op["key"])
     with job.transaction() as tx:
         result = ops.apply(tx, op)
     service.metrics.state_ops.labels(job.descriptor(op["state"]).kind, op["op"]).inc()
     return result
+
+
+async def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
+    """One operation, off the event loop if the job is busy (see ``run_engine``)."""
+    return await run_engine(job, lambda: apply_op(service, job, op))
 
 
 def found(request: Request, result: dict[str, Any], what: str) -> Response:
@@ -59,10 +65,10 @@ async def get_key(
     """Read: the value, the list, the whole map, or the reduced / aggregated result."""
 
     def read() -> Response:
-        result = run_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
+        result = apply_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
         return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
 
-    return await run_in_threadpool(read) if job.descriptor(state).kind in LONG_READS else read()
+    return await run_engine(job, read, OFF_LOOP if job.descriptor(state).kind in LONG_READS else 1)
 
 
 @router.put(BASE, status_code=204, responses=doc.KEYED_WRITE)
@@ -70,7 +76,7 @@ async def put_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
     """Update: value state sets it (null clears); list state replaces the list; map state replaces the map."""
-    run_op(service, job, {"op": "put", "state": state, "key": key, "ns": ns, "value": body.value})
+    await run_op(service, job, {"op": "put", "state": state, "key": key, "ns": ns, "value": body.value})
     return Response(status_code=204)
 
 
@@ -79,13 +85,13 @@ async def add_to_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
 ) -> Response:
     """List add / addAll, or reducing / aggregating add."""
-    run_op(service, job, {"op": "add", "state": state, "key": key, "ns": ns, **body.as_op()})
+    await run_op(service, job, {"op": "add", "state": state, "key": key, "ns": ns, **body.as_op()})
     return Response(status_code=204)
 
 
 @router.delete(BASE, status_code=204, responses=doc.KEYED_CLEAR)
 async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> Response:
-    run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})
+    await run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})
     return Response(status_code=204)
 
 
@@ -93,7 +99,7 @@ async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: 
 async def get_entry(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
-    result = run_op(service, job, {"op": "map_get", "state": state, "key": key, "ns": ns, "user_key": user_key})
+    result = await run_op(service, job, {"op": "map_get", "state": state, "key": key, "ns": ns, "user_key": user_key})
     return found(request, result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
@@ -102,7 +108,7 @@ async def put_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
     op = {"op": "map_put", "state": state, "key": key, "ns": ns, "user_key": user_key, "value": body.value}
-    run_op(service, job, op)
+    await run_op(service, job, op)
     return Response(status_code=204)
 
 
@@ -113,7 +119,7 @@ async def add_to_entry(
     """Fold a value (or several) into one map entry with the map's `function`, atomically on the
     server: a per-user-key reducing state. A map registered without `function` answers 409."""
     op = {"op": "map_add", "state": state, "key": key, "ns": ns, "user_key": user_key, **body.as_op()}
-    run_op(service, job, op)
+    await run_op(service, job, op)
     return Response(status_code=204)
 
 
@@ -121,7 +127,7 @@ async def add_to_entry(
 async def remove_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
-    run_op(service, job, {"op": "map_remove", "state": state, "key": key, "ns": ns, "user_key": user_key})
+    await run_op(service, job, {"op": "map_remove", "state": state, "key": key, "ns": ns, "user_key": user_key})
     return Response(status_code=204)
 
 

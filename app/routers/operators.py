@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
 from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse, canonical_index
+from statehouse.app.offload import in_transaction
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
@@ -50,8 +51,14 @@ async def put_list(job: JobDep, operator: str, index: Index, name: str, body: Va
     """Replace the subtask's list (`{"value": [...]}`)."""
     if not isinstance(body.value, list):
         raise ApiError("invalid_argument", "'value' must be a list")
-    with job.transaction() as tx:
-        tx.operator.list_update(operator, index, name, body.value, mode or _existing_or_split(tx, operator, name))
+    values = body.value
+    await in_transaction(
+        job,
+        lambda tx: tx.operator.list_update(
+            operator, index, name, values, mode or _existing_or_split(tx, operator, name)
+        ),
+        len(values),
+    )
     return Response(status_code=204)
 
 
@@ -61,15 +68,17 @@ async def add_to_list(
 ) -> Response:
     """Append `{"value": v}` or `{"values": [...]}`."""
     values = body.values if body.values is not None else [body.value]
-    with job.transaction() as tx:
-        tx.operator.list_add(operator, index, name, values, mode or _existing_or_split(tx, operator, name))
+    await in_transaction(
+        job,
+        lambda tx: tx.operator.list_add(operator, index, name, values, mode or _existing_or_split(tx, operator, name)),
+        len(values),
+    )
     return Response(status_code=204)
 
 
 @router.delete(LIST, status_code=204, responses=doc.OPERATOR_CLEAR)
 async def clear_list(job: JobDep, operator: str, index: Index, name: str) -> Response:
-    with job.transaction() as tx:
-        tx.operator.list_clear(operator, index, name)
+    await in_transaction(job, lambda tx: tx.operator.list_clear(operator, index, name))
     return Response(status_code=204)
 
 
@@ -99,8 +108,7 @@ async def list_broadcast(
 
 @router.get(BROADCAST + "/{key}", response_model=ValueResponse, responses=doc.BROADCAST_READ)
 async def get_broadcast(request: Request, job: JobDep, operator: str, name: str, key: str) -> Response:
-    with job.transaction() as tx:
-        value = tx.operator.broadcast_get(operator, name, key)
+    value = await in_transaction(job, lambda tx: tx.operator.broadcast_get(operator, name, key))
     if value is None:
         raise ApiError("key_not_found", f"broadcast state {operator}/{name} has no entry {key!r}")
     return render(request, {"value": value})
@@ -108,13 +116,11 @@ async def get_broadcast(request: Request, job: JobDep, operator: str, name: str,
 
 @router.put(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_WRITE)
 async def put_broadcast(job: JobDep, operator: str, name: str, key: str, body: ValueBody) -> Response:
-    with job.transaction() as tx:
-        tx.operator.broadcast_put(operator, name, key, body.value)
+    await in_transaction(job, lambda tx: tx.operator.broadcast_put(operator, name, key, body.value))
     return Response(status_code=204)
 
 
 @router.delete(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_REMOVE)
 async def remove_broadcast(job: JobDep, operator: str, name: str, key: str) -> Response:
-    with job.transaction() as tx:
-        tx.operator.broadcast_remove(operator, name, key)
+    await in_transaction(job, lambda tx: tx.operator.broadcast_remove(operator, name, key))
     return Response(status_code=204)

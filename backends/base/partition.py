@@ -65,6 +65,11 @@ class StorePartition(ABC):
 
     max_parallelism: int
 
+    @property
+    def is_open(self) -> bool:
+        """Whether an access needs no (re)open first; a store may close idle partitions."""
+        return True
+
     @abstractmethod
     def tables(self) -> dict[str, bool]:
         """Table name -> nested."""
