@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -101,6 +102,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.backend,
             settings.data_dir,
         )
+        # What startup built lives as long as the process: keep it out of the cyclic GC's full
+        # collections, which otherwise stall every request, /healthz too, for 25-50 ms each.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
