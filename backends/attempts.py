@@ -28,6 +28,8 @@ from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
 from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
+from statehouse.backends.timers import Advanced, FiredTimers, TimeDomain, double_firings
+from statehouse.keygroups import KeyGroupRange
 
 # Memory a staged write takes beyond its bytes in the request: the decoded operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
@@ -66,6 +68,28 @@ def run_columns(
         lambda: ([op], op.rows) if op.writes else ([], 0),
         STAGED_ROW_OVERHEAD,
     )
+
+
+def run_advance(
+    job: Job,
+    domain: TimeDomain,
+    to: int,
+    *,
+    key_groups: KeyGroupRange | None = None,
+    limit: int | None = None,
+    epoch: int | None = None,
+    attempt: AttemptRef | None = None,
+) -> Advanced:
+    """Advance a time domain and fire its due timers (``TimerService.advance``): directly, or
+    staged for ``attempt`` under ``epoch`` as one write operation that records exactly the
+    timers it fired (a re-sent request answers the same timers again)."""
+    done: list[Advanced] = []
+
+    def advance(tx: JobTransaction) -> Advanced:
+        done.append(tx.timers.advance(domain, to, key_groups, limit))
+        return done[-1]
+
+    return _run(job, epoch, attempt, 0, advance, lambda: ([done[-1].record], 1), STAGED_OP_OVERHEAD)
 
 
 def _run(
@@ -122,7 +146,9 @@ def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
         try:
             if batch:
                 ops.apply_all(tx, batch)
-            if write is not None:
+            if isinstance(write, FiredTimers):
+                tx.timers.apply_fired(write)  # what the attempt fired, not a new advance
+            elif write is not None:
                 apply_columns(tx, write)  # type: ignore[arg-type]  # a ColumnOp: see StagedColumns
         except StateError as exc:
             raise exc.within(where) from None
@@ -168,6 +194,17 @@ def _verify(job: Job, epoch: int, winners: list[Winner]) -> list[StagedAttempt]:
             attempts=wrong,
         )
     return sorted(found, key=lambda s: (s.partition, s.attempt))
+
+
+def _check_firings(job: Job, epoch: int, found: list[StagedAttempt]) -> None:
+    """Refuse to commit two winners that fired one timer: two tasks handled it."""
+    clashes = double_firings((s.attempt, s.writes) for s in found)
+    if clashes:
+        raise AttemptConflict(
+            f"winning attempts {', '.join(map(repr, clashes))} of epoch {epoch} fired timers that another winning "
+            f"attempt fired too on replica {job.replica_index}: give each partition its own key groups to advance "
+            "('key_groups'); abort and re-run the micro-batch"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +260,7 @@ def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
             return describe(job, epoch)  # a re-sent commit: done already
         job.check_epoch(epoch)
         found = _verify(job, epoch, winners)
+        _check_firings(job, epoch, found)
         views = _views_if_exact(job, job.staging(epoch), found)
         with job.transaction() as tx:
             if views is not None:

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
@@ -41,9 +42,10 @@ from statehouse.backends.reserved import (
     STATE_META,
 )
 from statehouse.backends.staging import EpochStaging
+from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
+from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
 
 
 class StoredKey(NamedTuple):
@@ -252,6 +254,12 @@ class Job:
                 owner=owner,
             )
 
+    def owned_key_group(self, key: str | int, key_type: KeyType) -> int:
+        """The key group of a key already encoded (so well typed); refuses keys of other replicas."""
+        key_group = self._assign(key, key_type)
+        self.check_owned(key_group)
+        return key_group
+
     def locate(self, descriptor: StateDescriptor, key: str | int, namespace: str) -> tuple[int, bytes]:
         """Key group and stored primary key of (key, namespace); refuses keys of other replicas."""
         key_bytes = encode_key(key, descriptor.key_type)  # validates the key's type first
@@ -331,6 +339,11 @@ class JobTransaction:
         self._tx = PartitionTransaction(source if source is not None else job.partition)
         self._states: dict[str, KeyedState] = {}
         self.operator = OperatorState(self._tx, job.limits)
+
+    @cached_property
+    def timers(self) -> TimerService:
+        """The job's timers in this transaction (made on first use: most transactions have none)."""
+        return TimerService(self.job, self._tx)
 
     def state(self, name: str) -> KeyedState:
         state = self._states.get(name)

@@ -14,6 +14,10 @@ msgpack, no model per operation) and returns their results: ``{"value": ...}`` f
 ``map_add``    fold ``value`` (or each of ``values``) into one map entry with the map's
                ``function``; a map registered without one refuses it
 =============  ==========================================================================
+
+Timer operations name no state: ``register_timer`` and ``delete_timer`` take ``domain``
+(``event`` | ``processing``), ``key``, ``key_type`` (default ``string``), ``ns`` and
+``timestamp`` (see ``backends/timers.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed.base import each_row
 from statehouse.backends.runs import RunArgs, apply_run
+from statehouse.backends.timers import TIMER_OPS
 
 OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
-OPS: tuple[str, ...] = get_args(OpName)
+OPS: tuple[str, ...] = get_args(OpName) + TIMER_OPS
+# Where a batch's timer operations run, in order among themselves (a name no state can have).
+_TIMERS = "$timers"
 _EMPTY: dict[str, Any] = {}
 
 
@@ -75,6 +82,8 @@ def _checked(op: Any) -> tuple[str, str, str]:
     name = op.get("op")
     if not isinstance(name, str) or name not in OPS:
         raise InvalidArgument(f"'op' must be one of {', '.join(OPS)}; got {name!r}")
+    if name in TIMER_OPS:
+        return name, _TIMERS, ""
     state = _field(op, "state", str, "a state name")
     if "key" not in op:
         raise InvalidArgument("missing 'key'")
@@ -124,6 +133,13 @@ def _apply_runs(
     results: list[dict[str, Any]],
 ) -> None:
     """Apply ``operations[i] for i in indexes`` (one state's, in order), run by run."""
+    if checked[indexes[0]][1] == _TIMERS:
+        for index in indexes:
+            try:
+                tx.timers.apply_op(operations[index])
+            except StateError as exc:
+                raise exc.within(f"op {index}", op_index=index) from None
+        return
     start = 0
     while start < len(indexes):
         name, state_name, _ns = checked[indexes[start]]

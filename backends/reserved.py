@@ -10,6 +10,12 @@ from __future__ import annotations
 META_TABLE = "$meta"  # job metadata rows, flat, key group 0
 LIST_TABLE = "$operator-lists"  # operator list state: (operator, name, subtask) -> elements
 BROADCAST_TABLE = "$broadcast"  # broadcast state: (operator, name) -> {user key: value}
+# Timers (``backends/timers.py``), one flat table per time domain. They are keyed tables: stored
+# per key group, so snapshots write them and restores move them with their key groups like any
+# state; they are not states (no descriptor, not counted against STATEHOUSE_MAX_STATES_PER_JOB).
+EVENT_TIMERS_TABLE = "$timers-event"
+PROCESSING_TIMERS_TABLE = "$timers-processing"
+TIMER_TABLES = frozenset({EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE})
 NON_KEYED_TABLES = frozenset({META_TABLE, LIST_TABLE, BROADCAST_TABLE})
 NO_KEY_GROUP = 0  # the key group non-keyed tables are stored under
 
@@ -18,6 +24,7 @@ STATE_META = b"state:"  # + state name -> descriptor JSON
 LIST_MODE_META = b"operator-list-mode:"  # + encoded (operator, name) -> b"split" | b"union"
 EPOCH_META = b"writer-epoch"  # -> the job's writer epoch, decimal
 COMMITTED_EPOCH_META = b"committed-epoch"  # -> the last epoch whose staged writes were committed, decimal
+TIMER_TIME_META = b"timer-time:"  # + time domain -> the replica's watermark / processing time, decimal
 
 
 def keyed_tables(tables: dict[str, bool]) -> dict[str, bool]:

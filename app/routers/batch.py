@@ -17,6 +17,7 @@ from statehouse.app.wire import read_body, render
 from statehouse.backends.attempts import run_batch
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
+from statehouse.backends.timers import TIMER_OPS
 
 router = api_router(prefix="/v1", tags=["batch"])
 
@@ -60,8 +61,9 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
 
 
 def _tally(job: Job, operations: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
-    """Operations per (state kind, op) of an applied batch, counted in one pass."""
+    """Operations per (state kind, op) of an applied batch, counted in one pass (timer
+    operations name no state: their kind is ``timer``)."""
     tally: Counter[tuple[str, str]] = Counter()
-    for (state, op), n in Counter((o["state"], o["op"]) for o in operations).items():
-        tally[(job.descriptor(state).kind, op)] += n
+    for (state, op), n in Counter((o.get("state"), o["op"]) for o in operations).items():
+        tally[(job.descriptor(state).kind if op not in TIMER_OPS else "timer", op)] += n
     return tally

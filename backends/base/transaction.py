@@ -49,6 +49,8 @@ class TransactionSource(Protocol):
         self, table: str, key_group: int, primary: bytes, after: bytes | None
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
+    def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]: ...
+
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None: ...
 
 
@@ -150,6 +152,22 @@ class PartitionTransaction:
         kept = ((s, v) for s, v in stored if s not in changed)
         pending = sorted((s, v) for s, v in changed.items() if v is not _DELETED and (after is None or s > after))
         return heapq.merge(kept, pending)
+
+    def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
+        """The primaries of a *flat* table's key group sorting after ``after``, in byte order, as
+        this transaction sees them: the source's (seeked), with this transaction's changes laid
+        over (timers are scanned this way, through an attempt's staged view too)."""
+        if self._is_nested(table):
+            raise TypeError(f"primaries_from through a transaction reads flat tables only, not {table!r}")
+        stored = self.partition.primaries_from(table, key_group, after)
+        changes = self._flat.get(table)
+        if not changes:
+            return stored
+        mine = {p: v for (kg, p), v in changes.items() if kg == key_group and (after is None or p > after)}
+        if not mine:
+            return stored
+        kept = (p for p in stored if p not in mine)
+        return heapq.merge(kept, sorted(p for p, v in mine.items() if v is not _DELETED))
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
         if self._is_nested(table):

@@ -1,0 +1,332 @@
+"""Timers: Flink's ``InternalTimerService`` per job, event time and processing time.
+
+A timer is ``(key, namespace, timestamp)`` in one time domain; registering it twice is one
+timer (Flink dedupes per key, namespace and timestamp). Timers live in the job's partition as
+two flat keyed tables (``reserved.EVENT_TIMERS_TABLE``, ``PROCESSING_TIMERS_TABLE``), stored
+under their key's key group, so full, incremental and savepoint snapshots carry them per key
+group and a restore or rescale moves them with their key groups, exactly like keyed state.
+
+Stored layout (one row per timer, empty value)::
+
+    primary = timestamp (8 bytes big-endian, sign bit flipped: byte order is numeric order)
+            + key type (1 byte: 0 string, 1 int, 2 long)
+            + key field + namespace field (as ``codec.encode_primary``)
+
+so a scan of one key group from its start meets its timers in firing order; a replica's firing
+order is (timestamp, key group, key, namespace): a merge of its key groups' scans.
+
+Key type: a Flink operator has one key type; a Statehouse job has one per state. So each timer
+carries its key type (default ``string``): a timer for key ``7`` of a ``long``-keyed state is
+registered with ``key_type: long``, lands in that key's key group (with its state, on the
+replica that owns it) and fires with the same typed key. The type is part of the timer's
+identity: ``"7"`` and ``7`` are two timers.
+
+Time: per job and replica, each domain has a current time (the watermark for event time, the
+clock for processing time), kept in the job's metadata. :meth:`TimerService.advance` raises it
+(never lowers it: an older value leaves it where it is, as a fence does) and fires — returns in
+order and deletes in the same transaction — every timer at or below it. A timer registered at
+or below the current time therefore fires on the next advance, as in Flink. Firing is a write
+like any other: fenced by the writer epoch, and staged under a Spark task attempt (its log
+records exactly the timers it fired, so the epoch commit removes those and no others).
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice, takewhile
+from typing import Any, Literal, Protocol, get_args
+
+from statehouse.backends.base.partition import StorePartition
+from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
+from statehouse.backends.errors import InvalidArgument, InvalidKey
+from statehouse.backends.limits import Limits
+from statehouse.backends.reserved import EVENT_TIMERS_TABLE, META_TABLE, PROCESSING_TIMERS_TABLE, TIMER_TIME_META
+from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
+
+TimeDomain = Literal["event", "processing"]
+TIME_DOMAINS: tuple[TimeDomain, ...] = get_args(TimeDomain)
+TABLES: dict[TimeDomain, str] = {"event": EVENT_TIMERS_TABLE, "processing": PROCESSING_TIMERS_TABLE}
+
+# Batch operations on timers (``backends/ops.py`` hands them here): writes, staged like any.
+TimerOpName = Literal["register_timer", "delete_timer"]
+TIMER_OPS: tuple[str, ...] = get_args(TimerOpName)
+
+_TS = struct.Struct(">Q")
+_TS_BYTES = _TS.size
+_SIGN = 1 << 63
+
+
+def encode_timestamp(timestamp: int) -> bytes:
+    return _TS.pack(timestamp + _SIGN)
+
+
+def decode_timestamp(data: bytes) -> int:
+    return _TS.unpack_from(data)[0] - _SIGN
+
+
+def check_timestamp(value: Any, what: str = "timestamp") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidArgument(f"'{what}' must be a 64-bit integer (milliseconds); got {value!r}")
+    return value
+
+
+def check_domain(value: Any) -> TimeDomain:
+    if value not in TIME_DOMAINS:
+        raise InvalidArgument(f"'domain' must be one of {', '.join(TIME_DOMAINS)}; got {value!r}")
+    return value
+
+
+def check_key_type(value: Any) -> KeyType:
+    if value not in KEY_TYPES:
+        raise InvalidArgument(f"'key_type' must be one of {', '.join(KEY_TYPES)}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    timestamp: int
+    key: str | int
+    key_type: KeyType
+    namespace: str
+    key_group: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp,
+            "key": self.key,
+            "key_type": self.key_type,
+            "ns": self.namespace,
+            "key_group": self.key_group,
+        }
+
+
+def decode_timer(key_group: int, primary: bytes) -> Timer:
+    key_type = KEY_TYPES[primary[_TS_BYTES]]
+    key, namespace = decode_primary(primary[_TS_BYTES + 1 :], key_type)
+    return Timer(decode_timestamp(primary), key, key_type, namespace, key_group)
+
+
+@dataclass(frozen=True, slots=True)
+class FiredTimers:
+    """What one advance under a task attempt did, as its staged log records it: the domain's
+    time raised to ``time`` and exactly these timers fired (``(key group, primary)``). The epoch
+    commit applies this, not the advance again: at commit time other winners' timers may be due
+    too, and nobody has handled them."""
+
+    domain: TimeDomain
+    time: int
+    fired: tuple[tuple[int, bytes], ...]
+
+    @property
+    def rows(self) -> int:
+        return 1  # one write operation of the attempt, whatever it fired
+
+
+@dataclass(frozen=True, slots=True)
+class Advanced:
+    """The result of an advance: the domain's time after it, the timers fired (in firing order),
+    and whether more are due (a ``limit`` cut the firing short: they fire on the next advance)."""
+
+    domain: TimeDomain
+    time: int
+    timers: list[Timer]
+    more: bool
+    record: FiredTimers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "domain": self.domain,
+            "time": self.time,
+            "timers": [t.to_dict() for t in self.timers],
+            "more": self.more,
+        }
+
+
+class TimerContext(Protocol):
+    """What timers need of their job (a ``Job``)."""
+
+    key_group_range: KeyGroupRange
+    limits: Limits
+
+    @property
+    def partition(self) -> StorePartition: ...
+
+    def owned_key_group(self, key: str | int, key_type: KeyType) -> int: ...
+
+
+def _time_row(domain: TimeDomain) -> bytes:
+    return TIMER_TIME_META + domain.encode()
+
+
+class TimerService:
+    """The timers of one job, bound to one transaction (``JobTransaction.timers``)."""
+
+    def __init__(self, job: TimerContext, tx: PartitionTransaction) -> None:
+        self._job = job
+        self._tx = tx
+
+    def _table(self, domain: TimeDomain, create: bool) -> str | None:
+        """The domain's table; made on first registration (a job without timers has none)."""
+        table = TABLES[check_domain(domain)]
+        partition = self._job.partition
+        if table not in partition.tables():
+            if not create:
+                return None
+            partition.create_table(table, nested=False)  # an empty table: harmless if this rolls back
+        return table
+
+    def _locate(self, key: str | int, key_type: KeyType, namespace: str, timestamp: int) -> tuple[int, bytes]:
+        key_type = check_key_type(key_type)
+        key_bytes = encode_key(key, key_type)
+        if not isinstance(namespace, str):
+            raise InvalidKey(f"a namespace is a string; got {type(namespace).__name__}")
+        ns_bytes = encode_namespace(namespace)
+        self._job.limits.check_key(key_bytes)
+        self._job.limits.check_key(ns_bytes, "namespace")
+        key_group = self._job.owned_key_group(key, key_type)
+        primary = encode_timestamp(check_timestamp(timestamp)) + bytes([KEY_TYPES.index(key_type)])
+        return key_group, primary + key_bytes + ns_bytes
+
+    def register(
+        self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
+    ) -> None:
+        """Flink's ``registerEventTimeTimer`` / ``registerProcessingTimeTimer`` (idempotent)."""
+        table = self._table(domain, create=True)
+        assert table is not None
+        key_group, primary = self._locate(key, key_type, namespace, timestamp)
+        self._tx.put(table, key_group, primary, b"")
+
+    def delete(
+        self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
+    ) -> None:
+        """Flink's ``deleteEventTimeTimer`` / ``deleteProcessingTimeTimer``: absent is a no-op."""
+        table = self._table(domain, create=False)
+        key_group, primary = self._locate(key, key_type, namespace, timestamp)
+        if table is not None:
+            self._tx.delete(table, key_group, primary)
+
+    def current_time(self, domain: TimeDomain) -> int | None:
+        """The domain's time on this replica: ``None`` until the first advance."""
+        raw = self._tx.get(META_TABLE, 0, _time_row(check_domain(domain)))
+        return None if raw is None else int(raw)
+
+    def _raise_time(self, domain: TimeDomain, to: int) -> int:
+        current = self.current_time(domain)
+        if current is not None and current >= to:
+            return current
+        self._tx.put(META_TABLE, 0, _time_row(domain), str(to).encode())
+        return to
+
+    def advance(
+        self, domain: TimeDomain, to: int, key_groups: KeyGroupRange | None = None, limit: int | None = None
+    ) -> Advanced:
+        """Raise the domain's time to ``to`` (never lower it) and fire every timer at or below
+        the time, in (timestamp, key group, key, namespace) order: returned, and deleted in this
+        transaction. ``key_groups`` restricts the firing to those of this replica's key groups (a
+        Spark partition fires its own); ``limit`` caps the timers fired (the rest stay due)."""
+        time = self._raise_time(check_domain(domain), check_timestamp(to, "to"))
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidArgument(f"'limit' must be a positive integer; got {limit!r}")
+        table = self._table(domain, create=False)
+        owned = self._job.key_group_range
+        groups = owned if key_groups is None else owned.intersection(key_groups)
+        due: list[tuple[int, bytes]] = []
+        more = False
+        if table is not None:
+            bound = encode_timestamp(time)
+            scans = [self._due(table, kg, bound) for kg in groups]
+            merged = ((kg, primary) for _ts, kg, primary in heapq.merge(*scans))
+            due = list(islice(merged, limit)) if limit is not None else list(merged)
+            more = limit is not None and len(due) == limit and next(merged, None) is not None
+            for kg, primary in due:
+                self._tx.delete(table, kg, primary)
+        record = FiredTimers(domain, time, tuple(due))
+        return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], more, record)
+
+    def _due(self, table: str, key_group: int, bound: bytes) -> Iterator[tuple[bytes, int, bytes]]:
+        """One key group's due timers in order, as ``(timestamp bytes, key group, primary)``."""
+        for primary in takewhile(lambda p: p[:_TS_BYTES] <= bound, self._tx.primaries_from(table, key_group, None)):
+            yield primary[:_TS_BYTES], key_group, primary
+
+    def apply_fired(self, record: FiredTimers) -> None:
+        """Replay a staged advance in the epoch commit: raise the time, delete what it fired."""
+        self._raise_time(record.domain, record.time)
+        table = TABLES[record.domain]
+        for kg, primary in record.fired:
+            self._tx.delete(table, kg, primary)
+
+    def apply_op(self, op: Mapping[str, Any]) -> None:
+        """One batch operation on timers (``register_timer`` / ``delete_timer``), checked."""
+        name = op.get("op")
+        if "key" not in op:
+            raise InvalidArgument("missing 'key'")
+        if "timestamp" not in op:
+            raise InvalidArgument("missing 'timestamp'")
+        domain = check_domain(op.get("domain", "event"))
+        key_type = check_key_type(op.get("key_type", "string"))
+        namespace = op.get("ns", "")
+        if name == "register_timer":
+            self.register(domain, op["key"], op["timestamp"], namespace, key_type)
+        elif name == "delete_timer":
+            self.delete(domain, op["key"], op["timestamp"], namespace, key_type)
+        else:
+            raise InvalidArgument(f"'op' must be one of {', '.join(TIMER_OPS)}; got {name!r}")
+
+
+# -- reading the stored timers (listings, counts): call under ``Job.exclusive`` ----------------
+
+
+def list_timers(
+    job: TimerContext,
+    domain: TimeDomain,
+    key_group: int | None = None,
+    start_after: tuple[int, bytes] | None = None,
+) -> Iterator[tuple[Timer, tuple[int, bytes]]]:
+    """The stored timers of a domain in key-group then firing order, each with its position
+    (for paging: pass the last one back as ``start_after``)."""
+    table = TABLES[check_domain(domain)]
+    partition = job.partition
+    if table not in partition.tables():
+        return
+    groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
+    for kg in groups:
+        if start_after is not None and kg < start_after[0]:
+            continue
+        previous = start_after[1] if start_after is not None and kg == start_after[0] else None
+        for primary in partition.primaries_from(table, kg, previous):
+            yield decode_timer(kg, primary), (kg, primary)
+
+
+def count_timers(job: TimerContext, domain: TimeDomain, key_group: int | None = None) -> dict[int, int]:
+    """Stored timers per key group of this replica (key groups without timers left out)."""
+    counts: dict[int, int] = {}
+    table = TABLES[check_domain(domain)]
+    partition = job.partition
+    if table not in partition.tables():
+        return counts
+    groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
+    for kg in groups:
+        n = sum(1 for _ in partition.primaries_from(table, kg, None))
+        if n:
+            counts[kg] = n
+    return counts
+
+
+def double_firings(logs: Iterable[tuple[str, Iterable[Any]]]) -> list[str]:
+    """The attempts (of ``(attempt, staged writes)``) that fired a timer another one fired too:
+    committing both would hand one timer to two tasks."""
+    seen: dict[tuple[str, int, bytes], str] = {}
+    clashes: list[str] = []
+    for attempt, writes in logs:
+        for write in writes:
+            if not isinstance(write, FiredTimers):
+                continue
+            for kg, primary in write.fired:
+                other = seen.setdefault((write.domain, kg, primary), attempt)
+                if other != attempt and attempt not in clashes:
+                    clashes.append(attempt)
+    return clashes

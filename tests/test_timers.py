@@ -1,0 +1,312 @@
+"""Timers (backends/timers.py) on both backends: order, dedupe, delete, firing on watermark and
+processing-time advance, listing, fencing and task attempts, snapshots, restore and rescale."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from statehouse.backends import attempts
+from statehouse.backends.errors import AttemptConflict, InvalidArgument, KeyNotOwned, StaleEpoch
+from statehouse.backends.reserved import TIMER_TABLES, keyed_tables
+from statehouse.backends.staging import AttemptRef, Winner
+from statehouse.backends.timers import count_timers, list_timers
+from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from statehouse.snapshots import open_storage
+
+
+def fire(job, to, domain="event", **kwargs):
+    """Advance directly; the fired timers as (timestamp, key, ns)."""
+    result = attempts.run_advance(job, domain, to, **kwargs)
+    return [(t.timestamp, t.key, t.namespace) for t in result.timers]
+
+
+def register(job, *timers, domain="event", key_type="string"):
+    with job.transaction() as tx:
+        for ts, key, *ns in timers:
+            tx.timers.register(domain, key, ts, ns[0] if ns else "", key_type)
+
+
+def owned(job, keys, key_type="string"):
+    return [k for k in keys if assign_to_key_group(k, key_type, job.max_parallelism) in job.key_group_range]
+
+
+# -- the timer service ---------------------------------------------------------------------------
+
+
+def test_fire_in_order_deduped(job):
+    register(job, (30, "b"), (10, "a"), (20, "c", "w1"), (10, "a"), (20, "c", "w1"), (20, "c", "w2"), (5, "z"))
+    assert count_timers(job, "event") and sum(count_timers(job, "event").values()) == 5  # (10, a) and (20, c, w1) once
+    assert fire(job, 4) == []
+    fired = fire(job, 20)
+    assert [ts for ts, _k, _ns in fired] == [5, 10, 20, 20]
+    assert set(fired) == {(5, "z", ""), (10, "a", ""), (20, "c", "w1"), (20, "c", "w2")}
+    assert fire(job, 20) == []  # fired timers are gone
+    assert fire(job, 100) == [(30, "b", "")]
+    assert sum(count_timers(job, "event").values()) == 0
+
+
+def test_firing_order_is_timestamp_key_group_key_namespace(job):
+    keys = [f"k{i}" for i in range(200)]
+    register(job, *[(1_000 - i % 7, k, ns) for i, k in enumerate(keys) for ns in ("x", "a")])
+    result = attempts.run_advance(job, "event", 10_000)
+    order = [(t.timestamp, t.key_group) for t in result.timers]
+    assert order == sorted(order) and len(order) == 400
+    for t in result.timers:
+        assert t.key_group == assign_to_key_group(t.key, "string", 128)
+    by_group = {}
+    for t in result.timers:  # within one timestamp and key group: the stored key order, each key's ns sorted
+        by_group.setdefault((t.timestamp, t.key_group, t.key), []).append(t.namespace)
+    assert all(namespaces == ["a", "x"] for namespaces in by_group.values())
+
+
+def test_delete(job):
+    register(job, (10, "a"), (10, "b"), (10, "a", "w"))
+    with job.transaction() as tx:
+        tx.timers.delete("event", "a", 10)
+        tx.timers.delete("event", "nobody", 10)  # absent: a no-op, as in Flink
+        tx.timers.delete("processing", "b", 10)  # another domain
+    assert sorted(fire(job, 10)) == [(10, "a", "w"), (10, "b", "")]
+
+
+def test_domains_are_separate_and_processing_time_fires(job):
+    register(job, (10, "e"))
+    register(job, (10, "p"), (50, "q"), domain="processing")
+    assert fire(job, 100) == [(10, "e", "")]
+    assert fire(job, 20, "processing") == [(10, "p", "")]
+    assert fire(job, 60, "processing") == [(50, "q", "")]
+    with job.transaction() as tx:
+        assert tx.timers.current_time("event") == 100
+        assert tx.timers.current_time("processing") == 60
+
+
+def test_time_never_goes_back_and_late_timers_fire_on_next_advance(job):
+    with job.transaction() as tx:
+        assert tx.timers.current_time("event") is None
+    assert attempts.run_advance(job, "event", 100).time == 100
+    result = attempts.run_advance(job, "event", 50)  # older: the watermark stays
+    assert result.time == 100 and result.timers == []
+    register(job, (70, "late"), (100, "at"), (101, "later"))
+    assert fire(job, 90) == [(70, "late", ""), (100, "at", "")]  # at or below the watermark: the next advance
+    assert fire(job, 100) == []
+    assert fire(job, 101) == [(101, "later", "")]
+
+
+def test_typed_keys(job):
+    register(job, (1, 7), (1, -(2**31)), key_type="int")
+    register(job, (1, 7), (2, 2**62), key_type="long")
+    register(job, (1, "7"))
+    result = attempts.run_advance(job, "event", 5)
+    got = {(t.key, t.key_type) for t in result.timers}
+    assert got == {(7, "int"), (-(2**31), "int"), (7, "long"), (2**62, "long"), ("7", "string")}
+    for t in result.timers:
+        assert t.key_group == assign_to_key_group(t.key, t.key_type, 128)
+    with job.transaction() as tx, pytest.raises(Exception, match="int"):
+        tx.timers.register("event", "x", 1, key_type="int")
+    with job.transaction() as tx, pytest.raises(InvalidArgument, match="timestamp"):
+        tx.timers.register("event", "x", 2**63)
+    with job.transaction() as tx, pytest.raises(InvalidArgument, match="domain"):
+        tx.timers.register("wall", "x", 1)  # type: ignore[arg-type]
+
+
+def test_limit_and_key_groups(job):
+    keys = [f"k{i}" for i in range(50)]
+    register(job, *[(i, k) for i, k in enumerate(keys)])
+    first = attempts.run_advance(job, "event", 100, limit=20)
+    assert len(first.timers) == 20 and first.more and [t.timestamp for t in first.timers] == list(range(20))
+    groups = KeyGroupRange(0, 63)
+    mine = attempts.run_advance(job, "event", 100, key_groups=groups)
+    assert mine.timers and all(t.key_group <= 63 for t in mine.timers) and not mine.more
+    rest = attempts.run_advance(job, "event", 100)
+    assert all(t.key_group > 63 for t in rest.timers)
+    assert len(first.timers) + len(mine.timers) + len(rest.timers) == 50
+
+
+def test_list_and_count_per_key_group(job):
+    keys = [f"k{i}" for i in range(100)]
+    register(job, *[(i % 3, k) for i, k in enumerate(keys)])
+    register(job, (5, "p"), domain="processing")
+    counts = count_timers(job, "event")
+    expected: dict[int, int] = {}
+    for k in keys:
+        kg = assign_to_key_group(k, "string", 128)
+        expected[kg] = expected.get(kg, 0) + 1
+    assert counts == expected
+    listed = [t for t, _pos in list_timers(job, "event")]
+    assert len(listed) == 100 and [t.key_group for t in listed] == sorted(t.key_group for t in listed)
+    kg = next(iter(expected))
+    one = [t for t, _pos in list_timers(job, "event", kg)]
+    assert len(one) == expected[kg] and all(t.key_group == kg for t in one)
+    # paging resumes after a position
+    first = list(list_timers(job, "event"))[:40]
+    after = list(list_timers(job, "event", start_after=first[-1][1]))
+    assert [t for t, _p in first] + [t for t, _p in after] == listed
+    assert count_timers(job, "processing") == {assign_to_key_group("p", "string", 128): 1}
+
+
+def test_timers_are_not_states(make_catalog):
+    from statehouse.backends.limits import Limits
+
+    catalog = make_catalog()
+    job, _ = catalog.create("capped", 128)
+    job.limits = Limits(max_states_per_job=1)
+    register(job, (1, "a"))
+    register(job, (1, "a"), domain="processing")
+    from statehouse.backends import StateDescriptor
+
+    job.register_state(StateDescriptor("only", "value"))  # the timer tables do not count
+    assert set(job.descriptors) == {"only"}
+    assert set(keyed_tables(job.partition.tables())) >= TIMER_TABLES
+
+
+def test_keys_of_other_replicas_refused(make_catalog):
+    job, _ = make_catalog(0, 2).create("half", 128)
+    foreign = next(f"k{i}" for i in range(100) if assign_to_key_group(f"k{i}", "string", 128) >= 64)
+    with job.transaction() as tx, pytest.raises(KeyNotOwned):
+        tx.timers.register("event", foreign, 1)
+
+
+def test_timers_survive_a_restart(backend, make_catalog, tmp_path):
+    if backend != "rocksdb":
+        pytest.skip("the heap backend keeps nothing across a restart")
+    catalog = make_catalog(data_dir=tmp_path / "d")
+    job, _ = catalog.create("durable", 128)
+    register(job, (10, "a"), (20, "b"))
+    attempts.run_advance(job, "event", 10)
+    catalog.close()
+    job = make_catalog(data_dir=tmp_path / "d").get("durable")
+    with job.transaction() as tx:
+        assert tx.timers.current_time("event") == 10
+    assert fire(job, 20) == [(20, "b", "")]
+
+
+# -- fencing and task attempts -------------------------------------------------------------------
+
+
+def test_stale_epoch_refused(job):
+    register(job, (1, "a"))
+    job.fence(3)
+    with pytest.raises(StaleEpoch):
+        attempts.run_advance(job, "event", 10, epoch=2)
+    assert fire(job, 10, epoch=3) == [(1, "a", "")]
+
+
+def test_attempt_firing_is_staged_and_only_the_winner_sticks(job):
+    register(job, (1, "a"), (2, "b"), (50, "c"))
+    job.fence(1)
+    ref = AttemptRef(0, "a0", 0)
+    first = attempts.run_advance(job, "event", 10, epoch=1, attempt=ref)
+    assert [t.key for t in first.timers] == ["a", "b"]
+    again = attempts.run_advance(job, "event", 10, epoch=1, attempt=ref)  # re-sent: answered again
+    assert again is first
+    # not committed: the job still has the timers, and a retried attempt fires the same ones
+    assert sum(count_timers(job, "event").values()) == 3
+    retry = attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 0))
+    assert [t.key for t in retry.timers] == ["a", "b"]
+    # within the attempt, what it fired is gone, and what it registers fires on its next advance
+    with pytest.raises(AttemptConflict):
+        attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 5))
+    attempts.run_batch(
+        job,
+        [{"op": "register_timer", "domain": "event", "key": "d", "timestamp": 5}],
+        epoch=1,
+        attempt=AttemptRef(0, "a1", 1),
+    )
+    later = attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 2))
+    assert [t.key for t in later.timers] == ["d"]
+    report = attempts.commit(job, 1, [Winner(0, "a1", 3)])
+    assert report.ops == 3
+    with job.transaction() as tx:
+        assert tx.timers.current_time("event") == 10
+    assert [t.key for t, _p in list_timers(job, "event")] == ["c"]  # a, b and d fired once, by a1
+
+
+def test_commit_replays_exactly_what_was_fired(job):
+    """A winner's advance is replayed as the timers it fired, not as a new advance: a timer
+    another winner registered meanwhile is not lost."""
+    register(job, (1, "a"))
+    job.fence(1)
+    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
+    attempts.run_batch(
+        job, [{"op": "register_timer", "key": "b", "timestamp": 3}], epoch=1, attempt=AttemptRef(1, "p1", 0)
+    )
+    attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
+    assert [(t.key, t.timestamp) for t, _p in list_timers(job, "event")] == [("b", 3)]
+    assert fire(job, 10) == [(3, "b", "")]
+
+
+def test_two_winners_firing_one_timer_are_refused(job):
+    register(job, (1, "a"))
+    job.fence(1)
+    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
+    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(1, "p1", 0))
+    with pytest.raises(AttemptConflict, match="key_groups"):
+        attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
+    assert sum(count_timers(job, "event").values()) == 1  # nothing committed
+    job.fence(2)
+    half = KeyGroupRange(0, 63)
+    other = KeyGroupRange(64, 127)
+    got = attempts.run_advance(job, "event", 10, epoch=2, attempt=AttemptRef(0, "q0", 0), key_groups=half)
+    got2 = attempts.run_advance(job, "event", 10, epoch=2, attempt=AttemptRef(1, "q1", 0), key_groups=other)
+    assert len(got.timers) + len(got2.timers) == 1
+    attempts.commit(job, 2, [Winner(0, "q0", 1), Winner(1, "q1", 1)])
+    assert count_timers(job, "event") == {}
+
+
+# -- snapshots, restore, rescale -------------------------------------------------------------------
+
+
+def _timers_everywhere(catalogs, n=300):
+    """Register event and processing timers over the replicas that own their keys; the timers
+    still due after an advance to 0 (those fired before the snapshot must not come back)."""
+    expected = set()
+    for catalog in catalogs:
+        job, _ = catalog.create("t", 128)
+        mine = owned(job, [f"k{i}" for i in range(n)])
+        mine_long = owned(job, [i * 7_919_000_001 for i in range(n)], "long")
+        register(job, *[(int(k[1:]) % 17, k, "ns") for k in mine])
+        register(job, *[(k // 7_919_000_001 % 11, k) for k in mine_long], key_type="long")
+        register(job, *[(1_000 + int(k[1:]) % 5, k) for k in mine], domain="processing")
+        attempts.run_advance(job, "event", 0)
+        expected |= {(k, int(k[1:]) % 17, "event") for k in mine if int(k[1:]) % 17}
+        expected |= {(k, k // 7_919_000_001 % 11, "event") for k in mine_long if k // 7_919_000_001 % 11}
+        expected |= {(k, 1_000 + int(k[1:]) % 5, "processing") for k in mine}
+    return expected
+
+
+def _checkpoint(make_manager, catalogs, storage, checkpoint_id, kind="checkpoint"):
+    managers = [make_manager(c, storage) for c in catalogs]
+    for m in managers:
+        m.trigger("t", checkpoint_id, kind=kind)
+    for m in managers:
+        assert m.wait("t", checkpoint_id, 30).status == "uploaded"
+    for m in managers:
+        m.complete("t", checkpoint_id)
+    for m in managers:
+        m.close()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "kind"), [(1, 1, "checkpoint"), (2, 3, "checkpoint"), (3, 2, "checkpoint"), (2, 3, "savepoint")]
+)
+def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, tmp_path, old, new, kind):
+    storage = open_storage(f"memory://{uuid.uuid4().hex}")
+    before = [make_catalog(i, old, tmp_path / f"old-{i}") for i in range(old)]
+    expected = _timers_everywhere(before)
+    _checkpoint(make_manager, before, storage, 1, kind)
+    for catalog in before:  # what fires after the checkpoint is not in it
+        attempts.run_advance(catalog.get("t"), "event", 10**6)
+
+    after = [make_catalog(i, new, tmp_path / f"new-{i}") for i in range(new)]
+    fired = []
+    for catalog in after:
+        make_manager(catalog, storage).restore("t", 1)
+        job = catalog.get("t")
+        for domain in ("event", "processing"):
+            for timer in attempts.run_advance(job, domain, 10**6).timers:
+                assert operator_index(128, new, timer.key_group) == catalog.replica_index
+                assert timer.key_group == assign_to_key_group(timer.key, timer.key_type, 128)
+                fired.append((timer.key, timer.timestamp, domain))
+    assert len(fired) == len(set(fired))  # once
+    assert set(fired) == expected  # every one
