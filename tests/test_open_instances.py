@@ -10,6 +10,7 @@ import pytest
 
 from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
 from statehouse.backends.rocksdb.partition import _SCAN_CHUNK
+from statehouse.snapshots import open_storage
 
 
 @pytest.fixture
@@ -127,3 +128,26 @@ def test_a_closed_catalog_reopens_in_the_same_process(tmp_path):
         assert instances(reopened) <= 3
     finally:
         reopened.close()
+
+
+def test_a_state_named_default_through_an_incremental_checkpoint(tmp_path, make_manager):
+    """RocksDB's own default column family holds the job's metadata; a state named "default"
+    lives in its own, in the live database, its native checkpoints and their restore."""
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data"), incremental_checkpoints=True, max_open=1))
+    try:
+        job, _ = catalog.create("j", 128)
+        job.register_state(StateDescriptor("default", "map"))
+        with job.transaction() as tx:
+            tx.map("default").put_all("k", {"a": 1, "b": 2})
+        manager = make_manager(catalog, open_storage(str(tmp_path / "checkpoints")))
+        manager.trigger("j", 1)
+        manager.wait("j", 1)
+        manager.complete("j", 1)
+        with job.transaction() as tx:
+            tx.map("default").put_all("k", {"c": 3})
+        catalog.create("other", 128)  # closes j's database (one open at a time)
+        manager.restore("j", 1)
+        with catalog.get("j").transaction() as tx:
+            assert dict(tx.map("default").entries("k")) == {"a": 1, "b": 2}
+    finally:
+        catalog.close()
