@@ -22,6 +22,17 @@ from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_T
 ListMode = Literal["split", "union"]
 LIST_MODES: tuple[ListMode, ...] = ("split", "union")
 
+# Row of the job's "$meta": + encoded operator -> its subtask count (decimal), at least one more than
+# the highest subtask that wrote (or cleared) one of its lists, so a snapshot knows the operator's
+# old parallelism even when its last subtasks hold nothing (Flink counts them when it
+# redistributes); a restore sets it to the parallelism it restores to. Snapshots made before it
+# existed restore with the highest stored subtask + 1.
+OPERATOR_SUBTASKS_META = b"operator-subtasks:"
+
+
+def operator_subtasks_row(operator: str) -> bytes:
+    return OPERATOR_SUBTASKS_META + encode_fields(operator)
+
 
 class OperatorState:
     """Operator state of one job, bound to one transaction."""
@@ -60,6 +71,17 @@ class OperatorState:
                 f"operator list state {operator}/{name} exists with mode {existing!r}; it cannot become {mode!r}"
             )
 
+    def _count_subtask(self, operator: str, subtask: int) -> None:
+        row = operator_subtasks_row(operator)
+        known = self._tx.get(META_TABLE, NO_KEY_GROUP, row)
+        if known is None or int(known) <= subtask:
+            self._tx.put(META_TABLE, NO_KEY_GROUP, row, str(subtask + 1).encode())
+
+    def subtask_count(self, operator: str) -> int | None:
+        """The operator's recorded subtask count (see ``OPERATOR_SUBTASKS_META``), if any."""
+        known = self._tx.get(META_TABLE, NO_KEY_GROUP, operator_subtasks_row(operator))
+        return None if known is None else int(known)
+
     def list_get(self, operator: str, subtask: int, name: str) -> list[Any] | None:
         raw = self._tx.get(LIST_TABLE, NO_KEY_GROUP, self._list_primary(operator, subtask, name))
         return None if raw is None else list(iter_values(raw))
@@ -77,6 +99,7 @@ class OperatorState:
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
+        self._count_subtask(operator, subtask)
         if records:
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, records)
         else:
@@ -86,12 +109,15 @@ class OperatorState:
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
+        self._count_subtask(operator, subtask)
         if records:
             existing = self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, existing + records)
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
-        self._tx.clear(LIST_TABLE, NO_KEY_GROUP, self._list_primary(operator, subtask, name))
+        primary = self._list_primary(operator, subtask, name)
+        self._count_subtask(operator, subtask)
+        self._tx.clear(LIST_TABLE, NO_KEY_GROUP, primary)
 
     # -- broadcast state -----------------------------------------------------------------
 

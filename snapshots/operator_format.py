@@ -14,6 +14,7 @@ import msgpack
 
 from statehouse.backends.base.partition import FrozenView, WriteOp
 from statehouse.backends.codec import decode_fields, encode_fields, encode_value, iter_values
+from statehouse.backends.operator_state import OPERATOR_SUBTASKS_META, operator_subtasks_row
 from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
@@ -99,41 +100,77 @@ def merge_for_replica(
 ) -> OperatorSnapshot:
     """Operator state for one replica from every part of a snapshot (Flink's ``StateAssignmentOperation``).
 
-    List states of an operator named in ``operator_parallelism`` are redistributed with
-    Flink's rules to that many subtasks; others keep their subtasks. The replica keeps the
-    subtasks ``s`` with ``s % replica_count == replica_index``. Broadcast state and job
-    metadata go to every replica (the first part holding an entry wins).
+    Every operator's list state goes through Flink's ``RoundRobinOperatorStateRepartitioner``
+    (:func:`redistribute`), from its old subtask count (:func:`old_subtasks`) to the count named
+    in ``operator_parallelism``, else to the same count: split states keep their subtasks unless
+    the count changes, union states reach every subtask on every restore. The replica keeps the
+    subtasks ``s`` with ``s % replica_count == replica_index``. Broadcast state and job metadata
+    go to every replica (the first part holding an entry wins); each operator's recorded subtask
+    count becomes the count restored to.
     """
     operator_parallelism = operator_parallelism or {}
     for operator, parallelism in operator_parallelism.items():
         check_parallelism(parallelism, f"operator_parallelism[{operator!r}]")
     merged = OperatorSnapshot()
+    recorded: dict[str, int] = {}
     for part in parts:
         for state, mode in part.modes.items():
             merged.modes.setdefault(state, mode)
         for state, entries in part.broadcast.items():
             merged.broadcast.setdefault(state, dict(entries))
         for row, value in part.meta.items():
-            merged.meta.setdefault(row, value)
+            if row.startswith(OPERATOR_SUBTASKS_META):
+                # every replica records the subtasks it saw: the operator's count is the largest
+                (operator,) = decode_fields(row[len(OPERATOR_SUBTASKS_META) :], 1)
+                recorded[operator] = max(recorded.get(operator, 0), _subtask_count(value))
+            else:
+                merged.meta.setdefault(row, value)
         for subtask_list, raw in part.lists.items():
             merged.lists.setdefault(subtask_list, raw)
 
-    for operator, parallelism in operator_parallelism.items():
-        merged.lists = _redistributed(merged, operator, parallelism)
+    stored: dict[str, int] = {}
+    for operator, _name, subtask in merged.lists:
+        stored[operator] = max(stored.get(operator, 0), subtask + 1)
+    for operator, _name in merged.modes:
+        stored.setdefault(operator, 0)
+    for operator in sorted(stored.keys() | recorded.keys()):
+        old = max(stored.get(operator, 0), recorded.get(operator, 0))
+        new = operator_parallelism.get(operator, old)
+        if old:
+            merged.lists = _redistributed(merged, operator, old, new)
+            merged.meta[operator_subtasks_row(operator)] = str(new).encode()
 
     merged.lists = {k: v for k, v in merged.lists.items() if k[2] % replica_count == replica_index}
     return merged
 
 
-def _redistributed(snap: OperatorSnapshot, operator: str, parallelism: int) -> dict[tuple[str, str, int], bytes]:
+def _subtask_count(value: bytes) -> int:
+    try:
+        return check_parallelism(int(value), "recorded operator subtask count")
+    except Exception as exc:
+        raise SnapshotCorrupt(f"unreadable operator subtask count {value!r}: {exc}") from None
+
+
+def _redistributed(
+    snap: OperatorSnapshot, operator: str, old_parallelism: int, parallelism: int
+) -> dict[tuple[str, str, int], bytes]:
+    """``snap``'s lists with ``operator``'s redistributed from ``old_parallelism`` to ``parallelism`` subtasks.
+
+    Each old subtask is one Flink handle holding every list state of the operator (registered
+    in name order), those it stores nothing for as empty lists: what a Flink subtask running the
+    operator's code snapshots.
+    """
+    names = sorted(name for op, name in snap.modes if op == operator)
     mine = {k: v for k, v in snap.lists.items() if k[0] == operator}
-    if not mine:
-        return snap.lists
-    old_parallelism = max(sub for _op, _name, sub in mine) + 1
+    names += sorted({name for _op, name, _sub in mine} - set(names))
+    modes = {name: "union" if snap.modes.get((operator, name)) == "union" else "split" for name in names}
+    if parallelism == old_parallelism and "union" not in modes.values():
+        return snap.lists  # Flink hands every subtask its own state back
     old = [OperatorSubtaskState() for _ in range(old_parallelism)]
-    for (_op, name, sub), raw in sorted(mine.items()):
-        mode = snap.modes.get((operator, name), "split")
-        old[sub].lists[name] = (mode, list(iter_values(raw)))
+    for sub, state in enumerate(old):
+        for name in names:
+            raw = mine.get((operator, name, sub))
+            state.lists[name] = (modes[name], [] if raw is None else list(iter_values(raw)))
     new = redistribute(old, parallelism)
     lists = {k: v for k, v in snap.lists.items() if k[0] != operator}
     for sub, state in enumerate(new):
