@@ -100,6 +100,7 @@ def fuzz(server, workdir: Path, token: str | None, *options: str, examples: int 
     assert result.returncode == 0, output[-20000:] + "\n--- server log ---\n" + server.log()[-5000:]
     counts = re.search(r"(\d+) generated, (\d+) passed\b", output)
     assert counts and counts[1] == counts[2], output[-20000:]  # every generated case passed
+    print(f"schemathesis {server.settings.get('STATEHOUSE_BACKEND')}: {counts[0]}")  # seen with pytest -s
     return output
 
 
