@@ -36,7 +36,19 @@ class StreamHandle:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StreamHandle:
-        return cls(data["path"], int(data["size"]), data["sha256"])
+        return cls(_stored_path(data["path"]), int(data["size"]), data["sha256"])
+
+
+def _stored_path(path: Any) -> str:
+    """A path read from snapshot metadata names a file of the snapshot directory or of the job's
+    shared directory beside it (``../shared/<file>``), nothing else: the metadata is input, and a
+    restore from an allowed location must not read files outside it."""
+    if not isinstance(path, str) or posixpath.isabs(path) or "\0" in path or posixpath.normpath(path) != path:
+        raise ValueError(f"snapshot file path {path!r} is not a normalized relative path")
+    parts = path.split("/")
+    if ".." in parts and not (len(parts) == 3 and parts[:2] == ["..", "shared"]):
+        raise ValueError(f"snapshot file path {path!r} leaves the snapshot (only ../shared/<file> may)")
+    return path
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from harness.server import start_server
 from statehouse.app.metrics import Metrics
 from statehouse.app.server_errors import ServerErrorMiddleware
+from statehouse.snapshots.handles import StreamHandle
 
 JSON = {"content-type": "application/json"}
 MSGPACK = {"content-type": "application/msgpack"}
@@ -272,3 +273,14 @@ def test_an_unexpected_fault_is_a_500_problem_with_a_request_id_and_the_connecti
         assert body["request_id"] == r.headers["x-request-id"] and body["request_id"] in body["detail"]
         assert c.get("/fault", headers={"x-request-id": "trace-42"}).json()["request_id"] == "trace-42"
         assert c.get("/fault", headers={"x-request-id": "bad id\u00e9".encode()}).json()["request_id"] != "bad id"
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../../etc/passwd", "../shared/../../x", "a/../../b", "./x", "../other/x", "a//b", "a\0b"]
+)
+def test_snapshot_metadata_cannot_point_outside_the_snapshot(path):
+    # Was: a crafted _metadata in an allowed restore location could name any file to read.
+    with pytest.raises(ValueError, match="snapshot file path"):
+        StreamHandle.from_dict({"path": path, "size": 1, "sha256": "00"})
+    for fine in ("keyed-0.bin", "chk-3/operator.bin", "../shared/0f1e-000012.sst"):
+        assert StreamHandle.from_dict({"path": fine, "size": 1, "sha256": "00"}).path == fine
