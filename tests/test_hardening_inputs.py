@@ -11,6 +11,7 @@ import time
 
 import httpx
 import msgpack
+import pyarrow as pa
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -284,3 +285,17 @@ def test_snapshot_metadata_cannot_point_outside_the_snapshot(path):
         StreamHandle.from_dict({"path": path, "size": 1, "sha256": "00"})
     for fine in ("keyed-0.bin", "chk-3/operator.bin", "../shared/0f1e-000012.sst"):
         assert StreamHandle.from_dict({"path": fine, "size": 1, "sha256": "00"}).path == fine
+
+
+def test_columnar_values_json_cannot_carry_are_refused_and_the_row_named(client):
+    table = pa.table({"key": ["c0", "c1", "c2"], "value": [1.5, float("nan"), 2.5]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    r = client.post(
+        "/v1/jobs/h/states/v/columns/put",
+        content=sink.getvalue().to_pybytes(),
+        headers={"content-type": "application/vnd.apache.arrow.stream"},
+    )
+    assert problem(r, 422, "invalid_value")["row"] == 1
+    assert stored(client, "v", "c0") is None  # nothing of the request was applied
