@@ -15,7 +15,7 @@ from statehouse.app import openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
-from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators
+from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators, timers
 from statehouse.app.server_errors import ServerErrorMiddleware
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
@@ -128,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(docs.router)
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
-    for router in (jobs.router, keyed.router, operators.router, epochs.router, checkpoints.router):
+    for router in (jobs.router, keyed.router, timers.router, operators.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
     # Outermost last: metrics see every response, the 500s of unexpected faults included.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -17,9 +17,10 @@ from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ops import OpName
 from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.staging import ATTEMPT_PATTERN
+from statehouse.backends.timers import TimeDomain, TimerOpName
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
-from statehouse.keygroups import KeyType
+from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.snapshots.info import CheckpointInfo, RestoreInfo
 
 Name = Field(pattern=NAME_PATTERN)
@@ -198,13 +199,16 @@ class DescriptorPage(Page):
 class BatchOp(BaseModel):
     """One operation of a batch (documentation only: batches are decoded without models)."""
 
-    op: OpName
-    state: str
+    op: Literal[OpName, TimerOpName]  # one enum (nested Literals flatten)
+    state: str | None = Field(None, description="the state (every operation but the timer ones)")
     key: str | int
     ns: str = ""
     user_key: str | None = None
     value: JsonValue = None
     values: list[JsonValue] | None = None
+    domain: TimeDomain | None = Field(None, description="timer operations: event (default) or processing")
+    key_type: KeyType | None = Field(None, description="timer operations: the key's type (default string)")
+    timestamp: int | None = Field(None, description="timer operations: the timer's time, milliseconds")
 
 
 class BatchRequest(BaseModel):
@@ -331,6 +335,64 @@ class ColumnsResponse(BaseModel):
     op: str
     rows: int = Field(description="rows applied, or staged for the task attempt")
     staged: bool = Field(description="true when the rows were staged for a task attempt (committed with its epoch)")
+
+
+# -- timers --------------------------------------------------------------------------------------
+
+Timestamp = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX, description="milliseconds (a 64-bit integer)")]
+
+
+class TimerItem(BaseModel):
+    """One timer: fired (an advance), or stored (a listing)."""
+
+    timestamp: int
+    key: str | int
+    key_type: KeyType = Field(description="the timer's key type: it fires with the key typed as registered")
+    ns: str
+    key_group: int
+
+
+class TimerPage(Page):
+    items: list[TimerItem]
+
+
+class AdvanceBody(Strict):
+    to: Timestamp = Field(description="the new watermark (event time) or clock (processing time); never lowers it")
+    key_groups: KeyGroupRange | None = Field(
+        None,
+        description="fire only these of this replica's key groups (a task attempt fires its own partition's); "
+        "the time is raised for the whole replica",
+    )
+    limit: int | None = Field(
+        None, ge=1, description="fire at most this many (capped at STATEHOUSE_MAX_BATCH_OPS); the rest stay due"
+    )
+    epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
+    partition: int | None = Field(None, ge=0, le=2**31 - 1, description="task attempts: the Spark partition id")
+    attempt: str | None = Field(
+        None,
+        pattern=ATTEMPT_PATTERN,
+        description="task attempts: the firing is staged (one write operation) until the epoch is committed",
+    )
+    seq: int | None = Field(None, ge=0, description="task attempts: the request's seq, as on the batch endpoint")
+
+
+class AdvanceResponse(BaseModel):
+    domain: TimeDomain
+    time: int = Field(description="the domain's time on this replica after the advance")
+    timers: list[TimerItem] = Field(description="the fired timers in (timestamp, key group, key, namespace) order")
+    more: bool = Field(description="true when `limit` cut the firing short: advance again for the rest")
+
+
+class TimerCount(BaseModel):
+    key_group: int
+    count: int
+
+
+class TimerCounts(BaseModel):
+    domain: TimeDomain
+    time: int | None = Field(description="the domain's time on this replica; null before the first advance")
+    total: int
+    key_groups: list[TimerCount] = Field(description="key groups holding timers, in order (empty ones left out)")
 
 
 # -- errors and probes -------------------------------------------------------------------------

@@ -73,6 +73,12 @@ OPERATION_IDS: dict[str, str] = {
     "prepare_epoch": "prepareEpoch",
     "commit_epoch": "commitEpoch",
     "abort_epoch": "abortEpoch",
+    # timers
+    "put_timer": "registerTimer",
+    "delete_timer": "deleteTimer",
+    "advance_timers": "advanceTimers",
+    "list_timers": "listTimers",
+    "count_timers": "countTimers",
     # operator state
     "get_list": "getOperatorList",
     "put_list": "putOperatorList",
@@ -198,8 +204,31 @@ COLUMNS = {
     **errors(*MANY_KEYED, "untyped_values"),
 }
 EPOCH_COMMIT = errors(
-    *KEYED, *VALUES, "wrong_state_kind", "list_too_large", "stale_epoch", "attempt_lost", "invalid_argument"
+    *KEYED,
+    *VALUES,
+    "wrong_state_kind",
+    "list_too_large",
+    "stale_epoch",
+    "attempt_lost",
+    "attempt_conflict",  # two winners fired one timer
+    "invalid_argument",
 )
+
+TIMER = errors(*JOB, "invalid_key", "key_too_large", "key_not_owned", "invalid_argument")
+ADVANCE = {
+    **errors(
+        *JOB,
+        "invalid_argument",
+        "stale_epoch",
+        "attempt_lost",
+        "attempt_conflict",
+        "epoch_sealed",
+        "staging_too_large",
+    ),
+    **msgpack_reply(),
+}
+LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
+COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
 OPERATOR_LIST_READ = {**errors(*OPERATOR, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")

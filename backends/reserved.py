@@ -16,7 +16,11 @@ BROADCAST_TABLE = "$broadcast"  # broadcast state: (operator, name) -> {user key
 EVENT_TIMERS_TABLE = "$timers-event"
 PROCESSING_TIMERS_TABLE = "$timers-processing"
 TIMER_TABLES = frozenset({EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE})
-NON_KEYED_TABLES = frozenset({META_TABLE, LIST_TABLE, BROADCAST_TABLE})
+# Each time domain's current time on this replica (flat, key group 0: domain -> decimal). Not
+# state, as in Flink (timers are, the watermark is not): no snapshot holds it, a restore starts
+# without it, and it is neither a keyed table nor part of the operator-state snapshot.
+TIMER_CLOCK_TABLE = "$timer-clocks"
+NON_KEYED_TABLES = frozenset({META_TABLE, LIST_TABLE, BROADCAST_TABLE, TIMER_CLOCK_TABLE})
 NO_KEY_GROUP = 0  # the key group non-keyed tables are stored under
 
 # Rows of META_TABLE
@@ -24,7 +28,6 @@ STATE_META = b"state:"  # + state name -> descriptor JSON
 LIST_MODE_META = b"operator-list-mode:"  # + encoded (operator, name) -> b"split" | b"union"
 EPOCH_META = b"writer-epoch"  # -> the job's writer epoch, decimal
 COMMITTED_EPOCH_META = b"committed-epoch"  # -> the last epoch whose staged writes were committed, decimal
-TIMER_TIME_META = b"timer-time:"  # + time domain -> the replica's watermark / processing time, decimal
 
 
 def keyed_tables(tables: dict[str, bool]) -> dict[str, bool]:

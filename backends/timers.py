@@ -22,10 +22,13 @@ replica that owns it) and fires with the same typed key. The type is part of the
 identity: ``"7"`` and ``7`` are two timers.
 
 Time: per job and replica, each domain has a current time (the watermark for event time, the
-clock for processing time), kept in the job's metadata. :meth:`TimerService.advance` raises it
-(never lowers it: an older value leaves it where it is, as a fence does) and fires — returns in
-order and deletes in the same transaction — every timer at or below it. A timer registered at
-or below the current time therefore fires on the next advance, as in Flink. Firing is a write
+clock for processing time), kept in its own small table (``reserved.TIMER_CLOCK_TABLE``).
+:meth:`TimerService.advance` raises it (never lowers it: an older value leaves it where it is,
+as a fence does) and fires — returns in order and deletes in the same transaction — every timer
+at or below it. A timer registered at or below the current time therefore fires on the next
+advance, as in Flink. As in Flink, the time is not state: snapshots hold the timers but not the
+time, and a restored (or rescaled) replica starts without one until its first advance. (Taking
+one part's time would fire another part's timers early after a rescale.) Firing is a write
 like any other: fenced by the writer epoch, and staged under a Spark task attempt (its log
 records exactly the timers it fired, so the epoch commit removes those and no others).
 """
@@ -44,7 +47,7 @@ from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.errors import InvalidArgument, InvalidKey
 from statehouse.backends.limits import Limits
-from statehouse.backends.reserved import EVENT_TIMERS_TABLE, META_TABLE, PROCESSING_TIMERS_TABLE, TIMER_TIME_META
+from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
 
 TimeDomain = Literal["event", "processing"]
@@ -158,10 +161,6 @@ class TimerContext(Protocol):
     def owned_key_group(self, key: str | int, key_type: KeyType) -> int: ...
 
 
-def _time_row(domain: TimeDomain) -> bytes:
-    return TIMER_TIME_META + domain.encode()
-
-
 class TimerService:
     """The timers of one job, bound to one transaction (``JobTransaction.timers``)."""
 
@@ -210,15 +209,20 @@ class TimerService:
             self._tx.delete(table, key_group, primary)
 
     def current_time(self, domain: TimeDomain) -> int | None:
-        """The domain's time on this replica: ``None`` until the first advance."""
-        raw = self._tx.get(META_TABLE, 0, _time_row(check_domain(domain)))
+        """The domain's time on this replica: ``None`` until the first advance (since a restore)."""
+        domain = check_domain(domain)
+        if TIMER_CLOCK_TABLE not in self._job.partition.tables():
+            return None
+        raw = self._tx.get(TIMER_CLOCK_TABLE, 0, domain.encode())
         return None if raw is None else int(raw)
 
     def _raise_time(self, domain: TimeDomain, to: int) -> int:
         current = self.current_time(domain)
         if current is not None and current >= to:
             return current
-        self._tx.put(META_TABLE, 0, _time_row(domain), str(to).encode())
+        if current is None:
+            self._job.partition.create_table(TIMER_CLOCK_TABLE, nested=False)  # a no-op when it exists
+        self._tx.put(TIMER_CLOCK_TABLE, 0, domain.encode(), str(to).encode())
         return to
 
     def advance(

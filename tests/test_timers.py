@@ -3,10 +3,13 @@ processing-time advance, listing, fencing and task attempts, snapshots, restore 
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import httpx
 import pytest
 
+from harness.server import start_server
 from statehouse.backends import attempts
 from statehouse.backends.errors import AttemptConflict, InvalidArgument, KeyNotOwned, StaleEpoch
 from statehouse.backends.reserved import TIMER_TABLES, keyed_tables
@@ -303,6 +306,8 @@ def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, t
     for catalog in after:
         make_manager(catalog, storage).restore("t", 1)
         job = catalog.get("t")
+        with job.transaction() as tx:  # the time is not state (Flink: the watermark comes back with the stream)
+            assert tx.timers.current_time("event") is None
         for domain in ("event", "processing"):
             for timer in attempts.run_advance(job, domain, 10**6).timers:
                 assert operator_index(128, new, timer.key_group) == catalog.replica_index
@@ -310,3 +315,168 @@ def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, t
                 fired.append((timer.key, timer.timestamp, domain))
     assert len(fired) == len(set(fired))  # once
     assert set(fired) == expected  # every one
+
+
+# -- over HTTP: one real server per backend ----------------------------------------------------
+
+
+@pytest.fixture
+def http_job(http, job_name):
+    assert http.put(f"/jobs/{job_name}", json={"max_parallelism": 128}).status_code == 201
+    return f"/jobs/{job_name}"
+
+
+def test_http_register_delete_list_count_advance(http, http_job):
+    for ts, key in [(30, "b"), (10, "a"), (10, "a"), (20, "c")]:
+        assert http.put(f"{http_job}/timers/event/keys/{key}/{ts}").status_code == 204
+    assert http.put(f"{http_job}/timers/event/keys/7/15", params={"key_type": "long", "ns": "w"}).status_code == 204
+    assert http.put(f"{http_job}/timers/processing/keys/p/5").status_code == 204
+    assert http.delete(f"{http_job}/timers/event/keys/b/30").status_code == 204
+    assert http.delete(f"{http_job}/timers/event/keys/nobody/30").status_code == 204  # absent: a no-op
+
+    counts = http.get(f"{http_job}/timers/event/counts").json()
+    assert counts["total"] == 3 and counts["time"] is None and counts["domain"] == "event"
+    assert sum(c["count"] for c in counts["key_groups"]) == 3
+    first = http.get(f"{http_job}/timers/event", params={"limit": 2}).json()
+    rest = http.get(f"{http_job}/timers/event", params={"cursor": first["next_cursor"]}).json()
+    assert len(first["items"]) == 2 and len(rest["items"]) == 1 and rest["next_cursor"] is None
+    kg = assign_to_key_group("a", "string", 128)
+    one = http.get(f"{http_job}/timers/event", params={"key_group": kg}).json()["items"]
+    assert [(t["key"], t["timestamp"]) for t in one] == [("a", 10)]
+
+    fired = http.post(f"{http_job}/timers/event/advance", json={"to": 15, "limit": 1}).json()
+    assert fired["time"] == 15 and fired["more"] is True
+    assert [(t["timestamp"], t["key"]) for t in fired["timers"]] == [(10, "a")]
+    fired = http.post(f"{http_job}/timers/event/advance", json={"to": 12}).json()  # older: stays at 15
+    assert fired["time"] == 15 and fired["more"] is False
+    assert fired["timers"] == [
+        {"timestamp": 15, "key": 7, "key_type": "long", "ns": "w", "key_group": assign_to_key_group(7, "long", 128)}
+    ]
+    assert http.get(f"{http_job}/timers/event/counts").json()["time"] == 15
+    assert [t["key"] for t in http.post(f"{http_job}/timers/processing/advance", json={"to": 5}).json()["timers"]] == [
+        "p"
+    ]
+
+
+def test_http_errors(http, http_job):
+    bad = http.put(f"{http_job}/timers/event/keys/abc/1", params={"key_type": "int"})
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_key"
+    assert http.put(f"{http_job}/timers/event/keys/a/01").json()["code"] == "validation_error"
+    assert http.put(f"{http_job}/timers/wall/keys/a/1").status_code == 422
+    assert http.put(f"{http_job}/timers/event/keys/a/{2**63}").status_code == 422
+    for body in ({"to": "1"}, {"to": 1, "key_groups": [5, 2]}, {"to": 1, "key_groups": [0, 128]}, {"to": 1, "x": 1}):
+        assert http.post(f"{http_job}/timers/event/advance", json=body).status_code == 422, body
+    assert http.get(f"{http_job}/timers/event", params={"key_group": 128}).status_code == 422
+
+
+def test_http_batch_ops_fencing_and_task_attempts(http, http_job):
+    ops = [
+        {"op": "register_timer", "key": "a", "timestamp": 1},
+        {"op": "register_timer", "domain": "event", "key": 5, "key_type": "int", "timestamp": 2, "ns": "w"},
+        {"op": "register_timer", "key": "gone", "timestamp": 3},
+        {"op": "delete_timer", "key": "gone", "timestamp": 3},
+    ]
+    assert http.post(f"{http_job}/batch", json={"ops": ops}).json() == {"results": [{}, {}, {}, {}]}
+    bad = http.post(f"{http_job}/batch", json={"ops": [{"op": "register_timer", "key": "a"}]})
+    assert bad.status_code == 422 and bad.json()["op_index"] == 0
+    assert http.post(f"{http_job}/fence", json={"epoch": 4}).json() == {"epoch": 4}
+    stale = http.post(f"{http_job}/timers/event/advance", json={"to": 10, "epoch": 3})
+    assert stale.status_code == 409 and stale.json()["code"] == "stale_epoch"
+
+    attempt = {"epoch": 4, "partition": 0, "seq": 0}
+    first = http.post(f"{http_job}/timers/event/advance", json={"to": 10, "attempt": "t0", **attempt}).json()
+    assert [t["key"] for t in first["timers"]] == ["a", 5]
+    again = http.post(f"{http_job}/timers/event/advance", json={"to": 10, "attempt": "t0", **attempt}).json()
+    assert again == first  # a re-sent request
+    retry = http.post(f"{http_job}/timers/event/advance", json={"to": 10, "attempt": "t1", **attempt}).json()
+    assert retry["timers"] == first["timers"]  # the retried attempt fires the same timers
+    assert http.get(f"{http_job}/timers/event/counts").json()["total"] == 2  # nothing committed yet
+    commit = http.post(f"{http_job}/epochs/4/commit", json={"attempts": [{"partition": 0, "attempt": "t1", "ops": 1}]})
+    assert commit.status_code == 200 and commit.json()["status"] == "committed"
+    counts = http.get(f"{http_job}/timers/event/counts").json()
+    assert counts["total"] == 0 and counts["time"] == 10
+
+
+# -- rescale across real replica servers -------------------------------------------------------
+
+
+def _replicas(tmp_path, tag, count, backend, checkpoints):
+    env = {"STATEHOUSE_BACKEND": backend, "STATEHOUSE_CHECKPOINT_DIR": str(checkpoints)}
+    return [
+        start_server(
+            tmp_path / f"{tag}-{i}", {**env, "STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": str(count)}
+        )
+        for i in range(count)
+    ]
+
+
+def _clients(servers):
+    return [httpx.Client(base_url=s.url + "/v1/jobs", timeout=30) for s in servers]
+
+
+def _checkpoint_all(clients, checkpoint_id):
+    for c in clients:
+        assert c.post("/t/checkpoints", json={"checkpoint_id": checkpoint_id}).status_code == 202
+    for c in clients:
+        deadline = time.monotonic() + 30
+        while c.get(f"/t/checkpoints/{checkpoint_id}").json()["status"] != "uploaded":
+            assert time.monotonic() < deadline, "checkpoint stuck"
+            time.sleep(0.05)
+    for c in clients:
+        assert c.post(f"/t/checkpoints/{checkpoint_id}/complete").json()["status"] == "completed"
+
+
+def _advance_all(clients, fired, to):
+    for index, c in enumerate(clients):
+        for domain in ("event", "processing"):
+            answer = c.post(f"/t/timers/{domain}/advance", json={"to": to}).json()
+            for t in answer["timers"]:
+                assert operator_index(128, len(clients), t["key_group"]) == index
+                fired.append((domain, t["key"], t["ns"], t["timestamp"]))
+
+
+def test_rescale_2_to_3_to_2_over_http_fires_every_timer_once(tmp_path):
+    """RocksDB (incremental checkpoints) on two replicas → heap on three → RocksDB on two."""
+    checkpoints = tmp_path / "checkpoints"
+    keys = [f"k{i}" for i in range(240)]
+    registered = {("event", k, "w", int(k[1:]) % 40) for k in keys} | {("processing", k, "", 500) for k in keys}
+    fired: list = []
+
+    servers = _replicas(tmp_path, "a", 2, "rocksdb", checkpoints)
+    clients = _clients(servers)
+    try:
+        for c in clients:
+            assert c.put("/t", json={"max_parallelism": 128}).status_code == 201
+        for domain, key, ns, ts in registered:
+            owner = operator_index(128, 2, assign_to_key_group(key, "string", 128))
+            op = {"op": "register_timer", "domain": domain, "key": key, "ns": ns, "timestamp": ts}
+            assert clients[owner].post("/t/batch", json={"ops": [op]}).status_code == 200
+        _advance_all(clients, fired, 9)  # some fire before the checkpoint
+        _checkpoint_all(clients, 1)
+        _advance_all(clients, [], 10**6)  # fired after the checkpoint: lost with this layout
+    finally:
+        for s in servers:
+            s.stop()
+
+    servers = _replicas(tmp_path, "b", 3, "heap", checkpoints)
+    clients = _clients(servers)
+    try:
+        for c in clients:
+            assert c.post("/t/restore", json={"checkpoint_id": 1}).status_code == 200
+        _advance_all(clients, fired, 19)
+        _checkpoint_all(clients, 2)
+    finally:
+        for s in servers:
+            s.stop()
+
+    servers = _replicas(tmp_path, "c", 2, "rocksdb", checkpoints)
+    clients = _clients(servers)
+    try:
+        for c in clients:
+            assert c.post("/t/restore", json={"checkpoint_id": 2}).status_code == 200
+        _advance_all(clients, fired, 10**6)
+    finally:
+        for s in servers:
+            s.stop()
+    assert len(fired) == len(set(fired)) == len(registered)  # every timer, once
+    assert set(fired) == registered

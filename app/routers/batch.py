@@ -64,6 +64,6 @@ def _tally(job: Job, operations: list[dict[str, Any]]) -> Counter[tuple[str, str
     """Operations per (state kind, op) of an applied batch, counted in one pass (timer
     operations name no state: their kind is ``timer``)."""
     tally: Counter[tuple[str, str]] = Counter()
-    for (state, op), n in Counter((o.get("state"), o["op"]) for o in operations).items():
+    for (state, op), n in Counter((o.get("state", ""), o["op"]) for o in operations).items():
         tally[(job.descriptor(state).kind if op not in TIMER_OPS else "timer", op)] += n
     return tally

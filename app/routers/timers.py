@@ -1,0 +1,170 @@
+"""Timers: register and delete per (key, namespace, timestamp), advance a time domain and receive
+the fired timers, list and count them per key group (the rules are in ``backends/timers.py``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated
+
+from fastapi import Path, Query, Request, Response
+from pydantic import BeforeValidator
+from starlette.concurrency import run_in_threadpool
+
+from statehouse.app import openapi as doc
+from statehouse.app.dependencies import JobDep, ServiceDep
+from statehouse.app.models import AdvanceBody, AdvanceResponse, TimerCount, TimerCounts, TimerPage, canonical_index
+from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
+from statehouse.app.paging import PageDep
+from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
+from statehouse.app.wire import render
+from statehouse.backends import codec
+from statehouse.backends import timers as timer_service
+from statehouse.backends.attempts import run_advance
+from statehouse.backends.job import Job
+from statehouse.backends.staging import AttemptRef
+from statehouse.backends.timers import TimeDomain
+from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyGroupRange, KeyType
+
+router = api_router(prefix="/v1", tags=["timers"])
+
+TIMERS = "/jobs/{job}/timers/{domain}"
+Domain = Annotated[TimeDomain, Path(description="event (watermark) or processing (clock) time")]
+Timestamp = Annotated[
+    int,
+    BeforeValidator(canonical_index),
+    Path(ge=INT64_MIN, le=INT64_MAX, description="the timer's time in milliseconds, in canonical decimal form"),
+]
+KeyTypeQuery = Annotated[KeyType, Query(description="the key's type: string (default), int or long")]
+Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
+KeyGroupQuery = Annotated[int | None, Query(ge=0, description="only this key group")]
+
+
+def _owned(job: Job, key_group: int | None) -> None:
+    if key_group is not None:
+        if key_group >= job.max_parallelism:
+            raise ApiError("invalid_argument", f"key_group must be < max_parallelism ({job.max_parallelism})")
+        job.check_owned(key_group)
+
+
+def _key_groups(job: Job, given: list[int] | None) -> KeyGroupRange | None:
+    if given is None:
+        return None
+    start, end = given
+    if not 0 <= start <= end < job.max_parallelism:
+        raise ApiError(
+            "invalid_argument",
+            f"key_groups must be [start, end] with 0 <= start <= end < max_parallelism ({job.max_parallelism})",
+        )
+    return KeyGroupRange(start, end)
+
+
+async def _write(
+    service: ServiceDep, job: Job, op: str, domain: TimeDomain, key: str, key_type: KeyType, ns: str, ts: int
+) -> None:
+    typed = codec.parse_key(key, key_type)
+    await in_transaction(
+        job,
+        lambda tx: tx.timers.apply_op(
+            {"op": op, "domain": domain, "key": typed, "key_type": key_type, "ns": ns, "timestamp": ts}
+        ),
+    )
+    service.metrics.count_ops(Counter({("timer", op): 1}))
+
+
+@router.put(TIMERS + "/keys/{key}/{timestamp}", status_code=204, responses=doc.TIMER)
+async def put_timer(
+    service: ServiceDep,
+    job: JobDep,
+    domain: Domain,
+    key: str,
+    timestamp: Timestamp,
+    ns: Namespace = "",
+    key_type: KeyTypeQuery = "string",
+) -> Response:
+    """Register a timer (Flink's `registerEventTimeTimer` / `registerProcessingTimeTimer`); registering
+    one that exists is a no-op (one timer per key, namespace and timestamp). A timer at or below the
+    domain's current time fires on the next advance. Fenced and staged writes: the batch endpoint's
+    `register_timer` operation."""
+    await _write(service, job, "register_timer", domain, key, key_type, ns, timestamp)
+    return Response(status_code=204)
+
+
+@router.delete(TIMERS + "/keys/{key}/{timestamp}", status_code=204, responses=doc.TIMER)
+async def delete_timer(
+    service: ServiceDep,
+    job: JobDep,
+    domain: Domain,
+    key: str,
+    timestamp: Timestamp,
+    ns: Namespace = "",
+    key_type: KeyTypeQuery = "string",
+) -> Response:
+    """Delete a timer (Flink's `deleteEventTimeTimer` / `deleteProcessingTimeTimer`); an absent one is a
+    no-op."""
+    await _write(service, job, "delete_timer", domain, key, key_type, ns, timestamp)
+    return Response(status_code=204)
+
+
+@router.post(TIMERS + "/advance", response_model=AdvanceResponse, responses=doc.ADVANCE)
+async def advance_timers(
+    request: Request, service: ServiceDep, job: JobDep, domain: Domain, body: AdvanceBody
+) -> Response:
+    """Raise this replica's watermark (event) or clock (processing) to `to` (an older value leaves it) and
+    fire every timer at or below it: answered in (timestamp, key group, key, namespace) order and deleted
+    atomically. `epoch` fences as on the batch endpoint; with `partition`, `attempt` and `seq` the firing
+    is staged for the task attempt (one write operation) and committed with its epoch: a retried attempt
+    fires the same timers again, and only the committed attempt's firing removes them."""
+    attempt = None
+    if body.attempt is not None or body.partition is not None or body.seq is not None:
+        attempt = AttemptRef(body.partition, body.attempt, body.seq)  # type: ignore[arg-type]
+    groups = _key_groups(job, body.key_groups)
+    cap = service.settings.max_batch_ops
+    limit = min(body.limit or cap, cap)
+    result = await run_engine(
+        job,
+        lambda: run_advance(job, domain, body.to, key_groups=groups, limit=limit, epoch=body.epoch, attempt=attempt),
+        OFF_LOOP,
+    )
+    service.metrics.count_ops(Counter({("timer", "advance"): 1}))
+    return render(request, result.to_dict())
+
+
+@router.get(TIMERS, response_model=TimerPage, responses=doc.LIST_TIMERS)
+async def list_timers(
+    request: Request, job: JobDep, domain: Domain, paging: PageDep, key_group: KeyGroupQuery = None
+) -> Response:
+    """This replica's stored timers of a domain, in key-group then firing order, paged; optionally one key
+    group only."""
+    _owned(job, key_group)
+    after = paging.after
+    start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
+
+    def page() -> Response:
+        with job.exclusive():  # the iteration seeks in the live partition: no write in between
+            found, next_cursor = paging.take(
+                timer_service.list_timers(job, domain, key_group, start_after),
+                lambda t: t[1][0].to_bytes(2, "big") + t[1][1],
+            )
+        return render(request, {"items": [t.to_dict() for t, _pos in found], "next_cursor": next_cursor})
+
+    return await run_in_threadpool(page)
+
+
+@router.get(TIMERS + "/counts", response_model=TimerCounts, responses=doc.COUNT_TIMERS)
+async def count_timers(job: JobDep, domain: Domain, key_group: KeyGroupQuery = None) -> TimerCounts:
+    """How many timers of a domain this replica holds per key group, and the domain's current time here."""
+    _owned(job, key_group)
+
+    def count() -> TimerCounts:
+        with job.exclusive(), job.transaction() as tx:
+            counts = timer_service.count_timers(job, domain, key_group)
+            time = tx.timers.current_time(domain)
+        return TimerCounts(
+            domain=domain,
+            time=time,
+            total=sum(counts.values()),
+            key_groups=[TimerCount(key_group=kg, count=n) for kg, n in sorted(counts.items())],
+        )
+
+    return await run_in_threadpool(count)
