@@ -1,6 +1,7 @@
-"""Operator-state redistribution, checked against the reference vectors (Flink's rules)."""
+"""Operator-state redistribution: Flink's rules on small examples (tests/test_flink_vectors.py
+checks thousands of cases against Flink's own code)."""
 
-from statehouse.backends.redistribution import OperatorSubtaskState, java_hashmap_order, redistribute
+from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, java_hashmap_order, redistribute
 
 
 def split(*subtasks, name="s"):
@@ -35,8 +36,34 @@ def test_split_start_carries_over_between_names():
 
 def test_hashmap_order_follows_buckets():
     assert java_hashmap_order(["b", "a"]) == ["a", "b"]  # buckets 2 and 1
-    # Same bucket (hash 0 and 16 differ only above the mask): insertion order is kept.
+    # Same bucket ("a" and "q" hash 97 and 113, equal mod 16): put keeps insertion order,
+    # computeIfAbsent (how Flink groups state names) puts a new key first in its bucket.
     assert java_hashmap_order(["a", "q"]) == ["a", "q"]
+    assert java_hashmap_order(["a", "q"], "computeIfAbsent") == ["q", "a"]
+
+
+def test_hashmap_resizes_like_java():
+    # 13 names: put resizes to 32 buckets after the 13th; computeIfAbsent only before a 14th
+    # call, even one for a key already there.
+    names = [f"n{i}" for i in range(13)]
+    put, lazy = JavaHashMap(), JavaHashMap()
+    for name in names:
+        put.put(name)
+        lazy.compute_if_absent(name)
+    assert put.table is not None and lazy.table is not None
+    assert (len(put.table), len(lazy.table)) == (32, 16)
+    lazy.compute_if_absent("n0")
+    assert len(lazy.table) == 32
+    # A 9th key in one bucket of a small table resizes it instead of making a tree bin.
+    small = JavaHashMap()
+    for name in ["a", "q", "\x81", "\x91", "\xa1", "\xb1", "\xc1", "\xd1", "\xe1"]:  # hashes equal mod 16
+        small.put(name)
+    assert len(small.table or []) == 32
+
+
+def test_empty_old_subtasks_count():
+    """Flink splits over every old subtask's list, empty ones too: 5/1/0 to two subtasks is 3 and 3."""
+    assert lists(redistribute(split("abcde", "f", ""), 2)) == [["a", "b", "c"], ["d", "e", "f"]]
 
 
 def test_union_goes_to_every_subtask():
@@ -45,6 +72,11 @@ def test_union_goes_to_every_subtask():
         new = redistribute(old, scale)
         assert all(sorted(s.lists["u"][1]) == [1, 2, 3] for s in new)
         assert all(s.lists["u"][0] == "union" for s in new)
+
+
+def test_union_at_same_parallelism_goes_to_every_subtask():
+    old = [OperatorSubtaskState(lists={"u": ("union", list(e))}) for e in ("abc", "d", "efg")]
+    assert [s.lists["u"][1] for s in redistribute(old, 3)] == [list("abcdefg")] * 3
 
 
 def test_same_parallelism_keeps_own_split_state_and_gets_union():

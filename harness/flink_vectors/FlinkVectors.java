@@ -7,7 +7,8 @@
  * their UTF-16 code units, so any Java String (lone surrogates included) round-trips.
  *
  * Requests:
- *   KG <string|int|long> <maxParallelism> <key>   -> KeyGroupRangeAssignment.assignToKeyGroup
+ *   KG <string|int|long> <maxParallelism> <parallelism> <key>
+ *        -> "<assignToKeyGroup> <assignKeyToParallelOperator>" (KeyGroupRangeAssignment)
  *   RANGE <maxParallelism> <parallelism> <index>  -> computeKeyGroupRangeForOperatorIndex: "start end"
  *   DEFMAX <parallelism>                          -> computeDefaultMaxParallelism
  *   HM <put|cia> <initialCapacity|-1> <hex>...    -> java.util.HashMap iteration order of the names,
@@ -61,21 +62,24 @@ public final class FlinkVectors {
 
     static String keyGroup(String[] f) {
         int maxParallelism = Integer.parseInt(f[2]);
+        int parallelism = Integer.parseInt(f[3]);
         Object key;
         switch (f[1]) {
             case "string":
-                key = unhex(f.length > 3 ? f[3] : "");
+                key = unhex(f[4]);
                 break;
             case "int":
-                key = Integer.valueOf(f[3]);
+                key = Integer.valueOf(f[4]);
                 break;
             case "long":
-                key = Long.valueOf(f[3]);
+                key = Long.valueOf(f[4]);
                 break;
             default:
                 throw new IllegalArgumentException("key type " + f[1]);
         }
-        return Integer.toString(KeyGroupRangeAssignment.assignToKeyGroup(key, maxParallelism));
+        return KeyGroupRangeAssignment.assignToKeyGroup(key, maxParallelism)
+                + " "
+                + KeyGroupRangeAssignment.assignKeyToParallelOperator(key, maxParallelism, parallelism);
     }
 
     static String hashMapOrder(String[] f) {

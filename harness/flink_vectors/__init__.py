@@ -120,7 +120,11 @@ def key_group_cases(rng: random.Random, n: int) -> list[list[Any]]:
             )
         else:
             key = rng.choice([0, -1, 2**63 - 1, -(2**63), 2**32, rng.randint(-(2**63), 2**63 - 1), rng.randint(-5, 5)])
-        cases.append([kind, _max_parallelism(rng), key])
+        max_parallelism = _max_parallelism(rng)
+        parallelism = rng.choice(
+            [1, max_parallelism, rng.randint(1, max_parallelism), rng.randint(1, min(8, max_parallelism))]
+        )
+        cases.append([kind, max_parallelism, parallelism, key])
     return cases
 
 
@@ -144,7 +148,7 @@ def _random_name(rng: random.Random, lo: int = 1, hi: int = 10) -> str:
     return "".join(rng.choice(NAME_CHARS) for _ in range(rng.randint(lo, hi)))
 
 
-def _spread(name: str) -> int:
+def spread(name: str) -> int:
     h = java_string_hash(name) & 0xFFFFFFFF
     return h ^ (h >> 16)
 
@@ -155,7 +159,7 @@ def colliding_names(rng: random.Random, bits: int, count: int) -> list[str]:
     mask = (1 << bits) - 1
     while True:
         name = _random_name(rng, 1, 8)
-        bucket = buckets.setdefault(_spread(name) & mask, [])
+        bucket = buckets.setdefault(spread(name) & mask, [])
         if name not in bucket:
             bucket.append(name)
             if len(bucket) == count:
@@ -294,8 +298,8 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
     ops = operator_cases(rng, int(4_200 * scale))
 
     requests: list[str] = []
-    for kind, max_parallelism, key in keys:
-        requests.append(f"KG {kind} {max_parallelism} {hex16(key) if kind == 'string' else key}")
+    for kind, max_parallelism, parallelism, key in keys:
+        requests.append(f"KG {kind} {max_parallelism} {parallelism} {hex16(key) if kind == 'string' else key}")
     requests += [f"RANGE {m} {p} {i}" for m, p, i in ranges]
     requests += [f"DEFMAX {p}" for p in defaults]
     requests += [f"HM {how} {cap} {' '.join(hex16(n) for n in names)}".rstrip() for how, cap, names in maps]
@@ -303,7 +307,7 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
     answers = iter(run_flink(lib, requests))
 
     for case in keys:
-        case.append(int(next(answers)))
+        case.extend(int(x) for x in next(answers).split())  # key group, operator index
     for case in ranges:
         case.extend(int(x) for x in next(answers).split())
     default_pairs = [[p, int(next(answers))] for p in defaults]
