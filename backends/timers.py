@@ -35,11 +35,10 @@ records exactly the timers it fired, so the epoch commit removes those and no ot
 
 from __future__ import annotations
 
-import heapq
 import struct
+from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import islice, takewhile
 from typing import Any, Literal, Protocol, get_args
 
 from statehouse.backends.base.partition import StorePartition
@@ -241,20 +240,38 @@ class TimerService:
         due: list[tuple[int, bytes]] = []
         more = False
         if table is not None:
-            bound = encode_timestamp(time)
-            scans = [self._due(table, kg, bound) for kg in groups]
-            merged = ((kg, primary) for _ts, kg, primary in heapq.merge(*scans))
-            due = list(islice(merged, limit)) if limit is not None else list(merged)
-            more = limit is not None and len(due) == limit and next(merged, None) is not None
+            due, more = self._due(table, groups, encode_timestamp(time), limit)
             for kg, primary in due:
                 self._tx.delete(table, kg, primary)
         record = FiredTimers(domain, time, tuple(due))
         return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], more, record)
 
-    def _due(self, table: str, key_group: int, bound: bytes) -> Iterator[tuple[bytes, int, bytes]]:
-        """One key group's due timers in order, as ``(timestamp bytes, key group, primary)``."""
-        for primary in takewhile(lambda p: p[:_TS_BYTES] <= bound, self._tx.primaries_from(table, key_group, None)):
-            yield primary[:_TS_BYTES], key_group, primary
+    def _due(
+        self, table: str, groups: Iterable[int], bound: bytes, limit: int | None
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        """The first ``limit`` timers at or below ``bound`` over ``groups``, in firing order, and
+        whether more are due. One key group is read at a time (a replica may own thousands: one
+        open iterator each would cost more than the merge), each in its order and only as far as
+        its timers can still be among the first ``limit``."""
+        chosen: list[tuple[bytes, int, bytes]] = []  # (timestamp bytes, key group, primary), sorted
+        more = False
+        for kg in groups:
+            for primary in self._tx.primaries_from(table, kg, None):
+                row = (primary[:_TS_BYTES], kg, primary)
+                if row[0] > bound:
+                    break
+                if limit is None:
+                    chosen.append(row)
+                    continue
+                if len(chosen) >= limit:
+                    more = True
+                    if row >= chosen[-1]:
+                        break  # the rest of this key group comes later still
+                    chosen.pop()
+                insort(chosen, row)
+        if limit is None:
+            chosen.sort()
+        return [(kg, primary) for _ts, kg, primary in chosen], more
 
     def apply_fired(self, record: FiredTimers) -> None:
         """Replay a staged advance in the epoch commit: raise the time, delete what it fired."""

@@ -126,6 +126,23 @@ def test_limit_and_key_groups(job):
     assert len(first.timers) + len(mine.timers) + len(rest.timers) == 50
 
 
+def test_limited_advances_fire_in_the_same_order_as_one(make_catalog):
+    timers = [((i * 7_919) % 101, f"k{i}") for i in range(400)]
+    whole, _ = make_catalog().create("whole", 128)
+    paged, _ = make_catalog().create("paged", 128)
+    for job in (whole, paged):
+        register(job, *timers)
+    expected = fire(whole, 1_000)
+    got: list = []
+    while True:
+        result = attempts.run_advance(paged, "event", 1_000, limit=7)
+        got += [(t.timestamp, t.key, t.namespace) for t in result.timers]
+        if not result.more:
+            break
+        assert len(result.timers) == 7
+    assert got == expected and len(got) == 400
+
+
 def test_list_and_count_per_key_group(job):
     keys = [f"k{i}" for i in range(100)]
     register(job, *[(i % 3, k) for i, k in enumerate(keys)])
