@@ -42,5 +42,13 @@ typecheck: $(DEV)
 	@for d in app backends snapshots client keygroups pipelines; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
 	MYPYPATH=$(VENV)/typecheck $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
+# Regenerate tests/vectors/flink-vectors.json.gz from Flink's own classes (docs/state-model.md,
+# "Checked against Flink itself"): Java 17 and Flink's jars (~300 MB, kept outside the repo).
+FLINK_LIBS ?= /tmp/flinklibs
+.PHONY: flink-vectors
+flink-vectors: $(DEV)
+	test -d $(FLINK_LIBS)/pyflink/lib || $(PIP) --no-deps --target $(FLINK_LIBS) apache-flink-libraries==2.3.0
+	$(BIN)/python -m harness.flink_vectors --lib $(FLINK_LIBS)/pyflink/lib
+
 clean:
 	rm -rf $(VENV) data checkpoints .pytest_cache .ruff_cache
