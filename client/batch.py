@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 # Operations whose repetition cannot change the outcome: a batch made only of these may be
 # retried after a timeout. ``add`` is not among them.
-IDEMPOTENT_OPS = frozenset({"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains"})
+IDEMPOTENT_OPS = frozenset(
+    {"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains", "register_timer", "delete_timer"}
+)
 READ_OPS = frozenset({"get", "map_get", "map_contains"})  # the server stages everything else of an attempt
 _UNSET = object()
 
@@ -61,10 +63,12 @@ class Batch:
         epoch: int | None = None,
         attempt: TaskAttempt | None = None,
         max_ops: int = 5000,
+        route_key: Callable[[Any, str], int] | None = None,
     ) -> None:
         self._replicas = replicas
         self._job = job
         self._route = route  # (state, key) -> index of the replica that owns the key
+        self._route_key = route_key  # (key, key type) -> the same, for timers (they name no state)
         self.epoch = attempt.epoch if attempt is not None else epoch
         self.attempt = attempt
         self.max_ops = max_ops
@@ -72,8 +76,9 @@ class Batch:
         self._sending: list[Future[None]] = []
         self._failed = False
 
-    def _queue(self, op: dict[str, Any]) -> PendingResult:
-        replica = self._route(op["state"], op["key"])
+    def _queue(self, op: dict[str, Any], replica: int | None = None) -> PendingResult:
+        if replica is None:
+            replica = self._route(op["state"], op["key"])
         pending = PendingResult()
         queue = self._queued[replica]
         queue.append((op, pending))
@@ -147,6 +152,26 @@ class Batch:
 
     def map_contains(self, state: str, key: Any, user_key: str, ns: str = "") -> PendingResult:
         return self._queue(self._op("map_contains", state, key, ns, user_key=user_key))
+
+    def register_timer(
+        self, key: Any, timestamp: int, ns: str = "", *, domain: str = "event", key_type: str = "string"
+    ) -> PendingResult:
+        """Register a timer of ``key`` (typed ``key_type``) at ``timestamp`` ms in ``domain``
+        (``event`` or ``processing``); registering it again is a no-op."""
+        return self._timer("register_timer", key, timestamp, ns, domain, key_type)
+
+    def delete_timer(
+        self, key: Any, timestamp: int, ns: str = "", *, domain: str = "event", key_type: str = "string"
+    ) -> PendingResult:
+        return self._timer("delete_timer", key, timestamp, ns, domain, key_type)
+
+    def _timer(self, op: str, key: Any, timestamp: int, ns: str, domain: str, key_type: str) -> PendingResult:
+        if self._route_key is None:
+            raise RuntimeError("this batch routes by state only: make it with JobClient.batch()")
+        body = {"op": op, "domain": domain, "key": key, "key_type": key_type, "timestamp": timestamp}
+        if ns:
+            body["ns"] = ns
+        return self._queue(body, self._route_key(key, key_type))
 
     def flush(self) -> None:
         """Send everything queued (replicas in parallel) and wait for every part; raises the

@@ -15,7 +15,8 @@ from statehouse.client.states import (
     StateHandle,
     ValueStateHandle,
 )
-from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, operator_index
+from statehouse.client.timers import TimerServiceHandle
+from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
@@ -55,6 +56,18 @@ class JobClient:
             self._checked_key_type(state, key)
             return 0
         return operator_index(self.max_parallelism, len(self.replicas), self.key_group(state, key))
+
+    def replica_for_key(self, key: Any, key_type: str = "string") -> int:
+        """The replica that owns ``key`` of type ``key_type`` (timers name a key type, not a state)."""
+        if key_type not in KEY_TYPES:
+            raise InvalidRequest(f"key_type must be one of {', '.join(KEY_TYPES)}; got {key_type!r}")
+        if (key_type == "string") != isinstance(key, str) or isinstance(key, bool):
+            raise InvalidRequest(f"a {key_type} key cannot be {type(key).__name__} {key!r}")
+        try:
+            key_group = self._assign(key, key_type)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return operator_index(self.max_parallelism, len(self.replicas), key_group)
 
     def key_group_range(self, replica: int) -> KeyGroupRange:
         return KeyGroupRange.for_operator(self.max_parallelism, len(self.replicas), replica)
@@ -115,7 +128,12 @@ class JobClient:
             epoch=epoch,
             attempt=attempt,
             max_ops=max_ops or self.replicas.config.max_batch_ops,
+            route_key=self.replica_for_key,
         )
+
+    def timers(self, domain: str = "event") -> TimerServiceHandle:
+        """The job's timers of ``domain`` (``event`` or ``processing``) on every replica."""
+        return TimerServiceHandle(self, domain)
 
     def columns(
         self,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from statehouse.client.config import ClientConfig
 from statehouse.client.transport import ReplicaConnection
+
+T = TypeVar("T")
 
 
 class Replicas:
@@ -52,7 +54,7 @@ class Replicas:
         futures = [self._fan_out.submit(r.json, method, path, b, idempotent=idempotent) for r, b in calls]
         return [f.result() for f in futures]
 
-    def send_in_order(self, replica: int, send: Callable[..., None], *args: Any) -> Future[None]:
+    def send_in_order(self, replica: int, send: Callable[..., T], *args: Any) -> Future[T]:
         return self._senders[replica].submit(send, *args)
 
     def close(self) -> None:

@@ -497,3 +497,52 @@ def test_rescale_2_to_3_to_2_over_http_fires_every_timer_once(tmp_path):
             s.stop()
     assert len(fired) == len(set(fired)) == len(registered)  # every timer, once
     assert set(fired) == registered
+
+
+# -- the client: two real replicas ---------------------------------------------------------------
+
+
+def test_client_handles_route_advance_and_stage(two_replicas, job_name):
+    from statehouse.client import StatehouseClient
+    from statehouse.client.attempts import TaskAttempt, commit_bodies
+
+    with StatehouseClient([s.url for s in two_replicas]) as sh:
+        job = sh.create_job(job_name, 128)
+        timers = job.timers("event")
+        keys = [f"user-{i}" for i in range(60)]
+        with job.batch() as batch:  # routed by key to the owner
+            for i, key in enumerate(keys):
+                batch.register_timer(key, i % 9, "session")
+            batch.register_timer(12, 3, key_type="long")
+        timers.register("solo", 4)
+        timers.delete("solo", 4)
+        counts = timers.counts()
+        assert sum(counts.values()) == 61
+        assert {kg for kg in counts} == {assign_to_key_group(k, "string", 128) for k in keys} | {
+            assign_to_key_group(12, "long", 128)
+        }
+        listed = list(timers.list(page_size=7))
+        assert len(listed) == 61 and [t.key_group for t in listed] == sorted(t.key_group for t in listed)
+        assert timers.times() == [None, None]
+
+        # a task attempt fires its partition's key groups, staged until the driver commits it
+        epoch = job.fence(job.epoch() + 1)
+        half = KeyGroupRange(0, 63)  # replica 0's key groups
+        attempt = TaskAttempt(epoch, 0, len(job.replicas))
+        fired = timers.advance(4, attempt=attempt, key_groups=half)
+        assert fired and all(t.key_group <= 63 and t.timestamp <= 4 for t in fired)
+        assert [(t.timestamp, t.key_group) for t in fired] == sorted((t.timestamp, t.key_group) for t in fired)
+        assert sum(timers.counts().values()) == 61  # staged, not committed
+        message = attempt.message()
+        assert message.ops == (1, 0)
+        for replica, body in enumerate(commit_bodies([message], len(job.replicas))):
+            job.replicas[replica].json("POST", f"/v1/jobs/{job_name}/epochs/{epoch}/commit", body)
+        assert sum(timers.counts().values()) == 61 - len(fired)
+
+        # plain: every replica, merged in firing order
+        rest = timers.advance(100)
+        assert len(rest) == 61 - len(fired)
+        assert [(t.timestamp, t.key_group) for t in rest] == sorted((t.timestamp, t.key_group) for t in rest)
+        every = {(t.key, t.key_type) for t in fired + rest}
+        assert every == {(k, "string") for k in keys} | {(12, "long")}  # each once, typed as registered
+        assert timers.times() == [100, 100] and timers.counts() == {}

@@ -1,0 +1,145 @@
+"""A job's timers from the client (Flink's ``TimerService``): register and delete per key on the
+replica that owns it, advance every replica's watermark or clock and collect the fired timers in
+firing order, list and count them. See docs/api.md#timers for the rules."""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from statehouse.client.errors import StatehouseError
+from statehouse.keygroups import KeyGroupRange
+
+if TYPE_CHECKING:
+    from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.batch import Batch
+    from statehouse.client.replicas import Replicas
+
+
+class TimerJob(Protocol):
+    """What timers need of their job (a ``JobClient``)."""
+
+    name: str
+    replicas: Replicas
+
+    def batch(self) -> Batch: ...
+
+    def key_group_range(self, replica: int) -> KeyGroupRange: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A timer as a replica reports it (fired, or listed)."""
+
+    timestamp: int
+    key: str | int
+    key_type: str
+    ns: str
+    key_group: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Timer:
+        return cls(data["timestamp"], data["key"], data["key_type"], data["ns"], data["key_group"])
+
+
+class TimerServiceHandle:
+    """The timers of one time domain (``event`` or ``processing``) of a job, on every replica."""
+
+    def __init__(self, job: TimerJob, domain: str = "event") -> None:
+        if domain not in ("event", "processing"):
+            raise ValueError(f"domain must be 'event' or 'processing'; got {domain!r}")
+        self._job = job
+        self.domain = domain
+        self._path = f"/v1/jobs/{job.name}/timers/{domain}"
+
+    def register(self, key: Any, timestamp: int, ns: str = "", key_type: str = "string") -> None:
+        """Register a timer (a no-op when it exists); a timer at or below the replica's current
+        time fires on its next advance."""
+        with self._job.batch() as batch:
+            batch.register_timer(key, timestamp, ns, domain=self.domain, key_type=key_type)
+
+    def delete(self, key: Any, timestamp: int, ns: str = "", key_type: str = "string") -> None:
+        with self._job.batch() as batch:
+            batch.delete_timer(key, timestamp, ns, domain=self.domain, key_type=key_type)
+
+    def advance(
+        self,
+        to: int,
+        *,
+        epoch: int | None = None,
+        attempt: TaskAttempt | None = None,
+        key_groups: KeyGroupRange | None = None,
+    ) -> list[Timer]:
+        """Raise every replica's time to ``to`` (never lowering it) and return the timers that
+        fired, in (timestamp, key group, key, namespace) order. ``epoch`` fences; with a task
+        ``attempt`` the firing is staged (one write per request) and counts once the driver
+        commits the attempt. ``key_groups`` fires only those key groups (a Spark partition's),
+        on the replicas that own some of them."""
+        replicas = [
+            r
+            for r in range(len(self._job.replicas))
+            if key_groups is None or len(self._job.key_group_range(r).intersection(key_groups))
+        ]
+        futures = [
+            self._job.replicas.send_in_order(r, self._advance_one, r, to, epoch, attempt, key_groups) for r in replicas
+        ]
+        fired = [future.result() for future in futures]
+        return list(heapq.merge(*fired, key=lambda t: (t.timestamp, t.key_group)))
+
+    def _advance_one(
+        self, replica: int, to: int, epoch: int | None, attempt: TaskAttempt | None, key_groups: KeyGroupRange | None
+    ) -> list[Timer]:
+        """One replica's advance, repeated while it says more timers are due (its answers are
+        capped); in order, on the replica's own sender thread, as a task attempt's seqs need."""
+        connection = self._job.replicas[replica]
+        fired: list[Timer] = []
+        while True:
+            body: dict[str, Any] = {"to": to}
+            if key_groups is not None:
+                body["key_groups"] = key_groups.as_list()
+            if attempt is not None:
+                body.update(attempt.fields(replica))
+            elif epoch is not None:
+                body["epoch"] = epoch
+            try:
+                # Only a task attempt's advance may be re-sent: its seq answers the same timers again.
+                answer = connection.json("POST", f"{self._path}/advance", body, idempotent=attempt is not None)
+            except StatehouseError as exc:
+                if attempt is not None and 400 <= (exc.status or 0) < 500:
+                    attempt.refused(replica, body["seq"])
+                raise
+            if attempt is not None:
+                attempt.answered(replica, 1)
+            fired += [Timer.from_dict(t) for t in answer["timers"]]
+            if not answer["more"]:
+                return fired
+
+    def counts(self) -> dict[int, int]:
+        """Stored timers per key group, over every replica (key groups without timers left out)."""
+        answers = self._job.replicas.on_all("GET", f"{self._path}/counts")
+        return {c["key_group"]: c["count"] for answer in answers for c in answer["key_groups"]}
+
+    def times(self) -> list[int | None]:
+        """Each replica's current time of this domain (``None`` before its first advance)."""
+        return [answer["time"] for answer in self._job.replicas.on_all("GET", f"{self._path}/counts")]
+
+    def list(self, key_group: int | None = None, page_size: int = 1000) -> Iterator[Timer]:
+        """The stored timers, replica after replica (so in key-group order), each key group's in
+        firing order; ``key_group`` lists one key group only (on its owner)."""
+        replicas: list[int] = list(range(len(self._job.replicas)))
+        if key_group is not None:
+            replicas = [r for r in replicas if key_group in self._job.key_group_range(r)]
+        for replica in replicas:
+            params: dict[str, Any] = {"limit": page_size}
+            if key_group is not None:
+                params["key_group"] = key_group
+            while True:
+                answer = self._job.replicas[replica].request("GET", self._path, idempotent=True, params=params)
+                page = json.loads(answer.content)
+                yield from (Timer.from_dict(t) for t in page["items"])
+                if page["next_cursor"] is None:
+                    break
+                params["cursor"] = page["next_cursor"]
