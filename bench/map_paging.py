@@ -1,8 +1,8 @@
 """Benchmark 10: paging a 1,000,000-entry map end to end, with /healthz polled meanwhile.
 
 One replica per backend (harness/server.py), one map state with one key holding N entries
-(user keys ``u0000000``..., 16-byte string values), filled through the batch endpoint with
-msgpack (10,000 ``map_put`` per request). Then, for each backend:
+(user keys ``u0000000``..., 16-byte string values), filled in random order through the batch
+endpoint with msgpack (10,000 ``map_put`` per request). Then, for each backend:
 
 * **paging**: ``GET .../keys/{key}/entries?limit=1000`` from the first page to the last,
   following ``next_cursor``, ``--passes`` times over the same map; per-page latency (p50 / p99 /
@@ -12,7 +12,7 @@ msgpack (10,000 ``map_put`` per request). Then, for each backend:
 * **whole map**: one ``GET .../keys/{key}`` of the whole map (the server is started with
   ``STATEHOUSE_MAX_MAP_READ_ENTRIES`` = N so that it is served, not refused), and one of a map
   of ``--at-limit`` entries (100,000: the default limit, the largest map read whole by default).
-* **/healthz**: a second thread polls ``GET /healthz`` every ``--poll-ms`` on its own
+* **/healthz**: a second process polls ``GET /healthz`` every ``--poll-ms`` on its own
   connection while each of the above runs; p50 / p99 / max of its latency per phase, and
   idle (before the fill) as the baseline.
 
@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import os
+import random
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,39 +68,53 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"n": len(ordered), "p50": statistics.median(ordered), "p99": p99, "max": ordered[-1]}
 
 
+def _poll(url: str, interval: float, stop: Any, out: Any) -> None:
+    latencies: list[float] = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        http.get("/healthz").raise_for_status()  # connected before the first measured poll
+        out.put("ready")
+        while not stop.is_set():
+            start = time.perf_counter()
+            http.get("/healthz").raise_for_status()
+            latencies.append(time.perf_counter() - start)
+            stop.wait(interval)
+    out.put(latencies)
+
+
 class HealthPoller:
-    """Polls /healthz on its own connection every ``interval`` seconds, recording each latency."""
+    """Polls /healthz every ``interval`` seconds on its own connection, from its own process: a
+    thread here would also wait for this process's GIL (decoding a whole map's JSON holds it for
+    a second), and that is not the server's latency."""
 
     def __init__(self, url: str, interval: float) -> None:
-        self._url, self._interval = url, interval
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._out = context.Event(), context.Queue()
+        self._process = context.Process(target=_poll, args=(url, interval, self._stop, self._out), daemon=True)
         self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self._url, timeout=30) as http:
-            while not self._stop.is_set():
-                start = time.perf_counter()
-                http.get("/healthz").raise_for_status()
-                self.latencies.append(time.perf_counter() - start)
-                self._stop.wait(self._interval)
 
     def __enter__(self) -> HealthPoller:
-        self._thread.start()
+        self._process.start()
+        if self._out.get(timeout=60) != "ready":
+            raise RuntimeError("the /healthz poller did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self.latencies = self._out.get(timeout=60)
+        self._process.join(timeout=10)
 
 
 def fill(http: httpx.Client, key: str, entries: int, batch: int = 10_000) -> float:
+    """``entries`` entries in random order (as a job writes them; an index sorted as it is
+    filled would hide what sorting costs)."""
     value = "v" * 16
+    order = list(range(entries))
+    random.Random(entries).shuffle(order)
     start = time.perf_counter()
     for first in range(0, entries, batch):
         ops = [
             {"op": "map_put", "state": STATE, "key": key, "user_key": user_key(i), "value": value}
-            for i in range(first, min(first + batch, entries))
+            for i in order[first : first + batch]
         ]
         r = http.post(f"/v1/jobs/{JOB}/batch", content=msgpack.packb({"ops": ops}), headers={"Content-Type": MSGPACK})
         r.raise_for_status()

@@ -9,10 +9,13 @@ container first, so frozen views never change; after all views are released noth
 is copied any more.
 
 Seeking reads (listings that page) need keys in order without sorting a whole map per page.
-A container gets a sorted *index* of its keys on its first seeking read; writes then keep a
-small delta beside it (keys added since, a count of keys removed) instead of re-sorting, and
-a read folds the delta in (one linear merge) once it grows past a fraction of the index. The
-index list is never changed in place, so a copy-on-write copy shares it.
+A container gets an *index* of its keys on its first seeking read: a few sorted runs, which
+a page bisects and merges. They are made in steps that each hold the GIL briefly (one sort of a
+1M-key map in random order would hold it ~0.7 s and stall the event loop): chunks of 32,768
+keys sorted one at a time, then neighbours merged pairwise up to 262,144 keys. Writes keep a
+small delta beside it (keys added since, a count of keys removed) instead of re-sorting; a
+read turns a grown delta into runs of its own, and rebuilds the runs when there are too many
+or many keys were deleted. Runs are never changed in place, so a copy-on-write copy shares them.
 """
 
 from __future__ import annotations
@@ -20,29 +23,36 @@ from __future__ import annotations
 import heapq
 import threading
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
 
 _MISSING = object()
+# A run is a tuple, not a list: the cyclic GC stops tracking a tuple of bytes, where it would
+# visit every key of a list on each full collection (~30 ms per million keys indexed).
+Run = tuple[bytes, ...]
+_RUN = 32_768  # keys sorted at once: one sort of that many (random order) holds the GIL ~15 ms
+_MERGED = 262_144  # runs are merged up to this size: one merge (linear) holds it ~15 ms
 
 
 class _Container:
-    __slots__ = ("added", "data", "index", "removed", "version")
+    __slots__ = ("added", "data", "index", "indexed", "removed", "version")
 
     def __init__(self, version: int, data: dict) -> None:
         self.version = version
         self.data = data
-        self.index: list[bytes] | None = None  # sorted keys as of the last fold; None: not indexed
-        self.added: set[bytes] = set()  # keys inserted since the fold (not in the index)
-        self.removed = 0  # keys deleted since the fold (still in the index, skipped on reads)
+        self.index: tuple[Run, ...] | None = None  # sorted runs of the keys; None: not indexed
+        self.indexed = 0  # keys in the runs
+        self.added: set[bytes] = set()  # keys inserted since the runs were made (in no run)
+        self.removed = 0  # keys deleted since (still in a run, skipped on reads)
 
     def copy(self, version: int) -> _Container:
-        """A writable copy for copy-on-write: the index list is shared (never changed in place)."""
+        """A writable copy for copy-on-write: the runs are shared (never changed in place)."""
         copy = _Container(version, dict(self.data))
         if self.index is not None:
-            copy.index, copy.added, copy.removed = self.index, set(self.added), self.removed
+            copy.index, copy.indexed, copy.added, copy.removed = self.index, self.indexed, set(self.added), self.removed
         return copy
 
     # Writes through these keep the index's delta (they also work on a container not indexed);
@@ -61,36 +71,53 @@ class _Container:
                 self.removed += 1
 
     def keys_after(self, after: bytes | None) -> Iterator[bytes]:
-        """The keys sorting after ``after`` (all when ``None``), in byte order: a bisect into the
-        index merged with the (sorted) keys added since; O(page + delta), not O(container)."""
-        index = self._folded()
+        """The keys sorting after ``after`` (all when ``None``), in byte order: a bisect into each
+        run merged with the (sorted) keys added since; O(page + delta), not O(container)."""
+        streams: list[Iterable[bytes]] = [_tail(run, after) for run in self._folded()]
+        if self.added:
+            streams.append(sorted(key for key in self.added if after is None or key > after))
         data = self.data
-        start = 0 if after is None else bisect_right(index, after)
-        stored = (index[i] for i in range(start, len(index)))
-        if not self.added:
-            return (key for key in stored if key in data)
-        added = sorted(key for key in self.added if after is None or key > after)
-        return _unique(key for key in heapq.merge(stored, added) if key in data)
+        if len(streams) <= 1:  # one run holds a key once
+            return (key for stream in streams for key in stream if key in data)
+        return _unique(key for key in heapq.merge(*streams) if key in data)
 
-    def _folded(self) -> list[bytes]:
-        index = self.index
-        size = 0 if index is None else len(index)
-        if index is not None and len(self.added) <= max(1024, size // 64) and self.removed <= max(1024, size // 4):
-            return index
-        if index is None:
-            index = sorted(self.data)  # the first seeking read: one sort
-        else:  # two sorted runs: the sort merges them in linear time
-            kept = [key for key in index if key in self.data] if self.removed else index
-            index = kept + sorted(self.added)
-            index.sort()
-            if self.removed:  # a key deleted and inserted again is in both runs
-                index = list(_unique(iter(index)))
-        self.index, self.added, self.removed = index, set(), 0
-        return index
+    def _folded(self) -> tuple[Run, ...]:
+        """The runs, made on the first seeking read and remade when the delta has grown: the
+        keys added become runs of their own; many runs, or many deleted keys, rebuild them all.
+        Every sort is of one run, so no single step holds the GIL long, whatever the size."""
+        runs, size = self.index, self.indexed
+        if runs is not None and self.removed <= max(1024, size // 4) and len(runs) <= size // _MERGED + 16:
+            if len(self.added) <= max(1024, size // 64):
+                return runs
+            runs = runs + _sorted_runs(iter(self.added))
+            self.index, self.indexed, self.added = runs, size + len(self.added), set()
+            return runs
+        runs = _sorted_runs(iter(self.data))
+        self.index, self.indexed, self.added, self.removed = runs, len(self.data), set(), 0
+        return runs
+
+
+def _sorted_runs(keys: Iterator[bytes]) -> tuple[Run, ...]:
+    """``keys`` sorted in runs: chunks of ``_RUN`` sorted, and neighbours of equal size merged (a
+    binary counter) up to ``_MERGED``, so that a read merges a few runs, not dozens."""
+    runs: list[Run] = []
+    while chunk := list(islice(keys, _RUN)):
+        chunk.sort()
+        runs.append(tuple(chunk))
+        while len(runs) > 1 and len(runs[-2]) == len(runs[-1]) and 2 * len(runs[-1]) <= _MERGED:
+            last = runs.pop()
+            runs.append(tuple(sorted(runs.pop() + last)))  # two sorted runs: one linear merge
+    return tuple(runs)
+
+
+def _tail(run: Run, after: bytes | None) -> Iterator[bytes]:
+    """The keys of a sorted run after ``after``, lazily (no copy of the run)."""
+    start = 0 if after is None else bisect_right(run, after)
+    return map(run.__getitem__, range(start, len(run)))
 
 
 def _unique(keys: Iterator[bytes]) -> Iterator[bytes]:
-    """Drop repeats from sorted keys (a key deleted and inserted again is in both runs)."""
+    """Drop repeats from sorted keys (a key deleted and inserted again is in two runs)."""
     last = None
     for key in keys:
         if key != last:
