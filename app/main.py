@@ -130,7 +130,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     for router in (jobs.router, keyed.router, timers.router, operators.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
-    # Outermost last: metrics see every response, the 500s of unexpected faults included.
+    # Outermost last: metrics see every response, the 500s of unexpected faults included. The
+    # columnar endpoint's fast path is innermost: inside the body limit, metrics and 500s.
+    app.add_middleware(columns.ColumnsFastPath)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ServerErrorMiddleware, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

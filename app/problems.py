@@ -127,7 +127,7 @@ def _count(request: Request, code: str) -> None:
         service.metrics.errors.labels(code).inc()
 
 
-def _state_error(request: Request, exc: StateError) -> Response:
+def state_error(request: Request, exc: StateError) -> Response:
     _count(request, exc.code)
     status = STATUS_BY_CODE.get(exc.code, 400)
     headers = {"WWW-Authenticate": "Bearer"} if exc.code == "unauthorized" else None
@@ -151,7 +151,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     if isinstance(exc.__cause__, StateError):
         # FastAPI turns any error while it reads a body into "400 There was an error parsing
         # the body": the body limit and the strict JSON parser say better what is wrong.
-        return _state_error(request, exc.__cause__)
+        return state_error(request, exc.__cause__)
     if exc.status_code == 405:
         return _method_not_allowed(request)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
@@ -179,6 +179,6 @@ def _method_not_allowed(request: Request) -> Response:
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(StateError, _state_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StateError, state_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
