@@ -24,6 +24,8 @@ from statehouse.client.config import ClientConfig
 from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
+from statehouse.client.timers import Timer
+from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 
 if TYPE_CHECKING:
     from statehouse.client.columns import Columns
@@ -91,6 +93,21 @@ class BatchContext:
             )
         return job.columns(self.attempt)
 
+    def fire_timers(self, job: JobClient, to: int, *, partitions: int, domain: str = "event") -> list[Timer]:
+        """Inside a task over :func:`by_key_group` partitions: advance the watermark (or the
+        clock) to ``to`` and fire the timers of this partition's key groups, staged under the
+        task attempt (a retried attempt fires the same timers again; the committed attempt's
+        firing is the one that counts). ``partitions`` is the partition count given to
+        :func:`by_key_group`. Spark's ``handleExpiredTimer``: run it for each returned timer.
+
+        On a replay the batch's firing was committed already: nothing fires (an empty list)."""
+        if self.replay:
+            return []
+        if self.attempt is None:
+            raise RuntimeError("ctx.fire_timers() works inside a task: wrap the function with with_state(ctx, fn)")
+        groups = KeyGroupRange.for_operator(job.max_parallelism, partitions, self.attempt.partition)
+        return job.timers(domain).advance(to, attempt=self.attempt, key_groups=groups)
+
     def for_task(self, replica_count: int, unit: str) -> BatchContext:
         if self.replay:
             return self
@@ -148,6 +165,20 @@ def _lost(coordinator: MicroBatchCoordinator, plan: BatchPlan, exc: Exception) -
         return coordinator.moved_on(plan)
     except StatehouseError:
         return False  # a replica is unreachable: let the original error speak
+
+
+def by_key_group(pairs: Any, max_parallelism: int, partitions: int, key_type: str = "string") -> Any:
+    """An RDD of ``(key, value)`` pairs partitioned by the keys' Statehouse key groups: partition
+    ``p`` holds the keys of key groups ``KeyGroupRange.for_operator(max_parallelism, partitions,
+    p)`` (Flink's assignment of key groups to subtasks), so its task may fire the timers of its
+    own key groups (:meth:`BatchContext.fire_timers`) and no two tasks fire one timer."""
+    if not 0 < partitions <= max_parallelism:
+        raise ValueError(f"partitions must be in [1, max_parallelism={max_parallelism}]; got {partitions}")
+
+    def partition_of(key: Any) -> int:
+        return operator_index(max_parallelism, partitions, assign_to_key_group(key, key_type, max_parallelism))  # type: ignore[arg-type]
+
+    return pairs.partitionBy(partitions, partition_of)
 
 
 def with_state(
