@@ -501,14 +501,25 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
     new = [OperatorSubtaskState() for _ in range(parallelism)]
     union_names: list[str] = []
     grouped = JavaHashMap()  # groupByStateMode: split names, first seen subtask by subtask
+    seen: set[str] = set()
+    orders: dict[tuple[str, ...], list[str]] = {}
     for subtask in old:
-        for name in handle_name_order(list(subtask.lists)):
-            mode, _elements = subtask.lists[name]
-            if mode == "union":
-                if name not in union_names:
-                    union_names.append(name)
-            else:
+        registered = tuple(subtask.lists)
+        order = orders.get(registered)
+        if order is None:
+            order = orders[registered] = handle_name_order(list(registered))
+        split_names = [n for n in order if subtask.lists[n][0] != "union"]
+        if seen.issuperset(split_names):
+            # Calls for names already there change nothing but the first one's table resize.
+            if split_names:
+                grouped.compute_if_absent(split_names[0])
+        else:
+            for name in split_names:
                 grouped.compute_if_absent(name)
+            seen.update(split_names)
+        for name in order:
+            if subtask.lists[name][0] == "union" and name not in union_names:
+                union_names.append(name)
 
     def entries(name: str) -> list[tuple[int, list[Any]]]:
         return [(h, s.lists[name][1]) for h, s in enumerate(old) if name in s.lists]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from statehouse.backends.base.partition import FrozenView, WriteOp
-from statehouse.backends.codec import decode_fields, encode_fields, encode_value, iter_values
+from statehouse.backends.codec import decode_fields, encode_fields
 from statehouse.backends.operator_state import OPERATOR_SUBTASKS_META, operator_subtasks_row
 from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
 from statehouse.backends.reserved import (
@@ -137,7 +137,7 @@ def merge_for_replica(
         old = max(stored.get(operator, 0), recorded.get(operator, 0))
         new = operator_parallelism.get(operator, old)
         if old:
-            merged.lists = _redistributed(merged, operator, old, new)
+            merged.lists = _redistributed(merged, operator, old, new, replica_index, replica_count)
             merged.meta[operator_subtasks_row(operator)] = str(new).encode()
 
     merged.lists = {k: v for k, v in merged.lists.items() if k[2] % replica_count == replica_index}
@@ -151,14 +151,38 @@ def _subtask_count(value: bytes) -> int:
         raise SnapshotCorrupt(f"unreadable operator subtask count {value!r}: {exc}") from None
 
 
+def _records(raw: bytes) -> list[bytes]:
+    """The stored records of a list, undecoded (Flink: the elements' offsets in the stream)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(raw)
+    records, start = [], 0
+    while True:
+        try:
+            unpacker.skip()
+        except msgpack.OutOfData:
+            break
+        end = unpacker.tell()
+        records.append(raw[start:end])
+        start = end
+    if start != len(raw):
+        raise SnapshotCorrupt("a truncated operator list state")
+    return records
+
+
 def _redistributed(
-    snap: OperatorSnapshot, operator: str, old_parallelism: int, parallelism: int
+    snap: OperatorSnapshot,
+    operator: str,
+    old_parallelism: int,
+    parallelism: int,
+    replica_index: int,
+    replica_count: int,
 ) -> dict[tuple[str, str, int], bytes]:
-    """``snap``'s lists with ``operator``'s redistributed from ``old_parallelism`` to ``parallelism`` subtasks.
+    """``snap``'s lists with ``operator``'s redistributed from ``old_parallelism`` to ``parallelism``
+    subtasks, of which only those of this replica are kept.
 
     Each old subtask is one Flink handle holding every list state of the operator (registered
     in name order), those it stores nothing for as empty lists: what a Flink subtask running the
-    operator's code snapshots.
+    operator's code snapshots. Elements move as their stored records, never decoded.
     """
     names = sorted(name for op, name in snap.modes if op == operator)
     mine = {k: v for k, v in snap.lists.items() if k[0] == operator}
@@ -170,13 +194,21 @@ def _redistributed(
     for sub, state in enumerate(old):
         for name in names:
             raw = mine.get((operator, name, sub))
-            state.lists[name] = (modes[name], [] if raw is None else list(iter_values(raw)))
+            state.lists[name] = (modes[name], [] if raw is None else _records(raw))
     new = redistribute(old, parallelism)
     lists = {k: v for k, v in snap.lists.items() if k[0] != operator}
-    for sub, state in enumerate(new):
-        for name, (_mode, elements) in state.lists.items():
-            if elements:
-                lists[(operator, name, sub)] = b"".join(encode_value(e) for e in elements)
+    unions: dict[str, bytes] = {}  # a union list is the same on every subtask: join it once
+    for sub in range(replica_index, parallelism, replica_count):
+        for name, (mode, records) in new[sub].lists.items():
+            if not records:
+                continue
+            if mode == "union":
+                raw = unions.get(name)
+                if raw is None:
+                    raw = unions[name] = b"".join(records)
+            else:
+                raw = b"".join(records)
+            lists[(operator, name, sub)] = raw
     return lists
 
 
