@@ -77,6 +77,7 @@ OPERATION_IDS: dict[str, str] = {
     "put_timer": "registerTimer",
     "delete_timer": "deleteTimer",
     "advance_timers": "advanceTimers",
+    "timer_columns": "applyTimerColumns",
     "list_timers": "listTimers",
     "count_timers": "countTimers",
     # operator state
@@ -227,6 +228,31 @@ ADVANCE = {
     ),
     **msgpack_reply(),
 }
+TIMER_COLUMNS_BODY = {
+    "required": True,
+    "content": {
+        ARROW_STREAM: {
+            "schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM},
+            "description": "an Arrow IPC stream of one or more record batches with the columns key, timestamp "
+            "(int64 ms) and optionally ns",
+        }
+    },
+}
+TIMER_COLUMNS = errors(
+    *JOB,
+    "invalid_argument",
+    "invalid_key",
+    "key_too_large",
+    "key_not_owned",
+    "stale_epoch",
+    "attempt_lost",
+    "attempt_conflict",
+    "epoch_sealed",
+    "staging_too_large",
+    "batch_too_large",
+    "malformed_body",
+    "unsupported_media_type",
+)
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 

@@ -28,6 +28,7 @@ from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
 from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
+from statehouse.backends.timer_columns import TimerColumns, apply_timer_columns
 from statehouse.backends.timers import Advanced, FiredTimers, TimeDomain, double_firings
 from statehouse.keygroups import KeyGroupRange
 
@@ -67,6 +68,15 @@ def run_columns(
         lambda tx: apply_columns(tx, op),
         lambda: ([op], op.rows) if op.writes else ([], 0),
         STAGED_ROW_OVERHEAD,
+    )
+
+
+def run_timer_columns(
+    job: Job, op: TimerColumns, *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
+) -> None:
+    """:func:`run_batch` for timers of a whole Arrow batch: its rows count as write operations."""
+    _run(
+        job, epoch, attempt, size, lambda tx: apply_timer_columns(tx, op), lambda: ([op], op.rows), STAGED_ROW_OVERHEAD
     )
 
 
@@ -148,6 +158,8 @@ def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
                 ops.apply_all(tx, batch)
             if isinstance(write, FiredTimers):
                 tx.timers.apply_fired(write)  # what the attempt fired, not a new advance
+            elif isinstance(write, TimerColumns):
+                apply_timer_columns(tx, write)
             elif write is not None:
                 apply_columns(tx, write)  # type: ignore[arg-type]  # a ColumnOp: see StagedColumns
         except StateError as exc:

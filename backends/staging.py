@@ -36,8 +36,9 @@ class StagedColumns(Protocol):
     def rows(self) -> int: ...
 
 
-# What a task attempt's log holds: batch operations (decoded dicts), columnar operations, and
-# the timers its advances fired (``timers.FiredTimers``, which also counts as ``rows``).
+# What a task attempt's log holds: batch operations (decoded dicts), columnar operations (of
+# states, and of timers: ``timer_columns.TimerColumns``), and the timers its advances fired
+# (``timers.FiredTimers``, which also counts as ``rows``).
 StagedWrite = Mapping[str, Any] | StagedColumns
 
 # Operations that only read: everything else an attempt sends is a write and is staged.

@@ -207,6 +207,12 @@ class TimerService:
         if table is not None:
             self._tx.delete(table, key_group, primary)
 
+    def write_many(self, domain: TimeDomain, key_groups: list[int], primaries: list[bytes], *, delete: bool) -> None:
+        """Register (or delete) timers already located and encoded (``backends/timer_columns.py``)."""
+        table = self._table(domain, create=not delete)
+        if table is not None:
+            self._tx.put_many(table, key_groups, primaries, [None if delete else b""] * len(primaries))
+
     def current_time(self, domain: TimeDomain) -> int | None:
         """The domain's time on this replica: ``None`` until the first advance (since a restore)."""
         domain = check_domain(domain)

@@ -546,3 +546,72 @@ def test_client_handles_route_advance_and_stage(two_replicas, job_name):
         every = {(t.key, t.key_type) for t in fired + rest}
         assert every == {(k, "string") for k in keys} | {(12, "long")}  # each once, typed as registered
         assert timers.times() == [100, 100] and timers.counts() == {}
+
+
+# -- columnar timers ---------------------------------------------------------------------------------
+
+
+def test_columnar_timers_are_the_same_timers(job):
+    import pyarrow as pa
+
+    from statehouse.backends.timer_columns import TimerColumns
+
+    keys = [f"k{i}" for i in range(50)]
+    table = pa.table({"key": keys, "timestamp": pa.array([i % 7 for i in range(50)], pa.int64()), "ns": ["w"] * 50})
+    attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "string", table))
+    register(job, (3, "k3", "w"))  # the same timer, registered row-wise: one timer
+    longs = pa.table({"key": pa.array([5, -(2**40)], pa.int64()), "timestamp": pa.array([1, 2], pa.int64())})
+    attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "long", longs))
+    assert sum(count_timers(job, "event").values()) == 52
+    gone = pa.table({"key": keys[:10], "timestamp": pa.array([i % 7 for i in range(10)], pa.int64()), "ns": ["w"] * 10})
+    attempts.run_timer_columns(job, TimerColumns.parse("delete", "event", "string", gone))
+    fired = fire(job, 100)
+    assert len(fired) == 42
+    assert set(fired) == {(i % 7, f"k{i}", "w") for i in range(10, 50)} | {(1, 5, ""), (2, -(2**40), "")}
+
+    with pytest.raises(InvalidArgument, match="row 1: timestamp is null"):
+        bad = pa.table({"key": ["a", "b"], "timestamp": pa.array([1, None], pa.int64())})
+        attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "string", bad))
+    with pytest.raises(InvalidArgument, match="columns"):
+        TimerColumns.parse("register", "event", "string", pa.table({"key": ["a"]}))
+    with pytest.raises(Exception, match="key"):
+        attempts.run_timer_columns(
+            job, TimerColumns.parse("register", "event", "int", pa.table({"key": ["a"], "timestamp": [1]}))
+        )
+    assert count_timers(job, "event") == {}  # nothing of the refused requests
+
+
+def test_columnar_timers_staged_for_an_attempt(job):
+    import pyarrow as pa
+
+    from statehouse.backends.timer_columns import TimerColumns
+
+    job.fence(1)
+    table = pa.table({"key": ["a", "b", "c"], "timestamp": pa.array([1, 2, 3], pa.int64())})
+    op = TimerColumns.parse("register", "processing", "string", table)
+    attempts.run_timer_columns(job, op, epoch=1, attempt=AttemptRef(0, "x", 0))
+    assert count_timers(job, "processing") == {}  # staged
+    fired = attempts.run_advance(job, "processing", 2, epoch=1, attempt=AttemptRef(0, "x", 1))
+    assert [t.key for t in fired.timers] == ["a", "b"]  # the attempt sees its own timers
+    attempts.commit(job, 1, [Winner(0, "x", 4)])  # 3 rows + 1 advance
+    assert [(t.key, t.timestamp) for t, _p in list_timers(job, "processing")] == [("c", 3)]
+
+
+def test_http_columnar_timers(http, http_job):
+    import pyarrow as pa
+
+    table = pa.table({"key": ["a", "b"], "timestamp": pa.array([5, 6], pa.int64()), "ns": ["x", None]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    headers = {"content-type": "application/vnd.apache.arrow.stream"}
+    answer = http.post(f"{http_job}/timers/event/columns/register", content=body, headers=headers)
+    assert answer.status_code == 200 and answer.json() == {"op": "register", "rows": 2, "staged": False}
+    fired = http.post(f"{http_job}/timers/event/advance", json={"to": 10}).json()["timers"]
+    assert [(t["key"], t["ns"], t["timestamp"]) for t in fired] == [("a", "x", 5), ("b", "", 6)]
+    wrong = http.post(
+        f"{http_job}/timers/event/columns/register", content=body, headers=headers, params={"key_type": "long"}
+    )
+    assert wrong.status_code == 422 and wrong.json()["code"] == "invalid_key"
+    assert http.post(f"{http_job}/timers/event/columns/upsert", content=body, headers=headers).status_code == 422

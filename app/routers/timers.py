@@ -6,23 +6,36 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated
 
+import orjson
 from fastapi import Path, Query, Request, Response
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
-from statehouse.app.models import AdvanceBody, AdvanceResponse, TimerCount, TimerCounts, TimerPage, canonical_index
+from statehouse.app.models import (
+    AdvanceBody,
+    AdvanceResponse,
+    ColumnsResponse,
+    TimerCount,
+    TimerCounts,
+    TimerPage,
+    canonical_index,
+)
 from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
+from statehouse.app.routers.columns import ATTEMPT_PARAMETERS
+from statehouse.app.routers.columns import _attempt as request_attempt
+from statehouse.app.routers.columns import _count as query_count
 from statehouse.app.routing import api_router
-from statehouse.app.wire import render
+from statehouse.app.wire import JSON, read_arrow, render
 from statehouse.backends import codec
 from statehouse.backends import timers as timer_service
-from statehouse.backends.attempts import run_advance
+from statehouse.backends.attempts import run_advance, run_timer_columns
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
+from statehouse.backends.timer_columns import TimerColumnOpName, TimerColumns
 from statehouse.backends.timers import TimeDomain
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyGroupRange, KeyType
 
@@ -104,6 +117,40 @@ async def delete_timer(
     no-op."""
     await _write(service, job, "delete_timer", domain, key, key_type, ns, timestamp)
     return Response(status_code=204)
+
+
+@router.post(
+    TIMERS + "/columns/{op}",
+    response_model=ColumnsResponse,
+    openapi_extra={"requestBody": doc.TIMER_COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
+    responses=doc.TIMER_COLUMNS,
+)
+async def timer_columns(
+    service: ServiceDep,
+    job: JobDep,
+    domain: Domain,
+    op: TimerColumnOpName,
+    request: Request,
+    key_type: KeyTypeQuery = "string",
+) -> Response:
+    """Register (`register`) or delete (`delete`) one timer per row of an Arrow IPC stream: columns `key`
+    (utf8, int32 or int64 as `key_type` says), `timestamp` (int64 ms) and optionally `ns`; in order and
+    atomically. `epoch` fences; `partition`, `attempt` and `seq` stage the rows for a task attempt (each
+    row one write), as on the columnar state endpoint."""
+    raw = await request.body()
+    table = read_arrow(request.headers.get("content-type"), raw)
+    if table.num_rows > service.settings.max_batch_ops:
+        raise ApiError(
+            "batch_too_large",
+            f"{table.num_rows} rows exceed the limit of {service.settings.max_batch_ops} "
+            "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
+        )
+    work = TimerColumns.parse(op, domain, key_type, table)
+    ref = request_attempt(request)
+    epoch = query_count(request, "epoch")
+    await run_engine(job, lambda: run_timer_columns(job, work, epoch=epoch, attempt=ref, size=len(raw)), work.rows)
+    service.metrics.count_ops(Counter({("timer", f"{op}_timer"): work.rows}))
+    return Response(orjson.dumps({"op": op, "rows": work.rows, "staged": ref is not None}), media_type=JSON)
 
 
 @router.post(TIMERS + "/advance", response_model=AdvanceResponse, responses=doc.ADVANCE)
