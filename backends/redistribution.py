@@ -490,7 +490,8 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
     """New subtask states for ``parallelism`` subtasks from the old subtasks' states, as Flink assigns them.
 
     ``old[s]`` is old subtask ``s`` (one entry per old subtask: its list is empty if it held
-    nothing); its ``lists`` are its handle, names in the order they were registered. Same
+    nothing); its ``lists`` then its ``broadcast`` states are its handle, names in the order they
+    were registered (that order and the broadcast names decide Flink's order of names). Same
     parallelism: every subtask keeps its own lists and, if there is union state, receives every
     union list of every old subtask. Changed parallelism: split states are cut (name by name in
     Flink's ``HashMap`` order, the start index carried over), union states go to every subtask.
@@ -504,10 +505,12 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
     seen: set[str] = set()
     orders: dict[tuple[str, ...], list[str]] = {}
     for subtask in old:
-        registered = tuple(subtask.lists)
+        # Flink's snapshot puts list states, then broadcast states into one map per handle.
+        registered = (*subtask.lists, *(n for n in subtask.broadcast if n not in subtask.lists))
         order = orders.get(registered)
         if order is None:
             order = orders[registered] = handle_name_order(list(registered))
+        order = [n for n in order if n in subtask.lists]
         split_names = [n for n in order if subtask.lists[n][0] != "union"]
         if seen.issuperset(split_names):
             # Calls for names already there change nothing but the first one's table resize.

@@ -181,8 +181,9 @@ def _redistributed(
     subtasks, of which only those of this replica are kept.
 
     Each old subtask is one Flink handle holding every list state of the operator (registered
-    in name order), those it stores nothing for as empty lists: what a Flink subtask running the
-    operator's code snapshots. Elements move as their stored records, never decoded.
+    in name order), those it stores nothing for as empty lists, then the operator's broadcast
+    states (name order): what a Flink subtask running the operator's code snapshots. Elements
+    move as their stored records, never decoded.
     """
     names = sorted(name for op, name in snap.modes if op == operator)
     mine = {k: v for k, v in snap.lists.items() if k[0] == operator}
@@ -195,6 +196,9 @@ def _redistributed(
         for name in names:
             raw = mine.get((operator, name, sub))
             state.lists[name] = (modes[name], [] if raw is None else _records(raw))
+    broadcast = sorted(name for op, name in snap.broadcast if op == operator and name not in modes)
+    for state in old:
+        state.broadcast = {name: {} for name in broadcast}  # only their names count here
     new = redistribute(old, parallelism)
     lists = {k: v for k, v in snap.lists.items() if k[0] != operator}
     unions: dict[str, bytes] = {}  # a union list is the same on every subtask: join it once

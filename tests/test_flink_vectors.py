@@ -103,11 +103,15 @@ def test_java_hashmap_order(vectors):
     assert _mismatches(vectors["hashmap_order"], check) == []
 
 
+def _subtask_state(handle) -> OperatorSubtaskState:
+    return OperatorSubtaskState(
+        lists={n: (m, e) for n, m, e in handle or [] if m != "broadcast"},
+        broadcast={n: {} for n, m, _e in handle or [] if m == "broadcast"},
+    )
+
+
 def _redistributed(case) -> list[dict[str, tuple[str, list[str]]]]:
-    old = [
-        OperatorSubtaskState(lists={} if handle is None else {n: (m, e) for n, m, e in handle})
-        for handle in operator_input(case)
-    ]
+    old = [_subtask_state(handle) for handle in operator_input(case)]
     return [{n: (m, e) for n, (m, e) in s.lists.items() if e} for s in redistribute(old, case["new"])]
 
 
@@ -132,8 +136,9 @@ def test_the_issue_cases(vectors):
 
 
 def _statehouse_shaped(case) -> bool:
-    """Every old subtask holds every name, registered in name order: what a snapshot means."""
-    order = sorted(range(len(case["names"])), key=lambda i: case["names"][i])
+    """Every old subtask holds every name, list states then broadcast states, each in name
+    order: what a snapshot means."""
+    order = sorted(range(len(case["names"])), key=lambda i: (case["modes"][i] == "B", case["names"][i]))
     return all(handle is not None and [i for i, _c in handle] == order for handle in case["in"])
 
 
@@ -145,6 +150,9 @@ def _snapshot_parts(case, operator: str, old_replicas: int) -> list[OperatorSnap
         part = parts[s % old_replicas]
         part.meta[operator_subtasks_row(operator)] = str(s + 1).encode()
         for name, mode, elements in handle or []:
+            if mode == "broadcast":
+                part.broadcast[(operator, name)] = {b"k": encode_value(s)}
+                continue
             for p in parts:
                 p.modes[(operator, name)] = mode
             if elements:
@@ -231,6 +239,9 @@ def test_restore_over_http(http, job_name, vectors):
         http.put(job, json={"max_parallelism": 128}).raise_for_status()
         for s, handle in enumerate(operator_input(case)):
             for name, mode, elements in handle or []:
+                if mode == "broadcast":
+                    http.put(f"{job}/operators/op/broadcast/{name}/entries/k", json={"value": s}).raise_for_status()
+                    continue
                 path = f"{job}/operators/op/subtasks/{s}/lists/{name}"
                 http.put(path, params={"mode": mode}, json={"value": elements}).raise_for_status()
         http.post(f"{job}/checkpoints", json={"checkpoint_id": 1}).raise_for_status()
@@ -245,7 +256,7 @@ def test_restore_over_http(http, job_name, vectors):
         http.post(f"{job}/restore", json=body).raise_for_status()
         expected = operator_expected(case)
         for sub in range(max(case["new"], case["old"])):
-            for name in case["names"]:
+            for name in (n for n, m in zip(case["names"], case["modes"], strict=True) if m != "B"):
                 r = http.get(f"{job}/operators/op/subtasks/{sub}/lists/{name}")
                 want = expected[sub].get(name) if sub < case["new"] else None
                 if want is None:

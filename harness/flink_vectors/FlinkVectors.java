@@ -15,12 +15,13 @@
  *        filled with put() (initial capacity, -1 = default constructor) or computeIfAbsent()
  *   OP <oldParallelism> <newParallelism> <subtask>;<subtask>;...
  *        one OperatorStreamStateHandle per old subtask: "-" = the subtask has no handle, else
- *        comma-separated "<hex name>:<S|U>:<element count>" put, in that order, into
+ *        comma-separated "<hex name>:<S|U|B>:<element count>" (split, union, broadcast: a broadcast
+ *        state is one entry) put, in that order, into
  *        CollectionUtil.newHashMapWithExpectedSize(n) (as DefaultOperatorStateBackendSnapshotStrategy
  *        builds a handle's map); element e of a name is one byte at its own offset in the
  *        subtask's ByteStreamStateHandle. Answer: RoundRobinOperatorStateRepartitioner.INSTANCE
  *        .repartitionState(...), per new subtask (";"-separated) its handles in result order
- *        ("|"-separated), each "<old subtask>=<hex name>:<S|U>:<element indexes, '.'-separated>"
+ *        ("|"-separated), each "<old subtask>=<hex name>:<S|U|B>:<element indexes, '.'-separated>"
  *        entries ("," separated) in the handle's map order.
  */
 
@@ -100,6 +101,30 @@ public final class FlinkVectors {
         return String.join(" ", names);
     }
 
+    static OperatorStateHandle.Mode mode(String letter) {
+        switch (letter) {
+            case "S":
+                return OperatorStateHandle.Mode.SPLIT_DISTRIBUTE;
+            case "U":
+                return OperatorStateHandle.Mode.UNION;
+            case "B":
+                return OperatorStateHandle.Mode.BROADCAST;
+            default:
+                throw new IllegalArgumentException("mode " + letter);
+        }
+    }
+
+    static String letter(OperatorStateHandle.Mode mode) {
+        switch (mode) {
+            case SPLIT_DISTRIBUTE:
+                return "S";
+            case UNION:
+                return "U";
+            default:
+                return "B";
+        }
+    }
+
     static String repartition(String[] f) {
         int oldParallelism = Integer.parseInt(f[1]);
         int newParallelism = Integer.parseInt(f[2]);
@@ -131,8 +156,7 @@ public final class FlinkVectors {
                     positions.put(position, e);
                     position++;
                 }
-                OperatorStateHandle.Mode mode =
-                        p[1].equals("U") ? OperatorStateHandle.Mode.UNION : OperatorStateHandle.Mode.SPLIT_DISTRIBUTE;
+                OperatorStateHandle.Mode mode = mode(p[1]);
                 offsets.put(unhex(p[0]), new OperatorStateHandle.StateMetaInfo(at, mode));
             }
             ByteStreamStateHandle stream = new ByteStreamStateHandle("subtask-" + s, new byte[(int) position]);
@@ -158,7 +182,7 @@ public final class FlinkVectors {
                     for (long offset : e.getValue().getOffsets()) {
                         indexes.add(Integer.toString(elementAt.get(s).get(offset)));
                     }
-                    String mode = e.getValue().getDistributionMode() == OperatorStateHandle.Mode.UNION ? "U" : "S";
+                    String mode = letter(e.getValue().getDistributionMode());
                     entryTexts.add(hex(e.getKey()) + ":" + mode + ":" + String.join(".", indexes));
                 }
                 handleTexts.add(s + "=" + String.join(",", entryTexts));

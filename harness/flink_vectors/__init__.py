@@ -194,21 +194,28 @@ def hashmap_cases(rng: random.Random, n: int) -> list[list[Any]]:
 def _operator_case(
     rng: random.Random, kind: str, names: list[str], old: int, new: int, union_share: float
 ) -> dict[str, Any]:
-    """A case in the stored form: names, their modes ('S'/'U'), per old subtask [[name index, count]...] or None."""
-    modes = "".join("U" if rng.random() < union_share else "S" for _ in names)
+    """A case in the stored form: names, their modes ('S' split, 'U' union, 'B' broadcast), per
+    old subtask [[name index, element count]...] in registration order, or None (no handle)."""
+    modes = ["U" if rng.random() < union_share else "S" for _ in names]
+    if len(names) > 1 and rng.random() < 0.3:  # broadcast states share the handle's name map
+        for i in rng.sample(range(len(names)), rng.randint(1, min(3, len(names) - 1))):
+            modes[i] = "B"
     max_count = rng.choice([1, 2, 4, 8])
     subtasks: list[list[list[int]] | None] = []
     for _s in range(old):
-        if kind == "statehouse":
-            present = sorted(range(len(names)), key=lambda i: names[i])
+        if kind == "statehouse":  # list states in name order, then broadcast states in name order
+            present = sorted(range(len(names)), key=lambda i: (modes[i] == "B", names[i]))
         elif rng.random() < 0.1:
             subtasks.append(None)  # no handle at all
             continue
         else:
             present = [i for i in range(len(names)) if rng.random() < 0.85]
             rng.shuffle(present)
-        subtasks.append([[i, 0 if rng.random() < 0.25 else rng.randint(1, max_count)] for i in present])
-    return {"kind": kind, "old": old, "new": new, "names": names, "modes": modes, "in": subtasks}
+            present.sort(key=lambda i: modes[i] == "B")  # Flink's snapshot puts broadcast states last
+        subtasks.append(
+            [[i, 1 if modes[i] == "B" else 0 if rng.random() < 0.25 else rng.randint(1, max_count)] for i in present]
+        )
+    return {"kind": kind, "old": old, "new": new, "names": names, "modes": "".join(modes), "in": subtasks}
 
 
 def operator_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
@@ -338,22 +345,29 @@ def load(path: Path = VECTORS) -> dict[str, Any]:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
+_MODES = {"S": "split", "U": "union", "B": "broadcast"}
+
+
 def operator_input(case: dict[str, Any]) -> list[list[tuple[str, str, list[str]]] | None]:
-    """Per old subtask its handle, (name, 'split'|'union', elements) in registration order, or None."""
+    """Per old subtask its handle, (name, 'split'|'union'|'broadcast', elements) in registration
+    order, or None; a broadcast state's one entry is not an element (its list is empty)."""
     names, modes = case["names"], case["modes"]
     return [
         None
         if entries is None
-        else [(names[i], "union" if modes[i] == "U" else "split", [f"s{s}e{e}" for e in range(c)]) for i, c in entries]
+        else [
+            (names[i], _MODES[modes[i]], [] if modes[i] == "B" else [f"s{s}e{e}" for e in range(c)]) for i, c in entries
+        ]
         for s, entries in enumerate(case["in"])
     ]
 
 
 def operator_expected(case: dict[str, Any]) -> list[dict[str, tuple[str, list[str]]]]:
-    """Flink's lists per new subtask, {name: (mode, elements)}, empty lists left out.
+    """Flink's list states per new subtask, {name: (mode, elements)}, empty lists left out.
 
     Flink's order across handles is ``HashMap`` order of the stream handles (unspecified);
     Statehouse concatenates parts in old-subtask order, so parts are ordered by old subtask here.
+    Broadcast states are left out (Statehouse keeps one map per operator).
     """
     names, modes = case["names"], case["modes"]
     expected = []
@@ -361,10 +375,11 @@ def operator_expected(case: dict[str, Any]) -> list[dict[str, tuple[str, list[st
         parts: dict[int, list[tuple[int, int]]] = {}
         for old, entries in handles:
             for i, first, count in entries:
-                parts.setdefault(i, []).extend((old, e) for e in range(first, first + count))
+                if modes[i] != "B":
+                    parts.setdefault(i, []).extend((old, e) for e in range(first, first + count))
         expected.append(
             {
-                names[i]: ("union" if modes[i] == "U" else "split", [f"s{s}e{e}" for s, e in sorted(elements)])
+                names[i]: (_MODES[modes[i]], [f"s{s}e{e}" for s, e in sorted(elements)])
                 for i, elements in parts.items()
                 if elements
             }
