@@ -8,26 +8,14 @@ import heapq
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
 from statehouse.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
-    from statehouse.client.batch import Batch
-    from statehouse.client.replicas import Replicas
-
-
-class TimerJob(Protocol):
-    """What timers need of their job (a ``JobClient``)."""
-
-    name: str
-    replicas: Replicas
-
-    def batch(self) -> Batch: ...
-
-    def key_group_range(self, replica: int) -> KeyGroupRange: ...
+    from statehouse.client.timer_columns import TimerJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +52,51 @@ class TimerServiceHandle:
     def delete(self, key: Any, timestamp: int, ns: str = "", key_type: str = "string") -> None:
         with self._job.batch() as batch:
             batch.delete_timer(key, timestamp, ns, domain=self.domain, key_type=key_type)
+
+    def register_many(
+        self,
+        keys: Any,
+        timestamps: Any,
+        ns: Any = "",
+        *,
+        key_type: str = "string",
+        attempt: TaskAttempt | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """Register one timer per row (keys and timestamps as pandas, numpy, Arrow or lists; ``ns``
+        one string or a column), one Arrow request per replica; with a task ``attempt`` the rows
+        are staged (each one write). Needs the client's ``columnar`` extra. Returns the rows."""
+        return self._many("register", keys, timestamps, ns, key_type, attempt, epoch)
+
+    def delete_many(
+        self,
+        keys: Any,
+        timestamps: Any,
+        ns: Any = "",
+        *,
+        key_type: str = "string",
+        attempt: TaskAttempt | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """:meth:`register_many`, deleting."""
+        return self._many("delete", keys, timestamps, ns, key_type, attempt, epoch)
+
+    def _many(
+        self,
+        op: str,
+        keys: Any,
+        timestamps: Any,
+        ns: Any,
+        key_type: str,
+        attempt: TaskAttempt | None,
+        epoch: int | None,
+    ) -> int:
+        import statehouse.client.timer_columns as timer_columns  # pyarrow, numpy and pandas load only here
+
+        max_rows = self._job.replicas.config.max_batch_ops
+        return timer_columns.send(
+            self._job, self.domain, op, keys, timestamps, ns, key_type, attempt=attempt, epoch=epoch, max_rows=max_rows
+        )
 
     def advance(
         self,

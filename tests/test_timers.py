@@ -615,3 +615,26 @@ def test_http_columnar_timers(http, http_job):
     )
     assert wrong.status_code == 422 and wrong.json()["code"] == "invalid_key"
     assert http.post(f"{http_job}/timers/event/columns/upsert", content=body, headers=headers).status_code == 422
+
+
+def test_client_columnar_timers(two_replicas, job_name):
+    import pandas as pd
+
+    from statehouse.client import StatehouseClient
+    from statehouse.client.attempts import TaskAttempt
+
+    with StatehouseClient([s.url for s in two_replicas]) as sh:
+        job = sh.create_job(job_name, 128)
+        timers = job.timers("processing")
+        df = pd.DataFrame({"user": [f"u{i}" for i in range(40)], "due": [1_000 + i for i in range(40)]})
+        assert timers.register_many(df["user"], df["due"], "s") == 40
+        assert timers.register_many([7, 8], [5, 5], key_type="long") == 2
+        assert timers.delete_many(df["user"][:10], df["due"][:10], "s") == 10
+        assert sum(timers.counts().values()) == 32
+        epoch = job.fence(job.epoch() + 1)
+        attempt = TaskAttempt(epoch, 3, len(job.replicas))
+        timers.register_many(["late"], [1], attempt=attempt)  # staged: one write on its owner
+        assert sum(attempt.message().ops) == 1 and sum(timers.counts().values()) == 32
+        fired = timers.advance(2_000)
+        assert sorted((t.key, t.timestamp) for t in fired[:2]) == [(7, 5), (8, 5)]  # same time: key-group order
+        assert [t.key for t in fired[2:]] == [f"u{i}" for i in range(10, 40)]

@@ -1,0 +1,128 @@
+"""Timers for whole columns: register or delete one timer per row, one Arrow request per replica
+(``TimerServiceHandle.register_many`` / ``delete_many``). Like ``client/columns.py`` it needs the
+client's ``columnar`` extra (pyarrow, numpy, pandas) and loads only when used."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+import pyarrow as pa
+
+from statehouse.client.columns import _array, _chunk_rows, _ipc, _namespaces, _no_nulls
+from statehouse.client.errors import InvalidRequest, StatehouseError
+from statehouse.client.transport import ARROW_STREAM
+from statehouse.keygroups import KeyGroupRange, KeyType
+from statehouse.keygroups.columnar import integer_keys, key_groups, operator_indexes
+
+if TYPE_CHECKING:
+    from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.batch import Batch
+    from statehouse.client.replicas import Replicas
+
+
+class TimerJob(Protocol):
+    """What timers need of their job (a ``JobClient``); ``client/timers.py`` uses it too (it is
+    here, not there, so that neither module needs the other to be understood)."""
+
+    name: str
+    replicas: Replicas
+    max_parallelism: int
+
+    def batch(self) -> Batch: ...
+
+    def key_group_range(self, replica: int) -> KeyGroupRange: ...
+
+
+def _keys(keys: Any, key_type: KeyType) -> pa.Array:
+    array = _array(keys, "key")
+    if key_type == "string":
+        if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_null(array.type)):
+            raise InvalidRequest(f"string keys must be strings; got {array.type}")
+        _no_nulls(array, "key")
+        return array.cast(pa.string())
+    try:
+        return pa.array(integer_keys(array, key_type))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"{key_type} keys: {exc}") from None
+
+
+def _timestamps(timestamps: Any, rows: int) -> pa.Array:
+    array = _array(timestamps, "timestamp")
+    if len(array) != rows:
+        raise InvalidRequest(f"{rows} keys but {len(array)} timestamps: give one per key")
+    if not (pa.types.is_integer(array.type) or pa.types.is_null(array.type)):
+        raise InvalidRequest(f"timestamps must be integers (milliseconds); got {array.type}")
+    _no_nulls(array, "timestamp")
+    try:
+        return array.cast(pa.int64())
+    except pa.ArrowInvalid as exc:
+        raise InvalidRequest(f"timestamps must fit 64 bits: {exc}") from None
+
+
+def send(
+    job: TimerJob,
+    domain: str,
+    op: str,
+    keys: Any,
+    timestamps: Any,
+    ns: Any,
+    key_type: str,
+    *,
+    attempt: TaskAttempt | None,
+    epoch: int | None,
+    max_rows: int,
+) -> int:
+    """Register (``op="register"``) or delete timers, one per row, on the replicas owning their
+    keys (the replicas in parallel, each one's rows in order); returns the rows applied."""
+    if key_type not in ("string", "int", "long"):
+        raise InvalidRequest(f"key_type must be string, int or long; got {key_type!r}")
+    typed = cast(KeyType, key_type)
+    key_array = _keys(keys, typed)
+    rows = len(key_array)
+    columns: dict[str, pa.Array] = {"key": key_array, "timestamp": _timestamps(timestamps, rows)}
+    namespaces = _namespaces(ns, rows)
+    if namespaces is not None:
+        columns["ns"] = namespaces
+    table = pa.table(columns)
+    count = len(job.replicas)
+    owners = (
+        operator_indexes(key_groups(key_array, typed, job.max_parallelism), job.max_parallelism, count)
+        if count > 1
+        else np.zeros(rows, np.int32)
+    )
+    path = f"/v1/jobs/{job.name}/timers/{domain}/columns/{op}"
+
+    def send_rows(replica: int, part: pa.Table) -> None:
+        step = _chunk_rows(part, max_rows)
+        for start in range(0, part.num_rows, step):
+            chunk = part.slice(start, step)
+            params: dict[str, Any] = {"key_type": key_type}
+            if attempt is not None:
+                params.update(attempt.fields(replica))
+            elif epoch is not None:
+                params["epoch"] = epoch
+            try:  # registering or deleting again changes nothing: always safe to re-send
+                job.replicas[replica].request(
+                    "POST",
+                    path,
+                    idempotent=True,
+                    content=bytes(_ipc(chunk)),
+                    headers={"content-type": ARROW_STREAM},
+                    params=params,
+                )
+            except StatehouseError as exc:
+                if attempt is not None and 400 <= (exc.status or 0) < 500:
+                    attempt.refused(replica, params["seq"])
+                raise
+            if attempt is not None:
+                attempt.answered(replica, chunk.num_rows)
+
+    sending = [
+        job.replicas.send_in_order(replica, send_rows, replica, table.take(pa.array(np.flatnonzero(owners == replica))))
+        for replica in range(count)
+        if np.any(owners == replica)
+    ]
+    for future in sending:
+        future.result()
+    return rows
