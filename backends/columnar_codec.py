@@ -1,7 +1,8 @@
 """The stored keys of :mod:`statehouse.backends.codec` for whole Arrow columns at once.
 
 ``encode_primaries`` gives, row by row, exactly ``codec.encode_primary(key, key_type, namespace)``,
-and ``prefixed`` the RocksDB keys ``key group + primary``. A columnar request carries thousands
+and ``prefixed`` the RocksDB keys ``key group + primary``; ``pack_column`` is
+``codec.pack_value`` of a whole binary or utf8 column. A columnar request carries thousands
 of rows, so the bytes are laid out by numpy and Arrow, and Python only receives the results.
 Keys and namespaces are checked as :mod:`statehouse.keygroups.columnar` checks them: a
 ``TypeError`` for a wrong Arrow type, a ``ValueError`` naming the first bad row.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +20,7 @@ import pyarrow as pa
 from statehouse.keygroups import KEY_TYPES, KeyType
 from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, utf8_column
 
-__all__ = ["EncodedPrimaries", "encode_primaries", "prefixed"]
+__all__ = ["EncodedPrimaries", "encode_primaries", "pack_column", "prefixed"]
 
 # A part of every row's bytes: unsigned ints (big-endian, one per row), bytes (the same in every
 # row), or a Utf8Column (each row's own bytes).
@@ -158,3 +159,73 @@ def _binary(part: np.ndarray | Utf8Column) -> pa.Array:
     return pa.Array.from_buffers(
         pa.large_binary(), len(part.offsets) - 1, [None, pa.py_buffer(part.offsets), pa.py_buffer(part.data)]
     )
+
+
+# msgpack's headers (use_bin_type=True, as codec.pack_value packs): a marker byte, then the
+# length big-endian in 1, 2 or 4 bytes; short strings put their length in the marker (fixstr).
+_BIN = (0xC4, 0xC5, 0xC6)
+_STR = (0xD9, 0xDA, 0xDB)
+_FIXSTR, _FIXSTR_MAX = 0xA0, 31
+
+
+def _kind(kind: pa.DataType) -> bool | None:
+    """Whether an Arrow type packs as msgpack bin (True) or str (False); ``None``: neither."""
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return True
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return False
+    return None
+
+
+def pack_column(values: pa.Array) -> list[bytes | None] | None:
+    """``codec.pack_value`` of every row of a binary or utf8 array (a null row: ``None``): the
+    headers built in numpy, joined to the values' bytes in Arrow. ``None`` for another type."""
+    binary = _kind(values.type)
+    if binary is None:
+        return None
+    count = len(values)
+    _, offset_buffer, data_buffer = values.buffers()
+    width = np.int32 if pa.types.is_binary(values.type) or pa.types.is_string(values.type) else np.int64
+    offsets = np.frombuffer(offset_buffer, width)[values.offset : values.offset + count + 1].astype(np.int64)
+    lengths = np.diff(offsets)
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
+    payloads = Utf8Column(offsets - offsets[0], data[offsets[0] : offsets[-1]], False)
+    packed = cast("list[bytes | None]", _join_rows([*_headers(lengths, binary), payloads], count))
+    if values.null_count:
+        for row in np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False)).tolist():
+            packed[row] = None
+    return packed
+
+
+def _headers(lengths: np.ndarray, binary: bool) -> list[_Part]:
+    """Each row's msgpack header for a value of ``lengths`` bytes: one constant when the values
+    are one length, a marker and a length field of one width when they are one size class, else
+    a column of headers."""
+    codes = _BIN if binary else _STR
+    low, high = (int(lengths.min()), int(lengths.max())) if len(lengths) else (0, 0)
+    if not binary and high <= _FIXSTR_MAX:
+        return [(lengths | _FIXSTR).astype(np.uint8)]
+    floor = 0 if binary else _FIXSTR_MAX + 1
+    for code, field, limit in zip(codes, (np.uint8, np.uint16, np.uint32), (1 << 8, 1 << 16, 1 << 32), strict=True):
+        if floor <= low and high < limit:
+            if low == high:
+                return [bytes([code]) + low.to_bytes(np.dtype(field).itemsize, "big")]
+            return [bytes([code]), lengths.astype(field)]
+        floor = limit
+    size = np.where(lengths < 256, 1, np.where(lengths < 65536, 2, 4))  # bytes of the length
+    marker = np.where(size == 1, codes[0], np.where(size == 2, codes[1], codes[2]))
+    if not binary:
+        short = lengths <= _FIXSTR_MAX
+        marker = np.where(short, _FIXSTR | lengths, marker)
+        size = np.where(short, 0, size)
+    table = np.zeros((len(lengths), 5), np.uint8)
+    table[:, 0] = marker
+    big_endian = lengths.astype(">u4").view(np.uint8).reshape(-1, 4)
+    for n in (1, 2, 4):
+        rows = size == n
+        if rows.any():
+            table[rows, 1 : 1 + n] = big_endian[rows, 4 - n :]
+    widths = size + 1
+    header_offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(widths, out=header_offsets[1:])
+    return [Utf8Column(header_offsets, table[np.arange(5) < widths[:, None]], False)]

@@ -31,11 +31,11 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.columnar_codec import encode_primaries
+from statehouse.backends.columnar_codec import encode_primaries, pack_column
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError
 from statehouse.backends.job import Job, JobTransaction
-from statehouse.backends.keyed import KeyedState, ListState, Rows
+from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
 from statehouse.keygroups.columnar import key_groups
@@ -178,8 +178,34 @@ def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
     rows = state.accessed(locate(tx.job, state.descriptor, op.columns))
+    if isinstance(state, ValueState) and op.op == "put" and op.rows >= _PACK_MIN_ROWS and _put_packed(state, op, rows):
+        return None
     values = apply_run(state, op.op, rows, _args(state, op.op, op.columns))
     return None if values is None else to_arrow(values, state.descriptor, op.op)
+
+
+_PACK_MIN_ROWS = 128  # below this, a dozen numpy calls cost more than packing the values one by one
+# Value columns whose Arrow type is what a value state holds (any of these when it is untyped):
+# a put packs them as whole columns, with no Python value per row.
+_PACKED_COLUMNS: dict[str | None, tuple[pa.DataType, ...]] = {
+    None: (pa.binary(), pa.large_binary(), pa.string(), pa.large_string()),
+    "binary": (pa.binary(), pa.large_binary()),
+    "string": (pa.string(), pa.large_string()),
+}
+
+
+def _put_packed(state: ValueState, op: ColumnOp, rows: Rows) -> bool:
+    """A value state's ``put`` of a binary or utf8 column of its type, the values' msgpack bytes
+    built for the whole column at once (the bytes ``codec.pack_value`` gives; the state applies
+    its rules: limits, TTL): whether it applied (else the rows go the general way)."""
+    column = op.columns.column("value").combine_chunks()
+    if column.type not in _PACKED_COLUMNS.get(state.descriptor.value_type, ()):
+        return False
+    payloads = pack_column(column)
+    if payloads is None:
+        return False
+    state.update_payloads(rows, payloads)
+    return True
 
 
 def value_type(descriptor: StateDescriptor, op: str) -> pa.DataType | None:

@@ -196,8 +196,12 @@ class KeyedState:
         """:meth:`_record` of many values (``None`` stays ``None``: a row that deletes)."""
         if not all_plain(values):
             each_row(values, check_value)
-        payloads = each_row(values, pack_or_none)
-        present = [p for p in payloads if p is not None] if None in values else payloads
+        return self._records_of(each_row(values, pack_or_none))
+
+    def _records_of(self, payloads: list[Any]) -> list[bytes]:
+        """The records of values already checked and packed (``pack_value``; ``None`` deletes):
+        the value size limit, and TTL's timestamp."""
+        present = [p for p in payloads if p is not None] if None in payloads else payloads
         if present and max(map(len, present)) > self._limits.max_value_bytes:
             each_row(payloads, self._check_payload)  # names the row
         if self._ttl is None:

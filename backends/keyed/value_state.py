@@ -25,3 +25,11 @@ class ValueState(KeyedState):
         """:meth:`update` per row, in order (a null value clears)."""
         records = self._records_many(self._inputs(values))
         self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
+
+    # A columnar put whose value column has the state's type packs the whole column at once
+    # (``backends/columnar_codec.py``); this is the rest of the rules for it.
+
+    def update_payloads(self, rows: Rows, payloads: list[bytes | None]) -> None:
+        """:meth:`update_many` of values already checked against the value type and packed
+        (``codec.pack_value``; ``None`` clears)."""
+        self._tx.put_many(self._table, rows.key_groups, rows.primaries, self._records_of(payloads))

@@ -1,0 +1,92 @@
+"""A columnar put of a binary or utf8 column packs the values for the whole column at once
+(``columnar_codec.pack_column``): the same stored bytes as one value at a time, and the same
+rules (value types, the size limit naming the row, TTL, nulls clearing, duplicate keys)."""
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.backends.codec import pack_value
+from statehouse.backends.columnar_codec import pack_column
+from statehouse.backends.columns import ColumnOp, apply_columns
+from statehouse.backends.errors import InvalidValue, StateError
+
+ROWS = 300  # above the size where a put packs the column at once
+LENGTHS = (0, 1, 31, 32, 100, 255, 256, 65_535, 65_536, 70_000)
+
+
+def _value(kind: pa.DataType, length: int, fill: str = "a"):
+    text = fill * length
+    return text.encode() if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) else text
+
+
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.string(), pa.large_string()])
+def test_pack_column_gives_the_bytes_of_pack_value(kind):
+    rnd = random.Random(13)
+    cases = [[_value(kind, n)] * 3 for n in LENGTHS]  # one length: one header for all rows
+    cases += [[_value(kind, 300), _value(kind, 1_000)], [_value(kind, 40), _value(kind, 200)]]  # one size class
+    for _ in range(20):  # mixed classes, nulls, non-ASCII text
+        cases.append([None if rnd.random() < 0.2 else _value(kind, rnd.choice(LENGTHS), "é") for _ in range(12)])
+    for values in cases:
+        array = pa.array(values, kind)
+        for sliced, expected in ((array, values), (array.slice(1), values[1:])):
+            assert pack_column(sliced) == [None if v is None else pack_value(v) for v in expected]
+    assert pack_column(pa.array([1, 2])) is None
+
+
+def columns(job, state, op, **cols):
+    with job.transaction() as tx:
+        result = apply_columns(tx, ColumnOp.parse(state, op, pa.table(cols)))
+    return None if result is None else result.to_pylist()
+
+
+def stored(job, state, keys):
+    with job.transaction() as tx:
+        return [tx.value(state).get(k) for k in keys]
+
+
+@pytest.mark.parametrize(
+    ("value_type", "kind"),
+    [(None, pa.binary()), (None, pa.string()), ("binary", pa.binary()), ("string", pa.large_string())],
+)
+def test_a_packed_put_reads_back_per_op_and_follows_rows_in_order(job, value_type, kind):
+    job.register_state(StateDescriptor("v", "value", value_type=value_type))
+    keys = [f"k{i % 200}" for i in range(ROWS)]  # 100 keys twice: the later row wins
+    values = [None if i % 7 == 0 else _value(kind, i % 40 + 250 * (i % 3), "ü") for i in range(ROWS)]
+    columns(job, "v", "put", key=keys, value=pa.array([_value(kind, 1)] * ROWS, kind))
+    columns(job, "v", "put", key=keys, value=pa.array(values, kind))
+    expected = dict(zip(keys, values, strict=True))
+    assert stored(job, "v", list(expected)) == list(expected.values())
+    with job.transaction() as tx:  # the per-op path writes the same bytes
+        tx.value("v").update_many(tx.value("v").locate_many(keys, [""] * ROWS), values)
+    assert stored(job, "v", list(expected)) == list(expected.values())
+
+
+def test_a_packed_put_of_the_wrong_type_is_refused_as_any_put(job):
+    job.register_state(StateDescriptor("v", "value", value_type="string"))
+    with pytest.raises(InvalidValue) as caught:
+        columns(job, "v", "put", key=[f"k{i}" for i in range(ROWS)], value=pa.array([b"x"] * ROWS))
+    assert caught.value.extra["row"] == 0
+
+
+def test_a_packed_value_over_the_limit_names_its_row_and_applies_nothing(job):
+    job.register_state(StateDescriptor("v", "value", value_type="binary"))
+    limit = job.limits.max_value_bytes
+    values = [b"x"] * ROWS
+    values[200] = b"x" * limit  # its msgpack header takes it over
+    keys = [f"k{i}" for i in range(ROWS)]
+    with pytest.raises(StateError) as caught:
+        columns(job, "v", "put", key=keys, value=pa.array(values))
+    assert caught.value.code == "value_too_large" and caught.value.extra["row"] == 200
+    assert stored(job, "v", keys[:3]) == [None, None, None]
+
+
+def test_a_packed_put_into_a_ttl_state_expires(job, clock):
+    job.register_state(StateDescriptor("v", "value", value_type="binary", ttl=TtlConfig(100)))
+    keys = [f"k{i}" for i in range(ROWS)]
+    columns(job, "v", "put", key=keys, value=pa.array([b"abc"] * ROWS))
+    assert columns(job, "v", "get", key=keys[:2]) == [b"abc", b"abc"]
+    clock.advance(200)
+    assert columns(job, "v", "get", key=keys[:2]) == [None, None]
