@@ -7,13 +7,17 @@ Flink's answers to ``tests/vectors/flink-vectors.json.gz``. ``tests/test_flink_v
 checks Statehouse against that file in every run, and regenerates it fresh when
 ``STATEHOUSE_FLINK_LIB`` names the jars.
 
-Operator cases: each old subtask is one ``OperatorStreamStateHandle`` (or none) holding list
-states (split or union) with 0+ elements each; element ``i`` of name ``n`` on old subtask ``s``
-is ``s<s>e<i>``. Kinds: ``random`` (names absent from or empty on some subtasks, subtasks
-without a handle), ``statehouse`` (every subtask holds every name of the operator, registered
-in sorted order: what a Statehouse snapshot means, see docs/state-model.md), ``collide``
-(names sharing a ``HashMap`` bucket), ``many`` (13-60 names: table resizing) and ``treeify``
-(8+ names in one bucket: resizing instead of treeifying, tree bins).
+Operator cases: each old subtask is one ``OperatorStreamStateHandle`` (or none) whose map
+holds list states (split or union, 0+ elements each), then broadcast states (one entry each),
+as Flink's snapshot puts them; element ``i`` of name ``n`` on old subtask ``s`` is ``s<s>e<i>``.
+Kinds: ``random`` (names absent from or empty on some subtasks, subtasks without a handle),
+``statehouse`` (every subtask holds every name of the operator, each group in name order: what
+a Statehouse snapshot means, see docs/state-model.md), ``collide`` (names sharing a ``HashMap``
+bucket), ``many`` (12-49 names: table resizing) and ``treeify`` (8+ names in one bucket:
+resizing instead of treeifying, tree bins). The stored form is compact: per case its
+``names``, their ``modes`` (one letter each: S, U, B), per old subtask ``[[name index,
+count]...]`` and per new subtask Flink's handles ``[old subtask, [[name index, first element,
+count]...]]`` in Flink's order; ``operator_input``/``operator_expected`` expand them.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from statehouse.backends.redistribution import JavaHashMap
 from statehouse.keygroups import java_string_hash
 
 HERE = Path(__file__).resolve().parent
@@ -387,4 +390,4 @@ def operator_expected(case: dict[str, Any]) -> list[dict[str, tuple[str, list[st
     return expected
 
 
-__all__ = ["VECTORS", "JavaHashMap", "build", "flink_lib", "load", "operator_expected", "operator_input", "write"]
+__all__ = ["VECTORS", "build", "flink_lib", "load", "operator_expected", "operator_input", "write"]
