@@ -16,7 +16,6 @@ from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators, timers
-from statehouse.app.server_errors import ServerErrorMiddleware
 from statehouse.app.settings import Settings, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -130,11 +129,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
     for router in (jobs.router, keyed.router, timers.router, operators.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
-    # Outermost last: metrics see every response, the 500s of unexpected faults included. The
+    # Outermost last: metrics see every response and answer unexpected faults (500s). The
     # columnar endpoint's fast path is innermost: inside the body limit, metrics and 500s.
     app.add_middleware(columns.ColumnsFastPath)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ServerErrorMiddleware, metrics=metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     openapi.install(app)

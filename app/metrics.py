@@ -9,6 +9,7 @@ from collections import Counter as Tally
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from statehouse.app.server_errors import answer_fault
 from statehouse.backends.catalog import JobCatalog
 
 
@@ -50,7 +51,8 @@ class Metrics:
 
 
 class MetricsMiddleware:
-    """Pure ASGI (cheaper than BaseHTTPMiddleware): labels by route template, not raw path."""
+    """Pure ASGI (cheaper than BaseHTTPMiddleware): labels by route template, not raw path. The
+    outermost layer, it also answers what escaped every handler (see ``server_errors``)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -61,7 +63,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status = 0  # none sent yet
 
         async def send_with_status(message: Message) -> None:
             nonlocal status
@@ -71,6 +73,11 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_with_status)
+        except Exception:
+            if status:  # half a response is out: only closing the connection can say so
+                raise
+            status = 500
+            await answer_fault(scope, receive, send, self.metrics.errors)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")

@@ -2,9 +2,10 @@
 
 Starlette's own handler re-raises after answering, and uvicorn then drops the keep-alive
 connection without ``Connection: close``: the client's next request on it fails with
-ECONNRESET. This middleware answers and swallows the exception instead, so only the request
-that hit the fault fails. The id (the caller's ``X-Request-ID`` when it is a sane one) is in
-the problem, the response header and the log line, to find one in the other.
+ECONNRESET. The outermost middleware (``MetricsMiddleware``) answers with :func:`answer_fault`
+and swallows the exception instead, so only the request that hit the fault fails. The id (the
+caller's ``X-Request-ID`` when it is a sane one) is in the problem, the response header and the
+log line, to find one from the other.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import logging
 import re
 import uuid
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import Counter
+from starlette.types import Receive, Scope, Send
 
-from statehouse.app.metrics import Metrics
 from statehouse.app.problems import problem_response
 
 log = logging.getLogger("statehouse")
@@ -30,37 +31,18 @@ def request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-class ServerErrorMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception:
-            if started:  # half a response is out: only closing the connection can say so
-                raise
-            rid = request_id(scope)
-            log.exception("unhandled error on %s %s (request id %s)", scope.get("method"), scope.get("path"), rid)
-            self.metrics.errors.labels("internal_error").inc()
-            response = problem_response(
-                500,
-                "internal_error",
-                f"internal error; the server log has it under request id {rid}",
-                scope.get("path"),
-                {"X-Request-ID": rid},
-                request_id=rid,
-            )
-            await response(scope, receive, send)
+async def answer_fault(scope: Scope, receive: Receive, send: Send, errors: Counter) -> None:
+    """Log the exception being handled under a request id, count it in ``errors`` (by code), and
+    answer 500 with the id."""
+    rid = request_id(scope)
+    log.exception("unhandled error on %s %s (request id %s)", scope.get("method"), scope.get("path"), rid)
+    errors.labels("internal_error").inc()
+    response = problem_response(
+        500,
+        "internal_error",
+        f"internal error; the server log has it under request id {rid}",
+        scope.get("path"),
+        {"X-Request-ID": rid},
+        request_id=rid,
+    )
+    await response(scope, receive, send)

@@ -17,8 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from harness.server import start_server
-from statehouse.app.metrics import Metrics
-from statehouse.app.server_errors import ServerErrorMiddleware
+from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.snapshots.handles import StreamHandle
 
 JSON = {"content-type": "application/json"}
@@ -247,7 +246,7 @@ def faulty_server():
     async def ok() -> dict[str, bool]:
         return {"ok": True}
 
-    app.add_middleware(ServerErrorMiddleware, metrics=Metrics())
+    app.add_middleware(MetricsMiddleware, metrics=Metrics())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
