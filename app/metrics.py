@@ -82,5 +82,5 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")
             method = scope["method"]
-            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.requests.labels(method, template, str(status or 500)).inc()
             self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)
