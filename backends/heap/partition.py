@@ -12,7 +12,7 @@ Seeking reads (listings that page) need keys in order without sorting a whole ma
 A container gets an *index* of its keys on its first seeking read: a few sorted runs, which
 a page bisects and merges. They are made in steps that each hold the GIL briefly (one sort of a
 1M-key map in random order would hold it ~0.7 s and stall the event loop): chunks of 32,768
-keys sorted one at a time, then neighbours merged pairwise up to 262,144 keys. Writes keep a
+keys sorted one at a time, then neighbours merged pairwise up to 131,072 keys. Writes keep a
 small delta beside it (keys added since, a count of keys removed) instead of re-sorting; a
 read turns a grown delta into runs of its own, and rebuilds the runs when there are too many
 or many keys were deleted. Runs are never changed in place, so a copy-on-write copy shares them.
@@ -34,7 +34,7 @@ _MISSING = object()
 # visit every key of a list on each full collection (~30 ms per million keys indexed).
 Run = tuple[bytes, ...]
 _RUN = 32_768  # keys sorted at once: one sort of that many (random order) holds the GIL ~15 ms
-_MERGED = 262_144  # runs are merged up to this size: one merge (linear) holds it ~15 ms
+_MERGED = 131_072  # runs are merged up to this size: one merge (linear) holds it ~15 ms too
 
 
 class _Container:
