@@ -418,83 +418,78 @@ def test_http_batch_ops_fencing_and_task_attempts(http, http_job):
 
 
 def _replicas(tmp_path, tag, count, backend, checkpoints):
+    """``count`` replica servers, started at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
     env = {"STATEHOUSE_BACKEND": backend, "STATEHOUSE_CHECKPOINT_DIR": str(checkpoints)}
-    return [
-        start_server(
-            tmp_path / f"{tag}-{i}", {**env, "STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": str(count)}
-        )
-        for i in range(count)
-    ]
+
+    def start(i):
+        replica = {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": str(count)}
+        return start_server(tmp_path / f"{tag}-{i}", {**env, **replica})
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(start, range(count)))
 
 
-def _clients(servers):
-    return [httpx.Client(base_url=s.url + "/v1/jobs", timeout=30) for s in servers]
+def _clients(servers, job):
+    return [httpx.Client(base_url=f"{s.url}/v1/jobs/{job}", timeout=30) for s in servers]
 
 
 def _checkpoint_all(clients, checkpoint_id):
     for c in clients:
-        assert c.post("/t/checkpoints", json={"checkpoint_id": checkpoint_id}).status_code == 202
+        assert c.post("/checkpoints", json={"checkpoint_id": checkpoint_id}).status_code == 202
     for c in clients:
         deadline = time.monotonic() + 30
-        while c.get(f"/t/checkpoints/{checkpoint_id}").json()["status"] != "uploaded":
+        while c.get(f"/checkpoints/{checkpoint_id}").json()["status"] != "uploaded":
             assert time.monotonic() < deadline, "checkpoint stuck"
             time.sleep(0.05)
     for c in clients:
-        assert c.post(f"/t/checkpoints/{checkpoint_id}/complete").json()["status"] == "completed"
+        assert c.post(f"/checkpoints/{checkpoint_id}/complete").json()["status"] == "completed"
 
 
 def _advance_all(clients, fired, to):
     for index, c in enumerate(clients):
         for domain in ("event", "processing"):
-            answer = c.post(f"/t/timers/{domain}/advance", json={"to": to}).json()
+            answer = c.post(f"/timers/{domain}/advance", json={"to": to}).json()
             for t in answer["timers"]:
                 assert operator_index(128, len(clients), t["key_group"]) == index
                 fired.append((domain, t["key"], t["ns"], t["timestamp"]))
 
 
-def test_rescale_2_to_3_to_2_over_http_fires_every_timer_once(tmp_path):
-    """RocksDB (incremental checkpoints) on two replicas → heap on three → RocksDB on two."""
-    checkpoints = tmp_path / "checkpoints"
+def test_rescale_2_to_3_to_2_over_http_fires_every_timer_once(two_replicas, job_name, tmp_path):
+    """RocksDB (incremental checkpoints) on two replicas → heap on three → back on the two."""
     keys = [f"k{i}" for i in range(240)]
     registered = {("event", k, "w", int(k[1:]) % 40) for k in keys} | {("processing", k, "", 500) for k in keys}
     fired: list = []
 
-    servers = _replicas(tmp_path, "a", 2, "rocksdb", checkpoints)
-    clients = _clients(servers)
+    two = _clients(two_replicas, job_name)
+    for c in two:
+        assert c.put(str(c.base_url).rstrip("/"), json={"max_parallelism": 128}).status_code == 201
+    ops: list[list[dict]] = [[], []]
+    for domain, key, ns, ts in sorted(registered):
+        owner = operator_index(128, 2, assign_to_key_group(key, "string", 128))
+        ops[owner].append({"op": "register_timer", "domain": domain, "key": key, "ns": ns, "timestamp": ts})
+    for c, mine in zip(two, ops, strict=True):
+        assert c.post("/batch", json={"ops": mine}).status_code == 200
+    _advance_all(two, fired, 9)  # some fire before the checkpoint
+    _checkpoint_all(two, 1)
+    _advance_all(two, [], 20)  # fired after the checkpoint: the restore brings them back
+
+    # the same checkpoint storage, three heap replicas
+    servers = _replicas(tmp_path, "three", 3, "heap", two_replicas[0].settings["STATEHOUSE_CHECKPOINT_DIR"])
     try:
-        for c in clients:
-            assert c.put("/t", json={"max_parallelism": 128}).status_code == 201
-        for domain, key, ns, ts in registered:
-            owner = operator_index(128, 2, assign_to_key_group(key, "string", 128))
-            op = {"op": "register_timer", "domain": domain, "key": key, "ns": ns, "timestamp": ts}
-            assert clients[owner].post("/t/batch", json={"ops": [op]}).status_code == 200
-        _advance_all(clients, fired, 9)  # some fire before the checkpoint
-        _checkpoint_all(clients, 1)
-        _advance_all(clients, [], 10**6)  # fired after the checkpoint: lost with this layout
+        three = _clients(servers, job_name)
+        for c in three:
+            assert c.post("/restore", json={"checkpoint_id": 1}).status_code == 200
+        _advance_all(three, fired, 19)
+        _checkpoint_all(three, 2)
     finally:
         for s in servers:
             s.stop()
 
-    servers = _replicas(tmp_path, "b", 3, "heap", checkpoints)
-    clients = _clients(servers)
-    try:
-        for c in clients:
-            assert c.post("/t/restore", json={"checkpoint_id": 1}).status_code == 200
-        _advance_all(clients, fired, 19)
-        _checkpoint_all(clients, 2)
-    finally:
-        for s in servers:
-            s.stop()
-
-    servers = _replicas(tmp_path, "c", 2, "rocksdb", checkpoints)
-    clients = _clients(servers)
-    try:
-        for c in clients:
-            assert c.post("/t/restore", json={"checkpoint_id": 2}).status_code == 200
-        _advance_all(clients, fired, 10**6)
-    finally:
-        for s in servers:
-            s.stop()
+    for c in two:  # back to two replicas
+        assert c.post("/restore", json={"checkpoint_id": 2}).status_code == 200
+    _advance_all(two, fired, 10**6)
     assert len(fired) == len(set(fired)) == len(registered)  # every timer, once
     assert set(fired) == registered
 
