@@ -90,3 +90,24 @@ def test_a_packed_put_into_a_ttl_state_expires(job, clock):
     assert columns(job, "v", "get", key=keys[:2]) == [b"abc", b"abc"]
     clock.advance(200)
     assert columns(job, "v", "get", key=keys[:2]) == [None, None]
+
+
+def test_rows_kept_as_columns_read_as_their_last_values_and_stay_theirs():
+    from statehouse.backends.base.transaction import PartitionTransaction, StagedView
+    from statehouse.backends.heap.partition import HeapPartition
+
+    partition = HeapPartition(128)
+    partition.create_table("t", nested=False)
+    request = PartitionTransaction(partition)
+    request.put_many("t", [1, 1, 2], [b"a", b"a", b"b"], [b"x", b"y", None])  # in order: the last row wins
+    assert request.get("t", 1, b"a") == b"y" and request.get("t", 2, b"b") is None
+    request = PartitionTransaction(partition)
+    request.put_many("t", [1, 1], [b"a", b"a"], [b"x", b"y"])
+    flat, ops = request.changes()
+    view = StagedView(partition)  # takes the rows over, then changes its own copy
+    view.write_changes(flat, ops)
+    view.put("t", 1, b"a", b"z")
+    assert view.get("t", 1, b"a") == b"z"
+    assert dict(flat["t"]) == {(1, b"a"): b"y"} and request.get("t", 1, b"a") == b"y"
+    request.commit()
+    assert partition.get("t", 1, b"a") == b"y"

@@ -9,7 +9,7 @@ table the secondary key is always empty.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Literal, NamedTuple
 
@@ -33,6 +33,43 @@ class WriteOp(NamedTuple):
 
 # A flat table's changes in one transaction: (key group, primary) -> value, None deleting it.
 FlatChanges = Mapping[tuple[int, bytes], bytes | None]
+
+
+class RowChanges(FlatChanges):
+    """A flat table's changes as the rows that made them, in order (a later row of a key wins):
+    a columnar request's writes, kept as its columns (``key_groups``, ``primaries``, ``records``,
+    a ``None`` record deleting) so that a backend can write them without building a dict. Read
+    as a mapping, it is the dict of the rows' final values. The sequences are not copied:
+    whoever makes one gives them away."""
+
+    __slots__ = ("_dict", "key_groups", "primaries", "records")
+
+    def __init__(self, key_groups: Sequence[int], primaries: Sequence[bytes], records: Sequence[bytes | None]) -> None:
+        if not len(key_groups) == len(primaries) == len(records):
+            raise ValueError(f"{len(key_groups)} key groups, {len(primaries)} primaries and {len(records)} records")
+        self.key_groups, self.primaries, self.records = key_groups, primaries, records
+        self._dict: dict[tuple[int, bytes], bytes | None] | None = None
+
+    def as_dict(self) -> dict[tuple[int, bytes], bytes | None]:
+        """The changes as a dict (made once; do not change it)."""
+        if self._dict is None:
+            self._dict = dict(zip(zip(self.key_groups, self.primaries, strict=True), self.records, strict=True))
+        return self._dict
+
+    def __getitem__(self, key: tuple[int, bytes]) -> bytes | None:
+        return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+    def __bool__(self) -> bool:
+        return len(self.primaries) > 0
+
+    def items(self) -> ItemsView[tuple[int, bytes], bytes | None]:
+        return self.as_dict().items()
 
 
 class FrozenView(ABC):

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Protocol
 
-from statehouse.backends.base.partition import FlatChanges, WriteOp
+from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
 
 _DELETED = None
 _ABSENT: object = object()
@@ -59,9 +59,11 @@ class PartitionTransaction:
         self.partition = partition
         self._nested = partition.tables()
         # Flat tables (one value per primary, the common case) keep per table a plain dict of
-        # pending values, which the partition commits as it is (no object per row); nested
-        # tables (maps) keep per-primary entries that a clear can drop at once.
-        self._flat: dict[str, dict[tuple[int, bytes], bytes | None]] = {}
+        # pending values, which the partition commits as it is (no object per row), or the
+        # rows of the table's only write (RowChanges: a columnar request's put, made a dict
+        # only if something reads it); nested tables (maps) keep per-primary entries that a
+        # clear can drop at once.
+        self._flat: dict[str, dict[tuple[int, bytes], bytes | None] | RowChanges] = {}
         self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
         self._pending_tables: set[str] = set()
 
@@ -73,10 +75,17 @@ class PartitionTransaction:
         return nested
 
     def _changes(self, table: str) -> dict[tuple[int, bytes], bytes | None]:
+        """The table's pending changes, as a dict to read or change."""
         changes = self._flat.get(table)
         if changes is None:
             changes = self._flat[table] = {}
+        elif isinstance(changes, RowChanges):  # a copy: the rows may be another's too (see write_changes)
+            changes = self._flat[table] = dict(changes.as_dict())
         return changes
+
+    def _pending_flat(self, table: str) -> dict[tuple[int, bytes], bytes | None] | None:
+        """The table's pending changes as a dict, if it has any."""
+        return self._changes(table) if table in self._flat else None
 
     def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
         slot = self._pending.get((table, key_group, primary))
@@ -87,7 +96,7 @@ class PartitionTransaction:
 
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
         if not self._is_nested(table):
-            changes = self._flat.get(table)
+            changes = self._pending_flat(table)
             value = _ABSENT if changes is None else changes.get((key_group, primary), _ABSENT)
             return self.partition.get(table, key_group, primary) if value is _ABSENT else value  # type: ignore[return-value]
         slot = self._pending.get((table, key_group, primary))
@@ -111,7 +120,7 @@ class PartitionTransaction:
                 return self.partition.get_many(table, key_groups, primaries, secondaries)
             assert secondaries is not None
             return [self.get(table, kg, p, s) for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)]
-        changes = self._flat.get(table)
+        changes = self._pending_flat(table)
         if not changes:
             return self.partition.get_many(table, key_groups, primaries)
         found: list = list(map(changes.get, zip(key_groups, primaries, strict=True), repeat(_ABSENT)))
@@ -160,7 +169,7 @@ class PartitionTransaction:
         if self._is_nested(table):
             raise TypeError(f"primaries_from through a transaction reads flat tables only, not {table!r}")
         stored = self.partition.primaries_from(table, key_group, after)
-        changes = self._flat.get(table)
+        changes = self._pending_flat(table)
         if not changes:
             return stored
         mine = {p: v for (kg, p), v in changes.items() if kg == key_group and (after is None or p > after)}
@@ -185,7 +194,10 @@ class PartitionTransaction:
     ) -> None:
         """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value)."""
         if not self._is_nested(table):
-            self._changes(table).update(zip(zip(key_groups, primaries, strict=True), values, strict=True))
+            if self._flat.get(table):
+                self._changes(table).update(zip(zip(key_groups, primaries, strict=True), values, strict=True))
+            else:  # the table's first change: kept as the rows came (the sequences are not copied)
+                self._flat[table] = RowChanges(key_groups, primaries, values)
             return
         assert secondaries is not None
         for kg, primary, secondary, value in zip(key_groups, primaries, secondaries, values, strict=True):
@@ -216,6 +228,11 @@ class PartitionTransaction:
         """Take another transaction's changes as this one's (a request's into its attempt's view;
         the winning views into the epoch's commit)."""
         for table, changes in flat.items():
+            if isinstance(changes, RowChanges):
+                if not self._flat.get(table):
+                    self._flat[table] = changes
+                    continue
+                changes = changes.as_dict()
             self._changes(table).update(changes)
         for op in ops:
             if op.kind == "put":
@@ -247,7 +264,7 @@ class PartitionTransaction:
             self.partition.write_changes(flat, ops)
         return bool(flat or ops)
 
-    def changes(self) -> tuple[dict[str, dict[tuple[int, bytes], bytes | None]], list[WriteOp]]:
+    def changes(self) -> tuple[dict[str, FlatChanges], list[WriteOp]]:
         """What this transaction would write: flat tables' changes, and nested tables' ops."""
         return {table: changes for table, changes in self._flat.items() if changes}, self._nested_ops()
 

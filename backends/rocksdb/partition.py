@@ -17,16 +17,18 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import operator
 import os
 import shutil
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rocksdict import AccessType, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
-from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
 
@@ -430,6 +432,12 @@ class RocksDBPartition(StorePartition):
                     batch.put(key, value, handle) if value is not None else batch.delete(key, handle)
                 continue
             prefix, put, delete = self._layout.prefixes, batch.put, batch.delete
+            if isinstance(changes, RowChanges) and None not in changes.records:
+                # A columnar put's rows, in order (a later row of a key is written later and
+                # wins): the keys and the batch's puts in C loops, no Python step per row.
+                keys = map(operator.add, map(prefix.__getitem__, changes.key_groups), changes.primaries)
+                deque(map(put, keys, changes.records, repeat(handle)), maxlen=0)
+                continue
             for (kg, primary), value in changes.items():
                 if value is None:
                     delete(prefix[kg] + primary, handle)
