@@ -76,6 +76,8 @@ class _Container:
         streams: list[Iterable[bytes]] = [_tail(run, after) for run in self._folded()]
         if self.added:
             streams.append(sorted(key for key in self.added if after is None or key > after))
+        if not self.removed:  # nothing deleted since the runs were made: each key is live, in one run
+            return iter(streams[0]) if len(streams) == 1 else heapq.merge(*streams)
         data = self.data
         if len(streams) <= 1:  # one run holds a key once
             return (key for stream in streams for key in stream if key in data)
