@@ -99,7 +99,15 @@ def run_advance(
         done.append(tx.timers.advance(domain, to, key_groups, limit))
         return done[-1]
 
-    return _run(job, epoch, attempt, 0, advance, lambda: ([done[-1].record], 1), STAGED_OP_OVERHEAD)
+    def run() -> Advanced:
+        return _run(job, epoch, attempt, 0, advance, lambda: ([done[-1].record], 1), STAGED_OP_OVERHEAD)
+
+    if attempt is not None:
+        return run()
+    with job.exclusive():  # no registration between the commit and the floors' rise
+        result = run()
+        job.drained_timers(domain, result.drained, result.time)
+    return result
 
 
 def _run(

@@ -42,7 +42,7 @@ from statehouse.backends.reserved import (
     STATE_META,
 )
 from statehouse.backends.staging import EpochStaging
-from statehouse.backends.timers import TimerService
+from statehouse.backends.timers import TimerFloors, TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
@@ -94,6 +94,7 @@ class Job:
         self._lock = threading.RLock()
         self._replaced = False
         self._staging: EpochStaging | None = None  # task attempts' writes under the current epoch
+        self.timer_floors = TimerFloors()  # where firing seeks to per key group (backends/timers.py)
         # Counts every change to the partition made outside the epoch commit (direct writes,
         # registrations): the staged views of an epoch hold exactly its partition as long as
         # this did not move since the epoch's staging began.
@@ -218,6 +219,14 @@ class Job:
         """What is staged under ``epoch``, if anything."""
         staging = self._staging
         return staging if staging is not None and staging.epoch == epoch else None
+
+    def drained_timers(self, domain: str, key_groups: Iterable[int], time: int) -> None:
+        """A committed firing left nothing at or below ``time`` in these key groups: later
+        firings seek past it, unless an attempt's staged view may hold timers the floors must
+        keep below them (they were lowered for those, and raising would hide them)."""
+        with self._lock:
+            if self._staging is None or not self._staging.attempts:
+                self.timer_floors.raise_to(domain, key_groups, time)
 
     def drop_staging(self, epoch: int) -> None:
         """Forget what ``epoch`` staged (after its commit, or an abort)."""

@@ -138,6 +138,7 @@ class Advanced:
     timers: list[Timer]
     more: bool
     record: FiredTimers
+    drained: tuple[int, ...] = ()  # key groups left with nothing due (``TimerFloors.raise_to``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,11 +149,44 @@ class Advanced:
         }
 
 
+class TimerFloors:
+    """Per (time domain, key group), a time below which no timer is stored, in the partition or
+    in any attempt's staged view: where firing seeks to instead of the key group's start. On
+    RocksDB every fired timer leaves a tombstone at the head of its key group, and a seek from
+    the start would step over all the timers ever fired there (Flink's RocksDB timer queues
+    cache their heads for the same reason). In memory only: unknown (a new job object, after a
+    restart or a restore) means the start. Every registration lowers it, staged or not (too low
+    only costs a longer seek); only a committed firing that left nothing due in a key group,
+    with nothing staged, raises it."""
+
+    def __init__(self) -> None:
+        self._floors: dict[tuple[str, int], int] = {}
+
+    def seek_after(self, domain: str, key_group: int) -> bytes | None:
+        """The position a key group's scan starts after (``None``: its start)."""
+        floor = self._floors.get((domain, key_group))
+        if floor is None or floor == INT64_MIN:
+            return None
+        return encode_timestamp(floor - 1) + b"\xff"  # after every timer of floor - 1 (type tags are < 0xff)
+
+    def lower(self, domain: str, key_group: int, timestamp: int) -> None:
+        floor = self._floors.get((domain, key_group))
+        if floor is not None and timestamp < floor:
+            self._floors[(domain, key_group)] = timestamp
+
+    def raise_to(self, domain: str, key_groups: Iterable[int], time: int) -> None:
+        """Nothing at or below ``time`` is left in these key groups (a committed firing)."""
+        if time < INT64_MAX:
+            for kg in key_groups:
+                self._floors[(domain, kg)] = max(self._floors.get((domain, kg), INT64_MIN), time + 1)
+
+
 class TimerContext(Protocol):
     """What timers need of their job (a ``Job``)."""
 
     key_group_range: KeyGroupRange
     limits: Limits
+    timer_floors: TimerFloors
 
     @property
     def partition(self) -> StorePartition: ...
@@ -197,6 +231,7 @@ class TimerService:
         assert table is not None
         key_group, primary = self._locate(key, key_type, namespace, timestamp)
         self._tx.put(table, key_group, primary, b"")
+        self._job.timer_floors.lower(domain, key_group, timestamp)
 
     def delete(
         self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
@@ -212,6 +247,9 @@ class TimerService:
         table = self._table(domain, create=not delete)
         if table is not None:
             self._tx.put_many(table, key_groups, primaries, [None if delete else b""] * len(primaries))
+        if not delete:
+            for kg, primary in zip(key_groups, primaries, strict=True):
+                self._job.timer_floors.lower(domain, kg, decode_timestamp(primary))
 
     def current_time(self, domain: TimeDomain) -> int | None:
         """The domain's time on this replica: ``None`` until the first advance (since a restore)."""
@@ -244,25 +282,27 @@ class TimerService:
         owned = self._job.key_group_range
         groups = owned if key_groups is None else owned.intersection(key_groups)
         due: list[tuple[int, bytes]] = []
-        more = False
+        left: set[int] = set()
         if table is not None:
-            due, more = self._due(table, groups, encode_timestamp(time), limit)
+            due, left = self._due(table, domain, groups, encode_timestamp(time), limit)
             for kg, primary in due:
                 self._tx.delete(table, kg, primary)
         record = FiredTimers(domain, time, tuple(due))
-        return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], more, record)
+        drained = tuple(kg for kg in groups if kg not in left)
+        return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], bool(left), record, drained)
 
     def _due(
-        self, table: str, groups: Iterable[int], bound: bytes, limit: int | None
-    ) -> tuple[list[tuple[int, bytes]], bool]:
+        self, table: str, domain: TimeDomain, groups: Iterable[int], bound: bytes, limit: int | None
+    ) -> tuple[list[tuple[int, bytes]], set[int]]:
         """The first ``limit`` timers at or below ``bound`` over ``groups``, in firing order, and
-        whether more are due. One key group is read at a time (a replica may own thousands: one
-        open iterator each would cost more than the merge), each in its order and only as far as
-        its timers can still be among the first ``limit``."""
+        the key groups where more are due. One key group is read at a time (a replica may own
+        thousands: one open iterator each would cost more than the merge), from its floor, and
+        only as far as its timers can still be among the first ``limit``."""
         chosen: list[tuple[bytes, int, bytes]] = []  # (timestamp bytes, key group, primary), sorted
-        more = False
+        left: set[int] = set()
+        floors = self._job.timer_floors
         for kg in groups:
-            for primary in self._tx.primaries_from(table, kg, None):
+            for primary in self._tx.primaries_from(table, kg, floors.seek_after(domain, kg)):
                 row = (primary[:_TS_BYTES], kg, primary)
                 if row[0] > bound:
                     break
@@ -270,14 +310,14 @@ class TimerService:
                     chosen.append(row)
                     continue
                 if len(chosen) >= limit:
-                    more = True
                     if row >= chosen[-1]:
+                        left.add(kg)
                         break  # the rest of this key group comes later still
-                    chosen.pop()
+                    left.add(chosen.pop()[1])
                 insort(chosen, row)
         if limit is None:
             chosen.sort()
-        return [(kg, primary) for _ts, kg, primary in chosen], more
+        return [(kg, primary) for _ts, kg, primary in chosen], left
 
     def apply_fired(self, record: FiredTimers) -> None:
         """Replay a staged advance in the epoch commit: raise the time, delete what it fired."""

@@ -10,7 +10,17 @@ import shutil
 
 import pytest
 
-from bench import attempts, batch_ops, checkpoint_cost, checkpoint_writes, columnar, latency, map_paging, restore
+from bench import (
+    attempts,
+    batch_ops,
+    checkpoint_cost,
+    checkpoint_writes,
+    columnar,
+    latency,
+    map_paging,
+    restore,
+    timers,
+)
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
@@ -95,3 +105,9 @@ def test_map_paging_quick():
         (paged,) = r["passes"]
         assert paged["entries"] == r["entries"] and paged["pages"] == r["entries"] // 1000
         assert paged["healthz"]["n"] > 0 and all(w["total_s"] > 0 for w in r["whole_map"])
+
+
+def test_timers_quick():
+    out = timers.main(["--quick"])  # every timer fires once, in order: the script checks it
+    assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
+    assert all(r["fired_per_s"] > 0 and r["register_columns_per_s"] > 0 for r in out["results"])
