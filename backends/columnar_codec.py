@@ -1,8 +1,9 @@
 """The stored keys of :mod:`statehouse.backends.codec` for whole Arrow columns at once.
 
 ``encode_primaries`` gives, row by row, exactly ``codec.encode_primary(key, key_type, namespace)``,
-and ``prefixed`` the RocksDB keys ``key group + primary``; ``pack_column`` is
-``codec.pack_value`` of a whole binary or utf8 column. A columnar request carries thousands
+and ``prefixed`` the RocksDB keys ``key group + primary``; ``pack_column`` and
+``unpack_column`` are ``codec.pack_value`` and ``codec.decode_value`` of a whole binary or utf8
+column. A columnar request carries thousands
 of rows, so the bytes are laid out by numpy and Arrow, and Python only receives the results.
 Keys and namespaces are checked as :mod:`statehouse.keygroups.columnar` checks them: a
 ``TypeError`` for a wrong Arrow type, a ``ValueError`` naming the first bad row.
@@ -16,11 +17,12 @@ from typing import NamedTuple, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statehouse.keygroups import KEY_TYPES, KeyType
 from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, utf8_column
 
-__all__ = ["EncodedPrimaries", "encode_primaries", "pack_column", "prefixed"]
+__all__ = ["EncodedPrimaries", "encode_primaries", "pack_column", "prefixed", "unpack_column"]
 
 # A part of every row's bytes: unsigned ints (big-endian, one per row), bytes (the same in every
 # row), or a Utf8Column (each row's own bytes).
@@ -229,3 +231,73 @@ def _headers(lengths: np.ndarray, binary: bool) -> list[_Part]:
     header_offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(widths, out=header_offsets[1:])
     return [Utf8Column(header_offsets, table[np.arange(5) < widths[:, None]], False)]
+
+
+def unpack_column(payloads: list[bytes | None], kind: pa.DataType) -> pa.Array | None:
+    """``codec.decode_value`` of stored values as one array of ``kind`` (binary or utf8; ``None``
+    read as null), when every value is a msgpack bin (or str) whose header agrees with its size:
+    the values go into Arrow as they are, and the headers are cut off there. ``None`` otherwise
+    (values of another type: decode them one by one)."""
+    binary = _kind(kind)
+    if binary is None:
+        return None
+    try:
+        stored = pa.array(payloads, pa.binary())
+    except (pa.ArrowException, TypeError):
+        return None
+    count = len(stored)
+    if count == stored.null_count:
+        return pa.nulls(count, kind)
+    _, offset_buffer, data_buffer = stored.buffers()
+    offsets = np.frombuffer(offset_buffer, np.int32)[: count + 1].astype(np.int64)
+    data = np.frombuffer(data_buffer, np.uint8)
+    absent = stored.is_null().to_numpy(zero_copy_only=False) if stored.null_count else None
+    present = ~absent if absent is not None else slice(None)
+    starts, sizes = offsets[:-1][present], np.diff(offsets)[present]
+    if sizes.min() < 1:
+        return None
+    marker = data[starts].astype(np.int64)
+    codes = _BIN if binary else _STR
+    if (marker == marker[0]).all() and int(marker[0]) in codes:  # one header size: the usual column
+        width = (1, 2, 4)[codes.index(int(marker[0]))]
+        if sizes.min() <= width or not np.array_equal(_length_fields(data, starts, width) + width + 1, sizes):
+            return None
+        return _checked(pc.binary_slice(stored, width + 1, (1 << 31) - 1), kind)
+    field = np.full(len(starts), -1, np.int64)  # bytes of the length field; -1: not a value of this kind
+    for width, code in zip((1, 2, 4), codes, strict=True):
+        field[marker == code] = width
+    if not binary:
+        field[(marker & 0xE0) == _FIXSTR] = 0
+    if field.min() < 0 or (sizes <= field).any():  # (a length field is then inside its value)
+        return None
+    declared = np.where(field == 0, marker & 0x1F, 0)
+    for width in (1, 2, 4):
+        rows = np.flatnonzero(field == width)
+        if len(rows):
+            declared[rows] = _length_fields(data, starts[rows], width)
+    if not np.array_equal(declared + field + 1, sizes):
+        return None
+    # Each value as two pieces, its header and its bytes: take the bytes (Arrow copies them).
+    bounds = np.empty(2 * count + 1, np.int64)
+    bounds[0:-1:2], bounds[1::2], bounds[-1] = offsets[:-1], offsets[:-1], offsets[-1]
+    bounds[1:-1:2][present] += field + 1
+    pieces = pa.Array.from_buffers(pa.large_binary(), 2 * count, [None, pa.py_buffer(bounds), data_buffer])
+    odd = np.arange(1, 2 * count, 2)
+    indexes = pa.array(odd, mask=absent) if absent is not None else pa.array(odd)
+    return _checked(pieces.take(indexes), kind)
+
+
+def _length_fields(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """The big-endian ``width``-byte length after the marker at each of ``starts``."""
+    length = data[starts + 1].astype(np.int64)
+    for i in range(2, width + 1):
+        length = (length << 8) | data[starts + i]
+    return length
+
+
+def _checked(values: pa.Array, kind: pa.DataType) -> pa.Array | None:
+    """``values`` as ``kind``, utf8 checked (stored bytes are not trusted blindly); else ``None``."""
+    try:
+        return values.cast(kind)
+    except pa.ArrowException:
+        return None

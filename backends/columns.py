@@ -31,7 +31,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.columnar_codec import encode_primaries, pack_column
+from statehouse.backends.codec import decode_many
+from statehouse.backends.columnar_codec import encode_primaries, pack_column, unpack_column
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError
 from statehouse.backends.job import Job, JobTransaction
@@ -178,13 +179,20 @@ def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
     rows = state.accessed(locate(tx.job, state.descriptor, op.columns))
-    if isinstance(state, ValueState) and op.op == "put" and op.rows >= _PACK_MIN_ROWS and _put_packed(state, op, rows):
-        return None
+    if isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:
+        if op.op == "put" and _put_packed(state, op, rows):
+            return None
+        if op.op == "get" and state.descriptor.value_type in ("binary", "string"):
+            stored = state.get_payloads(rows)
+            if stored is not None:  # one decoding of the whole column, else one value at a time
+                column = unpack_column(stored, _ARROW_TYPES[state.descriptor.value_type])
+                return column if column is not None else to_arrow(decode_many(stored), state.descriptor, op.op)
     values = apply_run(state, op.op, rows, _args(state, op.op, op.columns))
     return None if values is None else to_arrow(values, state.descriptor, op.op)
 
 
-_PACK_MIN_ROWS = 128  # below this, a dozen numpy calls cost more than packing the values one by one
+# Below this many rows, a dozen numpy calls cost more than packing (or decoding) values one by one.
+_PACK_MIN_ROWS = 128
 # Value columns whose Arrow type is what a value state holds (any of these when it is untyped):
 # a put packs them as whole columns, with no Python value per row.
 _PACKED_COLUMNS: dict[str | None, tuple[pa.DataType, ...]] = {

@@ -147,33 +147,45 @@ class KeyedState:
 
     def _read(self, kg: int, primary: bytes, secondary: bytes = b"", *, for_update: bool = False) -> Any:
         """Flink's read rule: expired → cleared, returned once only if visibility allows."""
+        payload = self._read_payload(kg, primary, secondary, for_update)
+        return None if payload is None else decode_value(payload)
+
+    def _read_payload(self, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> bytes | None:
+        """:meth:`_read` without decoding: the value's msgpack bytes (no timestamp)."""
         raw = self._tx.get(self._table, kg, primary, secondary)
         return None if raw is None else self._from_raw(raw, kg, primary, secondary, for_update)
 
     def _read_many(self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False) -> list:
         """:meth:`_read` of many rows (map entries: one secondary per row)."""
+        return decode_many(self._payloads_many(rows, secondaries, for_update=for_update))
+
+    def _payloads_many(
+        self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False
+    ) -> list[bytes | None]:
+        """:meth:`_read_many` without decoding (a columnar read may decode a whole column at once)."""
         if self._ttl is not None:
             # Row by row through the transaction: a read may expire (delete) or refresh the
             # record, and a later row of the same key must see that, as the next call would.
             secs = secondaries if secondaries is not None else repeat(b"")
             return [
-                self._read(kg, primary, secondary, for_update=for_update)
+                self._read_payload(kg, primary, secondary, for_update)
                 for kg, primary, secondary in zip(rows.key_groups, rows.primaries, secs, strict=False)
             ]
-        return decode_many(self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries))
+        return self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries)
 
-    def _from_raw(self, raw: bytes, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> Any:
+    def _from_raw(self, raw: bytes, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> bytes | None:
+        """The payload of a stored record by Flink's read rule (with TTL: expire or refresh it)."""
         ttl = self._ttl
         if ttl is None:
-            return decode_value(raw)
+            return raw
         timestamp, payload = split_timestamped(raw)
         now = self._clock.now_ms()
         if is_expired(timestamp, ttl.ttl_ms, now):
             self._tx.delete(self._table, kg, primary, secondary)
-            return decode_value(payload) if ttl.return_expired and not for_update else None
+            return payload if ttl.return_expired and not for_update else None
         if ttl.refresh_on_read and not for_update:
             self._tx.put(self._table, kg, primary, encode_timestamped(now, payload), secondary)
-        return decode_value(payload)
+        return payload
 
     def _encode(self, value: Any) -> bytes:
         payload = encode_value(value)

@@ -26,10 +26,16 @@ class ValueState(KeyedState):
         records = self._records_many(self._inputs(values))
         self._tx.put_many(self._table, rows.key_groups, rows.primaries, records)
 
-    # A columnar put whose value column has the state's type packs the whole column at once
-    # (``backends/columnar_codec.py``); this is the rest of the rules for it.
+    # A columnar put whose value column has the state's type packs the whole column at once,
+    # and a columnar get of a typed state unpacks it (``backends/columnar_codec.py``); these
+    # are the rest of the rules for them.
 
     def update_payloads(self, rows: Rows, payloads: list[bytes | None]) -> None:
         """:meth:`update_many` of values already checked against the value type and packed
         (``codec.pack_value``; ``None`` clears)."""
         self._tx.put_many(self._table, rows.key_groups, rows.primaries, self._records_of(payloads))
+
+    def get_payloads(self, rows: Rows) -> list[bytes | None] | None:
+        """:meth:`get_many` as the values' msgpack bytes; ``None`` (nothing read) when the state
+        has a default, which absent rows read as."""
+        return self._payloads_many(rows) if self.descriptor.default is None else None
