@@ -360,11 +360,14 @@ def list_timers(
     if table not in partition.tables():
         return
     groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
+    floors = job.timer_floors
     for kg in groups:
         if start_after is not None and kg < start_after[0]:
             continue
         previous = start_after[1] if start_after is not None and kg == start_after[0] else None
-        for primary in partition.primaries_from(table, kg, previous):
+        floor = floors.seek_after(domain, kg)  # past the fired timers' tombstones
+        after = floor if previous is None or (floor is not None and floor > previous) else previous
+        for primary in partition.primaries_from(table, kg, after):
             yield decode_timer(kg, primary), (kg, primary)
 
 
@@ -377,7 +380,7 @@ def count_timers(job: TimerContext, domain: TimeDomain, key_group: int | None = 
         return counts
     groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
     for kg in groups:
-        n = sum(1 for _ in partition.primaries_from(table, kg, None))
+        n = sum(1 for _ in partition.primaries_from(table, kg, job.timer_floors.seek_after(domain, kg)))
         if n:
             counts[kg] = n
     return counts
