@@ -21,12 +21,14 @@ or many keys were deleted. Runs are never changed in place, so a copy-on-write c
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import islice
+from itertools import islice, repeat
 
-from statehouse.backends.base.partition import FlatChanges, FrozenView, StorePartition, WriteOp
+from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
 
 _MISSING = object()
@@ -206,7 +208,11 @@ class HeapPartition(StorePartition):
         t = self._tables[table]
         containers, empty = t.groups, _Container(0, {})
         if not t.nested:
-            return [containers.get(kg, empty).data.get(p) for kg, p in zip(key_groups, primaries, strict=True)]
+            if len(key_groups) != len(primaries):
+                raise ValueError(f"{len(key_groups)} key groups for {len(primaries)} primaries")
+            # Each row's dict, then its value: two C loops, no Python step per row.
+            found = {kg: c.data for kg in set(key_groups) if (c := containers.get(kg)) is not None}
+            return list(map(dict.get, map(found.get, key_groups, repeat(empty.data)), primaries))
         assert secondaries is not None
         return [
             containers.get(kg, empty).data.get(p, empty).data.get(s)
@@ -284,6 +290,15 @@ class HeapPartition(StorePartition):
         for table, changes in flat.items():
             groups = self._tables[table].groups
             writable: dict[int, dict | _Container] = {}  # key group -> where to write, made writable once
+            if isinstance(changes, RowChanges) and None not in changes.records:
+                # A columnar put's rows, in order (a later row of a key wins): each key group
+                # made writable once, then the writes in a C loop, no Python step per row.
+                for kg in set(changes.key_groups):
+                    made = groups[kg] = self._writable(groups.get(kg))
+                    writable[kg] = made.data if made.index is None else made
+                targets = map(writable.__getitem__, changes.key_groups)
+                deque(map(operator.setitem, targets, changes.primaries, changes.records), maxlen=0)  # type: ignore[arg-type]
+                continue
             for (kg, primary), value in changes.items():
                 data = writable.get(kg)
                 if data is None:
