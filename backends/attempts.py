@@ -308,7 +308,7 @@ def _views_if_exact(job: Job, staging: EpochStaging, found: list[StagedAttempt])
         seen |= touched
     for table in {table for table, _kg, _primary in seen}:
         descriptor = job.descriptors.get(table)
-        if descriptor is None or descriptor.ttl is not None:
+        if descriptor is None or descriptor.ttl is not None:  # None: timers and their clocks replay too
             return None
     return [staged.view for staged in found]
 

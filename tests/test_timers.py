@@ -277,6 +277,18 @@ def test_commit_replays_exactly_what_was_fired(job):
     assert fire(job, 10) == [(3, "b", "")]
 
 
+def test_commit_keeps_the_latest_time_of_the_winners(job):
+    """Two winners advanced the watermark to different times: the commit keeps the later one (a
+    replay raises it twice; taking the last view's clock row would lower it)."""
+    job.fence(1)
+    low, high = KeyGroupRange(0, 63), KeyGroupRange(64, 127)
+    attempts.run_advance(job, "event", 50, epoch=1, attempt=AttemptRef(0, "p0", 0), key_groups=low)
+    attempts.run_advance(job, "event", 30, epoch=1, attempt=AttemptRef(1, "p1", 0), key_groups=high)
+    attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
+    with job.transaction() as tx:
+        assert tx.timers.current_time("event") == 50
+
+
 def test_two_winners_firing_one_timer_are_refused(job):
     register(job, (1, "a"))
     job.fence(1)
