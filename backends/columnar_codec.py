@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from statehouse.keygroups import KEY_TYPES, KeyType
 from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, utf8_column
 
-__all__ = ["EncodedPrimaries", "encode_primaries", "pack_column", "prefixed", "unpack_column"]
+__all__ = ["EncodedPrimaries", "Packed", "encode_primaries", "pack_column", "prefixed", "unpack_column"]
 
 # A part of every row's bytes: unsigned ints (big-endian, one per row), bytes (the same in every
 # row), or a Utf8Column (each row's own bytes).
@@ -179,7 +179,15 @@ def _kind(kind: pa.DataType) -> bool | None:
     return None
 
 
-def pack_column(values: pa.Array) -> list[bytes | None] | None:
+class Packed(NamedTuple):
+    """``codec.pack_value`` of each row (``None`` for a null one), with what is known of them all."""
+
+    payloads: list[bytes | None]
+    longest: int  # bytes of the longest payload (0 when there is none)
+    deletes: bool  # whether a payload is None
+
+
+def pack_column(values: pa.Array) -> Packed | None:
     """``codec.pack_value`` of every row of a binary or utf8 array (a null row: ``None``): the
     headers built in numpy, joined to the values' bytes in Arrow. ``None`` for another type."""
     binary = _kind(values.type)
@@ -196,7 +204,11 @@ def pack_column(values: pa.Array) -> list[bytes | None] | None:
     if values.null_count:
         for row in np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False)).tolist():
             packed[row] = None
-    return packed
+    # The longest payload is the longest value's (a header grows with its value; a null row's
+    # slot, if it has bytes, only makes this an overestimate).
+    longest = int(lengths.max()) if count else 0
+    header = 1 if not binary and longest <= _FIXSTR_MAX else 2 if longest < 256 else 3 if longest < 65536 else 5
+    return Packed(packed, longest + header if count > values.null_count else 0, values.null_count > 0)
 
 
 def _headers(lengths: np.ndarray, binary: bool) -> list[_Part]:

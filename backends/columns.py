@@ -209,10 +209,10 @@ def _put_packed(state: ValueState, op: ColumnOp, rows: Rows) -> bool:
     column = op.columns.column("value").combine_chunks()
     if column.type not in _PACKED_COLUMNS.get(state.descriptor.value_type, ()):
         return False
-    payloads = pack_column(column)
-    if payloads is None:
+    packed = pack_column(column)
+    if packed is None:
         return False
-    state.update_payloads(rows, payloads)
+    state.update_payloads(rows, *packed)
     return True
 
 

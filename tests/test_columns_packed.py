@@ -33,7 +33,10 @@ def test_pack_column_gives_the_bytes_of_pack_value(kind):
     for values in cases:
         array = pa.array(values, kind)
         for sliced, expected in ((array, values), (array.slice(1), values[1:])):
-            assert pack_column(sliced) == [None if v is None else pack_value(v) for v in expected]
+            packed = pack_column(sliced)
+            assert packed.payloads == [None if v is None else pack_value(v) for v in expected]
+            assert packed.longest == max((len(p) for p in packed.payloads if p is not None), default=0)
+            assert packed.deletes == (None in expected)
     assert pack_column(pa.array([1, 2])) is None
 
 

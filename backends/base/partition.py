@@ -42,13 +42,27 @@ class RowChanges(FlatChanges):
     as a mapping, it is the dict of the rows' final values. The sequences are not copied:
     whoever makes one gives them away."""
 
-    __slots__ = ("_dict", "key_groups", "primaries", "records")
+    __slots__ = ("_deletes", "_dict", "key_groups", "primaries", "records")
 
-    def __init__(self, key_groups: Sequence[int], primaries: Sequence[bytes], records: Sequence[bytes | None]) -> None:
+    def __init__(
+        self,
+        key_groups: Sequence[int],
+        primaries: Sequence[bytes],
+        records: Sequence[bytes | None],
+        deletes: bool | None = None,
+    ) -> None:
         if not len(key_groups) == len(primaries) == len(records):
             raise ValueError(f"{len(key_groups)} key groups, {len(primaries)} primaries and {len(records)} records")
         self.key_groups, self.primaries, self.records = key_groups, primaries, records
+        self._deletes = deletes
         self._dict: dict[tuple[int, bytes], bytes | None] | None = None
+
+    @property
+    def deletes(self) -> bool:
+        """Whether a row deletes (a ``None`` record): given by the maker when it knows, else looked for."""
+        if self._deletes is None:
+            self._deletes = None in self.records
+        return self._deletes
 
     def as_dict(self) -> dict[tuple[int, bytes], bytes | None]:
         """The changes as a dict (made once; do not change it)."""

@@ -191,13 +191,16 @@ class PartitionTransaction:
         primaries: Sequence[bytes],
         values: Sequence[bytes | None],
         secondaries: Sequence[bytes] | None = None,
+        *,
+        deletes: bool | None = None,
     ) -> None:
-        """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value)."""
+        """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value).
+        ``deletes``: whether some value is ``None``, when the caller knows (else it is looked for)."""
         if not self._is_nested(table):
             if self._flat.get(table):
                 self._changes(table).update(zip(zip(key_groups, primaries, strict=True), values, strict=True))
             else:  # the table's first change: kept as the rows came (the sequences are not copied)
-                self._flat[table] = RowChanges(key_groups, primaries, values)
+                self._flat[table] = RowChanges(key_groups, primaries, values, deletes)
             return
         assert secondaries is not None
         for kg, primary, secondary, value in zip(key_groups, primaries, secondaries, values, strict=True):

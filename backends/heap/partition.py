@@ -290,7 +290,7 @@ class HeapPartition(StorePartition):
         for table, changes in flat.items():
             groups = self._tables[table].groups
             writable: dict[int, dict | _Container] = {}  # key group -> where to write, made writable once
-            if isinstance(changes, RowChanges) and None not in changes.records:
+            if isinstance(changes, RowChanges) and not changes.deletes:
                 # A columnar put's rows, in order (a later row of a key wins): each key group
                 # made writable once, then the writes in a C loop, no Python step per row.
                 for kg in set(changes.key_groups):

@@ -210,11 +210,15 @@ class KeyedState:
             each_row(values, check_value)
         return self._records_of(each_row(values, pack_or_none))
 
-    def _records_of(self, payloads: list[Any]) -> list[bytes]:
+    def _records_of(self, payloads: list[Any], longest: int | None = None, deletes: bool | None = None) -> list[bytes]:
         """The records of values already checked and packed (``pack_value``; ``None`` deletes):
-        the value size limit, and TTL's timestamp."""
-        present = [p for p in payloads if p is not None] if None in payloads else payloads
-        if present and max(map(len, present)) > self._limits.max_value_bytes:
+        the value size limit, and TTL's timestamp. ``longest`` (the longest payload's size) and
+        ``deletes`` (whether a payload is ``None``) save looking at every payload when known."""
+        if longest is None:
+            deletes = None in payloads if deletes is None else deletes
+            present = [p for p in payloads if p is not None] if deletes else payloads
+            longest = max(map(len, present)) if present else 0
+        if longest > self._limits.max_value_bytes:
             each_row(payloads, self._check_payload)  # names the row
         if self._ttl is None:
             return payloads

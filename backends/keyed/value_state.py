@@ -30,10 +30,13 @@ class ValueState(KeyedState):
     # and a columnar get of a typed state unpacks it (``backends/columnar_codec.py``); these
     # are the rest of the rules for them.
 
-    def update_payloads(self, rows: Rows, payloads: list[bytes | None]) -> None:
+    def update_payloads(
+        self, rows: Rows, payloads: list[bytes | None], longest: int | None = None, deletes: bool | None = None
+    ) -> None:
         """:meth:`update_many` of values already checked against the value type and packed
-        (``codec.pack_value``; ``None`` clears)."""
-        self._tx.put_many(self._table, rows.key_groups, rows.primaries, self._records_of(payloads))
+        (``codec.pack_value``; ``None`` clears); ``longest`` and ``deletes`` as ``_records_of`` takes them."""
+        records = self._records_of(payloads, longest, deletes)
+        self._tx.put_many(self._table, rows.key_groups, rows.primaries, records, deletes=deletes)
 
     def get_payloads(self, rows: Rows) -> list[bytes | None] | None:
         """:meth:`get_many` as the values' msgpack bytes; ``None`` (nothing read) when the state

@@ -432,7 +432,7 @@ class RocksDBPartition(StorePartition):
                     batch.put(key, value, handle) if value is not None else batch.delete(key, handle)
                 continue
             prefix, put, delete = self._layout.prefixes, batch.put, batch.delete
-            if isinstance(changes, RowChanges) and None not in changes.records:
+            if isinstance(changes, RowChanges) and not changes.deletes:
                 # A columnar put's rows, in order (a later row of a key is written later and
                 # wins): the keys and the batch's puts in C loops, no Python step per row.
                 keys = map(operator.add, map(prefix.__getitem__, changes.key_groups), changes.primaries)
