@@ -102,15 +102,17 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
 
 _PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P<op>[^/]+)")
 _ROUTE = router.routes[0]  # its path template labels the metrics, as when FastAPI routes the request
+# (get_route_path: the path as Starlette's router matches it, root_path taken off)
 
 
 class ColumnsFastPath:
-    """The columnar endpoint without FastAPI's routing and dependency solving (about half the
-    CPU of a 1,000-row request): an ASGI layer inside the app's middlewares that takes
-    ``POST /v1/jobs/{job}/states/{state}/columns/{op}`` for a known ``op`` and runs the route's
-    own steps in its order — :func:`check_path` (``StrictRoute``), :func:`require_token`, the job
-    lookup (:func:`get_job`), then :func:`serve` — answering errors with the app's problem
-    handler. Anything else (an unknown ``op``: FastAPI's 422) goes on to the app."""
+    """The columnar endpoint without FastAPI's routing and dependency solving (~200 µs less
+    server CPU per request, measured in process): an ASGI layer inside the app's middlewares
+    (body limit, 500s, metrics) that takes ``POST /v1/jobs/{job}/states/{state}/columns/{op}``
+    for a known ``op`` and runs the route's own steps in its order — :func:`check_path`
+    (``StrictRoute``), :func:`require_token`, the job lookup (:func:`get_job`), then
+    :func:`serve` — answering errors with the app's problem handler. Anything else (an unknown
+    ``op``: FastAPI's 422) goes on to the app."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
