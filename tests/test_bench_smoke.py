@@ -111,3 +111,5 @@ def test_timers_quick():
     out = timers.main(["--quick"])  # every timer fires once, in order: the script checks it
     assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
     assert all(r["fired_per_s"] > 0 and r["register_columns_per_s"] > 0 for r in out["results"])
+    assert {r["backend"] for r in out["checkpoints"]} == {"rocksdb", "heap"}  # restored timers: the script counts them
+    assert all(r["runs"][0]["checkpoint"]["bytes_uploaded"] > 0 for r in out["checkpoints"])
