@@ -63,8 +63,6 @@ def update_sessions(
     events: dict[str, list[int]] = defaultdict(list)
     for user, ts in rows:
         events[user].append(ts)
-    if ctx.replay:
-        return  # applied and checkpointed already (its closed sessions were written then)
     with ctx.reads(job) as reads:
         found = {user: reads.get("session", user) for user in events}
     closed = []
@@ -113,6 +111,12 @@ def process_batch(
     from pyspark.sql import functions as F
 
     def process(df: Any, ctx: BatchContext) -> None:
+        if ctx.replay:
+            # Statehouse commits a batch only after this function returned, so the run that
+            # committed it wrote its output whole; the replay (Spark lost its own commit of the
+            # batch) can neither close those sessions again (their timers fired) nor may it
+            # overwrite them with nothing.
+            return
         latest = df.agg(F.max("ts")).first()[0]
         watermark = MIN_TS if latest is None else latest - lateness_ms
         pairs = by_key_group(df.rdd.map(lambda r: (r["user_id"], r["ts"])), max_parallelism, partitions)

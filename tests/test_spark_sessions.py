@@ -9,6 +9,7 @@ import random
 from collections import defaultdict
 
 from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client.spark import exactly_once
 from statehouse.pipelines import sessions
 
 GAP = 10_000
@@ -107,3 +108,24 @@ def test_sessions_close_once_each_despite_a_task_retry(spark, tmp_path, two_repl
         timers = job.timers("event")
         assert [(t.key, t.timestamp) for t in timers.list()] == [("tick", TICK + GAP)]  # only the open session
         assert timers.times() == [TICK, TICK]
+
+
+def test_a_replayed_batch_keeps_the_sessions_its_committed_run_closed(spark, tmp_path, two_replicas, job_name):
+    """The driver dies after Statehouse committed the last batch and before Spark recorded it:
+    Spark runs that batch again. The replay must leave the batch's output (the sessions its
+    timers closed, which cannot close twice) as the committed run wrote it."""
+    urls = [s.url for s in two_replicas]
+    batches = make_batches(7)
+    closed = run(spark, tmp_path, urls, job_name, batches)
+    last = len(batches) - 1
+    output = tmp_path / "output"
+    written = sorted(p.read_text() for p in (output / f"batch_id={last}").glob("*.json"))
+    assert any(written)  # the tick's watermark closed sessions in the last batch
+
+    config = ClientConfig.of(list(urls))
+    replay = exactly_once(config, job_name, sessions.process_batch(str(output), gap_ms=GAP, partitions=4))
+    replay(spark.createDataFrame(batches[last], sessions.EVENT_SCHEMA), last)
+
+    assert sorted(p.read_text() for p in (output / f"batch_id={last}").glob("*.json")) == written
+    got = {(c["user_id"], c["start"], c["end"], c["events"]) for c in closed}
+    assert got == reference(batches)
