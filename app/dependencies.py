@@ -54,6 +54,15 @@ class Service:
         if job in self.restoring_jobs:
             raise ApiError("not_ready", f"job {job!r} is being restored; retry shortly")
 
+    def check_batch_size(self, count: int, what: str) -> None:
+        """A batch's operations or a columnar request's rows: at most STATEHOUSE_MAX_BATCH_OPS."""
+        limit = self.settings.max_batch_ops
+        if count > limit:
+            raise ApiError(
+                "batch_too_large",
+                f"{count} {what} exceed the limit of {limit} (STATEHOUSE_MAX_BATCH_OPS); split the batch",
+            )
+
 
 def service_of(request: Request) -> Service:
     service = getattr(request.app.state, "service", None)

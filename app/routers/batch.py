@@ -41,12 +41,7 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     operations = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(operations, list):
         raise ApiError("invalid_argument", 'the body must be an object {"ops": [...]}')
-    if len(operations) > service.settings.max_batch_ops:
-        raise ApiError(
-            "batch_too_large",
-            f"{len(operations)} operations exceed the limit of {service.settings.max_batch_ops} "
-            "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
-        )
+    service.check_batch_size(len(operations), "operations")
     attempt = None
     if "attempt" in body or "partition" in body or "seq" in body:
         attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]

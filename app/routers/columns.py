@@ -83,12 +83,7 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
     """The endpoint's work once the request is authorized and its job found (both routes)."""
     raw = await request.body()
     table = read_arrow(request.headers.get("content-type"), raw)
-    if table.num_rows > service.settings.max_batch_ops:
-        raise ApiError(
-            "batch_too_large",
-            f"{table.num_rows} rows exceed the limit of {service.settings.max_batch_ops} "
-            "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
-        )
+    service.check_batch_size(table.num_rows, "rows")
     work = ColumnOp.parse(state, op, table)
     ref = _attempt(request)
     epoch = _count(request, "epoch")

@@ -139,12 +139,7 @@ async def timer_columns(
     row one write), as on the columnar state endpoint."""
     raw = await request.body()
     table = read_arrow(request.headers.get("content-type"), raw)
-    if table.num_rows > service.settings.max_batch_ops:
-        raise ApiError(
-            "batch_too_large",
-            f"{table.num_rows} rows exceed the limit of {service.settings.max_batch_ops} "
-            "(STATEHOUSE_MAX_BATCH_OPS); split the batch",
-        )
+    service.check_batch_size(table.num_rows, "rows")
     work = TimerColumns.parse(op, domain, key_type, table)
     ref = request_attempt(request)
     epoch = query_count(request, "epoch")
