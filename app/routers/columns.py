@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 from fastapi import Request, Response
-from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import openapi as doc
@@ -97,7 +96,13 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
 
 _PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P<op>[^/]+)")
 _ROUTE = router.routes[0]  # its path template labels the metrics, as when FastAPI routes the request
-# (get_route_path: the path as Starlette's router matches it, root_path taken off)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path as the app's router matches it: a ``root_path`` (the app mounted under a prefix)
+    taken off, as Starlette does."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
 
 
 class ColumnsFastPath:
@@ -114,7 +119,7 @@ class ColumnsFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PATH.fullmatch(get_route_path(scope))
+            match = _PATH.fullmatch(_route_path(scope))
             if match is not None and match["op"] in COLUMN_OPS:
                 scope["route"], scope["path_params"] = _ROUTE, match.groupdict()
                 request = Request(scope, receive)
