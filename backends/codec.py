@@ -38,6 +38,7 @@ _packer = msgpack.Packer(use_bin_type=True)
 # NaN or infinities and only string object keys; msgpack's ext types have no JSON form at all.
 # (Integers outside [-2**63, 2**64) are refused by the packer; bytes read back base64 in JSON.)
 _SCALARS = frozenset({str, int, bool, bytes, type(None)})
+_SCALARS_OR_FLOAT = _SCALARS | {float}
 
 
 def check_value(value: Any) -> None:
@@ -71,9 +72,6 @@ def all_plain(values: Sequence[Any]) -> bool:
     if kinds <= _SCALARS:
         return True
     return kinds <= _SCALARS_OR_FLOAT and all(map(math.isfinite, (v for v in values if type(v) is float)))
-
-
-_SCALARS_OR_FLOAT = _SCALARS | {float}
 
 
 def encode_value(value: Any) -> bytes:
