@@ -95,13 +95,19 @@ def _leased_iter(method: Callable[..., Iterator[_T]]) -> Callable[..., Iterator[
     return leased
 
 
-def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+def _bounded(source, lower: bytes, upper: bytes | None) -> Any:
+    """A RocksDB iterator over [lower, upper) (``None``: to the end), seeked to ``lower``."""
     read_options = ReadOptions()
     read_options.set_iterate_lower_bound(lower)
     if upper is not None:
         read_options.set_iterate_upper_bound(upper)
     it = source.iter(read_options)
     it.seek(lower)
+    return it
+
+
+def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    it = _bounded(source, lower, upper)
     while it.valid():
         yield it.key(), it.value()
         it.next()
@@ -373,12 +379,7 @@ class RocksDBPartition(StorePartition):
         # entries (primaries are self-delimiting, so they are exactly the keys it prefixes).
         if after is not None:
             start = prefix_successor(prefix + after) or start
-        read_options = ReadOptions()
-        read_options.set_iterate_lower_bound(start)
-        if end is not None:
-            read_options.set_iterate_upper_bound(end)
-        it = family.iter(read_options)
-        it.seek(start)
+        it = _bounded(family, start, end)
         while it.valid():
             primary, _secondary = split_nested_key(it.key(), n)
             yield primary
