@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import orjson
+import pyarrow as pa
 from fastapi import Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,6 +28,7 @@ from statehouse.backends.job import Job
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 
 router = api_router(prefix="/v1", tags=["batch"])
+W = TypeVar("W")
 
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +45,7 @@ ATTEMPT_PARAMETERS = [
 ]
 
 
-def _count(request: Request, name: str) -> int | None:
+def query_count(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return None
@@ -54,9 +58,9 @@ def _count(request: Request, name: str) -> int | None:
     return number
 
 
-def _attempt(request: Request) -> AttemptRef | None:
+def request_attempt(request: Request) -> AttemptRef | None:
     """The task attempt a request comes from, if it names one (see the batch endpoint)."""
-    partition, seq = _count(request, "partition"), _count(request, "seq")
+    partition, seq = query_count(request, "partition"), query_count(request, "seq")
     attempt = request.query_params.get("attempt")
     if attempt is None and partition is None and seq is None:
         return None
@@ -78,20 +82,42 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
     return await serve(service, job, state, op, request)
 
 
-async def serve(service: Service, job: Job, state: str, op: str, request: Request) -> Response:
-    """The endpoint's work once the request is authorized and its job found (both routes)."""
+@dataclass(frozen=True, slots=True)
+class ColumnarRequest(Generic[W]):
+    """A columnar request, read: its operation parsed from the Arrow body, the body's size (what
+    staging counts), and the task attempt and writer epoch its query parameters name."""
+
+    work: W
+    size: int
+    attempt: AttemptRef | None
+    epoch: int | None
+
+    def written(self, op: str, rows: int) -> Response:
+        """The answer to a write: how many rows were applied, or staged for the task attempt."""
+        return Response(orjson.dumps({"op": op, "rows": rows, "staged": self.attempt is not None}), media_type=JSON)
+
+
+async def read_columnar(service: Service, request: Request, parse: Callable[[pa.Table], W]) -> ColumnarRequest[W]:
+    """Read an Arrow IPC body (at most STATEHOUSE_MAX_BATCH_OPS rows) into ``parse``'s operation,
+    then the attempt parameters: what every columnar endpoint does first."""
     raw = await request.body()
     table = read_arrow(request.headers.get("content-type"), raw)
     service.check_batch_size(table.num_rows, "rows")
-    work = ColumnOp.parse(state, op, table)
-    ref = _attempt(request)
-    epoch = _count(request, "epoch")
-    values = await run_engine(job, lambda: run_columns(job, work, epoch=epoch, attempt=ref, size=len(raw)), work.rows)
+    work = parse(table)
+    return ColumnarRequest(work, len(raw), request_attempt(request), query_count(request, "epoch"))
+
+
+async def serve(service: Service, job: Job, state: str, op: str, request: Request) -> Response:
+    """The endpoint's work once the request is authorized and its job found (both routes)."""
+    read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
+    work = read.work
+    values = await run_engine(
+        job, lambda: run_columns(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
+    )
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:
         return arrow_response(work.columns.append_column("value", values))
-    summary = {"op": op, "rows": work.rows, "staged": ref is not None}
-    return Response(orjson.dumps(summary), media_type=JSON)
+    return read.written(op, work.rows)
 
 
 _PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P<op>[^/]+)")

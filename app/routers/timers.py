@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated
 
-import orjson
 from fastapi import Path, Query, Request, Response
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
@@ -25,11 +24,9 @@ from statehouse.app.models import (
 from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
-from statehouse.app.routers.columns import ATTEMPT_PARAMETERS
-from statehouse.app.routers.columns import _attempt as request_attempt
-from statehouse.app.routers.columns import _count as query_count
+from statehouse.app.routers.columns import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.routing import api_router
-from statehouse.app.wire import JSON, read_arrow, render
+from statehouse.app.wire import render
 from statehouse.backends import codec
 from statehouse.backends import timers as timer_service
 from statehouse.backends.attempts import run_advance, run_timer_columns
@@ -137,15 +134,13 @@ async def timer_columns(
     (utf8, int32 or int64 as `key_type` says), `timestamp` (int64 ms) and optionally `ns`; in order and
     atomically. `epoch` fences; `partition`, `attempt` and `seq` stage the rows for a task attempt (each
     row one write), as on the columnar state endpoint."""
-    raw = await request.body()
-    table = read_arrow(request.headers.get("content-type"), raw)
-    service.check_batch_size(table.num_rows, "rows")
-    work = TimerColumns.parse(op, domain, key_type, table)
-    ref = request_attempt(request)
-    epoch = query_count(request, "epoch")
-    await run_engine(job, lambda: run_timer_columns(job, work, epoch=epoch, attempt=ref, size=len(raw)), work.rows)
+    read = await read_columnar(service, request, lambda table: TimerColumns.parse(op, domain, key_type, table))
+    work = read.work
+    await run_engine(
+        job, lambda: run_timer_columns(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
+    )
     service.metrics.count_ops(Counter({("timer", f"{op}_timer"): work.rows}))
-    return Response(orjson.dumps({"op": op, "rows": work.rows, "staged": ref is not None}), media_type=JSON)
+    return read.written(op, work.rows)
 
 
 @router.post(TIMERS + "/advance", response_model=AdvanceResponse, responses=doc.ADVANCE)
