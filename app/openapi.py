@@ -167,38 +167,28 @@ BATCH_BODY = {
     },
 }
 # What a batch of keyed operations can answer, staged for a task attempt or not (batch, columns).
-MANY_KEYED = (
-    *KEYED,
-    *VALUES,
-    "wrong_state_kind",
-    "map_too_large",
-    "list_too_large",
-    "stale_epoch",
-    "attempt_lost",
-    "attempt_conflict",
-    "epoch_sealed",
-    "staging_too_large",
-    "batch_too_large",
-    "malformed_body",
-    "unsupported_media_type",
-)
+# What a write fenced by an epoch, or staged for a task attempt, can answer (batch, columns, timers).
+STAGED = ("stale_epoch", "attempt_lost", "attempt_conflict", "epoch_sealed", "staging_too_large")
+# What reading a batch or columnar body can answer.
+MANY = ("batch_too_large", "malformed_body", "unsupported_media_type")
+MANY_KEYED = (*KEYED, *VALUES, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
 BATCH = {**errors(*MANY_KEYED), **msgpack_reply()}
-COLUMNS_BODY = {
-    "required": True,
-    "content": {
-        ARROW_STREAM: {
-            "schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM},
-            "description": "an Arrow IPC stream of one or more record batches with the operation's columns: "
-            "key, and as the operation needs user_key and value; ns optional",
-        }
-    },
-}
+ARROW_SCHEMA = {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}
+
+
+def arrow_body(columns: str) -> dict[str, Any]:
+    """A required Arrow IPC request body holding ``columns``."""
+    description = f"an Arrow IPC stream of one or more record batches with {columns}"
+    return {"required": True, "content": {ARROW_STREAM: {"schema": ARROW_SCHEMA, "description": description}}}
+
+
+COLUMNS_BODY = arrow_body("the operation's columns: key, and as the operation needs user_key and value; ns optional")
 COLUMNS = {
     200: {
         "description": "a read (`get`, `map_get`): the request's rows, in order, with a `value` column (null where "
         "absent) as an Arrow IPC stream; a write: how many rows were applied (or staged)",
         "content": {
-            ARROW_STREAM: {"schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}},
+            ARROW_STREAM: {"schema": ARROW_SCHEMA},
             JSON: {"schema": {"$ref": REF.format(model="ColumnsResponse")}},
         },
     },
@@ -217,42 +207,11 @@ EPOCH_COMMIT = errors(
 
 TIMER = errors(*JOB, "invalid_key", "key_too_large", "key_not_owned", "invalid_argument")
 ADVANCE = {
-    **errors(
-        *JOB,
-        "invalid_argument",
-        "stale_epoch",
-        "attempt_lost",
-        "attempt_conflict",
-        "epoch_sealed",
-        "staging_too_large",
-    ),
+    **errors(*JOB, "invalid_argument", *STAGED),
     **msgpack_reply(),
 }
-TIMER_COLUMNS_BODY = {
-    "required": True,
-    "content": {
-        ARROW_STREAM: {
-            "schema": {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM},
-            "description": "an Arrow IPC stream of one or more record batches with the columns key, timestamp "
-            "(int64 ms) and optionally ns",
-        }
-    },
-}
-TIMER_COLUMNS = errors(
-    *JOB,
-    "invalid_argument",
-    "invalid_key",
-    "key_too_large",
-    "key_not_owned",
-    "stale_epoch",
-    "attempt_lost",
-    "attempt_conflict",
-    "epoch_sealed",
-    "staging_too_large",
-    "batch_too_large",
-    "malformed_body",
-    "unsupported_media_type",
-)
+TIMER_COLUMNS_BODY = arrow_body("the columns key, timestamp (int64 ms) and optionally ns")
+TIMER_COLUMNS = errors(*JOB, "invalid_argument", "invalid_key", "key_too_large", "key_not_owned", *STAGED, *MANY)
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
