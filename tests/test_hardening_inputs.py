@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from harness.server import start_server
+from harness.server import free_port, start_server
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.snapshots.handles import StreamHandle
 
@@ -247,9 +247,7 @@ def faulty_server():
         return {"ok": True}
 
     app.add_middleware(MetricsMiddleware, metrics=Metrics())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
