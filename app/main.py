@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pyarrow as pa
 from fastapi import Depends, FastAPI
 
 from statehouse.app import openapi, problems
@@ -101,6 +102,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.backend,
             settings.data_dir,
         )
+        # pyarrow loads its pandas shim (pandas, when installed: 0.2-0.3 s) on its first
+        # `take`: here, not in the first columnar request.
+        pa.array([0]).take([0])
         # What startup built lives as long as the process: keep it out of the cyclic GC's full
         # collections, which otherwise stall every request, /healthz too, for 25-50 ms each.
         gc.collect()

@@ -16,7 +16,7 @@ exactly-once per Spark task attempt (the driver's side is ``client/coordinator.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -300,17 +300,28 @@ def _views_if_exact(job: Job, staging: EpochStaging, found: list[StagedAttempt])
     state they changed has a TTL (a replay judges expiry at commit time). Else ``None``: replay."""
     if job.changes != staging.job_changes:
         return None
-    seen: set[tuple[str, int, bytes]] = set()
+    by_table: dict[str, list[Collection[bytes]]] = {}
     for staged in found:
-        touched = staged.view.touched()
-        if not seen.isdisjoint(touched):
-            return None
-        seen |= touched
-    for table in {table for table, _kg, _primary in seen}:
+        for table, primaries in staged.view.touched().items():
+            by_table.setdefault(table, []).append(primaries)
+    for table, winners in by_table.items():
         descriptor = job.descriptors.get(table)
         if descriptor is None or descriptor.ttl is not None:  # None: timers and their clocks replay too
             return None
+        if not _disjoint(winners):
+            return None
     return [staged.view for staged in found]
+
+
+def _disjoint(winners: list[Collection[bytes]]) -> bool:
+    """Whether no primary is in two of ``winners`` (one table's): the last one only iterated."""
+    *first, last = winners
+    seen: set[bytes] = set()
+    for primaries in first:
+        if not seen.isdisjoint(primaries):
+            return False
+        seen.update(primaries)
+    return seen.isdisjoint(last)
 
 
 def abort(job: Job, epoch: int) -> EpochReport:

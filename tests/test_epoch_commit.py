@@ -107,3 +107,33 @@ def test_batches_maps_and_lists_commit_their_views(job, replays):
         assert tx.map("m").get_all("u") == {"x": 6, "y": 2}
         assert tx.map("m").get_all("v") == {"z": 9}
         assert tx.list("l").get("u") == [1, 2]
+
+
+def test_three_winners_overlapping_first_and_last_are_replayed(sums, replays):
+    winners = [stage(sums, 1, p, f"t{p}", [key], [10**p]) for p, key in enumerate(["a", "b", "a"])]
+    commit_all(sums, 1, winners)
+    assert replays["n"] == 3
+    assert totals(sums, "a", "b") == [201, 10]
+
+
+def test_winners_of_several_requests_commit_their_views_when_disjoint(sums, replays):
+    # The second request of an attempt makes its view's rows a dict of changes.
+    for seq, keys in enumerate((["a", "b"], ["b", "c"])):
+        op = ColumnOp.parse("s", "add", pa.table({"key": keys, "value": [1, 1]}))
+        run_columns(sums, op, epoch=1, attempt=AttemptRef(0, "t0", seq))
+    winners = [Winner(0, "t0", 4), stage(sums, 1, 1, "t1", ["d"], [7])]
+    commit_all(sums, 1, winners)
+    assert replays["n"] == 0
+    assert totals(sums, "a", "b", "c", "d") == [101, 2, 1, 7]
+
+
+def test_two_winners_on_one_map_key_are_replayed(job, replays):
+    job.register_state(StateDescriptor("m", "map", function="sum"))
+    job.fence(1)
+    for partition in (0, 1):
+        op = {"op": "map_add", "state": "m", "key": "u", "user_key": f"x{partition}", "value": 1}
+        run_batch(job, [op], epoch=1, attempt=AttemptRef(partition, f"t{partition}", 0))
+    commit_all(job, 1, [Winner(0, "t0", 1), Winner(1, "t1", 1)])
+    assert replays["n"] == 2  # the check is per key (a map), not per entry
+    with job.transaction() as tx:
+        assert tx.map("m").get_all("u") == {"x0": 1, "x1": 1}

@@ -7,14 +7,16 @@ writes, and if any operation fails nothing reaches the partition.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Protocol
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
 
 _DELETED = None
 _ABSENT: object = object()
+_PRIMARY = itemgetter(1)  # of a flat table's (key group, primary) change
 
 
 class _PendingKey:
@@ -83,9 +85,10 @@ class PartitionTransaction:
             changes = self._flat[table] = dict(changes.as_dict())
         return changes
 
-    def _pending_flat(self, table: str) -> dict[tuple[int, bytes], bytes | None] | None:
-        """The table's pending changes as a dict, if it has any."""
-        return self._changes(table) if table in self._flat else None
+    def _pending_flat(self, table: str) -> Mapping[tuple[int, bytes], bytes | None] | None:
+        """The table's pending changes to read, if it has any (rows kept as rows are not copied)."""
+        changes = self._flat.get(table)
+        return changes.as_dict() if isinstance(changes, RowChanges) else changes
 
     def _slot(self, table: str, key_group: int, primary: bytes) -> _PendingKey:
         slot = self._pending.get((table, key_group, primary))
@@ -271,10 +274,17 @@ class PartitionTransaction:
         """What this transaction would write: flat tables' changes, and nested tables' ops."""
         return {table: changes for table, changes in self._flat.items() if changes}, self._nested_ops()
 
-    def touched(self) -> set[tuple[str, int, bytes]]:
-        """Every (table, key group, primary) this transaction changes."""
-        keys = {(table, kg, primary) for table, changes in self._flat.items() for kg, primary in changes}
-        return keys | set(self._pending)
+    def touched(self) -> dict[str, Collection[bytes]]:
+        """Per table, the primaries this transaction changes (in a table, a primary names its
+        key group too), as the rows came: a columnar write's primaries are not copied."""
+        touched: dict[str, Collection[bytes]] = {}
+        for table, changes in self._flat.items():
+            if changes:
+                touched[table] = changes.primaries if isinstance(changes, RowChanges) else list(map(_PRIMARY, changes))
+        nested: dict[str, list[bytes]] = {}
+        for table, _kg, primary in self._pending:
+            nested.setdefault(table, []).append(primary)
+        return touched | nested
 
     def rollback(self) -> None:
         self._flat = {}

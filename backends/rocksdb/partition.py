@@ -22,7 +22,7 @@ import os
 import shutil
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,6 +51,7 @@ _T = TypeVar("_T")
 _MAX_PARALLELISM_KEY = b"max_parallelism"
 _NESTED_PREFIX = b"table-nested:"
 _META_PREFIX = b"meta:"
+_KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 
 
 def _options() -> Options:
@@ -112,6 +113,15 @@ def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes,
         yield it.key(), it.value()
         it.next()
     del it
+
+
+def _put_rows(changes: FlatChanges) -> tuple[Iterable[int], Iterable[bytes], Iterable[bytes | None]] | None:
+    """A flat table's changes as (key groups, primaries, values) if none of them deletes."""
+    if isinstance(changes, RowChanges):
+        return None if changes.deletes else (changes.key_groups, changes.primaries, changes.records)
+    if None in changes.values():
+        return None
+    return map(_KEY_GROUP, changes), map(_PRIMARY, changes), changes.values()
 
 
 class KeyLayout:
@@ -433,11 +443,14 @@ class RocksDBPartition(StorePartition):
                     batch.put(key, value, handle) if value is not None else batch.delete(key, handle)
                 continue
             prefix, put, delete = self._layout.prefixes, batch.put, batch.delete
-            if isinstance(changes, RowChanges) and not changes.deletes:
-                # A columnar put's rows, in order (a later row of a key is written later and
-                # wins): the keys and the batch's puts in C loops, no Python step per row.
-                keys = map(operator.add, map(prefix.__getitem__, changes.key_groups), changes.primaries)
-                deque(map(put, keys, changes.records, repeat(handle)), maxlen=0)
+            rows = _put_rows(changes)
+            if rows is not None:
+                # Puts only (a columnar request's rows in order, a later row of a key written
+                # later and winning; or a dict of changes): the keys and the batch's puts in C
+                # loops, no Python step per row.
+                key_groups, primaries, records = rows
+                keys = map(operator.add, map(prefix.__getitem__, key_groups), primaries)
+                deque(map(put, keys, records, repeat(handle)), maxlen=0)
                 continue
             for (kg, primary), value in changes.items():
                 if value is None:
