@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import pyarrow as pa
 from fastapi import Depends, FastAPI
 
-from statehouse.app import openapi, problems
+from statehouse.app import access_log, openapi, problems
 from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
@@ -123,6 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Statehouse", version="1", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     problems.install(app)
+    access_log.configure(settings.access_log)
 
     v1 = [Depends(require_token)]
     # Routes match in order: the executors' hot endpoints first, so they skip the other routes' tests.

@@ -8,6 +8,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
 from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.locations import parse_restore_locations
@@ -71,6 +72,11 @@ class Settings(BaseSettings):
         100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )
     max_list_bytes: int = Field(16 << 20, ge=1, description="largest stored list state of one key, in bytes")
+    access_log: AccessLog = Field(
+        "control",
+        description="uvicorn's access log: every request (all), or all but the data plane's successful requests "
+        "(control: the batch, columnar and timer-columnar endpoints' 2xx, which /metrics counts)",
+    )
     problem_docs_url: str = Field(
         "https://statehouse.dev/docs/api",
         description="where docs/api.md is published: problem `type` URIs are <this>#<code>, one anchor per code",
