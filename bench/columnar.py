@@ -18,7 +18,8 @@ round, then their median. 16-byte keys, 100-byte values, one replica per backend
   around it: the same column family layout, keys pre-built as the backend stores them
   (1-byte key-group prefix, the 4-byte-length-prefixed UTF-8 key, a 4-byte-length-prefixed
   empty namespace), values msgpack-encoded as stored, one ``WriteBatch`` per request for put,
-  one multi-get (``cf.get(list_of_keys)``) per request for get, raw mode.
+  one multi-get (``cf.get(list_of_keys)``) per request for get, raw mode, with the backend's
+  RocksDB options (``db_options``: Bloom filters, the open-file bound).
 * **request overhead**: server CPU per request of a one-row columnar put / get and of a bare
   ``GET /healthz`` (urllib3, pre-built bodies), beside the server CPU of a 1,000-row request.
 
@@ -285,16 +286,16 @@ def redis_cases(port: int, data: Data, cfg: argparse.Namespace, stack: contextli
 def rocksdict_cases(
     data: Data, cfg: argparse.Namespace, max_parallelism: int, stack: contextlib.ExitStack
 ) -> list[Case]:
-    from rocksdict import Options, Rdict, WriteBatch
+    from rocksdict import Rdict, WriteBatch
+
+    from statehouse.backends.rocksdb.partition import db_options
 
     if key_group_prefix_width(max_parallelism) != 1:
         raise SystemExit(f"max_parallelism {max_parallelism}: this baseline builds 1-byte key-group prefixes")
     directory = tempfile.mkdtemp(prefix="statehouse-bench-rocksdict-")
     stack.callback(shutil.rmtree, directory, True)
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    options.create_missing_column_families(True)
-    db = Rdict(directory, options, column_families={STATE: Options(raw_mode=True)})
+    # The backend's own options (Bloom filters, the open-file bound): the same RocksDB work.
+    db = Rdict(directory, db_options(), column_families={STATE: db_options()})
     stack.callback(db.close)
     family, handle = db.get_column_family(STATE), db.get_column_family_handle(STATE)
     record = msgpack.packb(data.value, use_bin_type=True)  # as codec.encode_value stores it

@@ -53,3 +53,16 @@ def test_key_layout_is_key_group_prefixed(tmp_path):
         assert len(keys) == 1 and keys[0][:width] == kg.to_bytes(width, "big")
         del keys, family
         db.close()
+
+
+def test_every_column_family_is_written_with_bloom_filters(tmp_path):
+    # Point reads (gets, the read of an add) skip files without their key: RocksDB's own record
+    # of the options it runs with (its OPTIONS file), for the database and each state's family.
+    data = tmp_path / "data"
+    catalog = JobCatalog(RocksDBStore(str(data)))
+    job, _ = catalog.create("orders", 128)
+    job.register_state(StateDescriptor("total", "reducing", function="sum"))
+    catalog.close()
+    options = max(data.rglob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1])).read_text()
+    families = options.count("[CFOptions ")
+    assert families >= 2 and options.count("filter_policy=bloomfilter\n") == families

