@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+import statehouse.client.columns as columns_module
 from harness.server import start_server
 from statehouse.client import ClientConfig, Conflict, InvalidRequest, NotFound, StatehouseClient
 from statehouse.client.attempts import TaskAttempt
@@ -281,6 +282,22 @@ def test_inputs_above_the_row_limit_go_in_chunks(small_server, job_name, monkeyp
         with pytest.raises(InvalidRequest) as too_many:
             job.columns(max_rows=51).get("total", keys)
         assert too_many.value.code == "batch_too_large"
+
+
+def test_big_rows_go_in_chunks_of_at_most_the_request_bytes(job, monkeypatch):
+    monkeypatch.setattr(columns_module, "MAX_REQUEST_BYTES", 10_000)
+    counting = CountingTransport(job, monkeypatch)
+    blobs = job.columns()
+    big = pa.array([b"x" * 1_000] * 40, pa.binary())
+    blobs.put("last", KEYS[:40], big)  # 40 rows of ~1 kB: at most 10 per request
+    assert sum(rows for requests in counting.requests for _op, rows, _p in requests) == 40
+    assert max(rows for requests in counting.requests for _op, rows, _p in requests) <= 10
+    counting.requests[:] = [[] for _ in counting.requests]
+    whole = pa.array([b"y" * 1_000] * 5_000, pa.binary())  # 5 MB of buffers ...
+    blobs.put("last", KEYS[:3], whole.slice(10, 3))  # ... of which a 3-row slice goes at once
+    assert all(len(requests) <= 1 for requests in counting.requests)  # one request per replica
+    assert sum(rows for requests in counting.requests for _op, rows, _p in requests) == 3
+    assert blobs.get("last", KEYS[:4], as_arrow=True).to_pylist() == [b"y" * 1_000] * 3 + [b"x" * 1_000]
 
 
 def test_chunks_on_two_replicas_stay_in_order_per_replica(job, monkeypatch):
