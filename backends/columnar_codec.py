@@ -42,12 +42,15 @@ class EncodedPrimaries(NamedTuple):
     namespace_bytes: np.ndarray
 
 
-def encode_primaries(keys: ArrowValues, key_type: KeyType, namespaces: ArrowValues | str) -> EncodedPrimaries:
-    """``codec.encode_primary`` of every row; ``namespaces`` is a utf8 column, or one namespace for all rows."""
-    count = len(keys)
+def encode_primaries(
+    keys: ArrowValues | Utf8Column, key_type: KeyType, namespaces: ArrowValues | str
+) -> EncodedPrimaries:
+    """``codec.encode_primary`` of every row; ``namespaces`` is a utf8 column, or one namespace
+    for all rows. String keys may come as their checked :class:`Utf8Column`."""
+    count = len(keys.offsets) - 1 if isinstance(keys, Utf8Column) else len(keys)
     key_parts: list[_Part]
     if key_type == "string":
-        key = utf8_column(keys)
+        key = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
         key_bytes = np.diff(key.offsets)
         key_parts = [key_bytes.astype(np.uint32), key]
     elif key_type == "int":  # key + 2**31 (the sign bit flipped): bytes sort as the numbers do

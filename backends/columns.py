@@ -39,7 +39,7 @@ from statehouse.backends.job import Job, JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
-from statehouse.keygroups.columnar import key_groups
+from statehouse.keygroups.columnar import Utf8Column, key_groups, utf8_column
 
 ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
 COLUMN_OPS: tuple[str, ...] = get_args(ColumnOpName)
@@ -105,8 +105,10 @@ class ColumnOp:
 
 def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
     """``Job.locate`` for every row: key groups and stored keys at once, the same checks."""
-    keys = columns.column("key").combine_chunks()
+    keys: pa.Array | Utf8Column = columns.column("key").combine_chunks()
     try:
+        if descriptor.key_type == "string":  # checked and taken apart once, for key groups and stored keys
+            keys = utf8_column(keys)
         groups = key_groups(keys, descriptor.key_type, job.max_parallelism)
     except (TypeError, ValueError) as exc:
         raise InvalidKey(f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}") from None

@@ -12,6 +12,7 @@ integers out of range), with messages that name the first bad row: they are show
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import NamedTuple, TypeAlias
 
 import numpy as np
@@ -24,6 +25,7 @@ from statehouse.keygroups import (
     INT64_MIN,
     KEY_TYPES,
     KeyType,
+    assign_to_key_group,
     check_max_parallelism,
 )
 
@@ -257,10 +259,11 @@ def integer_keys(keys: ArrowValues, key_type: KeyType) -> np.ndarray:
     return values.astype(np.int32 if bits == 32 else np.int64, copy=False)
 
 
-def java_hash_codes(keys: ArrowValues, key_type: KeyType) -> np.ndarray:
-    """Java's ``hashCode`` of every key (int32): ``String``, ``Integer`` or ``Long``."""
+def java_hash_codes(keys: ArrowValues | Utf8Column, key_type: KeyType) -> np.ndarray:
+    """Java's ``hashCode`` of every key (int32): ``String``, ``Integer`` or ``Long``. String keys
+    may come as their checked :class:`Utf8Column` (made once for more than one use)."""
     if key_type == "string":
-        column = utf8_column(keys)
+        column = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
         if column.ascii:  # the bytes are the UTF-16 units
             hashes = _polynomial_hashes(column.data, column.offsets)
         else:
@@ -295,15 +298,41 @@ def murmur_hashes(codes: np.ndarray) -> np.ndarray:
     return signed
 
 
-def key_groups(keys: ArrowValues, key_type: KeyType, max_parallelism: int) -> np.ndarray:
-    """Flink's ``assignToKeyGroup`` for every key (int32)."""
+# Up to this many keys, hashing each in Python (~2 µs a key) costs less than the ~30 numpy calls
+# of the whole-array path (~35 µs however few the keys).
+SCALAR_ROWS = 12
+
+
+def key_groups(keys: ArrowValues | Utf8Column, key_type: KeyType, max_parallelism: int) -> np.ndarray:
+    """Flink's ``assignToKeyGroup`` for every key (int32). String keys may come as their
+    checked :class:`Utf8Column`."""
     check_max_parallelism(max_parallelism)
+    rows = len(keys.offsets) - 1 if isinstance(keys, Utf8Column) else len(keys)
+    if rows <= SCALAR_ROWS:
+        return _key_groups_one_by_one(keys, key_type, max_parallelism)
     hashes = murmur_hashes(java_hash_codes(keys, key_type))
     if max_parallelism & (max_parallelism - 1) == 0:  # a power of two (the default): a mask is cheaper
         hashes &= max_parallelism - 1
     else:
         hashes %= max_parallelism
     return hashes
+
+
+def _key_groups_one_by_one(keys: ArrowValues | Utf8Column, key_type: KeyType, max_parallelism: int) -> np.ndarray:
+    """:func:`key_groups` of a few keys, each by :func:`statehouse.keygroups.assign_to_key_group`
+    after the same checks."""
+    values: list[str] | list[int]
+    if key_type == "string":
+        column = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
+        data, bounds = column.data.tobytes(), column.offsets.tolist()
+        values = [data[a:b].decode("utf-8") for a, b in pairwise(bounds)]
+    elif key_type in ("int", "long"):
+        if isinstance(keys, Utf8Column):
+            raise TypeError(f"{key_type} keys must be integers, not strings")
+        values = integer_keys(keys, key_type).tolist()
+    else:
+        raise ValueError(f"key_type must be one of {', '.join(KEY_TYPES)}; got {key_type!r}")
+    return np.array([assign_to_key_group(v, key_type, max_parallelism) for v in values], np.int32)
 
 
 def operator_indexes(key_groups: np.ndarray, max_parallelism: int, parallelism: int) -> np.ndarray:

@@ -269,10 +269,34 @@ def unchecked(data: bytes, offsets: list[int]) -> pa.Array:
         (pa.array(["a"]), "str", ValueError, "key_type must be one of string, int, long; got 'str'"),
     ],
 )
-def test_bad_keys(keys, key_type, error, message):
+@pytest.mark.parametrize("whole_arrays", [False, True], ids=["few-keys-one-by-one", "whole-array"])
+def test_bad_keys(keys, key_type, error, message, whole_arrays, monkeypatch):
+    if whole_arrays:  # these few keys through the numpy path too
+        monkeypatch.setattr(columnar, "SCALAR_ROWS", -1)
     with pytest.raises(error) as raised:
         key_groups(keys, key_type, 128)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("max_parallelism", [128, 129, 32768])
+def test_a_few_keys_one_by_one_match_the_whole_array_path(unicode_keys, max_parallelism, monkeypatch):
+    rng = random.Random(max_parallelism)
+    batches = [rng.sample(unicode_keys[:5_000], n) for n in range(columnar.SCALAR_ROWS + 2) for _ in range(20)]
+    ints = [[rng.randint(INT64_MIN, INT64_MAX) for _ in range(n)] for n in range(columnar.SCALAR_ROWS + 2)]
+    few = [key_groups(pa.array(b, pa.string()), "string", max_parallelism) for b in batches]
+    columns = [columnar.utf8_column(pa.array(b, pa.string())) for b in batches]
+    few_columns = [key_groups(column, "string", max_parallelism) for column in columns]
+    few_longs = [key_groups(pa.array(b, pa.int64()), "long", max_parallelism) for b in ints]
+    few_ints = [key_groups(pa.array([k >> 32 for k in b], pa.int64()), "int", max_parallelism) for b in ints]
+    monkeypatch.setattr(columnar, "SCALAR_ROWS", -1)
+    for batch, got, got_from_column in zip(batches, few, few_columns, strict=True):
+        expected = key_groups(pa.array(batch, pa.string()), "string", max_parallelism)
+        assert got.dtype == expected.dtype == np.int32
+        assert got.tolist() == got_from_column.tolist() == expected.tolist()
+    for batch, got_long, got_int in zip(ints, few_longs, few_ints, strict=True):
+        assert got_long.tolist() == key_groups(pa.array(batch, pa.int64()), "long", max_parallelism).tolist()
+        as_int = pa.array([k >> 32 for k in batch], pa.int64())
+        assert got_int.tolist() == key_groups(as_int, "int", max_parallelism).tolist()
 
 
 @pytest.mark.parametrize("max_parallelism", [0, -1, 32769])
