@@ -39,6 +39,9 @@ class GlobalCheckpoint:
         return sum(p.get("bytes_uploaded", 0) for p in self.parts)
 
 
+_LONG_POLL_MS = 5_000  # one wait of a replica's checkpoint (the server's limit is 10 s)
+
+
 class CheckpointCoordinator:
     def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
         self.job = job
@@ -104,23 +107,27 @@ class CheckpointCoordinator:
         return self.checkpoint(checkpoint_id, kind="savepoint", metadata=metadata)
 
     def _wait_uploaded(self, checkpoint_id: int) -> None:
+        """Until every replica's upload has ended: a long poll per replica (``wait_ms``), which
+        answers as soon as its upload ends."""
         deadline = time.monotonic() + self.timeout
         pending = list(self.job.replicas)
         while pending:
             still = []
             for replica in pending:
-                info = replica.json("GET", self._path(f"/{checkpoint_id}"))
+                wait_ms = max(0, min(_LONG_POLL_MS, int((deadline - time.monotonic()) * 1000)))
+                asked = time.monotonic()
+                info = replica.json("GET", self._path(f"/{checkpoint_id}?wait_ms={wait_ms}"))
                 if info["status"] in ("failed", "aborted"):
                     raise CheckpointFailed(
                         f"{replica.url}: checkpoint {checkpoint_id} {info['status']}: {info['error']}"
                     )
                 if info["status"] == "in_progress":
                     still.append(replica)
+                    if time.monotonic() - asked < wait_ms / 2000:  # answered at once: a server without long polls
+                        time.sleep(self.poll_interval)
             pending = still
-            if pending:
-                if time.monotonic() > deadline:
-                    raise CheckpointFailed(f"checkpoint {checkpoint_id} not uploaded within {self.timeout}s")
-                time.sleep(self.poll_interval)
+            if pending and time.monotonic() > deadline:
+                raise CheckpointFailed(f"checkpoint {checkpoint_id} not uploaded within {self.timeout}s")
 
     def abort(self, checkpoint_id: int) -> None:
         """Best effort, like Flink's notifyCheckpointAborted."""

@@ -60,6 +60,22 @@ def test_checkpoint_lifecycle(http, job):
     assert [(c["checkpoint_id"], c["status"]) for c in listed] == [(1, "completed"), (2, "aborted")]
 
 
+def test_a_long_poll_answers_when_the_upload_has_ended(http, job):
+    add(http, job, "a", 1)
+    assert http.post(f"{job}/checkpoints", json={"checkpoint_id": 1}).status_code == 202
+    # One request, no polling: it answers once the upload has ended (well within 10 s).
+    waited = http.get(f"{job}/checkpoints/1", params={"wait_ms": 10_000})
+    assert waited.status_code == 200 and waited.json()["status"] == "uploaded"
+    assert http.post(f"{job}/checkpoints/1/complete").json()["status"] == "completed"
+    done = http.get(f"{job}/checkpoints/1", params={"wait_ms": 10_000})  # nothing to wait for
+    assert done.json()["status"] == "completed"
+    for bad in ("10001", "-1", "07", "1.5", "x"):
+        refused = http.get(f"{job}/checkpoints/1", params={"wait_ms": bad})
+        assert refused.status_code == 422, (bad, refused.text)
+    missing = http.get(f"{job}/checkpoints/9", params={"wait_ms": 1_000})
+    assert missing.status_code == 404 and missing.json()["code"] == "checkpoint_not_found"
+
+
 def test_restore_aborts_pending_checkpoints_and_says_so(http, job):
     """A pending checkpoint froze the state that a restore replaces: completing it afterwards
     would record state that no longer exists, so the restore aborts it and reports it."""

@@ -3,9 +3,11 @@ notifyCheckpointAborted / initializeState), one replica's part of each."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated, Any
 
-from fastapi import Body, Path
+from fastapi import Body, Path, Query
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
@@ -24,7 +26,9 @@ from statehouse.app.routing import api_router
 
 router = api_router(prefix="/v1", tags=["checkpoints"])
 
-CheckpointId = Annotated[int, BeforeValidator(canonical_index), Path(ge=1, description="checkpoint id")]
+# The validator after the parameter: before it, FastAPI writes ge/le into the OpenAPI schema as
+# they are instead of JSON Schema's minimum/maximum.
+CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id"), BeforeValidator(canonical_index)]
 
 
 @router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202, responses=doc.TRIGGER)
@@ -54,9 +58,31 @@ async def list_checkpoints(
     }
 
 
+MAX_WAIT_MS = 10_000
+WaitMs = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=MAX_WAIT_MS,
+        description="while the upload is `in_progress`, answer when it ends or after this many milliseconds, "
+        "whichever is first (a long poll: the coordinator learns of the end at once, without polling)",
+    ),
+    BeforeValidator(canonical_index),
+]
+_WAIT_STEP_S = 0.002  # how often a waiting request looks again: an upload takes 10 ms or more
+
+
 @router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
-async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: CheckpointId) -> Any:
-    return service.checkpoints.get(job, checkpoint_id)
+async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: CheckpointId, wait_ms: WaitMs = 0) -> Any:
+    """This replica's part of checkpoint N; with `wait_ms`, once its upload has ended (or the wait is over)."""
+    info = service.checkpoints.get(job, checkpoint_id)
+    # Looked at again on the event loop, not waited for in a worker thread: waiting requests
+    # then hold no thread, however many there are.
+    deadline = time.monotonic() + wait_ms / 1000
+    while info.status == "in_progress" and (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(_WAIT_STEP_S, left))
+        info = service.checkpoints.get(job, checkpoint_id)
+    return info
 
 
 @router.post(

@@ -17,7 +17,7 @@ from statehouse.backends.staging import Winner
 router = api_router(prefix="/v1", tags=["epochs"])
 
 Epoch = Annotated[
-    int, BeforeValidator(canonical_index), Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch")
+    int, Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch"), BeforeValidator(canonical_index)
 ]
 
 

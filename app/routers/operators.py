@@ -24,8 +24,8 @@ LIST = "/jobs/{job}/operators/{operator}/subtasks/{index}/lists/{name}"
 BROADCAST = "/jobs/{job}/operators/{operator}/broadcast/{name}/entries"
 Index = Annotated[
     int,
-    BeforeValidator(canonical_index),
     Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
+    BeforeValidator(canonical_index),
 ]
 Mode = Annotated[
     Literal["split", "union"] | None,

@@ -42,8 +42,8 @@ TIMERS = "/jobs/{job}/timers/{domain}"
 Domain = Annotated[TimeDomain, Path(description="event (watermark) or processing (clock) time")]
 Timestamp = Annotated[
     int,
-    BeforeValidator(canonical_index),
     Path(ge=INT64_MIN, le=INT64_MAX, description="the timer's time in milliseconds, in canonical decimal form"),
+    BeforeValidator(canonical_index),
 ]
 KeyTypeQuery = Annotated[KeyType, Query(description="the key's type: string (default), int or long")]
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
