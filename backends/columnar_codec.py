@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statehouse.keygroups import KEY_TYPES, KeyType
-from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, utf8_column
+from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, row_count, utf8_column
 
 __all__ = ["EncodedPrimaries", "Packed", "encode_primaries", "pack_column", "prefixed", "unpack_column"]
 
@@ -47,10 +47,10 @@ def encode_primaries(
 ) -> EncodedPrimaries:
     """``codec.encode_primary`` of every row; ``namespaces`` is a utf8 column, or one namespace
     for all rows. String keys may come as their checked :class:`Utf8Column`."""
-    count = len(keys.offsets) - 1 if isinstance(keys, Utf8Column) else len(keys)
+    count = row_count(keys)
     key_parts: list[_Part]
     if key_type == "string":
-        key = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
+        key = utf8_column(keys)
         key_bytes = np.diff(key.offsets)
         key_parts = [key_bytes.astype(np.uint32), key]
     elif key_type == "int":  # key + 2**31 (the sign bit flipped): bytes sort as the numbers do

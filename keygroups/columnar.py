@@ -37,6 +37,7 @@ __all__ = [
     "key_groups",
     "murmur_hashes",
     "operator_indexes",
+    "row_count",
     "utf8_column",
 ]
 
@@ -169,6 +170,15 @@ class Utf8Column(NamedTuple):
     data: np.ndarray  # uint8, valid UTF-8
     ascii: bool  # every byte < 0x80, so every byte is a UTF-16 code unit
 
+    @property
+    def rows(self) -> int:
+        return len(self.offsets) - 1
+
+
+def row_count(values: ArrowValues | Utf8Column) -> int:
+    """How many values: of an Arrow array, or of a column :func:`utf8_column` made."""
+    return values.rows if isinstance(values, Utf8Column) else len(values)
+
 
 def _one_array(values: ArrowValues, what: str) -> pa.Array:
     """One array of plain values (chunks joined, a dictionary decoded: a pandas categorical, say)."""
@@ -194,11 +204,14 @@ def _check_no_nulls(array: pa.Array, what: str) -> None:
         raise ValueError(f"row {row}: {what} is null")
 
 
-def utf8_column(values: ArrowValues, what: str = "key") -> Utf8Column:
-    """The bytes of a utf8, large_utf8 or string_view array without nulls, checked to be valid UTF-8.
+def utf8_column(values: ArrowValues | Utf8Column, what: str = "key") -> Utf8Column:
+    """The bytes of a utf8, large_utf8 or string_view array without nulls, checked to be valid UTF-8;
+    a column made by this function is taken as it is (checked once, used more than once).
 
     ``what`` names the values in error messages ("row 3: namespace is null").
     """
+    if isinstance(values, Utf8Column):
+        return values
     array = _one_array(values, what)
     kind = array.type
     if pa.types.is_string_view(kind):
@@ -263,7 +276,7 @@ def java_hash_codes(keys: ArrowValues | Utf8Column, key_type: KeyType) -> np.nda
     """Java's ``hashCode`` of every key (int32): ``String``, ``Integer`` or ``Long``. String keys
     may come as their checked :class:`Utf8Column` (made once for more than one use)."""
     if key_type == "string":
-        column = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
+        column = utf8_column(keys)
         if column.ascii:  # the bytes are the UTF-16 units
             hashes = _polynomial_hashes(column.data, column.offsets)
         else:
@@ -307,8 +320,7 @@ def key_groups(keys: ArrowValues | Utf8Column, key_type: KeyType, max_parallelis
     """Flink's ``assignToKeyGroup`` for every key (int32). String keys may come as their
     checked :class:`Utf8Column`."""
     check_max_parallelism(max_parallelism)
-    rows = len(keys.offsets) - 1 if isinstance(keys, Utf8Column) else len(keys)
-    if rows <= SCALAR_ROWS:
+    if row_count(keys) <= SCALAR_ROWS:
         return _key_groups_one_by_one(keys, key_type, max_parallelism)
     hashes = murmur_hashes(java_hash_codes(keys, key_type))
     if max_parallelism & (max_parallelism - 1) == 0:  # a power of two (the default): a mask is cheaper
@@ -323,12 +335,10 @@ def _key_groups_one_by_one(keys: ArrowValues | Utf8Column, key_type: KeyType, ma
     after the same checks."""
     values: list[str] | list[int]
     if key_type == "string":
-        column = keys if isinstance(keys, Utf8Column) else utf8_column(keys)
+        column = utf8_column(keys)
         data, bounds = column.data.tobytes(), column.offsets.tolist()
         values = [data[a:b].decode("utf-8") for a, b in pairwise(bounds)]
     elif key_type in ("int", "long"):
-        if isinstance(keys, Utf8Column):
-            raise TypeError(f"{key_type} keys must be integers, not strings")
         values = integer_keys(keys, key_type).tolist()
     else:
         raise ValueError(f"key_type must be one of {', '.join(KEY_TYPES)}; got {key_type!r}")
