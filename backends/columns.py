@@ -140,10 +140,16 @@ def _strings(columns: pa.Table, name: str, null: str | None) -> pa.Array:
         raise InvalidArgument(f"column {name!r} must be utf8 strings; got {column.type}")
     if column.null_count:
         if null is None:
-            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-            raise InvalidArgument(f"row {row}: {name} is null", row=row)
+            refuse_nulls(column, name)
         column = column.fill_null(null)
     return column
+
+
+def refuse_nulls(column: pa.Array, name: str) -> None:
+    """``InvalidArgument`` (422) naming the first null row of ``column``, if it has one."""
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InvalidArgument(f"row {row}: {name} is null", row=row)
 
 
 def _values(columns: pa.Table) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.columns import locate
+from statehouse.backends.columns import locate, refuse_nulls
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import JobTransaction
@@ -55,9 +55,7 @@ def _timestamps(columns: pa.Table) -> np.ndarray:
     column = columns.column("timestamp").combine_chunks()
     if not pa.types.is_integer(column.type):
         raise InvalidArgument(f"column 'timestamp' must be int64 milliseconds; got {column.type}")
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise InvalidArgument(f"row {row}: timestamp is null", row=row)
+    refuse_nulls(column, "timestamp")
     values = column.to_numpy(zero_copy_only=False)
     if values.dtype == np.uint64 and len(values) and values.max() >= 1 << 63:
         row = int(np.flatnonzero(values >= 1 << 63)[0])
