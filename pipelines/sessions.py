@@ -31,6 +31,7 @@ from typing import Any
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.job import JobClient
 from statehouse.client.spark import BatchContext, by_key_group, exactly_once, with_state
+from statehouse.pipelines.streaming import start_json_stream
 
 JOB = "sessions"
 EVENT_SCHEMA = "user_id STRING, ts LONG"
@@ -148,13 +149,14 @@ def start(
 ) -> Any:
     """Start the streaming query (one input file per micro-batch); returns the ``StreamingQuery``.
     ``options`` go to :func:`process_batch` (``gap_ms``, ``lateness_ms``, ``partitions``, ...)."""
-    events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", 1).json(input_dir)
-    writer = events.writeStream.option("checkpointLocation", checkpoint_dir).foreachBatch(
-        exactly_once(config, job, process_batch(output_dir, **options))
+    return start_json_stream(
+        spark,
+        EVENT_SCHEMA,
+        input_dir=input_dir,
+        checkpoint_dir=checkpoint_dir,
+        for_each_batch=exactly_once(config, job, process_batch(output_dir, **options)),
+        available_now=available_now,
     )
-    if available_now:
-        writer = writer.trigger(availableNow=True)
-    return writer.start()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.job import JobClient
 from statehouse.client.spark import BatchContext, exactly_once, with_state
+from statehouse.pipelines.streaming import start_json_stream
 
 JOB = "user_features"
 EVENT_SCHEMA = "user_id STRING, item STRING, amount DOUBLE, event_time STRING"
@@ -125,13 +126,15 @@ def start(
 ) -> Any:
     """Start the streaming query; returns the ``StreamingQuery``. ``process`` makes the body of
     ``foreachBatch`` (the columnar job passes its own)."""
-    events = spark.readStream.schema(EVENT_SCHEMA).option("maxFilesPerTrigger", max_files_per_trigger).json(input_dir)
-    writer = events.writeStream.option("checkpointLocation", checkpoint_dir).foreachBatch(
-        exactly_once(config, job, process(output_dir, on_partition))
+    return start_json_stream(
+        spark,
+        EVENT_SCHEMA,
+        input_dir=input_dir,
+        checkpoint_dir=checkpoint_dir,
+        for_each_batch=exactly_once(config, job, process(output_dir, on_partition)),
+        max_files_per_trigger=max_files_per_trigger,
+        available_now=available_now,
     )
-    if available_now:
-        writer = writer.trigger(availableNow=True)
-    return writer.start()
 
 
 def main(
