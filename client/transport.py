@@ -5,33 +5,39 @@ from __future__ import annotations
 import functools
 import json
 import ssl
-import time
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlencode
 
-import httpx
 import msgpack
 import urllib3
+from urllib3.util.ssl_ import create_urllib3_context
 
 from statehouse.client.errors import Unavailable, error_from_response
 
 MSGPACK = "application/msgpack"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
-    """httpx's default verifying TLS context, built once per process: building it reads the CA
-    bundle (20-35 ms of CPU), and a Spark job opens a client per task and per micro-batch."""
-    return httpx.create_ssl_context()
+    """A verifying TLS context with the system's CA certificates, built once per process:
+    loading them costs 20-35 ms of CPU, and a Spark job opens a client per task and per
+    micro-batch."""
+    context = create_urllib3_context()
+    context.load_default_certs()
+    return context
 
 
 class ReplicaConnection:
-    """Requests to one replica: JSON calls through httpx, and the hot paths (batches, columnar
-    requests) through a urllib3 pool, which costs about half of httpx per request (see
-    bench/RESULTS.md)."""
+    """Requests to one replica through one urllib3 connection pool (the hot paths, batches and
+    columnar requests, cost about half of what httpx costs per request: see bench/RESULTS.md).
+
+    Retries are urllib3's :class:`~urllib3.util.Retry`: transport errors and 502-504, up to
+    ``retries`` times with exponential backoff (``backoff`` is its ``backoff_factor``: the first
+    retry at once, then 2x, 4x ``backoff`` seconds; a ``Retry-After`` header is honoured), and
+    only for requests whose repetition cannot change the outcome (``idempotent``)."""
 
     def __init__(
         self,
@@ -43,46 +49,55 @@ class ReplicaConnection:
         backoff: float = 0.1,
     ) -> None:
         self.url = url.rstrip("/")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers=headers,
-            timeout=timeout,
-            verify=_tls_context(),
-            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
-        )
+        tls = {"ssl_context": _tls_context()} if self.url.startswith("https:") else {}
         self._pool = urllib3.connection_from_url(
-            self.url, maxsize=8, block=False, timeout=urllib3.Timeout(total=timeout), retries=False
+            self.url, maxsize=8, block=False, timeout=urllib3.Timeout(total=timeout), retries=False, **tls
         )
-        self._batch_headers = {**headers, "content-type": MSGPACK, "accept": MSGPACK}
-        self._columns_headers = {**headers, "content-type": ARROW_STREAM, "accept": f"{ARROW_STREAM}, application/json"}
-        self.retries = retries
-        self.backoff = backoff
+        self._retry = urllib3.Retry(
+            total=retries,
+            backoff_factor=backoff,
+            status_forcelist=_RETRY_STATUSES,
+            allowed_methods=None,  # every method: only idempotent requests are given this policy
+            redirect=False,
+            raise_on_status=False,  # the last answer is returned, its problem+json mapped below
+        )
+        auth = {"authorization": f"Bearer {token}"} if token else {}
+        self._headers = {**auth, "accept": JSON}
+        self._json_headers = {**auth, "accept": JSON, "content-type": JSON}
+        self._batch_headers = {**auth, "content-type": MSGPACK, "accept": MSGPACK}
+        self._columns_headers = {**auth, "content-type": ARROW_STREAM, "accept": f"{ARROW_STREAM}, {JSON}"}
 
-    def _retrying(self, send: Callable[[], _Answer], idempotent: bool) -> _Answer:
-        """Retry transport errors and 502-504 with exponential backoff, but only when repeating
-        the request cannot change the outcome (``idempotent``); map errors to exceptions."""
-        attempts = self.retries + 1 if idempotent else 1
-        for attempt in range(attempts):
-            try:
-                answer = send()
-            except (httpx.TransportError, urllib3.exceptions.HTTPError) as exc:
-                if attempt + 1 == attempts:
-                    raise Unavailable(f"{self.url} unreachable: {exc!r}") from exc
-            else:
-                if answer.status < 400:
-                    return answer
-                if answer.status not in _RETRY_STATUSES or attempt + 1 == attempts:
-                    raise error_from_response(answer.status, answer.content, answer.reason)
-            time.sleep(self.backoff * (2**attempt))
-        raise AssertionError("unreachable")
+    def _send(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str], *, idempotent: bool
+    ) -> _Answer:
+        """One request, retried per :class:`ReplicaConnection`'s policy; errors as exceptions."""
+        try:
+            response = self._pool.urlopen(
+                method, path, body=body, headers=headers, retries=self._retry if idempotent else False, redirect=False
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{self.url} unreachable: {exc!r}") from exc
+        if response.status >= 400:
+            raise error_from_response(response.status, response.data, response.reason or "")
+        return _Answer(response.status, response.data, response.reason or "")
 
-    def request(self, method: str, path: str, *, idempotent: bool, **kwargs: Any) -> _Answer:
-        def send() -> _Answer:
-            response = self._http.request(method, path, **kwargs)
-            return _Answer(response.status_code, response.content, response.reason_phrase)
-
-        return self._retrying(send, idempotent)
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> _Answer:
+        """A control-plane request: a JSON body (``json``) or raw ``content``, query ``params``."""
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        if json is not None:
+            return self._send(method, path, _dumps(json), self._json_headers, idempotent=idempotent)
+        return self._send(method, path, content, {**self._headers, **(headers or {})}, idempotent=idempotent)
 
     def json(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> Any:
         answer = self.request(method, path, idempotent=idempotent, json=body)
@@ -92,13 +107,7 @@ class ReplicaConnection:
         """``fields``: the fencing epoch, or a task attempt's epoch, partition, attempt and seq."""
         body: dict[str, Any] = {"ops": ops, **fields}
         payload = msgpack.packb(body, use_bin_type=True)
-        path = f"/v1/jobs/{job}/batch"
-
-        def send() -> _Answer:
-            response = self._pool.urlopen("POST", path, body=payload, headers=self._batch_headers, retries=False)
-            return _Answer(response.status, response.data, response.reason or "")
-
-        answer = self._retrying(send, idempotent)
+        answer = self._send("POST", f"/v1/jobs/{job}/batch", payload, self._batch_headers, idempotent=idempotent)
         return msgpack.unpackb(answer.content, raw=False, strict_map_key=False)["results"]
 
     def columns(
@@ -116,17 +125,10 @@ class ReplicaConnection:
         or a task attempt's epoch, partition, attempt and seq, sent as query parameters."""
         query = urlencode(params)
         path = f"/v1/jobs/{job}/states/{state}/columns/{op}" + (f"?{query}" if query else "")
-
-        def send() -> _Answer:
-            # urllib3 sends any buffer as it is (its annotation names bytes): no copy of the Arrow stream.
-            payload = cast(bytes, body)
-            response = self._pool.urlopen("POST", path, body=payload, headers=self._columns_headers, retries=False)
-            return _Answer(response.status, response.data, response.reason or "")
-
-        return self._retrying(send, idempotent).content
+        # urllib3 sends any buffer as it is (its annotation names bytes): no copy of the Arrow stream.
+        return self._send("POST", path, cast(bytes, body), self._columns_headers, idempotent=idempotent).content
 
     def close(self) -> None:
-        self._http.close()
         self._pool.close()
 
 
@@ -134,3 +136,7 @@ class _Answer(NamedTuple):
     status: int
     content: bytes
     reason: str
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

@@ -76,11 +76,13 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
     env_dir = tmp_path / "executor-venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
-    pytest_pin = next(
+    # What the client tests need besides the client: pytest, and httpx to probe the replicas.
+    test_pins = [
         d
         for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
-        if d.startswith("pytest==")
-    )
+        if d.startswith(("pytest==", "httpx=="))
+    ]
+    assert len(test_pins) == 2, test_pins
     run(
         [
             python,
@@ -90,7 +92,7 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
             "--quiet",
             "--disable-pip-version-check",
             str(wheels["statehouse_client"]),
-            pytest_pin,
+            *test_pins,
         ],
         600,
     )
@@ -109,7 +111,7 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
     assert probe[1:] == [""], f"server-only packages in the client venv: {probe[1:]}"
     wheel_kib = wheels["statehouse_client"].stat().st_size // 1024
     site = sum(f.stat().st_size for f in (env_dir / "lib").rglob("*") if f.is_file()) // (1 << 20)
-    print(f"client wheel {wheel_kib} KiB; executor venv with its dependencies and pytest {site} MiB")
+    print(f"client wheel {wheel_kib} KiB; executor venv with its dependencies, pytest and httpx {site} MiB")
 
     env = {**os.environ, "STATEHOUSE_TEST_REPLICAS": ",".join(s.url for s in two_replicas)}
     result = subprocess.run(

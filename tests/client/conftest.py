@@ -1,7 +1,7 @@
 """Fixtures for the client's tests, which also run where only the client wheel is installed.
 
 Nothing here imports the server: ``tests/test_packaging.py`` runs this folder in a venv that
-has only ``statehouse-client`` (and pytest), pointing ``STATEHOUSE_TEST_REPLICAS`` at a
+has only ``statehouse-client`` (and pytest and httpx), pointing ``STATEHOUSE_TEST_REPLICAS`` at a
 two-replica deployment it started; in the main suite the replicas are started here.
 """
 
