@@ -1,4 +1,10 @@
-"""Refuse request bodies above ``STATEHOUSE_MAX_BODY_BYTES`` before reading them whole."""
+"""Refuse request bodies above ``STATEHOUSE_MAX_BODY_BYTES`` before reading them whole.
+
+Not FastAPI's ``max_body_size`` (Starlette's ``RequestBodyLimitMiddleware``): when a request's
+Content-Length is over the limit, it replaces whatever the app answers, problem+json included,
+with a ``text/plain`` "Content Too Large" (checked with FastAPI 0.165 / Starlette 1.10), and
+every error here is problem+json with a code and what to do.
+"""
 
 from __future__ import annotations
 
