@@ -99,8 +99,8 @@ class RequestCounter:
 
     def instrument(self, client: StatehouseClient) -> None:
         for connection in client.replicas:
-            # Private attributes on purpose: the bench must see the real requests, unchanged.
-            connection._http.event_hooks["request"].append(lambda request: self.add(len(request.content)))
+            # A private attribute on purpose: the bench must see the real requests, unchanged
+            # (every request of the client goes through the pool's urlopen, retries included).
             urlopen = connection._pool.urlopen
 
             def counted(

@@ -83,7 +83,8 @@ def test_retries_run_out_into_the_last_answer_as_an_error(server):
 def test_a_request_that_is_not_safe_to_repeat_is_sent_once(server):
     server.script = [503]
     with pytest.raises(Unavailable):
-        connection(server).batch("j", [{"op": "add", "state": "s", "key": "k", "value": 1}], fields={}, idempotent=False)
+        add = {"op": "add", "state": "s", "key": "k", "value": 1}
+        connection(server).batch("j", [add], fields={}, idempotent=False)
     assert len(server.seen) == 1
 
 
