@@ -9,6 +9,7 @@ attempt per partition (:func:`winners`) and commits exactly those on every repli
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterable
@@ -54,11 +55,13 @@ class TaskAttempt:
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     _next_seq: list[int] = field(init=False)
     _writes: list[int] = field(init=False)
+    _reported: list[int] = field(init=False)  # of _writes, what unreported() handed out already
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._next_seq = [0] * self.replica_count
         self._writes = [0] * self.replica_count
+        self._reported = [0] * self.replica_count
 
     @classmethod
     def of_spark_task(cls, epoch: int, replica_count: int, unit: str) -> TaskAttempt:
@@ -93,6 +96,29 @@ class TaskAttempt:
         with self._lock:
             return CommitMessage(self.unit, self.partition, self.task, self.attempt, tuple(self._writes))
 
+    def unreported(self) -> CommitMessage:
+        """The writes acknowledged since the last call (all of them at the first), as a commit
+        message: a task that cannot tell its last piece of work (``applyInPandas`` calls a
+        function per group) reports as it goes, and the driver adds the parts up (:func:`merged`)."""
+        with self._lock:
+            ops = tuple(w - r for w, r in zip(self._writes, self._reported, strict=True))
+            self._reported = list(self._writes)
+            return CommitMessage(self.unit, self.partition, self.task, self.attempt, ops)
+
+
+def merged(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
+    """One message per attempt, in first-seen order: the parts an attempt reported, added up."""
+    by_attempt: dict[str, CommitMessage] = {}
+    for m in messages:
+        seen = by_attempt.get(m.attempt)
+        if seen is None:
+            by_attempt[m.attempt] = m
+        else:
+            by_attempt[m.attempt] = dataclasses.replace(
+                seen, ops=tuple(a + b for a, b in zip(seen.ops, m.ops, strict=True))
+            )
+    return list(by_attempt.values())
+
 
 def winners(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
     """One successful task per unit of work (state update, partition): the first by task id.
@@ -104,7 +130,7 @@ def winners(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
     chosen task commit together.
     """
     chosen: dict[tuple[str, int], int] = {}
-    listed = list(messages)
+    listed = merged(messages)
     for m in listed:
         unit = (m.unit, m.partition)
         chosen[unit] = min(chosen.get(unit, m.task), m.task)

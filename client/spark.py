@@ -2,7 +2,7 @@
 
 Nothing here imports pyspark at module level: the functions take and return plain callables,
 so the same code runs on the driver (``foreachBatch``) and inside executor tasks
-(``mapPartitions``, ``mapInPandas``, ``mapInArrow``). Commit messages travel back to the driver
+(``mapPartitions``, ``mapInPandas``, ``mapInArrow``, ``applyInPandas``). Commit messages travel back to the driver
 in an accumulator, which Spark merges for successful tasks only — the driver's side of
 Spark's own write protocol. Nor does it import pandas or pyarrow: the columnar helpers load
 them inside the task.
@@ -41,7 +41,14 @@ class CommitMessages:
         return []
 
     def addInPlace(self, value: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        value.extend(more)
+        # A task reporting as it goes (with_state_grouped: per group) sends parts of one
+        # attempt one after the other: added up here, a task hands the driver one message.
+        for message in more:
+            last = value[-1] if value else None
+            if last is not None and last["attempt"] == message["attempt"]:
+                value[-1] = {**last, "ops": [a + b for a, b in zip(last["ops"], message["ops"], strict=True)]}
+            else:
+                value.append(message)
         return value
 
 
@@ -115,9 +122,10 @@ class BatchContext:
         return dataclasses.replace(self, attempt=TaskAttempt.of_spark_task(self.epoch, replica_count, unit))
 
     def report(self) -> None:
-        """The task's partition is done: hand the driver its commit message."""
+        """Hand the driver the task attempt's commit message: its writes since its last report
+        (the partition is done; or, in :func:`with_state_grouped`, a group)."""
         if self.attempt is not None and self.messages is not None:
-            self.messages.add([self.attempt.message().to_dict()])
+            self.messages.add([self.attempt.unreported().to_dict()])
 
     def collected(self) -> list[CommitMessage]:
         """On the driver, after the batch's Spark jobs: the successful tasks' messages."""
@@ -212,11 +220,9 @@ def with_state_pandas(
     requests per replica (``columns.add(...)`` then ``columns.get(...)``). When the partition
     is done, the attempt reports its commit message, as :func:`with_state` does.
 
-    ``applyInPandas`` has no such helper: Spark calls its function once per group with no
-    signal for the task's last group, so a task attempt cannot know when to report its one
-    commit message (and an attempt per group would cost requests and staged attempts per
-    group). Put the rows of a key in one partition (``df.repartition("user_id")``) and group
-    inside ``fn`` (``batch.groupby("user_id")``) instead."""
+    For ``applyInPandas`` see :func:`with_state_grouped`: it costs requests per group, where
+    grouping inside ``fn`` (``batch.groupby("user_id")``, after ``df.repartition("user_id")``)
+    costs them per Arrow batch."""
 
     def outputs(result: Any) -> Iterator[Any]:
         import pandas as pd  # type: ignore[import-untyped]  # inside the task: the columnar extra
@@ -247,6 +253,65 @@ def with_state_arrow(
             yield from result
 
     return _with_columns(ctx, fn, outputs)
+
+
+def with_state_grouped(ctx: BatchContext, fn: Callable[[Any, Columns, BatchContext], Any]) -> Callable[[Any], Any]:
+    """For ``df.groupBy(key).applyInPandas(with_state_grouped(ctx, fn), schema)`` (or
+    ``applyInArrow``): ``fn(group, columns, ctx)`` runs for every group (a pandas DataFrame, or
+    a ``pyarrow.Table``) and returns what Spark expects of the function. The groups of a task
+    share one client and one task attempt (``columns`` is ``ctx.columns(job)``), so a group's
+    reads see the writes of the task's earlier groups. Spark gives no signal for a task's last
+    group, so the attempt reports the writes of each group when the group is done, and the
+    parts add up to one commit message; Spark merges them for successful tasks only.
+
+    Every group costs its own requests (at least one per state it touches and replica): with
+    small groups that is the row-wise client's cost. For throughput, put a key's rows in one
+    partition (``df.repartition("user_id")``), use :func:`with_state_pandas` and group inside
+    ``fn``: requests per Arrow batch instead of per group."""
+    unit = uuid.uuid4().hex[:8]  # one state update, however often Spark computes a partition of it
+    current: list[_TaskSession] = []  # this worker's task: its session, until the next task's
+
+    def run(group: Any) -> Any:
+        session = _task_session(current, ctx, unit)
+        result = fn(group, session.columns, session.ctx)
+        session.ctx.report()
+        return result
+
+    return run
+
+
+@dataclass
+class _TaskSession:
+    task: int  # Spark's task attempt id
+    client: StatehouseClient
+    ctx: BatchContext
+    columns: Columns
+
+
+def _task_session(current: list[_TaskSession], ctx: BatchContext, unit: str) -> _TaskSession:
+    """The session of the Spark task this runs in: made at its first group. A Python worker runs
+    one task at a time and may be reused for the next: a new task closes the last one's client
+    (a worker's last task's closes with the worker)."""
+    from pyspark import TaskContext  # only ever called inside a Spark task
+
+    task_context = TaskContext.get()
+    if task_context is None:
+        raise RuntimeError("not inside a Spark task: use with_state_grouped(ctx, fn) in applyInPandas")
+    task = task_context.taskAttemptId()
+    if current and current[0].task == task:
+        return current[0]
+    if current:
+        current.pop().client.close()
+    client = StatehouseClient(ctx.config)
+    try:
+        job = client.job(ctx.job)
+        task_ctx = ctx.for_task(len(job.replicas), unit)
+        session = _TaskSession(task, client, task_ctx, task_ctx.columns(job))
+    except BaseException:
+        client.close()
+        raise
+    current.append(session)
+    return session
 
 
 def _with_columns(

@@ -4,8 +4,9 @@ simulated by ``TaskAttempt`` objects, their commit messages handed to the driver
 import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
-from statehouse.client.attempts import TaskAttempt, commit_bodies, winners
+from statehouse.client.attempts import CommitMessage, TaskAttempt, commit_bodies, merged, winners
 from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost, StateBehind
+from statehouse.client.spark import CommitMessages
 
 
 @pytest.fixture
@@ -109,3 +110,40 @@ def test_a_gap_in_batch_ids_is_refused(setup):
     coordinator.commit(coordinator.begin(0))
     with pytest.raises(StateBehind):
         coordinator.begin(5)
+
+
+def test_a_task_reporting_in_parts_commits_their_sum(setup):
+    """``with_state_grouped``'s way: an attempt reports the writes of each group as it goes; the
+    parts reach the driver interleaved with other attempts' (two helpers in one task) or added
+    up already (the accumulator), and commit as one message per attempt."""
+    job, coordinator = setup
+    plan = coordinator.begin(0)
+    grouped = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="u", task=1)
+    other = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="v", task=1)
+    parts = []
+    for group in (KEYS[:7], KEYS[7:8], KEYS[8:]):
+        with job.batch(attempt=grouped) as writes:
+            for k in group:
+                writes.add("total", k, 1)
+        parts.append(grouped.unreported())
+        with job.batch(attempt=other) as writes:
+            writes.add("total", group[0], 10)
+        parts.append(other.unreported())
+    assert sum(sum(p.ops) for p in parts if p.attempt == grouped.attempt) == len(KEYS)
+    assert grouped.unreported().ops == (0, 0)  # nothing new since the last part
+    accumulated = CommitMessages().addInPlace([], [p.to_dict() for p in parts[:2]])
+    accumulated = CommitMessages().addInPlace(accumulated, [p.to_dict() for p in parts[2:]])
+    assert len(accumulated) == 6  # interleaved: nothing adjacent to add up
+    assert merged(parts) == [grouped.message(), other.message()]
+    coordinator.commit(plan, [CommitMessage.from_dict(m) for m in accumulated])
+    assert totals(job, KEYS) == {k: 1 + (10 if k in ("user-0", "user-7", "user-8") else 0) for k in KEYS}
+
+
+def test_the_accumulator_adds_up_the_parts_of_one_attempt():
+    first = CommitMessage("u", 0, 1, "a", (2, 0)).to_dict()
+    again = CommitMessage("u", 0, 1, "a", (1, 3)).to_dict()
+    later = CommitMessage("u", 1, 2, "b", (0, 1)).to_dict()
+    value = CommitMessages().addInPlace([], [first])
+    value = CommitMessages().addInPlace(value, [again, later])
+    assert value == [{**first, "ops": [3, 3]}, later]
+    assert first["ops"] == [2, 0]  # the parts themselves are left as they were
