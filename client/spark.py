@@ -265,7 +265,8 @@ def with_state_grouped(ctx: BatchContext, fn: Callable[[Any, Columns, BatchConte
     parts add up to one commit message; Spark merges them for successful tasks only.
 
     Every group costs its own requests (at least one per state it touches and replica): with
-    small groups that is the row-wise client's cost. For throughput, put a key's rows in one
+    small groups far more than the row-wise client, which sends a partition's users in one
+    batch (bench/RESULTS.md §9). For throughput, put a key's rows in one
     partition (``df.repartition("user_id")``), use :func:`with_state_pandas` and group inside
     ``fn``: requests per Arrow batch instead of per group."""
     unit = uuid.uuid4().hex[:8]  # one state update, however often Spark computes a partition of it
