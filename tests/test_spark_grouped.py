@@ -6,6 +6,8 @@ import json
 from collections import defaultdict
 
 import pandas as pd
+import pyarrow as pa
+import pytest
 
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once, with_state_grouped
@@ -47,15 +49,36 @@ def update_group(on_group):
     return step
 
 
-def run_grouped(spark, tmp_path, urls, job, on_group=lambda ctx: None):
-    """The grouped query over ``tmp_path/input``; returns the query and each micro-batch's
-    commit messages (as the driver collected them)."""
+def update_group_arrow(group, columns, ctx):
+    """:func:`update_group` for ``applyInArrow``: the group a ``pyarrow.Table``."""
+    users = group.column("user_id")
+    if not ctx.replay:
+        columns.add("spent", users, group.column("amount"))
+        columns.add("events", users, 1)
+    user = users.slice(0, 1)
+    return pa.table(
+        {
+            "user_id": user.cast(pa.string()),
+            "batch_id": pa.array([ctx.batch_id], pa.int64()),
+            "spent": columns.get("spent", user, as_arrow=True),
+            "events": columns.get("events", user, as_arrow=True),
+        }
+    )
+
+
+def run_grouped(spark, tmp_path, urls, job, on_group=lambda ctx: None, arrow=False):
+    """The grouped query over ``tmp_path/input`` (``applyInPandas``, or ``applyInArrow``);
+    returns the query and each micro-batch's commit messages (as the driver collected them)."""
     config = ClientConfig.of(urls)
     setup(config, job)
     messages = {}
 
     def process(df, ctx):
-        out = df.groupBy("user_id").applyInPandas(with_state_grouped(ctx, update_group(on_group)), OUTPUT_SCHEMA)
+        grouped = df.groupBy("user_id")
+        if arrow:
+            out = grouped.applyInArrow(with_state_grouped(ctx, update_group_arrow), OUTPUT_SCHEMA)
+        else:
+            out = grouped.applyInPandas(with_state_grouped(ctx, update_group(on_group)), OUTPUT_SCHEMA)
         out.write.mode("overwrite").json(str(tmp_path / "output" / f"batch_id={ctx.batch_id}"))
         messages[ctx.batch_id] = ctx.collected()
 
@@ -101,11 +124,12 @@ def check(tmp_path, urls, job, batches):
         assert columns.get("events", users).tolist() == [events[u] for u in users]
 
 
-def test_grouped_updates_equal_the_oracle_with_one_attempt_per_task(spark, tmp_path, two_replicas, job_name):
+@pytest.mark.parametrize("arrow", [False, True], ids=["applyInPandas", "applyInArrow"])
+def test_grouped_updates_equal_the_oracle_with_one_attempt_per_task(spark, tmp_path, two_replicas, job_name, arrow):
     urls = [s.url for s in two_replicas]
     batches = make_events(21, files=3, per_file=60)
     write_files(tmp_path / "input", batches)
-    query, messages = run_grouped(spark, tmp_path, urls, job_name)
+    query, messages = run_grouped(spark, tmp_path, urls, job_name, arrow=arrow)
     assert query.exception() is None
     check(tmp_path, urls, job_name, batches)
     for batch_id, batch in enumerate(batches):
