@@ -78,8 +78,8 @@ def process_cpu_ns(pid: int) -> int:
 class RequestCounter:
     """HTTP requests and request-body bytes the clients send, per phase of the micro-batch.
 
-    Hooks into both transports of ``ReplicaConnection`` (httpx for JSON calls, the urllib3
-    pool for batches), so retries count too: what goes on the wire, not what the code asks."""
+    Hooks into ``ReplicaConnection``'s urllib3 pool, which every request goes through, so
+    retries count too: what goes on the wire, not what the code asks."""
 
     def __init__(self) -> None:
         self.phase = "setup"

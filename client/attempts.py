@@ -108,15 +108,14 @@ class TaskAttempt:
 
 def merged(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
     """One message per attempt, in first-seen order: the parts an attempt reported, added up."""
-    by_attempt: dict[str, CommitMessage] = {}
+    by_attempt: dict[tuple[str, int, int, str], CommitMessage] = {}
     for m in messages:
-        seen = by_attempt.get(m.attempt)
+        key = (m.unit, m.partition, m.task, m.attempt)
+        seen = by_attempt.get(key)
         if seen is None:
-            by_attempt[m.attempt] = m
+            by_attempt[key] = m
         else:
-            by_attempt[m.attempt] = dataclasses.replace(
-                seen, ops=tuple(a + b for a, b in zip(seen.ops, m.ops, strict=True))
-            )
+            by_attempt[key] = dataclasses.replace(seen, ops=tuple(a + b for a, b in zip(seen.ops, m.ops, strict=True)))
     return list(by_attempt.values())
 
 

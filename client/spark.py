@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -270,7 +271,8 @@ def with_state_grouped(ctx: BatchContext, fn: Callable[[Any, Columns, BatchConte
     partition (``df.repartition("user_id")``), use :func:`with_state_pandas` and group inside
     ``fn``: requests per Arrow batch instead of per group."""
     unit = uuid.uuid4().hex[:8]  # one state update, however often Spark computes a partition of it
-    current: list[_TaskSession] = []  # this worker's task: its session, until the next task's
+    # PySpark unpickles the function for each task, so this holds one task's session.
+    current: list[_TaskSession] = []
 
     def run(group: Any) -> Any:
         session = _task_session(current, ctx, unit)
@@ -290,9 +292,8 @@ class _TaskSession:
 
 
 def _task_session(current: list[_TaskSession], ctx: BatchContext, unit: str) -> _TaskSession:
-    """The session of the Spark task this runs in: made at its first group. A Python worker runs
-    one task at a time and may be reused for the next: a new task closes the last one's client
-    (a worker's last task's closes with the worker)."""
+    """The session of the Spark task this runs in, made at its first group. Its client closes
+    when the session goes, with the task's copy of the function."""
     from pyspark import TaskContext  # only ever called inside a Spark task
 
     task_context = TaskContext.get()
@@ -301,8 +302,7 @@ def _task_session(current: list[_TaskSession], ctx: BatchContext, unit: str) -> 
     task = task_context.taskAttemptId()
     if current and current[0].task == task:
         return current[0]
-    if current:
-        current.pop().client.close()
+    current.clear()  # a function kept across tasks: never one attempt for two tasks
     client = StatehouseClient(ctx.config)
     try:
         job = client.job(ctx.job)
@@ -311,6 +311,7 @@ def _task_session(current: list[_TaskSession], ctx: BatchContext, unit: str) -> 
     except BaseException:
         client.close()
         raise
+    weakref.finalize(session, client.close)
     current.append(session)
     return session
 

@@ -36,8 +36,9 @@ class ReplicaConnection:
 
     Retries are urllib3's :class:`~urllib3.util.Retry`: transport errors and 502-504, up to
     ``retries`` times with exponential backoff (``backoff`` is its ``backoff_factor``: the first
-    retry at once, then 2x, 4x ``backoff`` seconds; a ``Retry-After`` header is honoured), and
-    only for requests whose repetition cannot change the outcome (``idempotent``)."""
+    retry at once, then 2x, 4x ``backoff`` seconds), and only for requests whose repetition
+    cannot change the outcome (``idempotent``). A ``Retry-After`` header is not obeyed: urllib3
+    would wait up to six hours for one, and retry 413 and 429 answers that carry it."""
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class ReplicaConnection:
             status_forcelist=_RETRY_STATUSES,
             allowed_methods=None,  # every method: only idempotent requests are given this policy
             redirect=False,
+            respect_retry_after_header=False,
             raise_on_status=False,  # the last answer is returned, its problem+json mapped below
         )
         auth = {"authorization": f"Bearer {token}"} if token else {}
@@ -94,10 +96,12 @@ class ReplicaConnection:
     ) -> _Answer:
         """A control-plane request: a JSON body (``json``) or raw ``content``, query ``params``."""
         if params:
-            path = f"{path}?{urlencode(params)}"
+            path = f"{path}?{urlencode(params, doseq=True)}"
         if json is not None:
-            return self._send(method, path, _dumps(json), self._json_headers, idempotent=idempotent)
-        return self._send(method, path, content, {**self._headers, **(headers or {})}, idempotent=idempotent)
+            content, base = _dumps(json), self._json_headers
+        else:
+            base = self._headers
+        return self._send(method, path, content, {**base, **(headers or {})}, idempotent=idempotent)
 
     def json(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> Any:
         answer = self.request(method, path, idempotent=idempotent, json=body)
@@ -139,4 +143,5 @@ class _Answer(NamedTuple):
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    """JSON as the server reads it: no NaN or Infinity (a ValueError here, not a 400 there)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()

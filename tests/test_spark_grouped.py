@@ -148,7 +148,8 @@ def test_a_grouped_task_failing_after_some_groups_is_retried_and_counted_once(sp
     groups = defaultdict(int)
 
     def fail_after_two_groups(ctx):
-        # The task has written and reported two groups, then dies: nothing of it may count.
+        # The task has reported its first group and written its second, then dies: nothing of
+        # it may count.
         groups[ctx.attempt.attempt] += 1
         if ctx.batch_id == 1 and groups[ctx.attempt.attempt] == 2 and marker_once(marker):
             raise RuntimeError("injected task failure after two groups")

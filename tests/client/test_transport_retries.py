@@ -14,18 +14,21 @@ from statehouse.client import InvalidRequest, StatehouseError, Unavailable
 from statehouse.client.transport import ReplicaConnection
 
 PROBLEM = {"code": "not_ready", "status": 503, "detail": "the replica is starting"}
+DROP = "drop"
 
 
 class ScriptedServer(ThreadingHTTPServer):
-    """Answers each request with the next status of ``script`` (then 200 with ``{"ok": true}``)
-    and records what it was sent."""
+    """Answers each request as the next item of ``script`` says (then 200 with ``{"ok": true}``)
+    and records what it was sent. An item is a status, a status with headers, or ``DROP``: the
+    request read, the connection closed without an answer."""
 
     daemon_threads = True
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.script: list[int] = []
+        self.script: list[int | tuple[int, dict[str, str]] | str] = []
         self.seen: list[tuple[str, str, bytes]] = []
+        self.headers_seen: list[dict[str, str]] = []
 
     @property
     def url(self) -> str:
@@ -38,9 +41,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         self.server.seen.append((self.command, self.path, body))
-        status = self.server.script.pop(0) if self.server.script else 200
+        self.server.headers_seen.append(dict(self.headers))
+        item = self.server.script.pop(0) if self.server.script else 200
+        if item == DROP:
+            self.close_connection = True
+            return
+        status, extra = item if isinstance(item, tuple) else (item, {})
         payload = json.dumps(PROBLEM if status >= 400 else {"ok": True}).encode()
         self.send_response(status)
+        for name, value in extra.items():
+            self.send_header(name, value)
         self.send_header("content-type", "application/problem+json" if status >= 400 else "application/json")
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
@@ -110,3 +120,33 @@ def test_json_bodies_and_query_parameters(server):
     connection(server).request("PUT", "/v1/x", idempotent=True, json={"value": [1, "é"]}, params={"mode": "union"})
     method, path, body = server.seen[0]
     assert (method, path, json.loads(body)) == ("PUT", "/v1/x?mode=union", {"value": [1, "é"]})
+
+
+def test_a_dropped_connection_is_retried_only_when_safe(server):
+    server.script = [DROP, DROP]
+    assert connection(server).json("GET", "/v1/jobs/j") == {"ok": True}
+    assert len(server.seen) == 3
+    server.script = [DROP]
+    add = {"op": "add", "state": "s", "key": "k", "value": 1}
+    with pytest.raises(Unavailable, match="unreachable"):
+        connection(server).batch("j", [add], fields={}, idempotent=False)  # it may have been applied
+    assert len(server.seen) == 4
+
+
+def test_retry_after_is_not_obeyed(server):
+    # urllib3 would retry a 429 that carries it, after waiting as long as it says.
+    server.script = [(429, {"retry-after": "1"})]
+    with pytest.raises(StatehouseError) as raised:
+        connection(server).json("GET", "/v1/jobs/j")
+    assert raised.value.status == 429 and len(server.seen) == 1
+
+
+def test_json_calls_send_the_token_and_refuse_what_json_cannot_say(server):
+    token = ReplicaConnection(server.url, token="s3cret", retries=0)
+    token.request("PUT", "/v1/x", idempotent=True, json={"a": 1}, headers={"x-extra": "1"})
+    sent = {k.lower(): v for k, v in server.headers_seen[0].items()}
+    assert sent["authorization"] == "Bearer s3cret" and sent["content-type"] == "application/json"
+    assert sent["x-extra"] == "1"
+    with pytest.raises(ValueError):
+        token.request("PUT", "/v1/x", idempotent=True, json={"value": float("nan")})
+    assert len(server.seen) == 1  # refused before sending
