@@ -205,7 +205,7 @@ class Columns:
             if not _is_string(array.type):
                 raise InvalidRequest(f"{where}; got {array.type} keys (convert them, e.g. with .astype(str))")
             _no_nulls(array, "key", where)
-            return array.cast(pa.string()) if array.type != pa.string() else array
+            return _utf8(array)
         try:
             return pa.array(integer_keys(array, cast(KeyType, key_type)))
         except TypeError:
@@ -374,7 +374,13 @@ def _strings(values: Any, what: str, rows: int, *, nulls: bool = False) -> pa.Ar
     if not nulls:
         _no_nulls(array, what)
     _checked_length(array, what, rows)
-    return array.cast(pa.string()) if array.type != pa.string() else array
+    return _utf8(array)
+
+
+def _utf8(array: pa.Array) -> pa.Array:
+    """A string column as the server takes it: utf8 or large_utf8 as it is (pandas' default string
+    dtype is large_utf8: a cast would cost more than the rest of a small request), else utf8."""
+    return array if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) else array.cast(pa.string())
 
 
 def _namespaces(ns: Any, rows: int) -> pa.Array | None:

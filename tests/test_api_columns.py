@@ -101,6 +101,25 @@ def test_duplicate_keys_fold_in_row_order_and_clear_in_between(http, job):
     assert values(post(http, job, "seen", "get", key=["k"])) == [None]  # the last row cleared it
 
 
+def test_large_and_view_strings_are_the_same_strings(http, job):
+    """pandas' default string dtype is Arrow large_utf8: keys, user keys and namespaces may come as
+    large_utf8 (keys also as string_view) and mean what the same utf8 strings mean."""
+    large = pa.large_string()
+    post(
+        http,
+        job,
+        "tags",
+        "map_put",
+        key=pa.array(["u", "v"], large),
+        user_key=pa.array(["a", "a"], large),
+        value=[1, 2],
+    )
+    post(http, job, "total", "add", key=pa.array(["u"], pa.string_view()), value=[1.5], ns=pa.array(["n"], large))
+    assert values(post(http, job, "tags", "map_get", key=["u", "v"], user_key=["a", "a"])) == [1, 2]
+    assert values(post(http, job, "total", "get", key=["u"], ns=["n"])) == [1.5]
+    assert http.get(f"{job}/states/tags/keys/v/entries/a").json() == {"value": 2}
+
+
 def test_namespaces_and_long_keys(http, job):
     post(
         http,
