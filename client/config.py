@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,10 @@ class ClientConfig:
     max_batch_ops: int = 5000  # operations per row batch (sent while the next one fills)
     max_columnar_rows: int = 10_000  # rows per columnar request: the server's default STATEHOUSE_MAX_BATCH_OPS
 
+    def __post_init__(self) -> None:
+        for url in self.urls:
+            _check_url(url)
+
     @classmethod
     def of(cls, urls: str | list[str] | tuple[str, ...], **kwargs) -> ClientConfig:
         if isinstance(urls, str):
@@ -24,3 +29,17 @@ class ClientConfig:
         if not urls:
             raise ValueError("give at least one replica URL")
         return cls(urls=tuple(u.strip() for u in urls), **kwargs)
+
+
+def _check_url(url: str) -> None:
+    """A replica URL is ``http(s)://host[:port]``: requests go to the API's own paths on it, so a
+    path, query or fragment would be ignored, not prefixed (a proxy under a path is not supported)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"replica URL {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"replica URL {url!r} must be http(s)://host[:port]")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"replica URL {url!r} must be http(s)://host[:port], without a path, query or fragment")

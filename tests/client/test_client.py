@@ -144,3 +144,15 @@ def test_operator_state_routes_by_subtask(job, two_replicas):
     path = f"/v1/jobs/{job.name}/operators/source/subtasks/1/lists/offsets"
     assert httpx.get(two_replicas[1].url + path).status_code == 200
     assert httpx.get(two_replicas[0].url + path).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "url", ["statehouse-0:8000", "ftp://h:1", "http://h:1/statehouse", "http://h:1?x=1", "http://h:port", "http://"]
+)
+def test_a_replica_url_is_scheme_host_and_port(url):
+    with pytest.raises(ValueError, match="replica URL"):
+        ClientConfig.of(["http://ok:8000", url])
+
+
+def test_a_trailing_slash_is_fine():
+    assert ClientConfig.of("http://a:8000/, https://b").urls == ("http://a:8000/", "https://b")
