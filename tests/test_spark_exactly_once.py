@@ -18,6 +18,7 @@ from statehouse.client.spark import exactly_once, with_state
 from statehouse.pipelines import user_features
 from tests.test_spark_pipeline import (
     assert_matches,
+    event_stream,
     make_events,
     reference,
     run,
@@ -88,14 +89,7 @@ def test_duplicate_attempts_of_every_partition_count_once(spark, tmp_path, two_r
             assert duplicate.result() > 0
         assert len({m.task for m in ctx.collected()}) > len({(m.unit, m.partition) for m in ctx.collected()})
 
-    events = spark.readStream.schema(user_features.EVENT_SCHEMA).option("maxFilesPerTrigger", 1)
-    query = (
-        events.json(str(tmp_path / "input"))
-        .writeStream.option("checkpointLocation", str(tmp_path / "chk"))
-        .foreachBatch(exactly_once(config, job_name, process))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = event_stream(spark, tmp_path, exactly_once(config, job_name, process))
     query.awaitTermination(240)
     assert query.exception() is None
     check_against_oracle(urls, job_name, batches)

@@ -11,9 +11,8 @@ import pytest
 
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once, with_state_grouped
-from statehouse.pipelines import user_features
 from tests.test_spark_exactly_once import marker_once
-from tests.test_spark_pipeline import make_events, write_files
+from tests.test_spark_pipeline import event_stream, make_events, write_files
 
 OUTPUT_SCHEMA = "user_id STRING, batch_id LONG, spent DOUBLE, events LONG"
 
@@ -82,14 +81,7 @@ def run_grouped(spark, tmp_path, urls, job, on_group=lambda ctx: None, arrow=Fal
         out.write.mode("overwrite").json(str(tmp_path / "output" / f"batch_id={ctx.batch_id}"))
         messages[ctx.batch_id] = ctx.collected()
 
-    events = spark.readStream.schema(user_features.EVENT_SCHEMA).option("maxFilesPerTrigger", 1)
-    query = (
-        events.json(str(tmp_path / "input"))
-        .writeStream.option("checkpointLocation", str(tmp_path / "chk"))
-        .foreachBatch(exactly_once(config, job, process))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = event_stream(spark, tmp_path, exactly_once(config, job, process))
     query.awaitTermination(240)
     return query, messages
 

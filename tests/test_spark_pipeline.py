@@ -13,6 +13,7 @@ from harness.server import start_server
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.pipelines import user_features
+from statehouse.pipelines.streaming import start_json_stream
 
 
 def make_events(seed, files, per_file, users=25):
@@ -84,6 +85,18 @@ def assert_matches(actual, expected):
         assert got["avg_amount"] == pytest.approx(features["avg_amount"]), user
         assert got["recent_items"] == features["recent_items"], user
         assert got["item_counts"] == features["item_counts"], user
+
+
+def event_stream(spark, tmp_path, for_each_batch):
+    """A query of the events in ``tmp_path/input`` into ``for_each_batch``, one file per
+    micro-batch, started (not awaited)."""
+    return start_json_stream(
+        spark,
+        user_features.EVENT_SCHEMA,
+        input_dir=str(tmp_path / "input"),
+        checkpoint_dir=str(tmp_path / "chk"),
+        for_each_batch=for_each_batch,
+    )
 
 
 def start_query(spark, tmp_path, config, job, **kwargs):
