@@ -46,7 +46,7 @@ class CommitMessages:
         # attempt one after the other: added up here, a task hands the driver one message.
         for message in more:
             last = value[-1] if value else None
-            if last is not None and last["attempt"] == message["attempt"]:
+            if last is not None and all(last[k] == message[k] for k in ("unit", "partition", "task", "attempt")):
                 value[-1] = {**last, "ops": [a + b for a, b in zip(last["ops"], message["ops"], strict=True)]}
             else:
                 value.append(message)
