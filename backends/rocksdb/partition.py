@@ -127,9 +127,14 @@ def _iterate(source, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes,
 
 
 def _put_rows(changes: FlatChanges) -> tuple[Iterable[int], Iterable[bytes], Iterable[bytes | None]] | None:
-    """A flat table's changes as (key groups, primaries, values) if none of them deletes."""
+    """A flat table's changes as (key groups, primaries, values) if none of them deletes; the
+    rows of a big columnar put in key-group order."""
     if isinstance(changes, RowChanges):
-        return None if changes.deletes else (changes.key_groups, changes.primaries, changes.records)
+        if changes.deletes:
+            return None
+        if len(changes.primaries) >= _SORTED_WRITE_MIN_ROWS:
+            return _by_key_group(changes)
+        return changes.key_groups, changes.primaries, changes.records
     if None in changes.values():
         return None
     return map(_KEY_GROUP, changes), map(_PRIMARY, changes), changes.values()
@@ -465,12 +470,10 @@ class RocksDBPartition(StorePartition):
             prefix, put, delete = self._layout.prefixes, batch.put, batch.delete
             rows = _put_rows(changes)
             if rows is not None:
-                # Puts only (a columnar request's rows in order, a later row of a key written
-                # later and winning; or a dict of changes): the keys and the batch's puts in C
-                # loops, no Python step per row.
+                # Puts only (a columnar request's rows in order, or a big one's stably in key-group
+                # order: a later row of a key written later and winning; or a dict of changes): the
+                # keys and the batch's puts in C loops, no Python step per row.
                 key_groups, primaries, records = rows
-                if isinstance(changes, RowChanges) and len(changes.primaries) >= _SORTED_WRITE_MIN_ROWS:
-                    key_groups, primaries, records = _by_key_group(changes)
                 keys = map(operator.add, map(prefix.__getitem__, key_groups), primaries)
                 deque(map(put, keys, records, repeat(handle)), maxlen=0)
                 continue
