@@ -62,11 +62,12 @@ def job(make_catalog):
 
 # -- real HTTP servers -------------------------------------------------------------------
 
+import contextlib  # noqa: E402
 import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
-from harness.server import start_server, start_two_replicas  # noqa: E402
+from harness.server import free_port, start_server, start_two_replicas  # noqa: E402
 from harness.spark import local_spark  # noqa: E402
 
 _job_numbers = itertools.count()
@@ -98,6 +99,28 @@ def two_replicas(tmp_path_factory):
     yield servers
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture
+def own_replicas(tmp_path_factory):
+    """Two RocksDB replicas this test may kill and restart in place (same port, same disk)."""
+    storage = tmp_path_factory.mktemp("shared-checkpoints")
+    servers = [
+        start_server(
+            tmp_path_factory.mktemp(f"replica-{i}"),
+            {
+                "STATEHOUSE_REPLICA_INDEX": str(i),
+                "STATEHOUSE_REPLICA_COUNT": "2",
+                "STATEHOUSE_CHECKPOINT_DIR": str(storage),
+            },
+            port=free_port(),
+        )
+        for i in range(2)
+    ]
+    yield servers
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from harness.server import free_port, start_server
+from harness.server import start_server
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import exactly_once, with_state
@@ -95,28 +95,6 @@ def test_duplicate_attempts_of_every_partition_count_once(spark, tmp_path, two_r
     check_against_oracle(urls, job_name, batches)
 
 
-@pytest.fixture
-def own_replicas(tmp_path_factory):
-    """Two RocksDB replicas this test may kill and restart in place (same port, same disk)."""
-    storage = tmp_path_factory.mktemp("shared-checkpoints")
-    servers = [
-        start_server(
-            tmp_path_factory.mktemp(f"replica-{i}"),
-            {
-                "STATEHOUSE_REPLICA_INDEX": str(i),
-                "STATEHOUSE_REPLICA_COUNT": "2",
-                "STATEHOUSE_CHECKPOINT_DIR": str(storage),
-            },
-            port=free_port(),
-        )
-        for i in range(2)
-    ]
-    yield servers
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop()
-
-
 def restart_in_place(server, tmp_path_factory):
     server.stop(signal.SIGKILL)
     workdir = tmp_path_factory.getbasetemp() / "restarted"
@@ -125,12 +103,12 @@ def restart_in_place(server, tmp_path_factory):
     return start_server(workdir, server.settings, port=port)
 
 
-@pytest.mark.parametrize("restore", [False, True], ids=["restart", "restart-and-restore"])
-def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
-    spark, tmp_path, tmp_path_factory, own_replicas, job_name, restore, caplog
-):
-    urls = [s.url for s in own_replicas]
-    batches = make_events(13 + restore, files=3, per_file=80)
+def kill_a_replica_mid_batch(start, replicas, tmp_path, tmp_path_factory, job, batches, restore, caplog):
+    """Run a query (``start(config, on_partition)`` starts it) over ``batches`` while replica 1 of
+    ``replicas`` is killed (SIGKILL) and restarted in place after a task's writes of batch 1
+    (``restore``: then restored from the latest global checkpoint, as if its disk were lost);
+    the batch must fail loudly, re-run, and every user's state equal the oracle's."""
+    urls = [s.url for s in replicas]
     write_files(tmp_path / "input", batches)
     reached, go = tmp_path / "reached", tmp_path / "go"
 
@@ -142,19 +120,19 @@ def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
                 time.sleep(0.1)
 
     config = ClientConfig.of(urls, retries=10, backoff=0.1)  # tasks ride out the restart (~3 s)
-    query = start_query(spark, tmp_path, config, job_name, on_partition=hold_first_attempt)
+    query = start(config, hold_first_attempt)
     try:
         deadline = time.monotonic() + 120
         while not reached.exists():
             assert time.monotonic() < deadline and query.isActive, query.exception()
             time.sleep(0.1)
-        own_replicas[1] = restart_in_place(own_replicas[1], tmp_path_factory)
+        replicas[1] = restart_in_place(replicas[1], tmp_path_factory)
         if restore:  # the replica lost its disk: restore it from the latest global checkpoint
             with StatehouseClient(urls) as client:
-                latest = MicroBatchCoordinator(client.job(job_name)).latest()
+                latest = MicroBatchCoordinator(client.job(job)).latest()
                 assert latest is not None and latest.metadata["batch_id"] == 0
             httpx.post(
-                f"{urls[1]}/v1/jobs/{job_name}/restore", json={"checkpoint_id": latest.checkpoint_id}, timeout=60
+                f"{urls[1]}/v1/jobs/{job}/restore", json={"checkpoint_id": latest.checkpoint_id}, timeout=60
             ).raise_for_status()
         go.touch()
         with caplog.at_level("WARNING", logger="statehouse.client.spark"):
@@ -165,4 +143,15 @@ def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
             query.stop()
     assert query.exception() is None
     assert any("is re-run" in r.getMessage() for r in caplog.records)  # loudly, and re-run
-    check_against_oracle(urls, job_name, batches)
+    check_against_oracle(urls, job, batches)
+
+
+@pytest.mark.parametrize("restore", [False, True], ids=["restart", "restart-and-restore"])
+def test_a_replica_killed_mid_batch_fails_the_batch_loudly_and_it_is_rerun(
+    spark, tmp_path, tmp_path_factory, own_replicas, job_name, restore, caplog
+):
+    def start(config, on_partition):
+        return start_query(spark, tmp_path, config, job_name, on_partition=on_partition)
+
+    batches = make_events(13 + restore, files=3, per_file=80)
+    kill_a_replica_mid_batch(start, own_replicas, tmp_path, tmp_path_factory, job_name, batches, restore, caplog)

@@ -1,26 +1,37 @@
 """The columnar user-features job (mapInPandas, one columnar request per state and Arrow batch)
 on real local Spark against real replicas: its sink output and final state equal the row-wise
-job's on the same input, and the plain-Python oracle's, also when a task fails after its
-writes and Spark retries it."""
+job's on the same input, and the plain-Python oracle's, also under Spark's failure modes: a
+task failing after its writes and retried, two concurrent attempts of every partition (what
+speculation makes), a replica killed mid-batch. (The driver killed at each step is
+``test_spark_driver_kill.py``'s, on the protocol both jobs share.)"""
 
 import contextlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from statehouse.client import ClientConfig
+from statehouse.client.spark import exactly_once
 from statehouse.pipelines import user_features_columnar
-from tests.test_spark_exactly_once import check_against_oracle, marker_once
-from tests.test_spark_pipeline import assert_matches, make_events, reference, run, state_of, write_files
+from tests.test_spark_exactly_once import check_against_oracle, kill_a_replica_mid_batch, marker_once
+from tests.test_spark_pipeline import (
+    assert_matches,
+    event_stream,
+    make_events,
+    reference,
+    run,
+    state_of,
+    write_files,
+)
 
 
-def run_columnar(spark, tmp_path, urls, job, **kwargs):
+def start_columnar(spark, tmp_path, config, job, **kwargs):
     """The columnar query over ``tmp_path/input`` (the row-wise job's input), to its own
-    output and Spark checkpoint, run until it has caught up."""
-    config = ClientConfig.of(list(urls))
+    output and Spark checkpoint, started (not awaited)."""
     user_features_columnar.setup(config, job)
-    query = user_features_columnar.start(
+    return user_features_columnar.start(
         spark,
         input_dir=str(tmp_path / "input"),
         output_dir=str(tmp_path / "columnar-output"),
@@ -29,6 +40,11 @@ def run_columnar(spark, tmp_path, urls, job, **kwargs):
         job=job,
         **kwargs,
     )
+
+
+def run_columnar(spark, tmp_path, urls, job, **kwargs):
+    """:func:`start_columnar`, run until it has caught up."""
+    query = start_columnar(spark, tmp_path, ClientConfig.of(list(urls)), job, **kwargs)
     with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
         query.awaitTermination(240)
     return query
@@ -110,4 +126,45 @@ def test_a_columnar_task_failing_after_its_writes_is_retried_and_counted_once(sp
     query = run_columnar(spark, tmp_path, urls, job_name, on_partition=fail_first_attempt)
     assert query.exception() is None and os.path.exists(marker)  # Spark retried the task
     check_against_oracle(urls, job_name, batches)
+    assert_same_rows(sink(tmp_path / "columnar-output"), oracle_sink(batches))
+
+
+def test_duplicate_columnar_attempts_of_every_partition_count_once(spark, tmp_path, two_replicas, job_name):
+    """What speculation makes (see the row-wise test of the same name): the micro-batch's
+    mapInPandas run twice at once, both attempts of every partition staging columnar writes,
+    both successful and reported; the commit applies one per partition."""
+    urls = [s.url for s in two_replicas]
+    config = ClientConfig.of(urls)
+    user_features_columnar.setup(config, job_name)
+    batches = make_events(23, files=2, per_file=120, users=20)
+    write_files(tmp_path / "input", batches)
+    output = tmp_path / "columnar-output"
+
+    def process(df, ctx):
+        features = df.repartition("user_id").mapInPandas(
+            user_features_columnar.features_of(ctx), user_features_columnar.FEATURES_SCHEMA
+        )
+        with ThreadPoolExecutor(1) as pool:
+            duplicate = pool.submit(features.count)
+            features.write.mode("overwrite").json(str(output / f"batch_id={ctx.batch_id}"))
+            assert duplicate.result() > 0
+        assert len({m.task for m in ctx.collected()}) > len({(m.unit, m.partition) for m in ctx.collected()})
+
+    query = event_stream(spark, tmp_path, exactly_once(config, job_name, process))
+    query.awaitTermination(240)
+    assert query.exception() is None
+    check_against_oracle(urls, job_name, batches)
+    # Each attempt read its own staged writes: the sink, whichever attempt wrote it, is right.
+    assert_same_rows(sink(output), oracle_sink(batches))
+
+
+@pytest.mark.parametrize("restore", [False, True], ids=["restart", "restart-and-restore"])
+def test_a_replica_killed_mid_columnar_batch_fails_the_batch_loudly_and_it_is_rerun(
+    spark, tmp_path, tmp_path_factory, own_replicas, job_name, restore, caplog
+):
+    def start(config, on_partition):
+        return start_columnar(spark, tmp_path, config, job_name, on_partition=on_partition)
+
+    batches = make_events(24 + restore, files=3, per_file=120, users=20)
+    kill_a_replica_mid_batch(start, own_replicas, tmp_path, tmp_path_factory, job_name, batches, restore, caplog)
     assert_same_rows(sink(tmp_path / "columnar-output"), oracle_sink(batches))
