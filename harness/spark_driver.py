@@ -3,7 +3,10 @@
 For the driver-failure tests (tests/test_spark_driver_kill.py)::
 
     python -m harness.spark_driver --input D --output D --checkpoint D --statehouse URL1,URL2 --job NAME \\
-        [--kill-at STEP --kill-batch N --kill-record FILE]
+        [--pipeline rows|columnar] [--kill-at STEP --kill-batch N --kill-record FILE]
+
+``--pipeline``: the row-wise job (``pipelines/user_features.py``, the default) or the columnar one
+(``pipelines/user_features_columnar.py``); both start through ``user_features.start``.
 
 The failure is injected by wrapping things in this process only (the client's JSON calls, the function
 handed to ``foreachBatch``, the pipeline's per-partition callback): the product code has no test hooks.
@@ -29,10 +32,11 @@ from harness.spark import local_spark
 from statehouse.client import ClientConfig
 from statehouse.client.spark import BatchContext
 from statehouse.client.transport import ReplicaConnection
-from statehouse.pipelines import user_features
+from statehouse.pipelines import user_features, user_features_columnar
 
 # In protocol order. mid-task: a task of the batch has staged its writes but not reported them.
 STEPS = ("mid-task", "before-prepare", "before-commit", "mid-commit", "before-checkpoint", "after-checkpoint")
+PIPELINES = {"rows": user_features, "columnar": user_features_columnar}
 
 
 def kill_session(sid: int) -> None:
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint location")
     parser.add_argument("--statehouse", required=True, help="replica URLs, comma-separated, in index order")
     parser.add_argument("--job", required=True)
+    parser.add_argument("--pipeline", choices=PIPELINES, default="rows")
     parser.add_argument("--kill-at", choices=STEPS)
     parser.add_argument("--kill-batch", type=int, default=1)
     parser.add_argument("--kill-record", help="a file the kill appends its step to")
@@ -157,8 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         Killer(args.kill_at, args.kill_batch, config.urls, kill).install()
 
     spark = local_spark("statehouse-driver-kill")
-    user_features.setup(config, args.job)
-    query = user_features.start(
+    pipeline = PIPELINES[args.pipeline]
+    pipeline.setup(config, args.job)
+    query = pipeline.start(
         spark,
         input_dir=args.input,
         output_dir=args.output,

@@ -2,7 +2,10 @@
 checkpoint: every user's state equals a plain-Python oracle over all input (nothing lost, nothing twice).
 
 Each case runs real local Spark in a child session (harness/spark_driver.py) against two fresh RocksDB
-replicas: once killed during micro-batch 1, once more to completion.
+replicas: once killed during micro-batch 1, once more to completion. The row-wise job is killed at every
+step; the columnar job where its tasks' staged rows are in play (a task dead after staging them, the
+epoch sealed over them, one replica committed them and the other not): the other steps are the driver's
+own, the same calls for both jobs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from tests.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
 
+CASES = [("rows", step) for step in STEPS] + [("columnar", s) for s in ("mid-task", "before-commit", "mid-commit")]
 KILL_BATCH = 1  # >= 1: batch 0's begin takes the baseline checkpoint, which before-checkpoint must not hit
 RUN_TIMEOUT = 240.0
 
@@ -57,9 +61,10 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             server.stop()
 
 
-def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path, kill_at: str | None = None) -> int:
+def run_driver(tmp_path: Path, urls: list[str], job: str, pipeline: str, log: Path, kill_at: str | None = None) -> int:
     """Run the driver in a session of its own; whatever is left of that session afterwards is killed."""
     args = [sys.executable, "-m", "harness.spark_driver", "--job", job, "--statehouse", ",".join(urls)]
+    args += ["--pipeline", pipeline]
     args += ["--input", str(tmp_path / "input"), "--output", str(tmp_path / "output")]
     args += ["--checkpoint", str(tmp_path / "spark-checkpoint")]
     if kill_at is not None:
@@ -88,14 +93,16 @@ def tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-60:])
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_driver_killed_then_restarted_matches_oracle(tmp_path: Path, replicas: list[str], step: str) -> None:
-    job = f"kill-{step}"
+@pytest.mark.parametrize(("pipeline", "step"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
+def test_driver_killed_then_restarted_matches_oracle(
+    tmp_path: Path, replicas: list[str], pipeline: str, step: str
+) -> None:
+    job = f"kill-{pipeline}-{step}"
     batches = make_events(11, files=3, per_file=60)
     write_files(tmp_path / "input", batches)
 
     killed_log = tmp_path / "killed.log"
-    code = run_driver(tmp_path, replicas, job, killed_log, kill_at=step)
+    code = run_driver(tmp_path, replicas, job, pipeline, killed_log, kill_at=step)
     assert code == -9, tail(killed_log)
     assert set((tmp_path / "killed").read_text().split()) == {step}, tail(killed_log)  # two tasks may race
 
@@ -108,7 +115,7 @@ def test_driver_killed_then_restarted_matches_oracle(tmp_path: Path, replicas: l
         assert statuses == expected_statuses
 
     restarted_log = tmp_path / "restarted.log"
-    assert run_driver(tmp_path, replicas, job, restarted_log) == 0, tail(restarted_log)
+    assert run_driver(tmp_path, replicas, job, pipeline, restarted_log) == 0, tail(restarted_log)
 
     expected = reference(batches)
     assert_matches(state_of(replicas, job, expected), expected)
