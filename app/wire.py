@@ -17,6 +17,7 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
+from statehouse.app.arrow_body import read_stream
 from statehouse.app.problems import ApiError
 
 MSGPACK = "application/msgpack"
@@ -105,16 +106,12 @@ def render(request: Request, content: Any, status_code: int = 200) -> Response:
     )
 
 
-def read_arrow(content_type: str | None, raw: bytes) -> pa.Table:
-    """An Arrow IPC stream body as one table, fully validated (UTF-8 included); 400/415 when not."""
+def read_arrow(content_type: str | None, raw: bytes, max_bytes: int) -> pa.Table:
+    """An Arrow IPC stream body as one table, fully validated and refused when it would decode to
+    more than ``max_bytes`` (see ``arrow_body``); 400/413/415/422 when not fit to use."""
     if _media(content_type) != ARROW_STREAM:
         raise ApiError("unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {ARROW_STREAM}")
-    try:
-        table = pa.ipc.open_stream(pa.BufferReader(raw)).read_all()
-        table.validate(full=True)
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
-    return table
+    return read_stream(raw, max_bytes)
 
 
 def arrow_response(table: pa.Table) -> Response:

@@ -1,0 +1,223 @@
+"""An Arrow IPC request body, read without letting a small body become a big allocation.
+
+Three ways an Arrow stream can carry far more than its bytes, each refused before it is decoded:
+
+* **Body compression** (zstd, lz4): a compressed buffer states its own uncompressed length and
+  pyarrow allocates that much to inflate it — a 16 KB zstd body inflates to 500 MB of zeros, and
+  pyarrow has no option to refuse or bound it. The server reads each message's header first and
+  refuses compressed batches. pyarrow hands a message's header out only as its FlatBuffers bytes,
+  so the few fields needed (format/Message.fbs: ``Message.header_type`` and ``header``,
+  ``RecordBatch.compression``, ``DictionaryBatch.data``) are read by the FlatBuffers layout: a
+  table starts with a signed offset back to its vtable, whose uint16 entries give each field's
+  position in the table (0 when absent).
+* **Repetition**: dictionary entries and string/binary views may be referenced by any number of
+  rows, so decoding them (and validating a view's UTF-8) costs rows x length; null-typed and
+  empty-struct elements take no bytes at all, so a list of them can claim billions. What every
+  column takes decoded is counted from its lengths (view headers, dictionary indices, list
+  offsets) and must fit STATEHOUSE_MAX_BODY_BYTES, what a plain body may carry anyway.
+* **Encodings the engine has no use for** (run-end encoded, list views, unions) are refused by
+  type rather than bounded.
+
+Plain columns (utf8, binary, numbers, lists and structs of them) hold no more than their buffers:
+their check is one look at their type.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statehouse.app.problems import ApiError
+
+_DICTIONARY_BATCH = 2  # MessageHeader union tags
+_RECORD_BATCH = 3
+_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2  # Message's field slots
+_DICTIONARY_DATA = 1  # DictionaryBatch.data
+_RECORD_BATCH_COMPRESSION = 3  # RecordBatch.compression
+
+
+def _field(data: bytes, table: int, slot: int) -> int:
+    """Where a table's field lies in ``data``, or 0 when the table leaves it out."""
+    vtable = table - struct.unpack_from("<i", data, table)[0]
+    vtable_size = struct.unpack_from("<H", data, vtable)[0]
+    entry = 4 + 2 * slot
+    if entry + 2 > vtable_size:
+        return 0
+    offset = struct.unpack_from("<H", data, vtable + entry)[0]
+    return table + offset if offset else 0
+
+
+def _table(data: bytes, field: int) -> int:
+    """The table a field points at (an unsigned offset from the field itself)."""
+    return field + struct.unpack_from("<I", data, field)[0]
+
+
+def _compresses(header: bytes) -> bool:
+    message = struct.unpack_from("<I", header, 0)[0]
+    kind = _field(header, message, _MESSAGE_HEADER_TYPE)
+    body = _field(header, message, _MESSAGE_HEADER)
+    if not kind or not body:
+        return False
+    batch = _table(header, body)
+    if header[kind] == _DICTIONARY_BATCH:
+        data = _field(header, batch, _DICTIONARY_DATA)
+        return bool(data) and bool(_field(header, _table(header, data), _RECORD_BATCH_COMPRESSION))
+    if header[kind] == _RECORD_BATCH:
+        return bool(_field(header, batch, _RECORD_BATCH_COMPRESSION))
+    return False
+
+
+def compresses_buffers(raw: bytes) -> bool:
+    """True when a record or dictionary batch of the stream ``raw`` declares body compression.
+
+    Raises ``pa.ArrowInvalid`` or ``struct.error`` for messages that don't parse (malformed anyway).
+    """
+    for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(raw)):
+        if message.type in ("record batch", "dictionary") and _compresses(message.metadata.to_pybytes()):
+            return True
+    return False
+
+
+def _nested(kind: pa.DataType) -> list[pa.DataType]:
+    if isinstance(kind, pa.ExtensionType):
+        return [kind.storage_type]
+    if pa.types.is_dictionary(kind):
+        return [kind.value_type]
+    return [kind.field(i).type for i in range(kind.num_fields)]
+
+
+def _refused(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_run_end_encoded(kind)
+        or pa.types.is_list_view(kind)
+        or pa.types.is_large_list_view(kind)
+        or pa.types.is_union(kind)
+        or (pa.types.is_dictionary(kind) and not (_is_binary(kind.value_type) or _fixed_width(kind.value_type)))
+    )
+
+
+def _repeats(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_dictionary(kind)
+        or pa.types.is_string_view(kind)
+        or pa.types.is_binary_view(kind)
+        or pa.types.is_null(kind)
+        or (pa.types.is_struct(kind) and kind.num_fields == 0)
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _kind_of(kind: pa.DataType) -> str:
+    """ "refused", "counted" (somewhere in it, data may repeat or take no bytes) or "plain"."""
+    inner = [_kind_of(k) for k in _nested(kind)]
+    if _refused(kind) or "refused" in inner:
+        return "refused"
+    return "counted" if _repeats(kind) or "counted" in inner else "plain"
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    try:
+        kind.bit_width  # noqa: B018  # raises for types without a fixed width
+    except ValueError:
+        return False
+    return True
+
+
+def _total(lengths: pa.Array | np.ndarray) -> int:
+    if isinstance(lengths, np.ndarray):
+        return int(lengths.clip(min=0).sum(dtype=np.int64))
+    return int(pc.sum(lengths).as_py() or 0)
+
+
+def _view_lengths(array: pa.Array) -> np.ndarray:
+    """The lengths in a string/binary view array's 16-byte views (a view's first int32)."""
+    views = np.frombuffer(array.buffers()[1], np.int32, count=4 * (array.offset + len(array)))
+    lengths = views[4 * array.offset :: 4]
+    return lengths[array.is_valid().to_numpy(zero_copy_only=False)] if array.null_count else lengths
+
+
+def _decoded_bytes(array: pa.Array) -> int:
+    """What ``array`` takes with every value decoded: at least one byte per element, plus the
+    bytes of strings and binaries (repeated as often as they are referenced)."""
+    kind = array.type
+    if isinstance(kind, pa.ExtensionType):
+        return _decoded_bytes(array.storage)
+    rows = len(array)
+    if pa.types.is_dictionary(kind):
+        entries = array.dictionary
+        if _is_binary(entries.type):
+            return rows + _total(pc.take(pc.binary_length(entries), array.indices))
+        return rows * max(1, entries.type.bit_width // 8)
+    if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):
+        return rows + _total(_view_lengths(array))
+    if _is_binary(kind):
+        return rows + _total(pc.binary_length(array))
+    if pa.types.is_fixed_size_list(kind):
+        return rows + _decoded_bytes(array.flatten())
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        offsets = array.offsets
+        first, last = (offsets[0].as_py(), offsets[-1].as_py()) if len(offsets) else (0, 0)
+        return rows + _decoded_bytes(array.values.slice(first, last - first))
+    if pa.types.is_struct(kind):
+        return rows + sum(_decoded_bytes(child) for child in array.flatten())
+    if pa.types.is_null(kind):
+        return rows
+    return rows * max(1, kind.bit_width // 8)
+
+
+def check_size(table: pa.Table, max_bytes: int) -> None:
+    """Refuse columns that decode to more than ``max_bytes`` (see the module's docstring), or
+    whose encoding the server does not take."""
+    for index, field in enumerate(table.schema):
+        kind = _kind_of(field.type)
+        if kind == "plain":
+            continue
+        name = field.name
+        if kind == "refused":
+            raise ApiError(
+                "invalid_argument",
+                f"column {name!r} is {field.type}: run-end encoded, list-view and union columns are not "
+                "taken; send the values plainly",
+            )
+        size = sum(_decoded_bytes(chunk) for chunk in table.column(index).chunks)
+        if size > max_bytes:
+            raise ApiError(
+                "body_too_large",
+                f"column {name!r} decodes to {size} bytes (its dictionary, views or null elements repeat "
+                f"data), more than a request may carry ({max_bytes} bytes, STATEHOUSE_MAX_BODY_BYTES); "
+                "send smaller batches",
+            )
+
+
+def read_stream(raw: bytes, max_bytes: int) -> pa.Table:
+    """An Arrow IPC stream as one table, checked as the module's docstring says, then fully
+    validated (UTF-8 included); 400/413/415/422 when it is not fit to use."""
+    try:
+        if compresses_buffers(raw):
+            raise ApiError(
+                "unsupported_media_type",
+                "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
+            )
+        table = pa.ipc.open_stream(pa.BufferReader(raw)).read_all()
+        table.validate()  # offsets and buffer sizes in bounds: what counting the sizes relies on
+    except (pa.ArrowException, ValueError, OSError, struct.error) as exc:
+        raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
+    check_size(table, max_bytes)
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
+    return table
