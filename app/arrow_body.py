@@ -90,29 +90,27 @@ def _nested(kind: pa.DataType) -> list[pa.DataType]:
     return [kind.field(i).type for i in range(kind.num_fields)]
 
 
+_REFUSED = (pa.types.is_run_end_encoded, pa.types.is_list_view, pa.types.is_large_list_view, pa.types.is_union)
+_REPEATING = (pa.types.is_dictionary, pa.types.is_string_view, pa.types.is_binary_view, pa.types.is_null)
+_BINARY = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+
+
 def _refused(kind: pa.DataType) -> bool:
-    return (
-        pa.types.is_run_end_encoded(kind)
-        or pa.types.is_list_view(kind)
-        or pa.types.is_large_list_view(kind)
-        or pa.types.is_union(kind)
-        or (pa.types.is_dictionary(kind) and not (_is_binary(kind.value_type) or _fixed_width(kind.value_type)))
-    )
+    if pa.types.is_dictionary(kind):  # decoded below only from fixed-width or binary entries
+        return not (_is_binary(kind.value_type) or _fixed_width(kind.value_type))
+    return any(test(kind) for test in _REFUSED)
 
 
 def _repeats(kind: pa.DataType) -> bool:
-    return (
-        pa.types.is_dictionary(kind)
-        or pa.types.is_string_view(kind)
-        or pa.types.is_binary_view(kind)
-        or pa.types.is_null(kind)
-        or (pa.types.is_struct(kind) and kind.num_fields == 0)
-    )
+    """Whether rows of this type may hold more than their own bytes: dictionaries and views
+    reference shared data, null and field-less struct elements take no bytes at all."""
+    return any(test(kind) for test in _REPEATING) or (pa.types.is_struct(kind) and kind.num_fields == 0)
 
 
 @functools.lru_cache(maxsize=512)
 def _kind_of(kind: pa.DataType) -> str:
-    """ "refused", "counted" (somewhere in it, data may repeat or take no bytes) or "plain"."""
+    """How a column of this type is checked: refused, counted (somewhere in it, data may repeat
+    or take no bytes) or plain."""
     inner = [_kind_of(k) for k in _nested(kind)]
     if _refused(kind) or "refused" in inner:
         return "refused"
@@ -120,12 +118,7 @@ def _kind_of(kind: pa.DataType) -> str:
 
 
 def _is_binary(kind: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-        or pa.types.is_binary(kind)
-        or pa.types.is_large_binary(kind)
-    )
+    return any(test(kind) for test in _BINARY)
 
 
 def _fixed_width(kind: pa.DataType) -> bool:
