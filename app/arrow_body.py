@@ -1,6 +1,6 @@
 """An Arrow IPC request body, read without letting a small body become a big allocation.
 
-Three ways an Arrow stream can carry far more than its bytes, each refused before it is decoded:
+Ways an Arrow stream can carry far more than its bytes, each refused before it is decoded:
 
 * **Body compression** (zstd, lz4): a compressed buffer states its own uncompressed length and
   pyarrow allocates that much to inflate it — a 16 KB zstd body inflates to 500 MB of zeros, and
@@ -11,12 +11,16 @@ Three ways an Arrow stream can carry far more than its bytes, each refused befor
   table starts with a signed offset back to its vtable, whose uint16 entries give each field's
   position in the table (0 when absent).
 * **Repetition**: dictionary entries and string/binary views may be referenced by any number of
-  rows, so decoding them (and validating a view's UTF-8) costs rows x length; null-typed and
-  empty-struct elements take no bytes at all, so a list of them can claim billions. What every
-  column takes decoded is counted from its lengths (view headers, dictionary indices, list
-  offsets) and must fit STATEHOUSE_MAX_BODY_BYTES, what a plain body may carry anyway.
-* **Encodings the engine has no use for** (run-end encoded, list views, unions) are refused by
-  type rather than bounded.
+  rows, so decoding them (and validating a view's UTF-8) costs rows x length; nulls, field-less
+  structs and fixed-size lists or binaries of size 0 take no bytes at all, so a list of them can
+  claim billions. What every such column takes decoded
+  (a Python object per element, the bytes of its strings) is counted from its lengths (view
+  headers, dictionary indices, list offsets) and must fit STATEHOUSE_MAX_BODY_BYTES, what a plain
+  body may carry anyway.
+* **Types the engine has no use for** (run-end encoded, list-view and union columns, dictionaries
+  of nested values, structs with two fields of one name) are refused by type, not bounded.
+* **Many batches**: at most STATEHOUSE_MAX_BATCH_OPS record (and dictionary) batches, since each
+  costs Python work on the event loop before a row is seen; nothing may follow the stream's end.
 
 Plain columns (utf8, binary, numbers, lists and structs of them) hold no more than their buffers:
 their check is one look at their type.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -71,15 +76,39 @@ def _compresses(header: bytes) -> bool:
     return False
 
 
-def compresses_buffers(raw: bytes) -> bool:
-    """True when a record or dictionary batch of the stream ``raw`` declares body compression.
-
-    Raises ``pa.ArrowInvalid`` or ``struct.error`` for messages that don't parse (malformed anyway).
-    """
+def _check_messages(raw: bytes, max_batches: int) -> None:
+    """Refuse compressed batches, and more record (or dictionary) batches than a request has
+    rows: each costs Python work before a row is seen, and 120,000 empty ones held the event
+    loop for 2.5 s. Raises ``pa.ArrowInvalid`` or ``struct.error`` for messages that don't parse."""
+    counts = {"record batch": 0, "dictionary": 0}
     for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(raw)):
-        if message.type in ("record batch", "dictionary") and _compresses(message.metadata.to_pybytes()):
-            return True
-    return False
+        kind = message.type
+        if kind not in counts:
+            continue
+        if _compresses(message.metadata.to_pybytes()):
+            raise ApiError(
+                "unsupported_media_type",
+                "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
+            )
+        counts[kind] += 1
+        if counts[kind] > max_batches:
+            raise ApiError(
+                "batch_too_large",
+                f"the stream holds more than {max_batches} {kind} messages (STATEHOUSE_MAX_BATCH_OPS); "
+                "send fewer, larger record batches",
+            )
+
+
+class _Check(NamedTuple):
+    """How columns of one Arrow type are checked."""
+
+    counted: bool  # somewhere in it, data may repeat or take no bytes: its decoded size is counted
+    refusal: str | None = None  # why the type is not taken at all
+
+
+_REFUSED = (pa.types.is_run_end_encoded, pa.types.is_list_view, pa.types.is_large_list_view, pa.types.is_union)
+_REPEATING = (pa.types.is_dictionary, pa.types.is_string_view, pa.types.is_binary_view, pa.types.is_null)
+_BINARY = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
 
 
 def _nested(kind: pa.DataType) -> list[pa.DataType]:
@@ -90,31 +119,40 @@ def _nested(kind: pa.DataType) -> list[pa.DataType]:
     return [kind.field(i).type for i in range(kind.num_fields)]
 
 
-_REFUSED = (pa.types.is_run_end_encoded, pa.types.is_list_view, pa.types.is_large_list_view, pa.types.is_union)
-_REPEATING = (pa.types.is_dictionary, pa.types.is_string_view, pa.types.is_binary_view, pa.types.is_null)
-_BINARY = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-
-
-def _refused(kind: pa.DataType) -> bool:
-    if pa.types.is_dictionary(kind):  # decoded below only from fixed-width or binary entries
-        return not (_is_binary(kind.value_type) or _fixed_width(kind.value_type))
-    return any(test(kind) for test in _REFUSED)
-
-
-def _repeats(kind: pa.DataType) -> bool:
-    """Whether rows of this type may hold more than their own bytes: dictionaries and views
-    reference shared data, null and field-less struct elements take no bytes at all."""
-    return any(test(kind) for test in _REPEATING) or (pa.types.is_struct(kind) and kind.num_fields == 0)
+def _refusal(kind: pa.DataType) -> str | None:
+    if any(test(kind) for test in _REFUSED):
+        return "run-end encoded, list-view and union columns are not taken; send the values plainly"
+    if pa.types.is_dictionary(kind) and not (_is_binary(kind.value_type) or _fixed_width(kind.value_type)):
+        return "dictionaries of nested values are not taken; send the values plainly"
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        if len(set(names)) != len(names):
+            return f"a struct's fields must have distinct names; got {', '.join(names)}"
+    return None
 
 
 @functools.lru_cache(maxsize=512)
-def _kind_of(kind: pa.DataType) -> str:
-    """How a column of this type is checked: refused, counted (somewhere in it, data may repeat
-    or take no bytes) or plain."""
-    inner = [_kind_of(k) for k in _nested(kind)]
-    if _refused(kind) or "refused" in inner:
-        return "refused"
-    return "counted" if _repeats(kind) or "counted" in inner else "plain"
+def _check_of(kind: pa.DataType) -> _Check:
+    refusal = _refusal(kind)
+    if refusal is not None:
+        return _Check(False, refusal)
+    inner = [_check_of(k) for k in _nested(kind)]
+    refused = next((c for c in inner if c.refusal is not None), None)
+    if refused is not None:
+        return refused
+    return _Check(_repeats(kind) or any(c.counted for c in inner))
+
+
+def _repeats(kind: pa.DataType) -> bool:
+    """Whether elements of this type may take more decoded than on the wire: dictionary entries
+    and views are shared, and nulls, field-less structs and fixed-size lists or binaries of size 0
+    take no bytes at all (but a Python object each once decoded)."""
+    return (
+        any(test(kind) for test in _REPEATING)
+        or (pa.types.is_struct(kind) and kind.num_fields == 0)
+        or (pa.types.is_fixed_size_list(kind) and kind.list_size == 0)
+        or (pa.types.is_fixed_size_binary(kind) and kind.byte_width == 0)
+    )
 
 
 def _is_binary(kind: pa.DataType) -> bool:
@@ -142,75 +180,71 @@ def _view_lengths(array: pa.Array) -> np.ndarray:
     return lengths[array.is_valid().to_numpy(zero_copy_only=False)] if array.null_count else lengths
 
 
+_OBJECT = 64  # bytes: what one decoded element costs at least as a Python object (None: a pointer)
+_POINTER = 8
+
+
 def _decoded_bytes(array: pa.Array) -> int:
-    """What ``array`` takes with every value decoded: at least one byte per element, plus the
-    bytes of strings and binaries (repeated as often as they are referenced)."""
+    """What ``array`` takes with every value decoded into Python objects (roughly, from below):
+    an object per element plus the bytes of strings and binaries, repeated as often as they are
+    referenced. Raises ``pa.ArrowIndexError`` for a dictionary index out of range."""
     kind = array.type
     if isinstance(kind, pa.ExtensionType):
         return _decoded_bytes(array.storage)
-    rows = len(array)
+    objects = _OBJECT * len(array)
     if pa.types.is_dictionary(kind):
         entries = array.dictionary
         if _is_binary(entries.type):
-            return rows + _total(pc.take(pc.binary_length(entries), array.indices))
-        return rows * max(1, entries.type.bit_width // 8)
+            return objects + _total(pc.take(pc.binary_length(entries), array.indices))
+        return objects
     if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):
-        return rows + _total(_view_lengths(array))
+        return objects + _total(_view_lengths(array))
     if _is_binary(kind):
-        return rows + _total(pc.binary_length(array))
+        return objects + _total(pc.binary_length(array))
     if pa.types.is_fixed_size_list(kind):
-        return rows + _decoded_bytes(array.flatten())
+        return objects + _decoded_bytes(array.flatten())
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
         offsets = array.offsets
         first, last = (offsets[0].as_py(), offsets[-1].as_py()) if len(offsets) else (0, 0)
-        return rows + _decoded_bytes(array.values.slice(first, last - first))
+        return objects + _decoded_bytes(array.values.slice(first, last - first))
     if pa.types.is_struct(kind):
-        return rows + sum(_decoded_bytes(child) for child in array.flatten())
+        return objects + sum(_decoded_bytes(child) for child in array.flatten())
     if pa.types.is_null(kind):
-        return rows
-    return rows * max(1, kind.bit_width // 8)
+        return _POINTER * len(array)
+    return objects
 
 
 def check_size(table: pa.Table, max_bytes: int) -> None:
     """Refuse columns that decode to more than ``max_bytes`` (see the module's docstring), or
-    whose encoding the server does not take."""
+    whose type the server does not take."""
     for index, field in enumerate(table.schema):
-        kind = _kind_of(field.type)
-        if kind == "plain":
+        check = _check_of(field.type)
+        if check.refusal is not None:
+            raise ApiError("invalid_argument", f"column {field.name!r} is {field.type}: {check.refusal}")
+        if not check.counted:
             continue
-        name = field.name
-        if kind == "refused":
-            raise ApiError(
-                "invalid_argument",
-                f"column {name!r} is {field.type}: run-end encoded, list-view and union columns are not "
-                "taken; send the values plainly",
-            )
         size = sum(_decoded_bytes(chunk) for chunk in table.column(index).chunks)
         if size > max_bytes:
             raise ApiError(
                 "body_too_large",
-                f"column {name!r} decodes to {size} bytes (its dictionary, views or null elements repeat "
+                f"column {field.name!r} decodes to {size} bytes (its dictionary, views or null elements repeat "
                 f"data), more than a request may carry ({max_bytes} bytes, STATEHOUSE_MAX_BODY_BYTES); "
                 "send smaller batches",
             )
 
 
-def read_stream(raw: bytes, max_bytes: int) -> pa.Table:
+def read_stream(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
     """An Arrow IPC stream as one table, checked as the module's docstring says, then fully
     validated (UTF-8 included); 400/413/415/422 when it is not fit to use."""
     try:
-        if compresses_buffers(raw):
-            raise ApiError(
-                "unsupported_media_type",
-                "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
-            )
-        table = pa.ipc.open_stream(pa.BufferReader(raw)).read_all()
+        _check_messages(raw, max_batches)
+        source = pa.BufferReader(raw)
+        table = pa.ipc.open_stream(source).read_all()
+        if source.tell() != len(raw):  # a second stream, or anything else after the end marker
+            raise ValueError(f"{len(raw) - source.tell()} bytes follow the stream's end-of-stream marker")
         table.validate()  # offsets and buffer sizes in bounds: what counting the sizes relies on
-    except (pa.ArrowException, ValueError, OSError, struct.error) as exc:
-        raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
-    check_size(table, max_bytes)
-    try:
+        check_size(table, max_bytes)
         table.validate(full=True)
-    except (pa.ArrowException, ValueError) as exc:
+    except (pa.ArrowException, ValueError, OSError, struct.error) as exc:
         raise ApiError("malformed_body", f"request body is not a valid Arrow IPC stream: {exc}") from None
     return table

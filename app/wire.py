@@ -106,12 +106,13 @@ def render(request: Request, content: Any, status_code: int = 200) -> Response:
     )
 
 
-def read_arrow(content_type: str | None, raw: bytes, max_bytes: int) -> pa.Table:
+def read_arrow(content_type: str | None, raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
     """An Arrow IPC stream body as one table, fully validated and refused when it would decode to
-    more than ``max_bytes`` (see ``arrow_body``); 400/413/415/422 when not fit to use."""
+    more than ``max_bytes`` or holds more than ``max_batches`` batches (see ``arrow_body``);
+    400/413/415/422 when not fit to use."""
     if _media(content_type) != ARROW_STREAM:
         raise ApiError("unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {ARROW_STREAM}")
-    return read_stream(raw, max_bytes)
+    return read_stream(raw, max_bytes, max_batches)
 
 
 def arrow_response(table: pa.Table) -> Response:

@@ -25,6 +25,7 @@ or as Arrow infers it from the values of an untyped state.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -109,6 +110,8 @@ def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
     try:
         if descriptor.key_type == "string":  # checked and taken apart once, for key groups and stored keys
             keys = utf8_column(keys)
+            # before hashing: Java's hash of a long key caches powers of 31 as long as the key
+            _refuse_too_long(job, np.diff(keys.offsets), "key")
         groups = key_groups(keys, descriptor.key_type, job.max_parallelism)
     except (TypeError, ValueError) as exc:
         raise InvalidKey(f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}") from None
@@ -122,13 +125,19 @@ def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
             raise exc.within(f"row {row}", row=row) from None
     namespaces = _strings(columns, "ns", "") if "ns" in columns.column_names else ""
     encoded = encode_primaries(keys, descriptor.key_type, namespaces)
-    limit = job.limits.max_key_bytes
-    for lengths, what in ((encoded.key_bytes, "key"), (encoded.namespace_bytes, "namespace")):
-        too_long = np.flatnonzero(lengths + 4 > limit)  # the stored field: a 4-byte length, then the bytes
-        if too_long.size:
-            row = int(too_long[0])
-            raise job.limits.key_error(int(lengths[row]) + 4, what).within(f"row {row}", row=row)
+    if descriptor.key_type != "string":  # 4 or 8 bytes: over a limit set below 12 bytes
+        _refuse_too_long(job, encoded.key_bytes, "key")
+    _refuse_too_long(job, encoded.namespace_bytes, "namespace")
     return Rows(groups.tolist(), encoded.primaries)
+
+
+def _refuse_too_long(job: Job, lengths: np.ndarray, what: str) -> None:
+    """``key_too_large`` (413) naming the first row whose stored ``what`` (a 4-byte length, then
+    the bytes) is over STATEHOUSE_MAX_KEY_BYTES."""
+    too_long = np.flatnonzero(lengths + 4 > job.limits.max_key_bytes)
+    if too_long.size:
+        row = int(too_long[0])
+        raise job.limits.key_error(int(lengths[row]) + 4, what).within(f"row {row}", row=row)
 
 
 def _strings(columns: pa.Table, name: str, null: str | None) -> pa.Array:
@@ -153,12 +162,30 @@ def refuse_nulls(column: pa.Array, name: str) -> None:
 
 
 def _values(columns: pa.Table) -> list[Any]:
-    """The ``value`` column as Python values (maps as dicts)."""
+    """The ``value`` column as Python values, maps as dicts at any depth (what a JSON object
+    sent per operation is): pyarrow gives them as lists of pairs."""
     column = columns.column("value").combine_chunks()
     values = column.to_pylist()
-    if pa.types.is_map(column.type):
-        return [None if v is None else dict(v) for v in values]
-    return values
+    return [_maps_as_dicts(v, column.type) for v in values] if _holds_map(column.type) else values
+
+
+@functools.lru_cache(maxsize=256)
+def _holds_map(kind: pa.DataType) -> bool:
+    return pa.types.is_map(kind) or any(_holds_map(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _maps_as_dicts(value: Any, kind: pa.DataType) -> Any:
+    if value is None or not _holds_map(kind):
+        return value
+    if pa.types.is_map(kind):
+        item = kind.item_type
+        return dict(value) if not _holds_map(item) else {k: _maps_as_dicts(v, item) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _maps_as_dicts(value[f.name], f.type) for f in kind}
+    return [_maps_as_dicts(v, kind.value_type) for v in value]  # a list of some kind
+
+
+_LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 
 
 def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
@@ -169,7 +196,7 @@ def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
     if op not in ("add", "map_add") or values is None:
         return RunArgs(user_keys=user_keys, values=values)
     kind = columns.column("value").type
-    if isinstance(state, ListState) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+    if isinstance(state, ListState) and any(test(kind) for test in _LIST_TYPES):
         return RunArgs(user_keys=user_keys, adds=_not_null(values, "value"))
     return RunArgs(user_keys=user_keys, added=values)
 

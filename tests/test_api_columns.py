@@ -281,3 +281,10 @@ def test_repeated_data_is_counted_before_it_is_decoded(http, job):
     assert values(post(http, job, "total", "get", key=_views_of(b"a", 1), ns=["n"])) == [3.0]
     post(http, job, "seen", "put", key=["a"], value=pa.array([[None, None]], pa.list_(pa.null()))).raise_for_status()
     assert http.get(f"{job}/states/seen/keys/a").json() == {"value": [None, None]}
+
+
+def test_maps_inside_values_are_objects_as_at_the_top(http, job):
+    """pyarrow gives maps as lists of pairs at any depth; stored, they are what a JSON object is."""
+    kind = pa.struct([("m", pa.map_(pa.string(), pa.int64())), ("l", pa.list_(pa.map_(pa.string(), pa.int64())))])
+    post(http, job, "seen", "put", key=["k"], value=pa.array([{"m": [("a", 1)], "l": [[("b", 2)]]}], kind))
+    assert http.get(f"{job}/states/seen/keys/k").json() == {"value": {"m": {"a": 1}, "l": [{"b": 2}]}}

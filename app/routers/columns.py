@@ -101,7 +101,8 @@ async def read_columnar(service: Service, request: Request, parse: Callable[[pa.
     """Read an Arrow IPC body (at most STATEHOUSE_MAX_BATCH_OPS rows) into ``parse``'s operation,
     then the attempt parameters: what every columnar endpoint does first."""
     raw = await request.body()
-    table = read_arrow(request.headers.get("content-type"), raw, service.settings.max_body_bytes)
+    settings = service.settings
+    table = read_arrow(request.headers.get("content-type"), raw, settings.max_body_bytes, settings.max_batch_ops)
     service.check_batch_size(table.num_rows, "rows")
     work = parse(table)
     return ColumnarRequest(work, len(raw), request_attempt(request), query_count(request, "epoch"))

@@ -243,12 +243,18 @@ class KeyedState:
         accs = self._read_many(rows, secondaries, for_update=True)
         secs = secondaries if secondaries is not None else [b""] * len(rows)
         slots = list(zip(rows.key_groups, rows.primaries, secs, strict=True))
+        add = function.add
+        int64_sum = function.name == "sum" and self.descriptor.value_type == "int64"
+        if int64_sum:  # a sum of int64 values must stay an int64
+            add = lambda acc, value: COERCE["int64"](function.add(acc, value))  # noqa: E731
         try:
             if len(set(slots)) == len(slots):  # every key once: one add per row, maybe vectorized
                 kgs, primaries, results = rows.key_groups, rows.primaries, function.add_each(accs, values)
+                if int64_sum and coerce_many("int64", results) is None:
+                    raise InvalidValue("a sum left int64")  # the replay below names the row
             else:
                 folded: dict[tuple[int, bytes, bytes], Any] = {}
-                add, current = function.add, folded.get
+                current = folded.get
                 for slot, acc, value in zip(slots, accs, values, strict=True):
                     folded[slot] = add(current(slot, acc), value)
                 kgs, primaries, secs = (list(column) for column in zip(*folded, strict=True))
@@ -257,7 +263,7 @@ class KeyedState:
             replayed: dict[tuple[int, bytes, bytes], Any] = {}  # fold again, row by row, to name the row
             for row, (slot, acc, value) in enumerate(zip(slots, accs, values, strict=True)):
                 try:
-                    replayed[slot] = function.add(replayed.get(slot, acc), value)
+                    replayed[slot] = add(replayed.get(slot, acc), value)
                 except StateError as exc:
                     raise exc.within(f"row {row}", row=row) from None
             raise
