@@ -144,6 +144,25 @@ def test_function_input_validation(job):
         run(job, lambda tx: tx.reducing("mx").add("k", "a"))
 
 
+def test_an_int64_sum_stays_an_int64(job):
+    """A typed sum refuses the add that would leave int64 (it was stored as 2**63, past what an
+    int64 column can answer), with the row named; the sum keeps its last value."""
+    register(job, "s", "reducing", function="sum", value_type="int64")
+    register(job, "m", "map", function="sum", value_type="int64")
+    top = 2**63 - 1
+    run(job, lambda tx: tx.reducing("s").add("k", top))
+    for add in (lambda tx: tx.reducing("s").add("k", 1), lambda tx: tx.reducing("s").add_all("j", [top, 5])):
+        with pytest.raises(InvalidValue, match="does not fit int64"):
+            run(job, add)
+    with pytest.raises(InvalidValue, match="does not fit int64"):
+        run(job, lambda tx: tx.map("m").add_all("k", "a", [-(2**63), -1]))
+    assert run(job, lambda tx: tx.reducing("s").get("k")) == top
+    assert run(job, lambda tx: tx.reducing("s").get("j")) is None
+    assert run(job, lambda tx: tx.map("m").get("k", "a")) is None
+    run(job, lambda tx: tx.reducing("s").add_all("j", [top, -5]))  # ints that stay in range
+    assert run(job, lambda tx: tx.reducing("s").get("j")) == top - 5
+
+
 @pytest.mark.parametrize(
     ("function", "inputs", "expected"),
     [("sum", [1, 2, 3.5], 6.5), ("count", ["x", {}, 1], 3), ("min", [3, 1, 2], 1), ("max", ["b", "c", "a"], "c")],
