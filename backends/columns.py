@@ -35,12 +35,12 @@ import pyarrow as pa
 from statehouse.backends.codec import decode_many
 from statehouse.backends.columnar_codec import encode_primaries, pack_column, unpack_column
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, InvalidKey, InvalidValue, StateError
+from statehouse.backends.errors import InvalidArgument, InvalidKey, StateError
 from statehouse.backends.job import Job, JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
-from statehouse.keygroups.columnar import Utf8Column, key_groups, utf8_column
+from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
 
 ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
 COLUMN_OPS: tuple[str, ...] = get_args(ColumnOpName)
@@ -114,7 +114,10 @@ def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
             _refuse_too_long(job, np.diff(keys.offsets), "key")
         groups = key_groups(keys, descriptor.key_type, job.max_parallelism)
     except (TypeError, ValueError) as exc:
-        raise InvalidKey(f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}") from None
+        where = {"row": exc.row} if isinstance(exc, BadRow) else {}
+        raise InvalidKey(
+            f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}", **where
+        ) from None
     owned = job.key_group_range
     foreign = np.flatnonzero((groups < owned.start) | (groups > owned.end))
     if foreign.size:
@@ -197,14 +200,15 @@ def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
         return RunArgs(user_keys=user_keys, values=values)
     kind = columns.column("value").type
     if isinstance(state, ListState) and any(test(kind) for test in _LIST_TYPES):
-        return RunArgs(user_keys=user_keys, adds=_not_null(values, "value"))
+        return RunArgs(user_keys=user_keys, adds=_lists(values))
     return RunArgs(user_keys=user_keys, added=values)
 
 
-def _not_null(values: list[Any], name: str) -> list[Any]:
+def _lists(values: list[Any]) -> list[Any]:
+    """The rows of an addAll: a null row is a missing argument, as a batch's ``"values": null``."""
     if None in values:
         row = values.index(None)
-        raise InvalidValue(f"{name} is null").within(f"row {row}", row=row)
+        raise InvalidArgument("value is null: addAll takes a list (empty to add nothing)").within(f"row {row}", row=row)
     return values
 
 

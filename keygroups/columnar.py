@@ -198,10 +198,18 @@ def _one_array(values: ArrowValues, what: str) -> pa.Array:
     raise TypeError(f"{what}s must be a pyarrow Array or ChunkedArray, got {type(values).__name__}")
 
 
+class BadRow(ValueError):
+    """A value of one row that cannot be used; ``row`` says which (the message says it too)."""
+
+    def __init__(self, row: int, problem: str) -> None:
+        super().__init__(f"row {row}: {problem}")
+        self.row = row
+
+
 def _check_no_nulls(array: pa.Array, what: str) -> None:
     if array.null_count:
-        row = np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0]
-        raise ValueError(f"row {row}: {what} is null")
+        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadRow(row, f"{what} is null")
 
 
 def utf8_column(values: ArrowValues | Utf8Column, what: str = "key") -> Utf8Column:
@@ -268,7 +276,7 @@ def integer_keys(keys: ArrowValues, key_type: KeyType) -> np.ndarray:
     limits = np.iinfo(values.dtype)
     if len(values) and (limits.min < low or limits.max > high) and (values.min() < low or values.max() > high):
         row = int(np.argmax((values < low) | (values > high)))
-        raise ValueError(f"row {row}: {key_type} key {values[row]} is outside the {bits}-bit range")
+        raise BadRow(row, f"{key_type} key {values[row]} is outside the {bits}-bit range")
     return values.astype(np.int32 if bits == 32 else np.int64, copy=False)
 
 
