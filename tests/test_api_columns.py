@@ -3,7 +3,6 @@ batch endpoint (one storage format, atomic requests, ownership, limits, fencing,
 
 import math
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -228,59 +227,6 @@ def test_bad_attempt_parameters_are_refused(http, job, params):
     r = post(http, job, "total", "add", params=params, key=["a"], value=[1.0])
     assert (r.status_code, r.json()["code"]) == (422, "invalid_argument"), r.text
     assert values(post(http, job, "total", "get", key=["a"])) == [None]
-
-
-def _stream(table, **options):
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _views_of(text: bytes, rows: int) -> pa.Array:
-    """A string_view column whose every row is a view of the same ``text`` (one copy on the wire)."""
-    view = np.array([len(text), int.from_bytes(text[:4], "little", signed=True), 0, 0], np.int32)
-    return pa.Array.from_buffers(pa.string_view(), rows, [None, pa.py_buffer(np.tile(view, rows)), pa.py_buffer(text)])
-
-
-@pytest.mark.parametrize("codec", ["zstd", "lz4"])
-def test_compressed_buffers_are_refused_before_they_inflate(http, job, codec):
-    """A compressed buffer names its own inflated size: 1 KB of zstd could claim gigabytes."""
-    table = pa.table({"key": pa.array(["a", "b"]).dictionary_encode(), "value": [1.0, 2.0]})
-    table = table.set_column(0, "key", table.column("key").cast(pa.string()))
-    r = http.post(
-        f"{job}/states/total/columns/add", content=_stream(table, compression=codec), headers={"content-type": ARROW}
-    )
-    assert (r.status_code, r.json()["code"]) == (415, "unsupported_media_type") and "uncompressed" in r.json()["detail"]
-    assert values(post(http, job, "total", "get", key=["a", "b"])) == [None, None]
-
-
-def test_repeated_data_is_counted_before_it_is_decoded(http, job):
-    """Dictionaries and string views repeat one value in many rows, and a list of nulls takes no
-    bytes: what they decode to must fit STATEHOUSE_MAX_BODY_BYTES (64 MiB here), like a plain body.
-    Each body below is ~100 KB and would decode to ~100 MB or more."""
-    long = b"x" * 100_000
-    dictionary = pa.DictionaryArray.from_arrays(pa.array([0] * 1000, pa.int32()), pa.array([long.decode()]))
-    nulls = pa.Array.from_buffers(
-        pa.list_(pa.null()), 1, [None, pa.py_buffer(np.array([0, 2**31 - 1], np.int32))], children=[pa.nulls(2**31 - 1)]
-    )
-    bombs = {
-        "ns": ("total", "add", {"key": ["a"] * 1000, "value": [1.0] * 1000, "ns": dictionary}),
-        "key": ("total", "get", {"key": _views_of(long, 1000)}),
-        "value": ("seen", "put", {"key": ["a"], "value": nulls}),
-    }
-    for column, (state, op, columns) in bombs.items():
-        r = post(http, job, state, op, **columns)
-        assert (r.status_code, r.json()["code"]) == (413, "body_too_large"), r.text
-        assert f"column {column!r} decodes to" in r.json()["detail"]
-    r = post(http, job, "seen", "put", key=["a"], value=pa.RunEndEncodedArray.from_arrays([1], ["x"]))
-    assert (r.status_code, r.json()["code"]) == (422, "invalid_argument") and "run_end_encoded" in r.json()["detail"]
-    assert values(post(http, job, "total", "get", key=["a"])) == [None]
-    # the same encodings at a sane size mean what the plain columns mean
-    post(http, job, "total", "add", key=["a", "a"], value=[1.0, 2.0], ns=pa.array(["n", "n"]).dictionary_encode())
-    assert values(post(http, job, "total", "get", key=_views_of(b"a", 1), ns=["n"])) == [3.0]
-    post(http, job, "seen", "put", key=["a"], value=pa.array([[None, None]], pa.list_(pa.null()))).raise_for_status()
-    assert http.get(f"{job}/states/seen/keys/a").json() == {"value": [None, None]}
 
 
 def test_maps_inside_values_are_objects_as_at_the_top(http, job):

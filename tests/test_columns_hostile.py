@@ -312,6 +312,7 @@ REPEATED = {
         {"key": ["a"], "value": one_list(pa.Array.from_buffers(pa.struct([]), 10**8, [None]))},
     ),
     "dictionary-value": ("value", "seen", "put", {"key": ROWS, "value": repeated("x" * 8_000, 10_000)}),
+    "dictionary-ns": ("ns", "seen", "put", {"key": ROWS, "value": [1] * 10_000, "ns": repeated("n" * 8_000, 10_000)}),
     "string-view-key": ("key", "seen", "get", {"key": views_of(b"k" * 8_000, 10_000)}),
     "dictionary-user-key": (
         "user_key",
