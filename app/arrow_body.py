@@ -13,10 +13,9 @@ Ways an Arrow stream can carry far more than its bytes, each refused before it i
 * **Repetition**: dictionary entries and string/binary views may be referenced by any number of
   rows, so decoding them (and validating a view's UTF-8) costs rows x length; nulls, field-less
   structs and fixed-size lists or binaries of size 0 take no bytes at all, so a list of them can
-  claim billions. What every such column takes decoded
-  (a Python object per element, the bytes of its strings) is counted from its lengths (view
-  headers, dictionary indices, list offsets) and must fit STATEHOUSE_MAX_BODY_BYTES, what a plain
-  body may carry anyway.
+  claim billions. What every such column takes decoded (a Python object per element, the bytes
+  of its strings) is counted from its lengths (view headers, dictionary indices, list offsets)
+  and must fit STATEHOUSE_MAX_BODY_BYTES, what a plain body may carry anyway.
 * **Types the engine has no use for** (run-end encoded, list-view and union columns, dictionaries
   of nested values, structs with two fields of one name) are refused by type, not bounded.
 * **Many batches**: at most STATEHOUSE_MAX_BATCH_OPS record (and dictionary) batches, since each
@@ -77,7 +76,7 @@ def _compresses(header: bytes) -> bool:
 
 
 def _check_messages(raw: bytes, max_batches: int) -> None:
-    """Refuse compressed batches, and more record (or dictionary) batches than a request has
+    """Refuse compressed batches, and more record (or dictionary) batches than a request may have
     rows: each costs Python work before a row is seen, and 120,000 empty ones held the event
     loop for 2.5 s. Raises ``pa.ArrowInvalid`` or ``struct.error`` for messages that don't parse."""
     counts = {"record batch": 0, "dictionary": 0}
