@@ -24,6 +24,7 @@ from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots import CheckpointManager, open_storage
+from statehouse.snapshots.restore import remove_leftovers
 
 log = logging.getLogger("statehouse")
 
@@ -61,12 +62,16 @@ def open_catalog(settings: Settings) -> JobCatalog:
 
 
 def restore_work_dir(settings: Settings) -> str:
-    """Restores stage downloaded snapshots beside the state (the data volume), not in /tmp.
+    """Restores stage downloaded snapshots beside the state (the data volume), not in /tmp; what
+    a restore killed mid-way left there is removed (no restore runs yet).
 
     "$" cannot occur in a job name, so no job's directory can collide with it.
     """
     path = os.path.join(settings.data_dir, "$restore")
     os.makedirs(path, exist_ok=True)
+    removed = remove_leftovers(path)
+    if removed:
+        log.warning("removed %d restore staging copies a killed process left in %s", len(removed), path)
     return path
 
 

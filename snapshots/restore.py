@@ -31,6 +31,10 @@ from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorSnapshot, merge_for_replica, write_ops
 from statehouse.snapshots.storage.base import CheckpointStorage
 
+# A restore stages what it fetches in a directory named so (in the work directory) and removes it
+# when it ends; one a killed process left is removed at the next start (remove_leftovers).
+STAGING_PREFIX = "statehouse-restore-"
+
 
 @dataclass
 class _FetchedPart:
@@ -116,7 +120,7 @@ class RestoreOperation:
         untouched either way."""
         target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
         relevant = check_coverage(self.parts, target)
-        temp = tempfile.mkdtemp(prefix="statehouse-restore-", dir=self.work_dir)
+        temp = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.work_dir)
         try:
             fetched = [self._fetch(part, target, temp) for part in relevant]
             operator_parts = [
@@ -186,6 +190,19 @@ class RestoreOperation:
         keyed = item.part.metadata.keyed
         assert isinstance(keyed, IncrementalHandle)
         yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism, temp)
+
+
+def remove_leftovers(work_dir: str) -> list[str]:
+    """Remove the staging directories of restores a killed process left in ``work_dir`` (each a
+    copy of a replica's snapshot); only directories of this module's name pattern, nothing else.
+    Call it before any restore can run. Returns the names removed."""
+    removed = []
+    for name in sorted(os.listdir(work_dir)):
+        path = os.path.join(work_dir, name)
+        if name.startswith(STAGING_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def _descriptors(parts: list[SnapshotPart]) -> list[StateDescriptor]:
