@@ -6,8 +6,8 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pyarrow as pa
 from fastapi import Depends, FastAPI
@@ -17,9 +17,10 @@ from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators, timers
-from statehouse.app.settings import Settings, load_settings
+from statehouse.app.settings import Settings, exit_at_start, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.errors import StateError
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
@@ -75,6 +76,24 @@ def restore_work_dir(settings: Settings) -> str:
     return path
 
 
+@contextmanager
+def exit_on_start_error(setting: str) -> Iterator[None]:
+    """A storage or data-directory problem at start ends the process as a bad setting does:
+    one line naming the setting, exit status 2 (docs/operations.md).
+
+    Raised out of the lifespan it would be uvicorn's 60-line traceback and exit 3, and uvicorn
+    catches SystemExit there too; hence os._exit. Nothing is open yet that needs closing.
+    """
+    try:
+        yield
+    except (StateError, OSError) as exc:
+        if isinstance(exc, StateError):
+            detail = exc.detail
+        else:
+            detail = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        exit_at_start([f"{setting}: {detail}"], exit=os._exit)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()  # a bad STATEHOUSE_* variable: one line each, exit 2
     metrics = Metrics()
@@ -84,19 +103,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Checkpoint uploads run in Python threads: hand the GIL back to the event loop
         # every millisecond instead of every five, so requests wait less behind an upload.
         sys.setswitchinterval(0.001)
-        catalog = open_catalog(settings)
-        metrics.watch(catalog)
-        checkpoints = CheckpointManager(
-            catalog,
-            open_storage(
+        with exit_on_start_error(f"STATEHOUSE_CHECKPOINT_DIR={settings.checkpoint_dir!r}"):
+            storage = open_storage(
                 settings.checkpoint_dir,
                 s3_endpoint_url=settings.s3_endpoint_url,
                 s3_abandoned_upload_age_s=settings.s3_abandoned_upload_age_s,
-            ),
+            )
+        with exit_on_start_error(f"STATEHOUSE_DATA_DIR={settings.data_dir!r}"):
+            catalog = open_catalog(settings)
+            work_dir = restore_work_dir(settings)
+        metrics.watch(catalog)
+        checkpoints = CheckpointManager(
+            catalog,
+            storage,
             num_retained=settings.num_retained,
             compression=settings.snapshot_compression,
             s3_endpoint_url=settings.s3_endpoint_url,
-            work_dir=restore_work_dir(settings),
+            work_dir=work_dir,
             restore_locations=settings.restore_location_list,
         )
         app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)

@@ -6,8 +6,9 @@ import dataclasses
 from typing import Annotated, Any, Literal, get_type_hints
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from statehouse.backends.attempts import EpochReport
 from statehouse.backends.codec import parse_decimal
@@ -113,6 +114,17 @@ class DescriptorBody(Strict):
         description="optional: the type of the state's values (list elements, map entries, values added); other "
         "values are refused, and columnar reads return this Arrow type",
     )
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _ttl_is_an_object(cls, value: Any) -> Any:
+        # "ttl": 60000 is the common slip; pydantic would only say "should be a valid dictionary".
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            example = value if isinstance(value, int) else 60000
+            raise PydanticCustomError(
+                "ttl_not_object", f'ttl is an object, not a number: send "ttl": {{"ttl_ms": {example}}}'
+            )
+        return value
 
     def to_descriptor(self, name: str) -> StateDescriptor:
         return StateDescriptor(

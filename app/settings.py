@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import sys
-from typing import Any, Literal, get_args, get_origin
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -132,18 +135,72 @@ class Settings(BaseSettings):
         return self._restore_locations
 
 
+PREFIX = "STATEHOUSE_"
+
+# STATEHOUSE_* variables that are not server settings: read by the Makefile (`make run`), the
+# tests and the tools. The server accepts them in its environment and ignores them; any other
+# unknown STATEHOUSE_* name is refused at start (docs/operations.md, "Configuration reference").
+NOT_SERVER_SETTINGS = frozenset(
+    {
+        "STATEHOUSE_HOST",  # Makefile: `make run`'s --host
+        "STATEHOUSE_PORT",  # Makefile: `make run`'s --port
+        "STATEHOUSE_FUZZ_EXAMPLES",  # tests: Hypothesis/schemathesis examples per run
+        "STATEHOUSE_FUZZ_SEED",  # tests: their seed
+        "STATEHOUSE_SHUTDOWN_JOBS",  # tests/test_shutdown.py: jobs to shut down
+        "STATEHOUSE_SKIP_BROWSER",  # tests/test_docs_offline.py: no Chromium
+        "STATEHOUSE_TEST_REPLICAS",  # tests/client: replicas the client-only venv talks to
+        "STATEHOUSE_FLINK_LIB",  # harness/flink_vectors: Flink's jars
+    }
+)
+
+
+def setting_variables() -> list[str]:
+    return [f"{PREFIX}{name.upper()}" for name in Settings.model_fields]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``STATEHOUSE_BAKEND='heap' is not a setting: did you mean STATEHOUSE_BACKEND?`` per unknown variable.
+
+    A misspelled setting would otherwise be ignored and its default used (a RocksDB server
+    where heap was asked for) without a word.
+    """
+    known = setting_variables()
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings reads the names case-insensitively
+        if not upper.startswith(PREFIX) or upper in known or upper in NOT_SERVER_SETTINGS:
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}?" if close else "see docs/operations.md for the settings"
+        problems.append(f"{name}={environ[name]!r} is not a setting: {hint}")
+    return problems
+
+
 def load_settings() -> Settings:
     """The settings from the environment; on a bad one, one line per problem on stderr and exit 2.
 
     A pydantic traceback names the field (``backend``), not the variable the operator set
     (``STATEHOUSE_BACKEND``), and buries it in fifty lines.
     """
+    problems = unknown_variables(os.environ)
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
-        for problem in describe_errors(exc):
-            print(f"statehouse: {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        exit_at_start(problems + describe_errors(exc))
+    if problems:
+        exit_at_start(problems)
+    return settings
+
+
+def _raise_exit(status: int) -> NoReturn:
+    raise SystemExit(status)
+
+
+def exit_at_start(problems: list[str], exit: Callable[[int], NoReturn] = _raise_exit) -> NoReturn:
+    """One line per problem on stderr, then exit status 2: what every failed start looks like."""
+    for problem in problems:
+        print(f"statehouse: {problem}", file=sys.stderr, flush=True)
+    exit(2)
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

@@ -51,10 +51,20 @@ class StateDescriptor:
             raise InvalidArgument(
                 f"a {self.kind} state needs 'function', one of: {', '.join(sorted(functions))}"
                 + (f" (got {self.function!r})" if self.function is not None else "")
+                + self._kind_hint()
             )
         check_value_type(self.value_type, self.kind, self.function)
         if self.default is not None and self.value_type is not None:
             object.__setattr__(self, "default", COERCE[self.value_type](self.default))
+
+    def _kind_hint(self) -> str:
+        """Which kind takes the function asked for, when another kind does: saves a round trip."""
+        if self.kind == "reducing" and self.function in AGGREGATE_FUNCTIONS:
+            return (
+                f"; {self.function!r} keeps an accumulator other than its result: register an aggregating "
+                f'state, {{"kind": "aggregating", "function": "{self.function}"}}'
+            )
+        return ""
 
     def _map_function_error(self, functions: dict[str, StateFunction]) -> str:
         detail = (

@@ -50,7 +50,9 @@ def _field(op: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what
 
 def _value(op: Mapping[str, Any]) -> Any:
     if "value" not in op:
-        raise InvalidArgument("missing 'value'")
+        raise InvalidArgument(
+            f"missing 'value': {op.get('op')!r} takes the value to write (add and map_add also take 'values', a list)"
+        )
     return op["value"]
 
 
@@ -86,7 +88,7 @@ def _checked(op: Any) -> tuple[str, str, str]:
         return name, _TIMERS, ""
     state = _field(op, "state", str, "a state name")
     if "key" not in op:
-        raise InvalidArgument("missing 'key'")
+        raise InvalidArgument(f"missing 'key': {name!r} on state {state!r} needs the key it reads or writes")
     ns = op.get("ns", "")
     if not isinstance(ns, str):
         raise InvalidArgument(f"'ns' must be a string; got {type(ns).__name__}")

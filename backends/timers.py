@@ -330,9 +330,9 @@ class TimerService:
         """One batch operation on timers (``register_timer`` / ``delete_timer``), checked."""
         name = op.get("op")
         if "key" not in op:
-            raise InvalidArgument("missing 'key'")
+            raise InvalidArgument(f"missing 'key': {name} needs the key the timer belongs to")
         if "timestamp" not in op:
-            raise InvalidArgument("missing 'timestamp'")
+            raise InvalidArgument(f"missing 'timestamp': {name} needs the timer's time, in milliseconds")
         domain = check_domain(op.get("domain", "event"))
         key_type = check_key_type(op.get("key_type", "string"))
         namespace = op.get("ns", "")

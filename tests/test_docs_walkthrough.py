@@ -32,4 +32,4 @@ def test_checkpoint_walkthrough_runs_as_written(tmp_path):
     assert '{"ids":[[1,"completed"]],"next_checkpoint_id":2}' in lines
     assert lines.count('{"value":15}') == 1 and lines.count('{"value":10}') == 1
     assert '{"checkpoint_id":1,"entries_restored":1,"aborted_checkpoints":[]}' in lines
-    assert lines[-1].endswith("/shop/savepoints/sp-2"), lines[-1]
+    assert lines[-1].endswith("/ledger/savepoints/sp-2"), lines[-1]

@@ -50,7 +50,11 @@ async def get_list(request: Request, job: JobDep, operator: str, index: Index, n
 async def put_list(job: JobDep, operator: str, index: Index, name: str, body: ValueBody, mode: Mode = None) -> Response:
     """Replace the subtask's list (`{"value": [...]}`)."""
     if not isinstance(body.value, list):
-        raise ApiError("invalid_argument", "'value' must be a list")
+        raise ApiError(
+            "invalid_argument",
+            f"'value' must be a list (the subtask's whole list, e.g. {{\"value\": [1, 2]}}); "
+            f"got {type(body.value).__name__}",
+        )
     values = body.value
     await in_transaction(
         job,
