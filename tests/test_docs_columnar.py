@@ -17,7 +17,7 @@ def test_the_many_methods_example_runs_as_written(two_replicas, job_name):
     assert len(urls) == 2, code  # the example addresses two replicas
     for url, server in zip(urls, two_replicas, strict=True):
         code = code.replace(url, server.url)
-    code = code.replace('create_job("shop"', f'create_job("{job_name}"')
+    code = code.replace('create_job("basket"', f'create_job("{job_name}"')
     scope: dict = {}
     exec(compile(code, "docs/client-columnar.md", "exec"), scope)
     df = scope["df"]
