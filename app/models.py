@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Annotated, Any, Literal, get_type_hints
 
 import orjson
@@ -49,6 +50,26 @@ class Strict(BaseModel):
     ``8.0`` are not the integer 8)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        # pydantic says only "Extra inputs are not permitted": name what the body takes, and the
+        # field that was probably meant ({"max_parallism": 8}, {"ttl": {"ms": 60000}}).
+        if isinstance(data, dict):
+            fields = list(cls.model_fields)
+            for name in data:
+                if name not in cls.model_fields:
+                    close = difflib.get_close_matches(str(name), fields, n=1, cutoff=0.6)
+                    raise PydanticCustomError(
+                        "unknown_field",
+                        "unknown field {name}"
+                        + (f" (did you mean {close[0]!r}?)" if close else "")
+                        + "; this body takes: "
+                        + ", ".join(fields),
+                        {"name": repr(name)},
+                    )
+        return data
 
 
 class JobBody(Strict):

@@ -182,3 +182,25 @@ def test_a_spark_job_written_from_the_docs_runs_first_time(own_replicas, tmp_pat
             row = json.loads(line)
             written[row["user_id"]] = max(written.get(row["user_id"], 0), row["total"])
     assert written == oracle
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        (
+            "",
+            {"max_parallism": 8},
+            "body: unknown field 'max_parallism' (did you mean 'max_parallelism'?); this body takes: max_parallelism",
+        ),
+        (
+            "/states/recent",
+            {"kind": "list", "ttl": {"ms": 60000}},
+            "body.ttl: unknown field 'ms'; this body takes: ttl_ms, update_type, visibility, cleanup_full_snapshot, "
+            "cleanup_incremental_size",
+        ),
+    ],
+)
+def test_an_unknown_field_names_the_fields_the_body_takes(http, job_name, path, body, expected):
+    if path:
+        http.put(f"/jobs/{job_name}", json={}).raise_for_status()
+    assert problem(http.put(f"/jobs/{job_name}{path}", json=body), 422, "validation_error") == expected
