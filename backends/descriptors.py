@@ -114,7 +114,8 @@ class StateDescriptor:
         if (existing.ttl is None) != (self.ttl is None):
             raise IncompatibleState(
                 f"state {self.name!r} exists {'with' if existing.ttl else 'without'} TTL; "
-                "switching TTL on or off for existing state is not supported"
+                "switching TTL on or off for existing state is not supported: delete the state first or use "
+                "another name"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -168,7 +168,10 @@ class Job:
         try:
             return self.descriptors[name]
         except KeyError:
-            raise StateNotFound(f"job {self.name!r} has no state {name!r}; register it first") from None
+            raise StateNotFound(
+                f"job {self.name!r} has no state {name!r}; register it first "
+                f'(PUT /v1/jobs/{self.name}/states/{name} with {{"kind": ...}})'
+            ) from None
 
     def drop_state(self, name: str) -> None:
         with self.exclusive():

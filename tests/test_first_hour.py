@@ -204,3 +204,20 @@ def test_an_unknown_field_names_the_fields_the_body_takes(http, job_name, path, 
     if path:
         http.put(f"/jobs/{job_name}", json={}).raise_for_status()
     assert problem(http.put(f"/jobs/{job_name}{path}", json=body), 422, "validation_error") == expected
+
+
+def test_a_missing_state_says_how_to_register_it(http, job_name):
+    http.put(f"/jobs/{job_name}", json={}).raise_for_status()
+    detail = problem(http.get(f"/jobs/{job_name}/states/spent/keys/alice"), 404, "state_not_found")
+    assert (
+        detail
+        == f"""job '{job_name}' has no state 'spent'; register it first (PUT /v1/jobs/{job_name}/states/spent \
+with {{"kind": ...}})"""
+    )
+
+
+def test_switching_ttl_on_says_what_to_do_instead(http, job_name):
+    http.put(f"/jobs/{job_name}", json={}).raise_for_status()
+    http.put(f"/jobs/{job_name}/states/recent", json={"kind": "list"}).raise_for_status()
+    response = http.put(f"/jobs/{job_name}/states/recent", json={"kind": "list", "ttl": {"ttl_ms": 60000}})
+    assert problem(response, 409, "incompatible_state").endswith(": delete the state first or use another name")
