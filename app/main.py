@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -28,6 +30,8 @@ from statehouse.snapshots import CheckpointManager, open_storage
 from statehouse.snapshots.restore import remove_leftovers
 
 log = logging.getLogger("statehouse")
+# How often the data volume's free space is read (a statvfs) for /readyz and out-of-space recovery.
+DISK_CHECK_INTERVAL_S = 1.0
 
 DESCRIPTION = """Apache Flink's state-backend model over HTTP: keyed state (value, list, map, reducing,
 aggregating) with namespaces and TTL, operator state, key groups and replicas. Errors are RFC 9457
@@ -40,6 +44,7 @@ def open_store(settings: Settings) -> Store:
             settings.data_dir,
             incremental_checkpoints=settings.incremental_checkpoints,
             max_open=settings.max_open_jobs,
+            disk_reserve_bytes=settings.disk_reserve_bytes,
         )
     return HeapStore()
 
@@ -94,6 +99,17 @@ def exit_on_start_error(setting: str) -> Iterator[None]:
         exit_at_start([f"{setting}: {detail}"], exit=os._exit)
 
 
+async def watch_space(store: Store) -> None:
+    """Read the data volume's free space every DISK_CHECK_INTERVAL_S: /readyz reports what it
+    found, and jobs that ran out of space are reopened for writing once there is room again."""
+    while True:
+        await asyncio.sleep(DISK_CHECK_INTERVAL_S)
+        try:
+            await asyncio.to_thread(store.check_space)
+        except Exception:  # e.g. a job's reopen failed for another reason: tried again next time
+            log.exception("checking the data volume's free space failed")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()  # a bad STATEHOUSE_* variable: one line each, exit 2
     metrics = Metrics()
@@ -137,12 +153,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # collections, which otherwise stall every request, /healthz too, for 25-50 ms each.
         gc.collect()
         gc.freeze()
+        space = asyncio.create_task(watch_space(catalog.store))
         try:
             yield
         finally:
             # Uvicorn has stopped taking requests and finished in-flight ones; let running
             # checkpoint uploads finish, then close RocksDB cleanly.
             app.state.service.draining = True
+            space.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await space
             checkpoints.close()
             catalog.close()
 

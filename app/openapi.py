@@ -7,8 +7,9 @@ then adds what follows from the route itself, so that no router has to repeat it
 
 * operation ids from ``OPERATION_IDS`` (route function name → stable camelCase id);
 * bearer ``security`` plus 401 ``unauthorized`` and 503 ``not_ready`` on every route behind
-  ``require_token`` (all of ``/v1``), and 403 ``forbidden`` on those under ``/v1/jobs/{job}`` (a
-  token not scoped to the job);
+  ``require_token`` (all of ``/v1``), 507 ``insufficient_storage`` on those of them that are not
+  ``GET`` (a write to a full data volume), and 403 ``forbidden`` on those under ``/v1/jobs/{job}``
+  (a token not scoped to the job);
 * 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body`` and
   413 ``body_too_large`` on every route with a body (FastAPI's ``HTTPValidationError`` is gone:
   the server never sends it).
@@ -273,7 +274,7 @@ def _optional_body(operation: dict[str, Any]) -> None:
             media["schema"] = next(v for v in variants if v != {"type": "null"})
 
 
-def _complete(operation: dict[str, Any], route: Any) -> None:
+def _complete(operation: dict[str, Any], route: Any, method: str) -> None:
     """Add what follows from the route itself: id, security, and the errors every such route has."""
     operation["operationId"] = operation_id(route)
     _optional_body(operation)
@@ -283,6 +284,8 @@ def _complete(operation: dict[str, Any], route: Any) -> None:
         if "{job}" in (route.path_format or ""):  # the token must be scoped to the job
             _add_codes(operation, "forbidden")
         operation["responses"]["401"]["headers"] = {"WWW-Authenticate": CHALLENGE}
+        if method != "GET":  # it may write, and the data volume may be full
+            _add_codes(operation, "insufficient_storage")
     if "requestBody" in operation:
         _add_codes(operation, "malformed_body", "body_too_large")
     if operation.get("parameters") or "requestBody" in operation:
@@ -320,7 +323,7 @@ def document(app: FastAPI) -> dict[str, Any]:
         for method in route.methods or ():
             operation = schema["paths"].get(path, {}).get(method.lower())
             if operation is not None:
-                _complete(operation, route)
+                _complete(operation, route, method)
     return schema
 
 

@@ -68,6 +68,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "snapshot_corrupt": 422,
     "invalid_location": 400,
     "storage_unavailable": 503,
+    "insufficient_storage": 507,
 }
 
 

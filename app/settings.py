@@ -75,6 +75,13 @@ class Settings(BaseSettings):
         100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )
     max_list_bytes: int = Field(16 << 20, ge=1, description="largest stored list state of one key, in bytes")
+    disk_reserve_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="free space kept on the data volume (RocksDB): below it writes are refused with 507 "
+        "insufficient_storage and /readyz answers 503, so that every job can still be reopened (replaying its "
+        "write-ahead log, kept under a quarter of this) and read; writes resume by themselves when space returns",
+    )
     access_log: AccessLog = Field(
         "control",
         description="uvicorn's access log: every request (all), or all but the data plane's successful requests "

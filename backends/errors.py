@@ -119,3 +119,9 @@ class EpochSealed(StateError):
     """The epoch was prepared (or committed): its staging takes no more writes."""
 
     code = "epoch_sealed"
+
+
+class InsufficientStorage(StateError):
+    """The data volume cannot take the write (below its reserve, or full): free space, retry."""
+
+    code = "insufficient_storage"

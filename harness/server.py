@@ -49,10 +49,15 @@ class ServerProcess:
 
 
 def start_server(
-    workdir: Path, env: dict[str, str] | None = None, timeout: float = 20, port: int | None = None
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 20,
+    port: int | None = None,
+    probe: str = "/readyz",
 ) -> ServerProcess:
     """Run ``uvicorn statehouse.app.main:app`` with ``STATEHOUSE_*`` settings from ``env``, on ``port``
-    (a free one by default; pass a stopped server's port to restart it in place)."""
+    (a free one by default; pass a stopped server's port to restart it in place); returns once
+    ``probe`` answers 200 (``/healthz`` for a server expected to start not ready)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     full_env = {
@@ -77,7 +82,7 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(server.url + "/readyz", timeout=1).status_code == 200:
+            if httpx.get(server.url + probe, timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             pass

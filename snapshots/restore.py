@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.rocksdb.snapshot import incremental_records
+from statehouse.backends.rocksdb.space import is_out_of_space
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
 from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
@@ -120,7 +122,10 @@ class RestoreOperation:
         untouched either way."""
         target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
         relevant = check_coverage(self.parts, target)
-        temp = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.work_dir)
+        try:
+            temp = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.work_dir)
+        except OSError as exc:
+            raise _insufficient(exc) if is_out_of_space(exc) else exc from None
         try:
             fetched = [self._fetch(part, target, temp) for part in relevant]
             operator_parts = [
@@ -131,6 +136,10 @@ class RestoreOperation:
                 operator_parts, self.catalog.replica_index, self.catalog.replica_count, self.operator_parallelism
             )
             return self._apply(fetched, operator, temp)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise _insufficient(exc) from exc
+            raise
         finally:
             gc.collect()
             shutil.rmtree(temp, ignore_errors=True)
@@ -190,6 +199,13 @@ class RestoreOperation:
         keyed = item.part.metadata.keyed
         assert isinstance(keyed, IncrementalHandle)
         yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism, temp)
+
+
+def _insufficient(exc: OSError) -> InsufficientStorage:
+    return InsufficientStorage(
+        f"the restore's staging copy does not fit on the data volume ({exc}); the job is as it was. "
+        "Free space (a restore needs room for one more copy of the replica's state) and retry"
+    )
 
 
 def remove_leftovers(work_dir: str) -> list[str]:

@@ -23,10 +23,14 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Readiness, responses=doc.READY)
 async def readyz(request: Request) -> dict[str, object] | Response:
-    """Readiness: state is open and the replica is not draining (else 503 `not_ready`)."""
+    """Readiness: state is open, the replica is not draining, and its data volume takes writes
+    (above `STATEHOUSE_DISK_RESERVE_BYTES`, no job waiting for space); else 503 `not_ready`."""
     service = getattr(request.app.state, "service", None)
     if service is None or service.draining:
         return problem_response(503, "not_ready", "starting up or shutting down", "/readyz")
+    space_problem = service.catalog.store.space_problem()
+    if space_problem is not None:
+        return problem_response(503, "not_ready", space_problem, "/readyz")
     s = service.settings
     return {"status": "ready", "backend": s.backend, "replica_index": s.replica_index, "replica_count": s.replica_count}
 

@@ -27,6 +27,15 @@ class Store(ABC):
     @abstractmethod
     def destroy_partition(self, job: str) -> None: ...
 
+    def check_space(self) -> None:  # noqa: B027 - optional hook: only a store on disk has a volume
+        """Read the free space of the store's volume again, and reopen for writing the jobs that
+        ran out of it if there is room now (called periodically)."""
+
+    def space_problem(self) -> str | None:
+        """Why the store's volume takes no writes now (its free space read again; jobs waiting for
+        space as of the last :meth:`check_space`); ``None`` when it does."""
+        return None
+
     @abstractmethod
     def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
         """The strategy that takes a checkpoint or a savepoint (always the canonical format)."""

@@ -10,6 +10,12 @@ A partition may be closed while idle and reopened on its next use (``OpenInstanc
 a partition without one is closed. Iterators over the live database hold a lease while they
 are alive, except :meth:`RocksDBPartition.scan`, which reads in chunks (a TTL cleanup cursor
 lives across requests and must not keep its database open).
+
+Out of space (``space.py``): a write is refused (507) while the data volume is below its reserve;
+a write or an open that RocksDB fails for lack of space *degrades* the partition — it serves
+reads (opened read-only if need be), refuses writes, and is reopened for writing when space
+returns. A write RocksDB refused was not applied (a write batch is atomic), and a stopped database
+keeps every write it acknowledged in its write-ahead log: reopening replays it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import logging
 import operator
 import os
 import shutil
@@ -31,10 +38,14 @@ from rocksdict import AccessType, BlockBasedOptions, Checkpoint, ColumnFamily, O
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
+from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
+from statehouse.backends.rocksdb.space import DataVolume, is_out_of_space, wal_limit
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
+
+log = logging.getLogger("statehouse")
 
 _DEFAULT_CF = "default"
 # A state named "default" would be RocksDB's own default column family (the job's metadata):
@@ -56,13 +67,21 @@ _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a fl
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
 
 
-def db_options() -> Options:
+# A job's write-ahead logs without a data volume's reserve to fit in (staged restores, readers).
+_DEFAULT_WAL_LIMIT = 64 << 20
+
+
+def db_options(max_wal_bytes: int = _DEFAULT_WAL_LIMIT) -> Options:
     """The options of every job's database and column family."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_max_open_files(MAX_OPEN_FILES)
     options.set_keep_log_file_num(3)  # every reopen rolls the info LOG; keep a few, not 1000
+    # Past this, RocksDB flushes the column families that keep the oldest log alive (by default it
+    # lets logs grow to 4x all memtables): the log an open replays, and the table files that
+    # replay writes before the log is deleted, stay bounded; see space.wal_limit.
+    options.set_max_total_wal_size(max_wal_bytes)
     # A point read (a get; the read of a read-modify-write add) skips the files that do not hold
     # its key: a Bloom filter of 10 bits per key (~1% false positives, ~1.25 bytes per key in
     # memory), as Kafka Streams sets by default and Flink offers (use-bloom-filter). Measured on
@@ -72,6 +91,21 @@ def db_options() -> Options:
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     return options
+
+
+def remove_partial_files(path: str, families: Mapping[str, Options]) -> list[str]:
+    """Remove the table files an open that failed for lack of space left in a database directory:
+    ``*.sst`` files its MANIFEST does not list (RocksDB removes those itself only once an open
+    succeeds, and each failed open of a full volume wrote more). Nothing may have it open."""
+    reader = Rdict(path, db_options(), column_families=dict(families), access_type=AccessType.read_only())
+    try:
+        live = {os.path.basename(f["name"]) for f in reader.live_files()}
+    finally:
+        reader.close()
+    removed = sorted(name for name in os.listdir(path) if name.endswith(".sst") and name not in live)
+    for name in removed:
+        os.remove(os.path.join(path, name))
+    return removed
 
 
 def _cf(table: str) -> str:
@@ -91,6 +125,44 @@ def _leased(method: Callable[..., _T]) -> Callable[..., _T]:
             self._release()
 
     return leased
+
+
+def _write_guard(reserve: bool) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """A write to the database: refused while it is degraded, or (``reserve``) while the volume
+    is below its reserve (507); one that RocksDB fails for lack of space degrades it."""
+
+    def guard(method: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(method)
+        def writing(self: RocksDBPartition, *args: Any, **kwargs: Any) -> _T:
+            if self._degraded:
+                self.recover()  # space may have come back since
+            self._acquire()
+            try:
+                self._require_writable(reserve)
+                return _out_of_space_degrades(self, method, *args, **kwargs)
+            finally:
+                self._release()
+
+        return writing
+
+    return guard
+
+
+def _out_of_space_degrades(partition: RocksDBPartition, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    try:
+        return method(partition, *args, **kwargs)
+    except Exception as exc:
+        if not is_out_of_space(exc):
+            raise
+        partition._degrade()
+        raise InsufficientStorage(
+            f"the data volume is full ({exc}); the write was not applied, and the job takes writes "
+            "again once space is freed"
+        ) from exc
+
+
+_writing = _write_guard(reserve=True)
+_freeing = _write_guard(reserve=False)  # dropping a state frees space: allowed below the reserve
 
 
 def _leased_iter(method: Callable[..., Iterator[_T]]) -> Callable[..., Iterator[_T]]:
@@ -243,8 +315,12 @@ class RocksDBPartition(StorePartition):
         max_parallelism: int | None,
         frozen_dir: str | None = None,
         pool: OpenInstances | None = None,
+        volume: DataVolume | None = None,
     ) -> None:
         self.path = path
+        self._volume = volume  # None: no reserve (staged restores, snapshot readers)
+        self._options = db_options(wal_limit(volume.reserve_bytes)) if volume is not None else db_options()
+        self._degraded = False  # failed for lack of space, or open read-only: no writes until reopened
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0
         self._pool = pool  # None: stays open until closed (staged restores, snapshot readers)
@@ -301,21 +377,34 @@ class RocksDBPartition(StorePartition):
 
     def _open(self, max_parallelism: int | None) -> None:
         path = self.path
-        existing = Rdict.list_cf(path, db_options()) if os.path.exists(os.path.join(path, "CURRENT")) else []
+        is_new = not os.path.exists(os.path.join(path, "CURRENT"))
+        existing = [] if is_new else Rdict.list_cf(path, self._options)
         if not existing and max_parallelism is not None:
             existing = [_cf(table) for table in _WITH_NEW_DATABASE]
-        families = {cf: db_options() for cf in existing if cf != _DEFAULT_CF}
+        families = {cf: self._options for cf in existing if cf != _DEFAULT_CF}
         self._column_families = set(families)  # may exceed the tables: see create_table
         try:
-            self._db = Rdict(path, db_options(), column_families=families)
+            self._db = self._open_writable(families)
         except Exception as exc:
-            # The lock of a database closed moments ago is held until its last Rdict object is
-            # gone: a leftover one in a reference cycle (an exception's traceback) goes with a
-            # collection. Only here, not on every close.
-            if "lock" not in str(exc).lower():
+            if not is_out_of_space(exc):
                 raise
-            gc.collect()
-            self._db = Rdict(path, db_options(), column_families=families)
+            if is_new:  # nothing to read yet
+                raise InsufficientStorage(
+                    f"the data volume is full: a new job's database cannot be created ({exc})"
+                ) from exc
+            # Opening replays the write-ahead log into new table files first: without the room
+            # for them, drop what the failed attempt wrote and serve reads read-only until it returns.
+            removed = remove_partial_files(path, families)
+            if removed:
+                log.warning("%s: removed %d partial table files of a failed open", path, len(removed))
+            try:
+                self._db = self._open_writable(families)
+            except Exception as again:
+                if not is_out_of_space(again):
+                    raise
+                self._db = Rdict(path, self._options, column_families=families, access_type=AccessType.read_only())
+                self._degrade()
+                log.warning("%s opened read-only: no room to replay its write-ahead log (%s)", path, again)
         self._is_open = True
         stored = self._db.get(_MAX_PARALLELISM_KEY)
         if stored is not None:
@@ -334,6 +423,54 @@ class RocksDBPartition(StorePartition):
         self._handles: dict[str, ColumnFamily] = {}
         for table in self._nested:
             self._open_family(table)
+
+    def _open_writable(self, families: dict[str, Options]) -> Rdict:
+        try:
+            return Rdict(self.path, self._options, column_families=families)
+        except Exception as exc:
+            # The lock of a database closed moments ago is held until its last Rdict object is
+            # gone: a leftover one in a reference cycle (an exception's traceback) goes with a
+            # collection. Only here, not on every close.
+            if "lock" not in str(exc).lower():
+                raise
+            gc.collect()
+            return Rdict(self.path, self._options, column_families=families)
+
+    # -- out of space ------------------------------------------------------------------------
+
+    def _require_writable(self, reserve: bool) -> None:
+        if self._degraded:
+            raise InsufficientStorage(
+                "the data volume ran out of space: this job serves reads but takes no writes until space is "
+                "freed (it is reopened for writing by itself)"
+            )
+        if reserve and self._volume is not None:
+            self._volume.require()
+
+    def _degrade(self) -> None:
+        self._degraded = True
+        if self._volume is not None:
+            self._volume.degraded(self)
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    def recover(self) -> bool:
+        """Reopen a degraded database for writing if the volume is above its reserve and nothing
+        uses the database now; whether it takes writes (again)."""
+        with self._guard:
+            if not self._degraded:
+                return True
+            if self._leases or (self._volume is not None and not self._volume.room_to_reopen()):
+                return False
+            if self._is_open:
+                self._close_db()  # also forgets the degraded state
+            if self._closed:
+                return True
+            self._open(None)  # degrades again if the volume is still too full to open writable
+            self._opened()
+            return not self._degraded
 
     def _open_family(self, table: str) -> None:
         if table == META_TABLE:
@@ -426,20 +563,24 @@ class RocksDBPartition(StorePartition):
 
     # -- writes ------------------------------------------------------------------------
 
-    @_leased
     def create_table(self, table: str, nested: bool) -> None:
+        if table not in self._nested:  # opening a job "creates" its tables: no write, also when degraded
+            self._create_table(table, nested)
+
+    @_writing
+    def _create_table(self, table: str, nested: bool) -> None:
         if table in self._nested:
             return
         # A column family without its table row (made with the database, or by a crash between
         # the two writes) is taken as it is.
         if _cf(table) not in self._column_families:
-            self._db.create_column_family(_cf(table), db_options())
+            self._db.create_column_family(_cf(table), self._options)
             self._column_families.add(_cf(table))
         self._db.put(_NESTED_PREFIX + table.encode(), b"1" if nested else b"0")
         self._nested[table] = nested
         self._open_family(table)
 
-    @_leased
+    @_freeing
     def drop_table(self, table: str) -> None:
         if table not in self._nested or table == META_TABLE:
             return
@@ -451,13 +592,13 @@ class RocksDBPartition(StorePartition):
         self._db.drop_column_family(_cf(table))
         self._column_families.discard(_cf(table))
 
-    @_leased
+    @_writing
     def write(self, ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
         self._add_ops(batch, ops)
         self._db.write(batch)
 
-    @_leased
+    @_writing
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
         for table, changes in flat.items():
@@ -542,6 +683,10 @@ class RocksDBPartition(StorePartition):
         self._families.clear()
         self._handles.clear()
         del self._db
+        if self._degraded:  # the next open tries for writing again
+            self._degraded = False
+            if self._volume is not None:
+                self._volume.restored(self)
         if self._pool is not None:
             self._pool.discard(self)
 

@@ -11,6 +11,7 @@ from statehouse.backends.names import validate_name
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL
+from statehouse.backends.rocksdb.space import DataVolume
 from statehouse.snapshots.layout import SnapshotKind
 from statehouse.snapshots.strategy import FULL, SnapshotStrategy
 
@@ -22,12 +23,21 @@ class RocksDBStore(Store):
 
     name = "rocksdb"
 
-    def __init__(self, data_dir: str, *, incremental_checkpoints: bool = True, max_open: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        incremental_checkpoints: bool = True,
+        max_open: int | None = None,
+        disk_reserve_bytes: int = 0,
+    ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
         # Jobs' databases kept open at once (None: no bound); staged restores are not counted.
         self.instances = OpenInstances(max_open)
         os.makedirs(self.data_dir, exist_ok=True)
+        # Writes (restores' too) stop at the reserve, so that every job can still be reopened.
+        self.volume = DataVolume(self.data_dir, disk_reserve_bytes)
         self._staging = os.path.join(self.data_dir, "$staging")
         self._retired = os.path.join(self.data_dir, "$retired")
         self._finish_interrupted_swaps()
@@ -57,11 +67,18 @@ class RocksDBStore(Store):
         # allowed in names.
         frozen_dir = os.path.join(self.data_dir, "$frozen", job)
         shutil.rmtree(frozen_dir, ignore_errors=True)  # views of a previous process are stale
-        return RocksDBPartition(self._path(job), max_parallelism, frozen_dir, self.instances)
+        return RocksDBPartition(self._path(job), max_parallelism, frozen_dir, self.instances, self.volume)
 
     def destroy_partition(self, job: str) -> None:
         shutil.rmtree(self._path(job), ignore_errors=True)
         shutil.rmtree(os.path.join(self.data_dir, "$frozen", job), ignore_errors=True)
+
+    def check_space(self) -> None:
+        self.volume.recover()
+
+    def space_problem(self) -> str | None:
+        self.volume.above_reserve()  # one statvfs: a probe sees the volume as it is now
+        return None if self.volume.ready else self.volume.not_ready_reason()
 
     def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
         # Savepoints are always canonical (portable to the heap backend and across rescales).
@@ -71,7 +88,8 @@ class RocksDBStore(Store):
         path = os.path.join(self._staging, validate_name(job, "job"))
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(self._staging, exist_ok=True)
-        return RocksDBPartition(path, max_parallelism, os.path.join(self.data_dir, "$frozen", "$staging", job))
+        frozen_dir = os.path.join(self.data_dir, "$frozen", "$staging", job)
+        return RocksDBPartition(path, max_parallelism, frozen_dir, volume=self.volume)
 
     def promote(self, job: str, live: StorePartition | None, staged: StorePartition) -> StorePartition:
         assert isinstance(staged, RocksDBPartition) and (live is None or isinstance(live, RocksDBPartition))
