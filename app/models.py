@@ -358,8 +358,15 @@ class FenceResponse(BaseModel):
     epoch: int
 
 
+# Declared, not "an object of JSON values": generated clients then have a `value` field.
+class BatchResult(BaseModel):
+    """One operation's result: `{"value": ...}` for a read, `{}` for a write."""
+
+    value: JsonValue = Field(None, description="what a read found (null when absent); absent for writes")
+
+
 class BatchResponse(BaseModel):
-    results: list[dict[str, JsonValue]] = Field(description='per op, in order: {"value": ...} for reads, {} for writes')
+    results: list[BatchResult] = Field(description='per op, in order: {"value": ...} for reads, {} for writes')
 
 
 class ColumnsResponse(BaseModel):
