@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class Block:
 
 def parse(path: Path) -> list[Block]:
     """The page's fenced and indented code blocks, with the marker on the line before each."""
-    page = str(path.relative_to(REPO))
+    page = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
     lines = path.read_text().splitlines()
     blocks: list[Block] = []
     previous = ""  # the last non-blank line before the current one
@@ -103,7 +104,12 @@ def _block(page: str, line: int, language: str, code: str, previous: str) -> Blo
     )
 
 
-BLOCKS = [block for path in PAGES for block in parse(path) if block.language]
+def parse_page(path: Path) -> list[Block]:
+    """The blocks this test runs (shell and Python) or skips by their marker."""
+    return [block for block in parse(path) if block.language]
+
+
+BLOCKS = [block for path in PAGES for block in parse_page(path)]
 
 
 def test_markers_are_known_and_give_a_reason():
@@ -146,24 +152,54 @@ def expected_output(code: str) -> list[str]:
     return [m.group(1).strip() for line in code.splitlines() if (m := EXPECTED.search(line))]
 
 
+def run(block: Block, addresses: dict[str, str], workdir: Path) -> subprocess.CompletedProcess:
+    code = with_addresses(block.code, addresses)
+    venv_bin = str(Path(sys.executable).parent)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")},
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+        "REPLICA_URL": addresses["localhost:8000"],
+    }
+    command = ["bash", "-euo", "pipefail", "-c", code] if block.language == "bash" else [sys.executable, "-c", code]
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def check_output(block: Block, stdout: str) -> None:
+    position = 0
+    for expected in expected_output(block.code):
+        found = stdout.find(expected, position)
+        assert found >= 0, f"{block.id}: {expected!r} not in the output after position {position}:\n{stdout}"
+        position = found + len(expected)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_block_runs_as_written(block: Block, servers, workdir):
     if block.marker == "skip":
         pytest.skip(f"{block.id}: {block.reason}")
     if block.marker == "spark":
         pytest.skip(f"{block.id}: run by the Spark tests ({block.reason})")
-    code = with_addresses(block.code, servers)
-    venv_bin = str(Path(sys.executable).parent)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")},
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
-        "REPLICA_URL": servers["localhost:8000"],
-    }
-    command = ["bash", "-euo", "pipefail", "-c", code] if block.language == "bash" else [sys.executable, "-c", code]
-    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    # CI installs jq (.ci/run), so there a missing jq fails the block instead of skipping it.
+    if re.search(r"\bjq\b", block.code) and shutil.which("jq") is None and not os.environ.get("CI"):
+        pytest.skip(f"{block.id}: jq is not installed")
+    result = run(block, servers, workdir)
     assert result.returncode == 0, f"{block.id} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-    position = 0
-    for expected in expected_output(block.code):
-        found = result.stdout.find(expected, position)
-        assert found >= 0, f"{block.id}: {expected!r} not in the output after position {position}:\n{result.stdout}"
-        position = found + len(expected)
+    check_output(block, result.stdout)
+
+
+def test_the_runner_catches_what_used_to_escape(servers, workdir, tmp_path):
+    """A failing curl, output other than the one shown, an unmarked block in an unknown language."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```sh\ncurl -sS --fail-with-body localhost:8000/v1/jobs/no-such-job; echo after\n```\n\n"
+        '```sh\ncurl -sS localhost:8000/healthz   # {"status":"down"}\n```\n'
+    )
+    failing, wrong_output = parse_page(page)
+    result = run(failing, servers, workdir)
+    assert result.returncode == 22 and "job_not_found" in result.stdout and "after" not in result.stdout
+    result = run(wrong_output, servers, workdir)
+    assert result.returncode == 0
+    with pytest.raises(AssertionError, match="not in the output"):
+        check_output(wrong_output, result.stdout)
+    page.write_text("```console\n$ curl localhost:8000/healthz\n```\n")
+    with pytest.raises(AssertionError, match="a ```console block"):
+        parse_page(page)
