@@ -63,6 +63,7 @@ def open_catalog(settings: Settings) -> JobCatalog:
             max_states_per_job=settings.max_states_per_job,
             max_map_read_entries=settings.max_map_read_entries,
             max_list_bytes=settings.max_list_bytes,
+            max_answer_bytes=settings.max_answer_bytes,
         ),
     )
 

@@ -12,6 +12,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from statehouse.backends.attempts import EpochReport
+from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 from statehouse.backends.codec import parse_decimal
 from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
@@ -246,8 +247,10 @@ class BatchOp(BaseModel):
 
 class BatchRequest(BaseModel):
     ops: list[BatchOp]
-    epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
-    partition: int | None = Field(None, ge=0, le=2**31 - 1, description="task attempts: the Spark partition id")
+    epoch: int | None = Field(
+        None, ge=0, le=MAX_EPOCH, description="writer epoch; refused with 409 unless it is the job's current one"
+    )
+    partition: int | None = Field(None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id")
     attempt: str | None = Field(
         None,
         pattern=ATTEMPT_PATTERN,
@@ -255,14 +258,19 @@ class BatchRequest(BaseModel):
         "and the batch's reads see the attempt's own staged writes",
     )
     seq: int | None = Field(
-        None, ge=0, description="task attempts: 0, 1, 2... per attempt and replica; a re-sent request repeats its seq"
+        None,
+        ge=0,
+        le=MAX_SEQ,
+        description="task attempts: 0, 1, 2... per attempt and replica; a re-sent request repeats its seq",
     )
 
 
 class AttemptModel(Strict):
-    partition: int = Field(ge=0, le=2**31 - 1, description="the Spark partition id")
+    partition: int = Field(ge=0, le=MAX_PARTITION, description="the Spark partition id")
     attempt: str = Field(pattern=ATTEMPT_PATTERN, description="the winning attempt's id")
-    ops: int = Field(ge=0, description="the write operations the attempt staged on this replica, as its task counted")
+    ops: int = Field(
+        ge=0, le=MAX_SEQ, description="the write operations the attempt staged on this replica, as its task counted"
+    )
 
 
 class EpochBody(Strict):
@@ -270,7 +278,9 @@ class EpochBody(Strict):
 
 
 class TriggerBody(Strict):
-    checkpoint_id: int | None = Field(None, ge=1, description="the id to use (the coordinator's); default last + 1")
+    checkpoint_id: int | None = Field(
+        None, ge=1, le=MAX_CHECKPOINT_ID, description="the id to use (the coordinator's); default last + 1"
+    )
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
     metadata: dict[str, JsonValue] = Field(
         default_factory=dict, description="kept with the checkpoint, e.g. the coordinator's batch id"
@@ -315,7 +325,9 @@ class CheckpointPage(Page):
 
 
 class RestoreBody(Strict):
-    checkpoint_id: int | None = Field(None, ge=1, description="a checkpoint or savepoint id of this job")
+    checkpoint_id: int | None = Field(
+        None, ge=1, le=MAX_CHECKPOINT_ID, description="a checkpoint or savepoint id of this job"
+    )
     location: str | None = Field(None, description="a snapshot location (a checkpoint's or savepoint's `location`)")
     operator_parallelism: dict[Annotated[str, Name], Annotated[int, Field(ge=1, le=MAX_SUBTASKS)]] | None = Field(
         None, description="new subtask count per operator, for redistributing operator list state"
@@ -351,7 +363,7 @@ EpochReportModel = _report_model(
 
 
 class FenceBody(Strict):
-    epoch: int = Field(ge=0, description="raise the job's writer epoch to at least this")
+    epoch: int = Field(ge=0, le=MAX_EPOCH, description="raise the job's writer epoch to at least this")
 
 
 class FenceResponse(BaseModel):
@@ -406,14 +418,18 @@ class AdvanceBody(Strict):
     limit: int | None = Field(
         None, ge=1, description="fire at most this many (capped at STATEHOUSE_MAX_BATCH_OPS); the rest stay due"
     )
-    epoch: int | None = Field(None, description="writer epoch; refused with 409 unless it is the job's current one")
-    partition: int | None = Field(None, ge=0, le=2**31 - 1, description="task attempts: the Spark partition id")
+    epoch: int | None = Field(
+        None, ge=0, le=MAX_EPOCH, description="writer epoch; refused with 409 unless it is the job's current one"
+    )
+    partition: int | None = Field(None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id")
     attempt: str | None = Field(
         None,
         pattern=ATTEMPT_PATTERN,
         description="task attempts: the firing is staged (one write operation) until the epoch is committed",
     )
-    seq: int | None = Field(None, ge=0, description="task attempts: the request's seq, as on the batch endpoint")
+    seq: int | None = Field(
+        None, ge=0, le=MAX_SEQ, description="task attempts: the request's seq, as on the batch endpoint"
+    )
 
 
 class AdvanceResponse(BaseModel):

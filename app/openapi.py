@@ -12,7 +12,9 @@ then adds what follows from the route itself, so that no router has to repeat it
   (a token not scoped to the job);
 * 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body`` and
   413 ``body_too_large`` on every route with a body (FastAPI's ``HTTPValidationError`` is gone:
-  the server never sends it).
+  the server never sends it);
+* the name pattern on every path parameter that names a job, state or operator state
+  (``NAMED_PARAMETERS``): the engine refuses, or finds nothing under, any other name.
 
 Each error response also lists its codes in ``x-problem-codes``.
 """
@@ -31,11 +33,15 @@ from statehouse.app.dependencies import require_token
 from statehouse.app.models import BatchRequest, Problem
 from statehouse.app.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE
 from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
+from statehouse.backends.names import NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 PROBLEM_SCHEMA = {"$ref": REF.format(model="Problem")}
 SECURITY_SCHEME = "bearerAuth"
 CODES = "x-problem-codes"
+# Path parameters that are names (``backends/names.py``), declared with its pattern wherever a
+# route does not declare it itself.
+NAMED_PARAMETERS = frozenset({"job", "state", "operator", "name"})
 CHALLENGE = {"description": "`Bearer`: the scheme to authenticate with", "required": True, "schema": {"type": "string"}}
 
 # Route function name → operationId: the method names of generated clients, so they never change
@@ -274,10 +280,18 @@ def _optional_body(operation: dict[str, Any]) -> None:
             media["schema"] = next(v for v in variants if v != {"type": "null"})
 
 
+def _name_patterns(operation: dict[str, Any]) -> None:
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "path" and parameter["name"] in NAMED_PARAMETERS:
+            parameter["schema"].setdefault("pattern", NAME_PATTERN)
+
+
 def _complete(operation: dict[str, Any], route: Any, method: str) -> None:
-    """Add what follows from the route itself: id, security, and the errors every such route has."""
+    """Add what follows from the route itself: id, security, the errors every such route has, and
+    the name pattern of its names."""
     operation["operationId"] = operation_id(route)
     _optional_body(operation)
+    _name_patterns(operation)
     if _secured(route):
         operation["security"] = [{SECURITY_SCHEME: []}]
         _add_codes(operation, "unauthorized", "not_ready")

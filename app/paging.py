@@ -68,7 +68,7 @@ class PageRequest:
 async def page_request(
     service: ServiceDep,
     limit: Annotated[int, Query(ge=1, le=10_000, description="page size (capped at the server's maximum)")] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[str | None, Query(min_length=1, description="next_cursor of the previous page")] = None,
 ) -> PageRequest:
     return PageRequest(min(limit, service.settings.max_page_size), decode_cursor(cursor))
 

@@ -2,9 +2,10 @@
 
 FastAPI parses model-validated bodies with ``json.loads``, which takes ``NaN``, ``Infinity``
 and ``1e400`` (read back as ``null``) and nests without limit; uvicorn decodes ``%ff`` in a
-path to U+FFFD, so ``%ff``, ``%fe`` and ``%EF%BF%BD`` would name one key. Every route here
-reads JSON the way the batch endpoint does (:func:`statehouse.app.wire.loads_json`) and
-refuses a path that is not UTF-8 once percent-decoded.
+path (and Starlette a query string) to U+FFFD, so ``%ff``, ``%fe`` and ``%EF%BF%BD`` would name
+one key or namespace. Every route here reads JSON the way the batch endpoint does
+(:func:`statehouse.app.wire.loads_json`) and refuses a path or query string that is not UTF-8
+once percent-decoded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import loads_json
@@ -29,17 +31,18 @@ class StrictJSONRequest(Request):
         return self._json
 
 
-def check_path(raw_path: bytes) -> None:
-    """A path whose percent-escapes do not decode as UTF-8 names nothing: refuse it."""
-    if b"%" in raw_path:
-        try:
-            unquote_to_bytes(raw_path).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ApiError(
-                "invalid_argument",
-                f"the path is not UTF-8 once percent-decoded ({exc.reason} at byte {exc.start}): "
-                "percent-encode keys and names as UTF-8",
-            ) from None
+def check_target(scope: Scope) -> None:
+    """A path or query string whose percent-escapes do not decode as UTF-8 names nothing: refuse it."""
+    for raw, what in ((scope.get("raw_path") or b"", "path"), (scope.get("query_string") or b"", "query string")):
+        if b"%" in raw or not raw.isascii():
+            try:
+                unquote_to_bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ApiError(
+                    "invalid_argument",
+                    f"the {what} is not UTF-8 once percent-decoded ({exc.reason} at byte {exc.start}): "
+                    "percent-encode keys, names and parameters as UTF-8",
+                ) from None
 
 
 class StrictRoute(APIRoute):
@@ -47,7 +50,7 @@ class StrictRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def strict_handler(request: Request) -> Response:
-            check_path(request.scope.get("raw_path") or b"")
+            check_target(request.scope)
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict_handler

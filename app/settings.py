@@ -59,7 +59,8 @@ class Settings(BaseSettings):
     max_staged_bytes: int = Field(
         256 << 20,
         ge=1,
-        description="memory for task-attempt writes staged under one epoch, per job: request bytes plus 512 per write",
+        description="memory task attempts hold under one epoch, per job: their writes (request bytes plus 512 per "
+        "write), the timers their advances fired and the answers kept for re-sent requests",
     )
     max_staged_attempts: int = Field(10_000, ge=1, description="task attempts staged under one epoch, per job")
     max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")
@@ -81,6 +82,12 @@ class Settings(BaseSettings):
         description="free space kept on the data volume (RocksDB): below it writes are refused with 507 "
         "insufficient_storage and /readyz answers 503, so that every job can still be reopened (replaying its "
         "write-ahead log, kept under a quarter of this) and read; writes resume by themselves when space returns",
+    )
+    max_answer_bytes: int = Field(
+        64 << 20,
+        ge=1,
+        description="most stored bytes of values one request reads back (batch, columnar, whole maps, listings, "
+        "operator lists); larger answers are refused with 413 answer_too_large",
     )
     access_log: AccessLog = Field(
         "control",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from statehouse.backends.base.store import Store
+from statehouse.backends.bounds import MAX_EPOCH
 from statehouse.backends.errors import InvalidArgument, JobConflict, JobNotFound
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.limits import Limits
@@ -139,7 +140,9 @@ class JobCatalog:
                     self.limits.check_jobs(len(self._jobs))
                 # A savepoint holds as many states as it holds: the limit applies to it too.
                 self.limits.check_states(name, len(stored_descriptors(staged.partition)))
-                staged.fence(live.epoch + 1 if live is not None else 0)
+                # At the largest epoch none is past it: the restored job keeps it (what was staged
+                # under it is gone with the old job all the same).
+                staged.fence(min(live.epoch + 1, MAX_EPOCH) if live is not None else 0)
                 partition = self.store.promote(name, live.partition if live is not None else None, staged.partition)
             except BaseException:
                 self.store.discard_staging(name, staged.partition)

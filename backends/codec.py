@@ -141,7 +141,7 @@ def _field(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
-_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]*")  # one form per number: no "-0"
 
 
 def parse_decimal(text: str) -> int | None:
@@ -160,7 +160,7 @@ def parse_key(text: str, key_type: KeyType) -> str | int:
     if key is None:
         raise InvalidKey(
             f"this state has {key_type} keys; {text!r} is not an integer in canonical form "
-            "(ASCII digits, optional leading '-', no leading zeros, no spaces)"
+            "(ASCII digits, optional leading '-', no leading zeros, no spaces, no '-0')"
         )
     return key
 

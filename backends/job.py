@@ -12,10 +12,11 @@ from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
+from statehouse.backends.bounds import MAX_EPOCH, check_range
 from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
-    InvalidArgument,
+    EpochSealed,
     JobReplaced,
     KeyNotOwned,
     StaleEpoch,
@@ -31,7 +32,8 @@ from statehouse.backends.keyed import (
     ReducingState,
     ValueState,
 )
-from statehouse.backends.limits import Limits
+from statehouse.backends.limits import AnswerMeter, Limits
+from statehouse.backends.memory import released
 from statehouse.backends.operator_state import OperatorState
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
@@ -194,8 +196,7 @@ class Job:
 
     def fence(self, epoch: int) -> int:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise InvalidArgument(f"epoch must be a non-negative integer, got {epoch!r}")
+        check_range(epoch, "epoch", MAX_EPOCH)  # an epoch past it could never be named again
         with self.exclusive():
             current = self.epoch
             if epoch > current:
@@ -203,7 +204,9 @@ class Job:
                 tx.put(META_TABLE, 0, EPOCH_META, str(epoch).encode())
                 tx.commit()
                 current = epoch
-                self._staging = None  # what older epochs staged can never commit
+                # What older epochs staged can never commit: freed (no reference left) and trimmed.
+                size, self._staging = self._staging.bytes if self._staging is not None else 0, None
+                released(size)
             return current
 
     @property
@@ -213,8 +216,14 @@ class Job:
         return int(raw) if raw is not None else 0
 
     def staging(self, epoch: int) -> EpochStaging:
-        """The staging of ``epoch``, the current epoch (call under :meth:`exclusive`)."""
+        """The staging of ``epoch``, the current epoch (call under :meth:`exclusive`); refused
+        once ``epoch`` was committed: what it staged then could never commit."""
         if self._staging is None or self._staging.epoch != epoch:
+            if self.committed_epoch == epoch:
+                raise EpochSealed(
+                    f"epoch {epoch} of job {self.name!r} was committed; it takes no more writes: a late task attempt "
+                    "of a finished micro-batch (its writes are not applied), or the driver must fence a new epoch"
+                )
             self._staging = EpochStaging(epoch, self.partition, self.changes)
         return self._staging
 
@@ -234,12 +243,13 @@ class Job:
     def drop_staging(self, epoch: int) -> None:
         """Forget what ``epoch`` staged (after its commit, or an abort)."""
         with self._lock:
-            if self.staged(epoch) is not None:
-                self._staging = None
+            staging = self.staged(epoch)
+            if staging is not None:
+                size, self._staging, staging = staging.bytes, None, None  # no reference left: freed now
+                released(size)
 
     def check_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise InvalidArgument(f"epoch must be an integer, got {epoch!r}")
+        check_range(epoch, "epoch", MAX_EPOCH)
         current = self.epoch
         if epoch != current:
             raise StaleEpoch(
@@ -350,7 +360,8 @@ class JobTransaction:
         self.job = job
         self._tx = PartitionTransaction(source if source is not None else job.partition)
         self._states: dict[str, KeyedState] = {}
-        self.operator = OperatorState(self._tx, job.limits)
+        self.answer = AnswerMeter(job.limits.max_answer_bytes)  # what this request's reads answer
+        self.operator = OperatorState(self._tx, job.limits, self.answer)
 
     @cached_property
     def timers(self) -> TimerService:
@@ -361,7 +372,7 @@ class JobTransaction:
         state = self._states.get(name)
         if state is None:
             descriptor = self.job.descriptor(name)
-            state = self._states[name] = STATE_CLASSES[descriptor.kind](self.job, self._tx, descriptor)
+            state = self._states[name] = STATE_CLASSES[descriptor.kind](self.job, self._tx, descriptor, self.answer)
         return state
 
     def _typed(self, name: str, *kinds: str) -> Any:
@@ -402,3 +413,4 @@ class JobTransaction:
 
     def rollback(self) -> None:
         self._tx.rollback()
+        self.answer.used = 0  # what was read is dropped with the writes (a batch re-run op by op)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from statehouse.backends.errors import StateError
@@ -17,6 +18,10 @@ class ValueTooLarge(StateError):
 
 class StagingTooLarge(StateError):
     code = "staging_too_large"
+
+
+class AnswerTooLarge(StateError):
+    code = "answer_too_large"
 
 
 class TooManyJobs(StateError):
@@ -53,6 +58,9 @@ class Limits:
     # A list is one record that every add appends to (and every read decodes whole), so its
     # stored size is what a write and a read cost; known without decoding, unlike its length.
     max_list_bytes: int = 16 << 20
+    # What one request may read back: the stored bytes of the values its answer carries (a
+    # rendered answer is about that size; decoded, a few times more). Counted as rows are read.
+    max_answer_bytes: int = 64 << 20
 
     def check_key(self, encoded: bytes, what: str = "key") -> None:
         if len(encoded) > self.max_key_bytes:
@@ -111,6 +119,41 @@ class Limits:
             )
         if staged_bytes > self.max_staged_bytes:
             raise StagingTooLarge(
-                f"{staged_bytes} bytes of writes staged under one epoch exceed the limit of {self.max_staged_bytes} "
+                f"{staged_bytes} bytes staged under one epoch (writes, fired timers, answers kept for re-sent "
+                f"requests) exceed the limit of {self.max_staged_bytes} "
                 "(STATEHOUSE_MAX_STAGED_BYTES); make micro-batches smaller (e.g. maxOffsetsPerTrigger) or raise it"
             )
+
+
+class AnswerMeter:
+    """The stored bytes one request's answer carries so far (``Limits.max_answer_bytes``):
+    every read that answers charges what it read, before decoding it, so a request that would
+    build a too-large answer is refused having read at most the limit and one record more."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def charge(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            raise AnswerTooLarge(
+                f"the answer would exceed {self.limit} bytes (STATEHOUSE_MAX_ANSWER_BYTES); read fewer keys per "
+                "request, or page the map (GET .../keys/{key}/entries)",
+                limit=self.limit,
+            )
+
+    def read_many(self, read: Callable[[int], list[bytes | None]]) -> list[bytes | None]:
+        """``read(budget)`` (a ``get_many`` given the bytes left), charged: a backend whose reads
+        copy stops past the budget, so a refused read holds at most the limit and one record."""
+        found = read(self.limit - self.used)
+        self.charge(sum(map(len, filter(None, found))))
+        return found
+
+    def items(self, stored: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """Stored entries (user key, record) as they are read, each charged."""
+        for secondary, raw in stored:
+            self.charge(len(secondary) + len(raw))
+            yield secondary, raw

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
 from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
-from statehouse.backends.limits import Limits
+from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.names import validate_name
 from statehouse.backends.redistribution import check_subtask
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
@@ -37,9 +37,10 @@ def operator_subtasks_row(operator: str) -> bytes:
 class OperatorState:
     """Operator state of one job, bound to one transaction."""
 
-    def __init__(self, tx: PartitionTransaction, limits: Limits) -> None:
+    def __init__(self, tx: PartitionTransaction, limits: Limits, answer: AnswerMeter | None = None) -> None:
         self._tx = tx
         self._limits = limits
+        self._answer = answer if answer is not None else AnswerMeter(limits.max_answer_bytes)
 
     def _encode(self, value: Any) -> bytes:
         encoded = encode_value(value)
@@ -84,7 +85,10 @@ class OperatorState:
 
     def list_get(self, operator: str, subtask: int, name: str) -> list[Any] | None:
         raw = self._tx.get(LIST_TABLE, NO_KEY_GROUP, self._list_primary(operator, subtask, name))
-        return None if raw is None else list(iter_values(raw))
+        if raw is None:
+            return None
+        self._answer.charge(len(raw))
+        return list(iter_values(raw))
 
     def _records(
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None
@@ -145,7 +149,8 @@ class OperatorState:
 
     def broadcast_entries(self, operator: str, name: str) -> dict[str, Any]:
         primary = self._broadcast_primary(operator, name)
-        return {s.decode(): decode_value(v) for s, v in self._tx.items(BROADCAST_TABLE, NO_KEY_GROUP, primary)}
+        stored = self._answer.items(self._tx.items(BROADCAST_TABLE, NO_KEY_GROUP, primary))
+        return {s.decode(): decode_value(v) for s, v in stored}
 
 
 def _elements(values: Iterable[Any]) -> list[Any]:

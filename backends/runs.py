@@ -125,7 +125,7 @@ def _map_add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
 
 
 def _map_contains(state: KeyedState, rows: Rows, args: RunArgs) -> list[Any]:
-    found = _map(state, "map_contains").get_entries_many(rows, args.user_keys or [])
+    found = _map(state, "map_contains").get_entries_many(rows, args.user_keys or [], answers=False)
     return [value is not None for value in found]
 
 

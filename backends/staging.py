@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import StagedView
-from statehouse.backends.errors import InvalidArgument
+from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
+from statehouse.backends.errors import AttemptConflict, InvalidArgument
 
 
 class StagedColumns(Protocol):
@@ -45,14 +46,6 @@ StagedWrite = Mapping[str, Any] | StagedColumns
 READ_OPS = frozenset({"get", "map_get", "map_contains"})
 ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 _ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline
-_MAX_PARTITION = 2**31 - 1  # Spark partition ids are Java ints
-_MAX_SEQ = 2**63 - 1
-
-
-def _count(value: Any, what: str, upper: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
-        raise InvalidArgument(f"'{what}' must be an integer in [0, {upper}]; got {value!r}")
-    return value
 
 
 def _attempt_id(value: Any) -> str:
@@ -71,9 +64,9 @@ class AttemptRef:
     seq: int
 
     def __post_init__(self) -> None:
-        _count(self.partition, "partition", _MAX_PARTITION)
+        check_range(self.partition, "partition", MAX_PARTITION)
         _attempt_id(self.attempt)
-        _count(self.seq, "seq", _MAX_SEQ)
+        check_range(self.seq, "seq", MAX_SEQ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +78,14 @@ class Winner:
     ops: int
 
     def __post_init__(self) -> None:
-        _count(self.partition, "partition", _MAX_PARTITION)
+        check_range(self.partition, "partition", MAX_PARTITION)
         _attempt_id(self.attempt)
-        _count(self.ops, "ops", _MAX_SEQ)
+        check_range(self.ops, "ops", MAX_SEQ)
 
     @classmethod
     def parse(cls, items: Any) -> list[Winner]:
-        """The ``attempts`` of a prepare or commit body; each attempt at most once."""
+        """The ``attempts`` of a prepare or commit body; each attempt, and each partition, at most
+        once: two winners of one partition would apply its task's writes twice."""
         if not isinstance(items, list):
             raise InvalidArgument('\'attempts\' must be a list of {"partition", "attempt", "ops"}')
         winners = []
@@ -101,13 +95,22 @@ class Winner:
             winners.append(cls(item["partition"], item["attempt"], item["ops"]))
         if len({w.attempt for w in winners}) != len(winners):
             raise InvalidArgument("an attempt is named twice in 'attempts'")
+        if len({w.partition for w in winners}) != len(winners):
+            seen: dict[int, str] = {}
+            for w in winners:
+                if w.partition in seen:
+                    raise AttemptConflict(
+                        f"partition {w.partition} is named twice in 'attempts' ({seen[w.partition]!r} and "
+                        f"{w.attempt!r}): name the one attempt of each partition that won, or its writes count twice"
+                    )
+                seen[w.partition] = w.attempt
         return winners
 
 
 class StagedAttempt:
     """One attempt's staged writes on this replica: its redo log and its own view."""
 
-    __slots__ = ("attempt", "bytes", "last_results", "ops", "partition", "seq", "view", "writes")
+    __slots__ = ("answer_bytes", "attempt", "bytes", "last_results", "ops", "partition", "seq", "view", "writes")
 
     def __init__(self, partition: int, attempt: str, view: StagedView) -> None:
         self.partition = partition
@@ -117,7 +120,8 @@ class StagedAttempt:
         self.ops = 0  # write operations in ``writes`` (a columnar write counts its rows)
         self.seq = -1  # the last request applied
         self.last_results: Any = []  # its answer, for a re-sent request
-        self.bytes = 0
+        self.answer_bytes = 0  # what that answer read (``AnswerMeter``), counted in ``bytes``
+        self.bytes = 0  # memory held: writes, fired timers, the kept answer (STATEHOUSE_MAX_STAGED_BYTES)
 
     def summary(self) -> dict[str, Any]:
         return {"partition": self.partition, "attempt": self.attempt, "ops": self.ops, "bytes": self.bytes}

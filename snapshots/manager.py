@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from statehouse.backends.bounds import MAX_CHECKPOINT_ID, check_range
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.errors import InvalidArgument, JobReplaced
 from statehouse.snapshots.catalog import SnapshotCatalog, read_parts
@@ -125,15 +126,18 @@ class CheckpointManager:
         live = self.catalog.get(job)
         if kind not in ("checkpoint", "savepoint"):
             raise InvalidArgument(f"kind must be 'checkpoint' or 'savepoint'; got {kind!r}")
-        if checkpoint_id is not None and (
-            isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1
-        ):
-            raise InvalidArgument(f"checkpoint_id must be a positive integer; got {checkpoint_id!r}")
+        if checkpoint_id is not None:
+            check_range(checkpoint_id, "checkpoint_id", MAX_CHECKPOINT_ID, 1)
         state = self._state(job)
         strategy = self.catalog.store.snapshot_strategy(kind)
         with self._lock:
             latest = state.latest_id()
             if checkpoint_id is None:
+                if latest >= MAX_CHECKPOINT_ID:
+                    raise CheckpointConflict(
+                        f"job {job!r} has checkpoint {latest}, the largest id ({MAX_CHECKPOINT_ID}): no id follows it; "
+                        "take later checkpoints under a new job name (restore this one's there)"
+                    )
                 checkpoint_id = latest + 1
             elif checkpoint_id in state.known_ids or checkpoint_id in state.attempts:
                 raise CheckpointConflict(f"checkpoint {checkpoint_id} of job {job!r} exists already")

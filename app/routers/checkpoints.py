@@ -23,12 +23,15 @@ from statehouse.app.models import (
 )
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
+from statehouse.backends.bounds import MAX_CHECKPOINT_ID
 
 router = api_router(prefix="/v1", tags=["checkpoints"])
 
 # The validator after the parameter: before it, FastAPI writes ge/le into the OpenAPI schema as
 # they are instead of JSON Schema's minimum/maximum.
-CheckpointId = Annotated[int, Path(ge=1, description="checkpoint id"), BeforeValidator(canonical_index)]
+CheckpointId = Annotated[
+    int, Path(ge=1, le=MAX_CHECKPOINT_ID, description="checkpoint id"), BeforeValidator(canonical_index)
+]
 
 
 @router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202, responses=doc.TRIGGER)

@@ -18,9 +18,10 @@ from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, re
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import run_engine
 from statehouse.app.problems import ApiError, state_error
-from statehouse.app.routing import api_router, check_path
+from statehouse.app.routing import api_router, check_target
 from statehouse.app.wire import JSON, arrow_response, read_arrow
 from statehouse.backends.attempts import run_columns
+from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 from statehouse.backends.codec import parse_decimal
 from statehouse.backends.columns import COLUMN_OPS, ColumnOp, ColumnOpName
 from statehouse.backends.errors import StateError
@@ -38,10 +39,16 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
 # Declared here and read by hand (below): FastAPI's per-parameter validation costs more than the
 # rest of a small columnar request, and these four are optional integers and one id.
 ATTEMPT_PARAMETERS = [
-    _query("epoch", "the writer epoch (fencing), as in a batch", {"type": "integer", "minimum": 0}),
-    _query("partition", "Spark partition of the task attempt", {"type": "integer", "minimum": 0}),
+    _query(
+        "epoch", "the writer epoch (fencing), as in a batch", {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH}
+    ),
+    _query(
+        "partition", "Spark partition of the task attempt", {"type": "integer", "minimum": 0, "maximum": MAX_PARTITION}
+    ),
     _query("attempt", "task attempt id", {"type": "string", "pattern": ATTEMPT_PATTERN}),
-    _query("seq", "the attempt's request number to this replica", {"type": "integer", "minimum": 0}),
+    _query(
+        "seq", "the attempt's request number to this replica", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}
+    ),
 ]
 
 
@@ -136,7 +143,7 @@ class ColumnsFastPath:
     """The columnar endpoint without FastAPI's routing and dependency solving (~200 µs less
     server CPU per request, measured in process): an ASGI layer inside the app's middlewares
     (body limit, 500s, metrics) that takes ``POST /v1/jobs/{job}/states/{state}/columns/{op}``
-    for a known ``op`` and runs the route's own steps in its order — :func:`check_path`
+    for a known ``op`` and runs the route's own steps in its order — :func:`check_target`
     (``StrictRoute``), :func:`require_token`, the job lookup (:func:`get_job`), then
     :func:`serve` — answering errors with the app's problem handler. Anything else (an unknown
     ``op``: FastAPI's 422) goes on to the app."""
@@ -160,7 +167,7 @@ class ColumnsFastPath:
 
     @staticmethod
     async def _serve(request: Request, job: str, state: str, op: str) -> Response:
-        check_path(request.scope.get("raw_path") or b"")
+        check_target(request.scope)
         await require_token(request)
         service = service_of(request)
         return await serve(service, await get_job(service, job), state, op, request)

@@ -12,12 +12,13 @@ from statehouse.app.dependencies import JobDep
 from statehouse.app.models import EpochBody, EpochReportModel, canonical_index
 from statehouse.app.routing import api_router
 from statehouse.backends import attempts
+from statehouse.backends.bounds import MAX_EPOCH
 from statehouse.backends.staging import Winner
 
 router = api_router(prefix="/v1", tags=["epochs"])
 
 Epoch = Annotated[
-    int, Path(ge=0, le=2**63 - 1, description="the micro-batch's writer epoch"), BeforeValidator(canonical_index)
+    int, Path(ge=0, le=MAX_EPOCH, description="the micro-batch's writer epoch"), BeforeValidator(canonical_index)
 ]
 
 

@@ -140,8 +140,12 @@ class StorePartition(ABC):
         key_groups: Sequence[int],
         primaries: Sequence[bytes],
         secondaries: Sequence[bytes] | None = None,
+        budget: int | None = None,
     ) -> list[bytes | None]:
-        """:meth:`get` for many rows at once (a columnar request); backends answer it faster."""
+        """:meth:`get` for many rows at once (a columnar request); backends answer it faster.
+
+        ``budget``: the bytes the caller will take (``limits.AnswerMeter``); a backend whose
+        reads copy the values stops reading once they pass it, and answers fewer rows."""
         if secondaries is None:
             return [self.get(table, kg, p) for kg, p in zip(key_groups, primaries, strict=True)]
         return [self.get(table, kg, p, s) for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)]

@@ -43,6 +43,7 @@ class TransactionSource(Protocol):
         key_groups: Sequence[int],
         primaries: Sequence[bytes],
         secondaries: Sequence[bytes] | None = None,
+        budget: int | None = None,
     ) -> list[bytes | None]: ...
 
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]: ...
@@ -116,21 +117,27 @@ class PartitionTransaction:
         key_groups: Sequence[int],
         primaries: Sequence[bytes],
         secondaries: Sequence[bytes] | None = None,
+        budget: int | None = None,
     ) -> list[bytes | None]:
-        """:meth:`get` for many rows: what this transaction changed, else one read of the source."""
+        """:meth:`get` for many rows: what this transaction changed, else one read of the source
+        (``budget``: as the partition's ``get_many`` takes it; fewer rows may come back)."""
         if self._is_nested(table):
             if table not in self._pending_tables:
-                return self.partition.get_many(table, key_groups, primaries, secondaries)
+                return self.partition.get_many(table, key_groups, primaries, secondaries, budget)
             assert secondaries is not None
             return [self.get(table, kg, p, s) for kg, p, s in zip(key_groups, primaries, secondaries, strict=True)]
         changes = self._pending_flat(table)
         if not changes:
-            return self.partition.get_many(table, key_groups, primaries)
+            return self.partition.get_many(table, key_groups, primaries, None, budget)
         found: list = list(map(changes.get, zip(key_groups, primaries, strict=True), repeat(_ABSENT)))
         missing = [i for i, value in enumerate(found) if value is _ABSENT]
         if missing:
-            fetched = self.partition.get_many(table, [key_groups[i] for i in missing], [primaries[i] for i in missing])
-            for i, value in zip(missing, fetched, strict=True):
+            fetched = self.partition.get_many(
+                table, [key_groups[i] for i in missing], [primaries[i] for i in missing], None, budget
+            )
+            if len(fetched) < len(missing):  # the budget ran out: the rows up to there
+                found = found[: missing[len(fetched)]]
+            for i, value in zip(missing, fetched, strict=False):
                 found[i] = value
         return found
 

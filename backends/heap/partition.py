@@ -204,6 +204,7 @@ class HeapPartition(StorePartition):
         key_groups: Sequence[int],
         primaries: Sequence[bytes],
         secondaries: Sequence[bytes] | None = None,
+        budget: int | None = None,  # values are not copied: every row is read
     ) -> list[bytes | None]:
         t = self._tables[table]
         containers, empty = t.groups, _Container(0, {})

@@ -24,7 +24,7 @@ from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue, StateError
 from statehouse.backends.functions import StateFunction
 from statehouse.backends.keyed.cleaner import ttl_cleaner
-from statehouse.backends.limits import Limits
+from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.ttl import Clock, TtlConfig, is_expired
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.backends.value_types import COERCE, coerce_many
@@ -85,9 +85,17 @@ class KeyedContext(Protocol):
 class KeyedState:
     """A registered state bound to one transaction; every call names its key and namespace."""
 
-    def __init__(self, job: KeyedContext, tx: PartitionTransaction, descriptor: StateDescriptor) -> None:
+    def __init__(
+        self,
+        job: KeyedContext,
+        tx: PartitionTransaction,
+        descriptor: StateDescriptor,
+        answer: AnswerMeter | None = None,
+    ) -> None:
         self._job = job
         self._tx = tx
+        # What the request's reads answer (``None``: unmetered, e.g. a test's bare transaction).
+        self._answer = answer if answer is not None else AnswerMeter(job.limits.max_answer_bytes)
         self.descriptor = descriptor
         self._table = descriptor.name
         self._ttl: TtlConfig | None = descriptor.ttl
@@ -155,23 +163,39 @@ class KeyedState:
         raw = self._tx.get(self._table, kg, primary, secondary)
         return None if raw is None else self._from_raw(raw, kg, primary, secondary, for_update)
 
-    def _read_many(self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False) -> list:
+    def _read_many(
+        self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False, answers: bool = True
+    ) -> list:
         """:meth:`_read` of many rows (map entries: one secondary per row)."""
-        return decode_many(self._payloads_many(rows, secondaries, for_update=for_update))
+        return decode_many(self._payloads_many(rows, secondaries, for_update=for_update, answers=answers))
 
     def _payloads_many(
-        self, rows: Rows, secondaries: Sequence[bytes] | None = None, *, for_update: bool = False
+        self,
+        rows: Rows,
+        secondaries: Sequence[bytes] | None = None,
+        *,
+        for_update: bool = False,
+        answers: bool = True,
     ) -> list[bytes | None]:
-        """:meth:`_read_many` without decoding (a columnar read may decode a whole column at once)."""
+        """:meth:`_read_many` without decoding (a columnar read may decode a whole column at once).
+        A read whose values the request answers (not ``for_update``) is charged to its answer."""
+        answer = self._answer if answers and not for_update else None
         if self._ttl is not None:
             # Row by row through the transaction: a read may expire (delete) or refresh the
             # record, and a later row of the same key must see that, as the next call would.
             secs = secondaries if secondaries is not None else repeat(b"")
-            return [
-                self._read_payload(kg, primary, secondary, for_update)
-                for kg, primary, secondary in zip(rows.key_groups, rows.primaries, secs, strict=False)
-            ]
-        return self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries)
+            found = []
+            for kg, primary, secondary in zip(rows.key_groups, rows.primaries, secs, strict=False):
+                payload = self._read_payload(kg, primary, secondary, for_update)
+                if answer is not None and payload is not None:
+                    answer.charge(len(payload))
+                found.append(payload)
+            return found
+        if answer is None:
+            return self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries)
+        return answer.read_many(
+            lambda budget: self._tx.get_many(self._table, rows.key_groups, rows.primaries, secondaries, budget)
+        )
 
     def _from_raw(self, raw: bytes, kg: int, primary: bytes, secondary: bytes, for_update: bool) -> bytes | None:
         """The payload of a stored record by Flink's read rule (with TTL: expire or refresh it)."""

@@ -39,9 +39,13 @@ class ListState(KeyedState):
             found = []
             for kg, primary in zip(rows.key_groups, rows.primaries, strict=True):
                 raw = self._tx.get(self._table, kg, primary)
+                if raw is not None:
+                    self._answer.charge(len(raw))
                 found.append(None if raw is None else self._from_list(raw, kg, primary))
             return found
-        raws = self._tx.get_many(self._table, rows.key_groups, rows.primaries)
+        raws = self._answer.read_many(
+            lambda budget: self._tx.get_many(self._table, rows.key_groups, rows.primaries, None, budget)
+        )
         return [
             None if raw is None else self._from_list(raw, kg, primary)
             for raw, kg, primary in zip(raws, rows.key_groups, rows.primaries, strict=False)

@@ -59,9 +59,10 @@ class MapState(KeyedState):
             raise InvalidValue("map values must not be null; remove the entry instead")
         return encoded
 
-    def get_entries_many(self, rows: Rows, user_keys: Sequence[str]) -> list[Any]:
-        """:meth:`get` per row: one entry each."""
-        return self._read_many(rows, each_row(user_keys, self._user_key))
+    def get_entries_many(self, rows: Rows, user_keys: Sequence[str], *, answers: bool = True) -> list[Any]:
+        """:meth:`get` per row: one entry each; ``answers``: whether the values are the answer
+        (else they are only tested, as ``map_contains`` does, and not charged to it)."""
+        return self._read_many(rows, each_row(user_keys, self._user_key), answers=answers)
 
     def put_entries_many(self, rows: Rows, user_keys: Sequence[str], values: Sequence[Any]) -> None:
         """:meth:`put` per row, in order."""
@@ -96,7 +97,8 @@ class MapState(KeyedState):
         """The whole map as a dict, built straight from the entries as they are read: building
         it from a list of them would be one C call holding the GIL (~0.5 s for 1M entries)."""
         limit = self._limits.max_map_read_entries
-        found = dict(islice(self._live(kg, primary, self._tx.items_from(self._table, kg, primary, None)), limit + 1))
+        stored = self._answer.items(self._tx.items_from(self._table, kg, primary, None))
+        found = dict(islice(self._live(kg, primary, stored), limit + 1))
         self._limits.check_map_read(len(found))
         return found
 
@@ -142,7 +144,8 @@ class MapState(KeyedState):
     def _entries_at(self, kg: int, primary: bytes) -> list[tuple[str, Any]]:
         """The whole map: refused past ``max_map_read_entries`` (before reading further)."""
         limit = self._limits.max_map_read_entries
-        entries = list(islice(self._live(kg, primary, self._tx.items_from(self._table, kg, primary, None)), limit + 1))
+        stored = self._answer.items(self._tx.items_from(self._table, kg, primary, None))
+        entries = list(islice(self._live(kg, primary, stored), limit + 1))
         self._limits.check_map_read(len(entries))
         return entries
 
@@ -153,7 +156,7 @@ class MapState(KeyedState):
         kg, primary = self._locate(key, namespace)
         budget = 2 * limit + 1000  # stored entries one page reads; expired ones are dropped as read
         stored = islice(self._tx.items_from(self._table, kg, primary, after), budget)
-        last = _Last(stored)
+        last = _Last(self._answer.items(stored))
         entries = list(islice(self._live(kg, primary, last), limit))
         if last.secondary is None:
             return MapPage(entries, None)

@@ -496,11 +496,23 @@ class RocksDBPartition(StorePartition):
         key_groups: Sequence[int],
         primaries: Sequence[bytes],
         secondaries: Sequence[bytes] | None = None,
+        budget: int | None = None,
     ) -> list[bytes | None]:
         if table == META_TABLE:
             return super().get_many(table, key_groups, primaries, secondaries)
         # Point gets in a loop: rocksdict's multi-get measured no faster here.
-        return list(map(self._families[table].get, self._layout.keys(key_groups, primaries, secondaries)))
+        values = map(self._families[table].get, self._layout.keys(key_groups, primaries, secondaries))
+        if budget is None:
+            return list(values)
+        found: list[bytes | None] = []  # each get copies its value: stop once they pass the budget
+        add = found.append
+        for value in values:
+            add(value)
+            if value is not None:
+                budget -= len(value)
+                if budget < 0:
+                    break
+        return found
 
     @_leased_iter
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
