@@ -68,7 +68,10 @@ class PageRequest:
 async def page_request(
     service: ServiceDep,
     limit: Annotated[int, Query(ge=1, le=10_000, description="page size (capped at the server's maximum)")] = 100,
-    cursor: Annotated[str | None, Query(min_length=1, description="next_cursor of the previous page")] = None,
+    # minLength documents what decode_cursor refuses (as invalid_argument, with the other bad cursors).
+    cursor: Annotated[
+        str | None, Query(description="next_cursor of the previous page", json_schema_extra={"minLength": 1})
+    ] = None,
 ) -> PageRequest:
     return PageRequest(min(limit, service.settings.max_page_size), decode_cursor(cursor))
 
