@@ -20,6 +20,9 @@ Ways an Arrow stream can carry far more than its bytes, each refused before it i
   of nested values, structs with two fields of one name) are refused by type, not bounded.
 * **Many batches**: at most STATEHOUSE_MAX_BATCH_OPS record (and dictionary) batches, since each
   costs Python work on the event loop before a row is seen; nothing may follow the stream's end.
+* **Dictionary deltas**: a delta appends to its dictionary, which pyarrow then builds anew, so n
+  small deltas build n dictionaries of growing size (quadratic). What every dictionary batch
+  leaves built is counted before anything is decoded and must fit STATEHOUSE_MAX_BODY_BYTES.
 
 Plain columns (utf8, binary, numbers, lists and structs of them) hold no more than their buffers:
 their check is one look at their type.
@@ -40,7 +43,7 @@ from statehouse.app.problems import ApiError
 _DICTIONARY_BATCH = 2  # MessageHeader union tags
 _RECORD_BATCH = 3
 _MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2  # Message's field slots
-_DICTIONARY_DATA = 1  # DictionaryBatch.data
+_DICTIONARY_ID, _DICTIONARY_DATA, _DICTIONARY_IS_DELTA = 0, 1, 2  # DictionaryBatch's fields
 _RECORD_BATCH_COMPRESSION = 3  # RecordBatch.compression
 
 
@@ -60,42 +63,71 @@ def _table(data: bytes, field: int) -> int:
     return field + struct.unpack_from("<I", data, field)[0]
 
 
-def _compresses(header: bytes) -> bool:
-    message = struct.unpack_from("<I", header, 0)[0]
-    kind = _field(header, message, _MESSAGE_HEADER_TYPE)
-    body = _field(header, message, _MESSAGE_HEADER)
+def _header(metadata: bytes) -> tuple[int, int]:
+    """A message's header type (``_DICTIONARY_BATCH``, ``_RECORD_BATCH``, ...) and where its
+    table lies (0, 0 when the message has none)."""
+    message = struct.unpack_from("<I", metadata, 0)[0]
+    kind = _field(metadata, message, _MESSAGE_HEADER_TYPE)
+    body = _field(metadata, message, _MESSAGE_HEADER)
     if not kind or not body:
-        return False
-    batch = _table(header, body)
-    if header[kind] == _DICTIONARY_BATCH:
-        data = _field(header, batch, _DICTIONARY_DATA)
-        return bool(data) and bool(_field(header, _table(header, data), _RECORD_BATCH_COMPRESSION))
-    if header[kind] == _RECORD_BATCH:
-        return bool(_field(header, batch, _RECORD_BATCH_COMPRESSION))
-    return False
+        return 0, 0
+    return metadata[kind], _table(metadata, body)
 
 
-def _check_messages(raw: bytes, max_batches: int) -> None:
-    """Refuse compressed batches, and more record (or dictionary) batches than a request may have
-    rows: each costs Python work before a row is seen, and 120,000 empty ones held the event
-    loop for 2.5 s. Raises ``pa.ArrowInvalid`` or ``struct.error`` for messages that don't parse."""
+def _compresses(metadata: bytes, kind: int, batch: int) -> bool:
+    if kind == _DICTIONARY_BATCH:
+        data = _field(metadata, batch, _DICTIONARY_DATA)
+        return bool(data) and bool(_field(metadata, _table(metadata, data), _RECORD_BATCH_COMPRESSION))
+    return bool(_field(metadata, batch, _RECORD_BATCH_COMPRESSION))
+
+
+def _dictionary(metadata: bytes, batch: int) -> tuple[int, bool]:
+    """A dictionary batch's dictionary id and whether it is a delta (appended to the dictionary)."""
+    at = _field(metadata, batch, _DICTIONARY_ID)
+    delta = _field(metadata, batch, _DICTIONARY_IS_DELTA)
+    return (struct.unpack_from("<q", metadata, at)[0] if at else 0), bool(delta and metadata[delta])
+
+
+def _check_messages(raw: bytes, max_bytes: int, max_batches: int) -> None:
+    """Refuse compressed batches, more record (or dictionary) batches than a request may have
+    rows (each costs Python work before a row is seen: 120,000 empty ones held the event loop for
+    2.5 s), and dictionaries that decode to more than ``max_bytes``: a delta appends to its
+    dictionary, and pyarrow builds each dictionary anew (the old one and the delta, copied), so
+    2,000 deltas of 20 entries in a 3.4 MB body built 3 GB in 16 s. Each dictionary batch counts
+    the size of the dictionary it leaves. Raises ``pa.ArrowInvalid`` or ``struct.error`` for
+    messages that don't parse."""
     counts = {"record batch": 0, "dictionary": 0}
+    dictionaries: dict[int, int] = {}  # id -> bytes of the dictionary so far
+    built = 0
     for message in pa.ipc.MessageReader.open_stream(pa.BufferReader(raw)):
-        kind = message.type
-        if kind not in counts:
+        name = message.type
+        if name not in counts:
             continue
-        if _compresses(message.metadata.to_pybytes()):
+        metadata = message.metadata.to_pybytes()
+        kind, batch = _header(metadata)
+        if batch and _compresses(metadata, kind, batch):
             raise ApiError(
                 "unsupported_media_type",
                 "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
             )
-        counts[kind] += 1
-        if counts[kind] > max_batches:
+        counts[name] += 1
+        if counts[name] > max_batches:
             raise ApiError(
                 "batch_too_large",
-                f"the stream holds more than {max_batches} {kind} messages (STATEHOUSE_MAX_BATCH_OPS); "
+                f"the stream holds more than {max_batches} {name} messages (STATEHOUSE_MAX_BATCH_OPS); "
                 "send fewer, larger record batches",
             )
+        if batch and kind == _DICTIONARY_BATCH:
+            key, delta = _dictionary(metadata, batch)
+            size = message.body.size if message.body is not None else 0
+            dictionaries[key] = (dictionaries.get(key, 0) if delta else 0) + size
+            built += dictionaries[key]
+            if built > max_bytes:
+                raise ApiError(
+                    "body_too_large",
+                    f"the stream's dictionaries decode to more than {max_bytes} bytes (each delta rebuilds its "
+                    "dictionary; STATEHOUSE_MAX_BODY_BYTES): send each batch's dictionary whole, or fewer deltas",
+                )
 
 
 class _Check(NamedTuple):
@@ -179,7 +211,7 @@ def _view_lengths(array: pa.Array) -> np.ndarray:
     return lengths[array.is_valid().to_numpy(zero_copy_only=False)] if array.null_count else lengths
 
 
-_OBJECT = 64  # bytes: what one decoded element costs at least as a Python object (None: a pointer)
+OBJECT_BYTES = 64  # bytes: what one decoded element costs at least as a Python object (None: a pointer)
 _POINTER = 8
 
 
@@ -190,7 +222,7 @@ def _decoded_bytes(array: pa.Array) -> int:
     kind = array.type
     if isinstance(kind, pa.ExtensionType):
         return _decoded_bytes(array.storage)
-    objects = _OBJECT * len(array)
+    objects = OBJECT_BYTES * len(array)
     if pa.types.is_dictionary(kind):
         entries = array.dictionary
         if _is_binary(entries.type):
@@ -236,7 +268,7 @@ def read_stream(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
     """An Arrow IPC stream as one table, checked as the module's docstring says, then fully
     validated (UTF-8 included); 400/413/415/422 when it is not fit to use."""
     try:
-        _check_messages(raw, max_batches)
+        _check_messages(raw, max_bytes, max_batches)
         source = pa.BufferReader(raw)
         table = pa.ipc.open_stream(source).read_all()
         if source.tell() != len(raw):  # a second stream, or anything else after the end marker

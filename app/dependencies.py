@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from fastapi import Depends, Path, Request
 from statehouse.app.metrics import Metrics
 from statehouse.app.problems import ApiError
 from statehouse.app.settings import Settings
-from statehouse.app.tokens import OPEN, Grant, digest
+from statehouse.app.tokens import OPEN, Grant, digest, grant_of
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
@@ -100,26 +99,19 @@ def _presented_token(request: Request) -> bytes | None:
     return None
 
 
-def authenticate(request: Request) -> Grant:
-    """The grant of the request's bearer token: ``OPEN`` when auth is off, else 401 ``unauthorized``.
-
-    Tokens are compared as SHA-256 digests with ``secrets.compare_digest``, against every
-    configured token (no early exit), so neither timing nor length tells which bytes matched.
-    """
+def authenticate(request: Request, job: str | None) -> Grant:
+    """The grant of the request's bearer token (``OPEN`` when auth is off), else 401
+    ``unauthorized``; 403 ``forbidden`` when ``job`` is given and the token is not scoped to it.
+    Called by ``app/intake.py`` before the body is received, for every path under ``/v1``."""
     service = service_of(request)
-    grants = service.settings.grants
-    if not grants:
+    if not service.settings.grants:
         return OPEN
     token = _presented_token(request)
-    if not token:
-        raise ApiError("unauthorized", UNAUTHORIZED)
-    presented = digest(token)
-    found: Grant | None = None
-    for candidate, grant in service.token_digests:
-        if secrets.compare_digest(presented, candidate):
-            found = grant
+    found = grant_of(token, service.token_digests) if token else None
     if found is None:
         raise ApiError("unauthorized", UNAUTHORIZED)
+    if job is not None and not found.allows(job):
+        raise forbidden_job(job)
     return found
 
 
@@ -130,18 +122,17 @@ def forbidden_job(job: str) -> ApiError:
     )
 
 
+GRANT = "statehouse.grant"  # the scope key under which app/intake.py leaves the request's grant
+
+
 async def require_token(request: Request) -> Grant:
-    """Every /v1 route depends on this (``app/main.py``). When ``STATEHOUSE_API_TOKENS`` or
+    """Every /v1 route depends on this (``app/main.py``): the grant that ``app/intake.py`` found
+    for the request before its body was received. When ``STATEHOUSE_API_TOKENS`` or
     ``STATEHOUSE_API_TOKENS_FILE`` configure tokens, the call needs ``Authorization: Bearer <token>``
     (401 ``unauthorized``), and a route under ``/v1/jobs/{job}`` a token scoped to that job (403
     ``forbidden``, before anything is looked up, so a refusal tells nothing about the job). Routes
-    that need the grant itself (the job listing, restore) declare ``GrantDep``: FastAPI runs this
-    once per request and hands them its result."""
-    grant = authenticate(request)
-    job = request.path_params.get("job")
-    if job is not None and not grant.allows(job):
-        raise forbidden_job(job)
-    return grant
+    that need the grant itself (the job listing, restore) declare ``GrantDep``."""
+    return request.scope[GRANT]
 
 
 GrantDep = Annotated[Grant, Depends(require_token)]

@@ -15,8 +15,8 @@ import pyarrow as pa
 from fastapi import Depends, FastAPI
 
 from statehouse.app import access_log, openapi, problems
-from statehouse.app.body_limit import BodyLimitMiddleware
 from statehouse.app.dependencies import Service, require_token
+from statehouse.app.intake import Intake
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators, timers
 from statehouse.app.settings import Settings, exit_at_start, load_settings
@@ -184,9 +184,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (jobs.router, keyed.router, timers.router, operators.router, epochs.router, checkpoints.router):
         app.include_router(router, dependencies=v1)
     # Outermost last: metrics see every response and answer unexpected faults (500s). The
-    # columnar endpoint's fast path is innermost: inside the body limit, metrics and 500s.
+    # columnar endpoint's fast path is innermost: inside the intake (token, content type and
+    # size, checked before the body is received), metrics and 500s.
     app.add_middleware(columns.ColumnsFastPath)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Intake, routes=app.routes, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     openapi.install(app)

@@ -10,9 +10,9 @@ then adds what follows from the route itself, so that no router has to repeat it
   ``require_token`` (all of ``/v1``), 507 ``insufficient_storage`` on those of them that are not
   ``GET`` (a write to a full data volume), and 403 ``forbidden`` on those under ``/v1/jobs/{job}``
   (a token not scoped to the job);
-* 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body`` and
-  413 ``body_too_large`` on every route with a body (FastAPI's ``HTTPValidationError`` is gone:
-  the server never sends it);
+* 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body``,
+  413 ``body_too_large`` and 415 ``unsupported_media_type`` on every route with a body
+  (FastAPI's ``HTTPValidationError`` is gone: the server never sends it);
 * the name pattern on every path parameter that names a job, state or operator state
   (``NAMED_PARAMETERS``): the engine refuses, or finds nothing under, any other name.
 
@@ -301,7 +301,7 @@ def _complete(operation: dict[str, Any], route: Any, method: str) -> None:
         if method != "GET":  # it may write, and the data volume may be full
             _add_codes(operation, "insufficient_storage")
     if "requestBody" in operation:
-        _add_codes(operation, "malformed_body", "body_too_large")
+        _add_codes(operation, "malformed_body", "body_too_large", "unsupported_media_type")
     if operation.get("parameters") or "requestBody" in operation:
         _add_codes(operation, "validation_error")
     operation["responses"] = dict(sorted(operation["responses"].items()))

@@ -21,13 +21,13 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from statehouse.app.problems import ApiError
-from statehouse.app.wire import loads_json
+from statehouse.app.wire import loads_json, max_values
 
 
 class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = loads_json(await self.body())
+            self._json = loads_json(await self.body(), max_values(self))
         return self._json
 
 
@@ -43,6 +43,13 @@ def check_target(scope: Scope) -> None:
                     f"the {what} is not UTF-8 once percent-decoded ({exc.reason} at byte {exc.start}): "
                     "percent-encode keys, names and parameters as UTF-8",
                 ) from None
+
+
+def route_path(scope: Scope) -> str:
+    """The path as the app's router matches it: a ``root_path`` (the app mounted under a prefix)
+    taken off, as Starlette does."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
 
 
 class StrictRoute(APIRoute):

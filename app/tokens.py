@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 
 from statehouse.backends.names import NAME_PATTERN
@@ -50,6 +51,18 @@ OPEN = Grant(all_jobs=True, admin=True)  # auth off: no identities, the operator
 def digest(token: bytes) -> bytes:
     """Tokens are compared as SHA-256 digests: equal lengths, so the comparison reveals no length."""
     return hashlib.sha256(token).digest()
+
+
+def grant_of(token: bytes, digests: list[tuple[bytes, Grant]]) -> Grant | None:
+    """The grant of a presented token, or ``None``: compared as SHA-256 digests with
+    ``secrets.compare_digest`` against every configured token (no early exit), so neither timing
+    nor length tells which bytes matched."""
+    presented = digest(token)
+    found: Grant | None = None
+    for candidate, grant in digests:
+        if secrets.compare_digest(presented, candidate):
+            found = grant
+    return found
 
 
 class TokenError(ValueError):

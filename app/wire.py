@@ -17,7 +17,7 @@ import pyarrow as pa
 from starlette.requests import Request
 from starlette.responses import Response
 
-from statehouse.app.arrow_body import read_stream
+from statehouse.app.arrow_body import OBJECT_BYTES, read_stream
 from statehouse.app.problems import ApiError
 
 MSGPACK = "application/msgpack"
@@ -33,30 +33,102 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _media(content_type: str | None, default: str = "") -> str:
-    """The media type of a Content-Type header, without parameters, lower case."""
-    return (content_type or default).split(";", 1)[0].strip().lower()
+def media_type(content_type: str | None) -> str | None:
+    """The media type a Content-Type header names, in the one spelling the routes declare: JSON for
+    ``application/json`` and any ``+json`` type, MSGPACK for msgpack's three names, else the type
+    itself (lower case, parameters dropped); ``None`` when there is none."""
+    if content_type is None:
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in _MSGPACK_TYPES:
+        return MSGPACK
+    if media == JSON or (media.startswith("application/") and media.endswith("+json")):
+        return JSON
+    return media
 
 
 def is_msgpack(content_type: str | None) -> bool:
-    return _media(content_type) in _MSGPACK_TYPES
+    return media_type(content_type) == MSGPACK
+
+
+def max_values(request: Request) -> int:
+    """How many values (keys and elements included) a JSON or msgpack body may decode to: each
+    becomes a Python object of at least ``OBJECT_BYTES``, and together they must fit
+    STATEHOUSE_MAX_BODY_BYTES, as an Arrow body's decoded columns must (``arrow_body``). Without
+    it, a body of ``[{}, {}, ...]`` became 24 times its size in dicts, msgpack's one-byte empty
+    maps 72 times (4.9 GB for 64 MiB)."""
+    return request.app.state.service.settings.max_body_bytes // OBJECT_BYTES
+
+
+def too_many_values(limit: int) -> ApiError:
+    return ApiError(
+        "body_too_large",
+        f"the request body holds more than {limit} values (STATEHOUSE_MAX_BODY_BYTES / {OBJECT_BYTES}, what they "
+        "take decoded); send smaller batches, or large lists as fewer, larger elements",
+    )
 
 
 async def read_body(request: Request) -> Any:
-    """Decode the body by its Content-Type (JSON when absent); 400/415 when it cannot be."""
-    content_type = request.headers.get("content-type")
+    """Decode a body by its Content-Type, JSON or msgpack (``app/intake.py`` let no other type
+    through), at most :func:`max_values` values; 400 when it cannot be."""
     raw = await request.body()
-    if is_msgpack(content_type):
-        try:
-            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        except Exception as exc:  # msgpack raises several unrelated types for bad input
-            raise ApiError("malformed_body", f"request body is not valid msgpack: {exc}") from None
-    media = _media(content_type, JSON)
-    if media != JSON and not media.endswith("+json"):
-        raise ApiError(
-            "unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {JSON} or {MSGPACK}"
-        )
-    return loads_json(raw)
+    if is_msgpack(request.headers.get("content-type")):
+        return loads_msgpack(raw, max_values(request))
+    return loads_json(raw, max_values(request))
+
+
+def loads_msgpack(raw: bytes, limit: int) -> Any:
+    """Parse a msgpack body of at most ``limit`` values (counted first when it could hold more:
+    every msgpack value takes at least a byte)."""
+    if len(raw) > limit and msgpack_values(raw, limit) > limit:
+        raise too_many_values(limit)
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ApiError("malformed_body", f"request body is not valid msgpack: {exc}") from None
+
+
+# Bytes that follow a msgpack header byte 0xc0-0xdf before the next value: (header bytes, and
+# for str/bin/ext the width of the length field whose bytes follow too); arrays and maps apart.
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_FIXED |= {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC7: 1, 0xC8: 2, 0xC9: 4}
+_EXT_TYPE = {0xC7: 1, 0xC8: 1, 0xC9: 1}  # ext's type byte after its length
+_ARRAYS = {0xDC: 2, 0xDD: 4}
+_MAPS = {0xDE: 2, 0xDF: 4}
+
+
+def msgpack_values(raw: bytes, limit: int) -> int:
+    """How many values a msgpack document holds (map keys included), reading only its headers;
+    stops once past ``limit``. Malformed input is left to the decoder: the count stops there."""
+    pos, count, pending, end = 0, 0, 1, len(raw)
+    while pending and pos < end and count <= limit:
+        head = raw[pos]
+        pending -= 1
+        count += 1
+        if head <= 0x7F or head >= 0xE0:  # fixint
+            pos += 1
+        elif head <= 0x8F:  # fixmap
+            pending += 2 * (head & 0x0F)
+            pos += 1
+        elif head <= 0x9F:  # fixarray
+            pending += head & 0x0F
+            pos += 1
+        elif head <= 0xBF:  # fixstr
+            pos += 1 + (head & 0x1F)
+        elif head in _FIXED:
+            pos += 1 + _FIXED[head]
+        elif head in _SIZED:
+            width = _SIZED[head]
+            pos += 1 + width + _EXT_TYPE.get(head, 0) + int.from_bytes(raw[pos + 1 : pos + 1 + width], "big")
+        elif head in _ARRAYS or head in _MAPS:
+            width = _ARRAYS.get(head) or _MAPS[head]
+            items = int.from_bytes(raw[pos + 1 : pos + 1 + width], "big")
+            pending += items if head in _ARRAYS else 2 * items
+            pos += 1 + width
+        else:  # 0xc1: never used; the decoder refuses it
+            break
+    return count
 
 
 # An integer literal of 19 or more digits may be beyond 64 bits, where orjson quietly gives
@@ -65,9 +137,12 @@ _LONG_DIGITS = re.compile(rb"\d{19}")
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 
 
-def loads_json(raw: bytes) -> Any:
+def loads_json(raw: bytes, limit: int) -> Any:
     """Parse a JSON body strictly: 400 when it is not JSON (NaN and Infinity are not), 422 for a
-    number that would not read back as sent (beyond 64 bits, or overflowing a double)."""
+    number that would not read back as sent (beyond 64 bits, or overflowing a double), 413 when
+    it holds more than ``limit`` values (keys and elements included)."""
+    if json_values(raw, limit) > limit:
+        raise too_many_values(limit)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -75,8 +150,19 @@ def loads_json(raw: bytes) -> Any:
             raise ApiError("invalid_value", f"a number in the body overflows a double: {exc}") from None
         raise ApiError("malformed_body", f"request body is not valid JSON: {exc}") from None
     if _LONG_DIGITS.search(raw):
-        json.loads(raw, parse_int=_int64)
+        try:
+            json.loads(raw, parse_int=_int64)
+        except RecursionError:  # orjson nests to 1024 levels, the json module to ~1000
+            raise ApiError("malformed_body", "request body nests too deep to read: send flatter values") from None
     return value
+
+
+def json_values(raw: bytes, limit: int) -> int:
+    """At least how many values a JSON text holds (keys included): one more than its commas, colons
+    and opening brackets, which each start a value (or open an empty container), counted at C
+    speed before anything is parsed. Those inside strings count too: an exact count would cost a
+    tokenizer's time, and ``limit`` leaves room for them in all but extreme bodies."""
+    return 1 + raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{")
 
 
 def _int64(literal: str) -> int:
@@ -106,12 +192,10 @@ def render(request: Request, content: Any, status_code: int = 200) -> Response:
     )
 
 
-def read_arrow(content_type: str | None, raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
-    """An Arrow IPC stream body as one table, fully validated and refused when it would decode to
-    more than ``max_bytes`` or holds more than ``max_batches`` batches (see ``arrow_body``);
-    400/413/415/422 when not fit to use."""
-    if _media(content_type) != ARROW_STREAM:
-        raise ApiError("unsupported_media_type", f"Content-Type {content_type!r} is not supported; use {ARROW_STREAM}")
+def read_arrow(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
+    """An Arrow IPC stream body (``app/intake.py`` checked its type) as one table, fully validated
+    and refused when it would decode to more than ``max_bytes`` or holds more than ``max_batches``
+    batches (see ``arrow_body``); 400/413/415/422 when not fit to use."""
     return read_stream(raw, max_bytes, max_batches)
 
 

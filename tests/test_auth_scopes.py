@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 
 import httpx
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from harness.server import start_server
+from tests.test_columns_hostile import peak_growth
 
 ADMIN, ALL, JOB_A = "admin-token", "every-job-token", "job-a-token"
 FROM_FILE = "file-token-of-b"
@@ -355,3 +357,58 @@ def test_bucket_locations_are_normalized_before_they_are_compared():
     ):
         with pytest.raises(InvalidLocation):
             policy.resolve(location)
+
+
+# -- the token is checked before a byte of the body is received (app/intake.py) ----------------
+
+HUGE = 64 << 20  # STATEHOUSE_MAX_BODY_BYTES' default: a body the server would otherwise read whole
+BODY_ROUTES = [
+    ("PUT", "/v1/jobs/a/states/v/keys/k", "application/json"),  # a model body
+    ("POST", "/v1/jobs/a/batch", "application/msgpack"),
+    ("POST", "/v1/jobs/a/states/v/columns/put", ARROW),
+]
+
+
+def status_before_the_body(server, method: str, path: str, headers: dict[str, str], length: int = HUGE) -> int:
+    """Send a request's head announcing a body of ``length`` bytes (64 MiB: as large as may be),
+    and none of the body: the status the server answers with. A server that read the body first
+    would never answer (the socket's timeout fails the test instead)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode("latin-1"))
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the connection without an answer"
+            answer += chunk
+    return int(answer.split(b" ")[1])
+
+
+@pytest.mark.parametrize(("method", "path", "media"), BODY_ROUTES, ids=["model", "batch", "columns"])
+def test_a_token_is_refused_before_the_body_is_received(server, admin, method, path, media):
+    assert status_before_the_body(server, method, path, {"content-type": media}) == 401
+    wrong_job = {"content-type": media, "authorization": f"Bearer {FROM_FILE}"}  # scoped to b and c
+    assert status_before_the_body(server, method, path, wrong_job) == 403
+    # Then, with the right token, the type (415), and only then the size (413): all before the body.
+    token = {"authorization": f"Bearer {JOB_A}"}
+    assert status_before_the_body(server, method, path, {"content-type": media}, HUGE + 1) == 401
+    assert status_before_the_body(server, method, path, {**token, "content-type": "text/plain"}, HUGE + 1) == 415
+    assert status_before_the_body(server, method, path, {**token, "content-type": media}, HUGE + 1) == 413
+
+
+def test_a_64_mib_body_without_a_token_costs_the_server_nothing(server, admin):
+    """The issue's case: 64 MiB of {"value": [{}, {}, ...]} without a token took 1.5 GB of RSS
+    (and 3.5 s of the event loop) before its 401, the body decoded into 22 million dicts."""
+    body = b'{"value": [' + b"{}, " * ((HUGE - 16) // 4) + b"{}]}"
+    assert len(body) <= HUGE
+    with peak_growth(server.process.pid) as grown:
+        refused = httpx.put(
+            server.url + "/v1/jobs/a/states/v/keys/k",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+    assert refused.status_code == 401, refused.text
+    assert grown["peak"] < 32 << 20, grown

@@ -456,6 +456,36 @@ def test_dictionary_columns_mean_their_values_across_deltas_and_replacements(htt
     assert stored(http, job, "tags", "n", ns="n") == {"n": 3}
 
 
+def dictionary_deltas(batches: int, per_batch: int, *columns: tuple[str, pa.Array]) -> bytes:
+    """One-row batches whose ``key`` dictionary grows by ``per_batch`` entries each, sent as deltas
+    (a few bytes per batch on the wire; each delta makes pyarrow build the whole dictionary anew)."""
+    entries = pa.array([f"key-{i:07d}-" + "x" * 60 for i in range(batches * per_batch)])
+    schema = pa.schema([("key", pa.dictionary(pa.int32(), pa.string())), *((n, c.type) for n, c in columns)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True)) as writer:
+        for i in range(batches):
+            key = pa.DictionaryArray.from_arrays(pa.array([per_batch * i], pa.int32()), entries[: per_batch * (i + 1)])
+            writer.write_batch(pa.record_batch([key, *(c for _, c in columns)], schema))
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("endpoint", ["states/seen/columns/put", "timers/event/columns/register"])
+def test_dictionary_deltas_that_would_rebuild_gigabytes_are_refused_undecoded(http, job, server, endpoint):
+    """2,000 deltas of 20 entries (3.8 MB): each rebuilt the dictionary so far, 3 GB and 16 s on
+    the event loop (heap: 12 GB from 6.8 MB) before arrow_body counted what they build."""
+    body = dictionary_deltas(2_000, 20, ("value" if "states" in endpoint else "timestamp", pa.array([1])))
+    assert len(body) < 4 * MB
+    with health_probe(server) as probe, peak_growth(server.process.pid) as grown:
+        r = http.post(f"{job}/{endpoint}", content=body, headers={"content-type": ARROW})
+    assert "dictionaries decode to more than" in problem(r, 413, "body_too_large")["detail"]
+    assert grown["peak"] < 64 * MB, grown
+    assert probe["failures"] == 0, probe
+    assert stored(http, job, "seen", "key-0000000-" + "x" * 60) is None
+    # A few deltas are fine: what they build fits the limit many times over.
+    assert post(http, job, "seen", "put", dictionary_deltas(50, 20, ("value", pa.array([7])))).json()["rows"] == 50
+    assert stored(http, job, "seen", "key-0000980-" + "x" * 60) == 7
+
+
 @pytest.mark.parametrize(
     ("state", "op", "columns"),
     [

@@ -224,7 +224,8 @@ def _raw_exchange(url: str, requests: list[bytes]) -> list[bytes]:
 def test_bad_requests_keep_the_connection_open(server, client):
     bad = [
         b"GET /v1/jobs/h/checkpoints?cursor=null HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"PUT /v1/jobs/h/states/v/keys/%ff HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        b"PUT /v1/jobs/h/states/v/keys/%ff HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
         b"POST /v1/jobs/h/fence HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b'Content-Length: 13\r\n\r\n{"epoch": []}',
         b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -422,6 +422,11 @@ def test_problem_type_is_the_docs_url_and_the_code(server, guarded):
         == DEFAULT_PROBLEM_DOCS_URL + "#job_not_found"
         == "https://statehouse.dev/docs/api#job_not_found"
     )
-    too_big = httpx.put(guarded.url + "/v1/jobs/x", content=b" " * (MAX_BODY_BYTES + 1), timeout=10)
+    too_big = httpx.put(
+        guarded.url + "/v1/jobs/x",
+        content=b" " * (MAX_BODY_BYTES + 1),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        timeout=10,
+    )
     assert too_big.status_code == 413 and too_big.json()["type"] == MIRROR + "#body_too_large"  # from middleware
     assert httpx.get(guarded.url + "/v1/jobs", timeout=10).json()["type"] == MIRROR + "#unauthorized"

@@ -18,7 +18,7 @@ from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, re
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import run_engine
 from statehouse.app.problems import ApiError, state_error
-from statehouse.app.routing import api_router, check_target
+from statehouse.app.routing import api_router, check_target, route_path
 from statehouse.app.wire import JSON, arrow_response, read_arrow
 from statehouse.backends.attempts import run_columns
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
@@ -109,7 +109,7 @@ async def read_columnar(service: Service, request: Request, parse: Callable[[pa.
     then the attempt parameters: what every columnar endpoint does first."""
     raw = await request.body()
     settings = service.settings
-    table = read_arrow(request.headers.get("content-type"), raw, settings.max_body_bytes, settings.max_batch_ops)
+    table = read_arrow(raw, settings.max_body_bytes, settings.max_batch_ops)
     service.check_batch_size(table.num_rows, "rows")
     work = parse(table)
     return ColumnarRequest(work, len(raw), request_attempt(request), query_count(request, "epoch"))
@@ -132,17 +132,10 @@ _PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P
 _ROUTE = router.routes[0]  # its path template labels the metrics, as when FastAPI routes the request
 
 
-def _route_path(scope: Scope) -> str:
-    """The path as the app's router matches it: a ``root_path`` (the app mounted under a prefix)
-    taken off, as Starlette does."""
-    path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root + "/") else path
-
-
 class ColumnsFastPath:
     """The columnar endpoint without FastAPI's routing and dependency solving (~200 µs less
     server CPU per request, measured in process): an ASGI layer inside the app's middlewares
-    (body limit, 500s, metrics) that takes ``POST /v1/jobs/{job}/states/{state}/columns/{op}``
+    (intake, 500s, metrics) that takes ``POST /v1/jobs/{job}/states/{state}/columns/{op}``
     for a known ``op`` and runs the route's own steps in its order — :func:`check_target`
     (``StrictRoute``), :func:`require_token`, the job lookup (:func:`get_job`), then
     :func:`serve` — answering errors with the app's problem handler. Anything else (an unknown
@@ -153,7 +146,7 @@ class ColumnsFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PATH.fullmatch(_route_path(scope))
+            match = _PATH.fullmatch(route_path(scope))
             if match is not None and match["op"] in COLUMN_OPS:
                 scope["route"], scope["path_params"] = _ROUTE, match.groupdict()
                 request = Request(scope, receive)
