@@ -41,28 +41,58 @@ _SCALARS = frozenset({str, int, bool, bytes, type(None)})
 _SCALARS_OR_FLOAT = _SCALARS | {float}
 
 
+# How deep lists and objects may nest in a value: every answer format must write back what was
+# stored, and orjson writes no more than 254 levels (a deeper value was stored, then every JSON
+# read of it was a 500). 64 leaves room for any answer's envelope and is Arrow IPC's own limit.
+MAX_DEPTH = 64
+_CONTAINERS = (list, tuple, dict)
+
+
 def check_value(value: Any) -> None:
-    """Refuse a value that would not read back as written through every wire format."""
+    """Refuse a value that would not read back as written through every wire format, or that
+    nests lists and objects deeper than :data:`MAX_DEPTH`. Iterative: a value nested thousands of
+    levels deep is refused, not a ``RecursionError``."""
     kind = type(value)
     if kind in _SCALARS:
         return
-    if kind is float:
-        if not math.isfinite(value):
-            raise InvalidValue(f"{value} is not a number JSON can carry: send a finite number")
-    elif kind is list or kind is tuple:
-        for item in value:
-            check_value(item)
-    elif kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                raise InvalidValue(
-                    f"object keys must be strings; got {type(key).__name__} {key!r} (JSON cannot carry it)"
-                )
-            check_value(item)
-    else:
+    if kind not in _CONTAINERS:
+        _check_leaf(value)
+        return
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        container, depth = pending.pop()
+        if type(container) is dict:
+            for key in container:
+                if type(key) is not str:
+                    raise InvalidValue(
+                        f"object keys must be strings; got {type(key).__name__} {key!r} (JSON cannot carry it)"
+                    )
+            items = container.values()
+        else:
+            items = container
+        for item in items:
+            kind = type(item)
+            if kind in _SCALARS:
+                continue
+            if kind in _CONTAINERS:
+                if depth == MAX_DEPTH:
+                    raise InvalidValue(
+                        f"the value nests lists or objects deeper than {MAX_DEPTH} levels: store it flatter "
+                        "(or as a string or bytes)"
+                    )
+                pending.append((item, depth + 1))
+            else:
+                _check_leaf(item)
+
+
+def _check_leaf(value: Any) -> None:
+    kind = type(value)
+    if kind is not float:
         raise InvalidValue(
             f"a {kind.__name__} cannot be stored: use null, booleans, numbers, strings, bytes, lists, objects"
         )
+    if not math.isfinite(value):
+        raise InvalidValue(f"{value} is not a number JSON can carry: send a finite number")
 
 
 def all_plain(values: Sequence[Any]) -> bool:

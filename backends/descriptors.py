@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from statehouse.backends.codec import check_value
 from statehouse.backends.errors import IncompatibleState, InvalidArgument
 from statehouse.backends.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
 from statehouse.backends.names import validate_name
@@ -37,6 +38,8 @@ class StateDescriptor:
             raise InvalidArgument(f"key_type must be one of {', '.join(KEY_TYPES)}; got {self.key_type!r}")
         if self.default is not None and self.kind != "value":
             raise InvalidArgument("only value states take a default (as in Flink's ValueStateDescriptor)")
+        if self.default is not None:
+            check_value(self.default)  # read back in every answer format, as stored values are
         functions = self.available_functions()
         if functions is None:
             if self.function is not None:
