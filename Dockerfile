@@ -53,8 +53,8 @@ EXPOSE 8000
 USER 10001:10001
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
-# uvicorn runs as PID 1: SIGTERM → stop accepting, drain for up to 20 s, close RocksDB, exit 0.
-# Keep --timeout-graceful-shutdown below the orchestrator's grace period (Helm chart: 30 s).
-# One worker on purpose: one writer process per replica; scale out with replicas.
-CMD ["uvicorn", "statehouse.app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", \
+# uvicorn (with the HTTP limits of app/serve.py) runs as PID 1: SIGTERM → stop accepting, drain for
+# up to 20 s, close RocksDB, exit 0. Keep --timeout-graceful-shutdown below the orchestrator's grace
+# period (Helm chart: 30 s). One process on purpose: one writer per replica; scale out with replicas.
+CMD ["python", "-m", "statehouse.app.serve", "--host", "0.0.0.0", "--port", "8000", \
      "--timeout-graceful-shutdown", "20", "--no-server-header"]

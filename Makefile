@@ -24,7 +24,7 @@ $(DEV): pyproject.toml packaging/client/pyproject.toml | $(VENV)/bin/python
 setup: $(DEV)
 
 run: $(SERVER)
-	$(BIN)/uvicorn statehouse.app.main:app --host $${STATEHOUSE_HOST:-127.0.0.1} --port $${STATEHOUSE_PORT:-8000}
+	$(BIN)/python -m statehouse.app.serve --host $${STATEHOUSE_HOST:-127.0.0.1} --port $${STATEHOUSE_PORT:-8000}
 
 test: $(DEV)
 	$(BIN)/ruff check .

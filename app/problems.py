@@ -70,6 +70,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_location": 400,
     "storage_unavailable": 503,
     "insufficient_storage": 507,
+    # Sent by the HTTP server itself (app/serve.py), before a request reaches the application.
+    "header_too_large": 431,
+    "request_timeout": 408,
+    "too_many_connections": 503,
 }
 
 

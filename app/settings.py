@@ -89,6 +89,29 @@ class Settings(BaseSettings):
         description="most stored bytes of values one request reads back (batch, columnar, whole maps, listings, "
         "operator lists); larger answers are refused with 413 answer_too_large",
     )
+    max_header_bytes: int = Field(
+        64 << 10,
+        ge=1024,
+        description="largest request head (request line and headers), in bytes: past it 431 header_too_large and "
+        "the connection is closed",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a request head may take to arrive, from the connection's opening (or the head's first "
+        "byte on a kept-alive connection): past it 408 request_timeout and the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="seconds a request body may take to arrive after its head: past it the connection is closed",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="HTTP connections open at once: one more is answered 503 too_many_connections and closed at once",
+    )
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="seconds an idle kept-alive connection stays open")
     access_log: AccessLog = Field(
         "control",
         description="uvicorn's access log: every request (all), or all but the data plane's successful requests "

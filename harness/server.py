@@ -55,9 +55,10 @@ def start_server(
     port: int | None = None,
     probe: str = "/readyz",
 ) -> ServerProcess:
-    """Run ``uvicorn statehouse.app.main:app`` with ``STATEHOUSE_*`` settings from ``env``, on ``port``
-    (a free one by default; pass a stopped server's port to restart it in place); returns once
-    ``probe`` answers 200 (``/healthz`` for a server expected to start not ready)."""
+    """Run the server (``python -m statehouse.app.serve``: uvicorn with the HTTP limits) with
+    ``STATEHOUSE_*`` settings from ``env``, on ``port`` (a free one by default; pass a stopped
+    server's port to restart it in place); returns once ``probe`` answers 200 (``/healthz`` for a
+    server expected to start not ready)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     full_env = {
@@ -69,7 +70,7 @@ def start_server(
     log_path = workdir / f"server-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "statehouse.app.serve", "--host", "127.0.0.1", "--port", str(port)],
             cwd=REPO,
             env=full_env,
             stdout=log,

@@ -16,6 +16,7 @@ from bench import (
     checkpoint_cost,
     checkpoint_writes,
     columnar,
+    http_server,
     latency,
     map_paging,
     restore,
@@ -113,3 +114,10 @@ def test_timers_quick():
     assert all(r["fired_per_s"] > 0 and r["register_columns_per_s"] > 0 for r in out["results"])
     assert {r["backend"] for r in out["checkpoints"]} == {"rocksdb", "heap"}  # restored timers: the script counts them
     assert all(r["runs"][0]["checkpoint"]["bytes_uploaded"] > 0 for r in out["checkpoints"])
+
+
+def test_http_server_limits_cost():
+    out = http_server.main(["--runs", "1", "--requests", "200"])
+    measured = {(r["server"], r["case"]) for r in out["results"]}
+    assert measured == {(server, case) for server in http_server.SERVERS for case in http_server.CASES}
+    assert all(r["cpu_us"]["median"] > 0 for r in out["results"])

@@ -58,6 +58,12 @@ SETTINGS = [
     "MAX_PAGE_SIZE",
     "MAX_STAGED_BYTES",
     "MAX_STAGED_ATTEMPTS",
+    "DISK_RESERVE_BYTES",
+    "MAX_HEADER_BYTES",
+    "HEADER_TIMEOUT_S",
+    "BODY_TIMEOUT_S",
+    "MAX_CONNECTIONS",
+    "KEEP_ALIVE_TIMEOUT_S",
 ]
 
 FULL = {
@@ -251,7 +257,10 @@ def test_default_statefulset(rendered):
     cmd = c["command"]
     drain = int(cmd[cmd.index("--timeout-graceful-shutdown") + 1])
     assert drain < pod["terminationGracePeriodSeconds"] == 30
-    assert cmd[cmd.index("--workers") + 1] == "1"
+    assert cmd[:3] == ["python", "-m", "statehouse.app.serve"]  # one process: one writer per replica
+    # integers as integers (a YAML integer is a float to the template: 2.68435456e+08)
+    assert env["STATEHOUSE_DISK_RESERVE_BYTES"]["value"] == "268435456"
+    assert env["STATEHOUSE_MAX_CONNECTIONS"]["value"] == "1024"
 
 
 def test_security_context(rendered):
@@ -443,7 +452,7 @@ def test_dockerfile_facts():
 def test_chart_runs_the_image_command(rendered):
     """The chart repeats the image's CMD (with its own drain timeout): keep the two in step."""
     cmd = image_json("CMD")
-    assert cmd[:2] == ["uvicorn", "statehouse.app.main:app"] and "--timeout-graceful-shutdown" in cmd
+    assert cmd[:3] == ["python", "-m", "statehouse.app.serve"] and "--timeout-graceful-shutdown" in cmd
     assert container(rendered["default"][0])["command"] == cmd
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert cmd[cmd.index("--timeout-graceful-shutdown") + 1] == str(values["gracefulShutdownSeconds"])
@@ -493,8 +502,8 @@ class Entrypoint:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = image_json("CMD")
-        assert cmd[0] == "uvicorn"
-        cmd = [str(Path(sys.executable).parent / "uvicorn"), *cmd[1:]]
+        assert cmd[0] == "python"
+        cmd = [sys.executable, *cmd[1:]]
         cmd[cmd.index("--host") + 1] = "127.0.0.1"
         cmd[cmd.index("--port") + 1] = str(self.port)
         self.cmd = cmd

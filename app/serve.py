@@ -1,0 +1,227 @@
+"""``python -m statehouse.app.serve``: how the server is started everywhere (``make run``, the image,
+the Helm chart, the tests' harness), so that its HTTP limits apply everywhere.
+
+uvicorn with httptools (its ``[standard]`` set, on uvloop) bounds none of these, measured against
+uvicorn 0.54: a request head is buffered whatever its size (a 300 MB header took 300 MB of RSS);
+a head sent a byte a second is waited for forever (the keep-alive timeout runs only between
+requests); and every connection is accepted until the process runs out of file descriptors
+(~20,000 half-open ones, and then every request, /healthz too, was dropped). ``--limit-concurrency``
+answers 503 only to requests whose head has arrived; ``h11_max_incomplete_event_size`` exists for
+the slower h11 parser only. So :class:`GuardedHttpToolsProtocol` adds, per connection, what an
+HTTP server needs (bench/RESULTS.md §12 measures its cost: within the run-to-run noise):
+
+* a request head (request line and headers) over ``STATEHOUSE_MAX_HEADER_BYTES`` is answered
+  431 ``header_too_large`` and the connection closed, as soon as that many bytes are buffered;
+* a head that has not fully arrived ``STATEHOUSE_HEADER_TIMEOUT_S`` after the connection opened
+  (or after its first byte, on a kept-alive connection) is answered 408 ``request_timeout``;
+  a body not complete ``STATEHOUSE_BODY_TIMEOUT_S`` after its head ends the connection;
+* a connection past ``STATEHOUSE_MAX_CONNECTIONS`` open at once is answered 503
+  ``too_many_connections`` at once and closed (a clear refusal, and its descriptor is freed).
+
+Answers are problem+json, as the application's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any, ClassVar
+
+import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from statehouse.app.problems import STATUS_BY_CODE, problem_type
+from statehouse.app.settings import Settings, load_settings
+
+APP = "statehouse.app.main:app"
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+def _refusal(code: str, detail: str, docs_url: str) -> bytes:
+    """A whole HTTP/1.1 response: the problem, and ``Connection: close``."""
+    status = STATUS_BY_CODE[code]
+    body = orjson.dumps(
+        {"type": problem_type(code, docs_url), "title": _REASONS[status].decode(), "status": status, "code": code}
+        | {"detail": detail}
+    )
+    head = (
+        f"HTTP/1.1 {status} ".encode()
+        + _REASONS[status]
+        + b"\r\ncontent-type: application/problem+json\r\nconnection: close\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+    )
+    return head + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with bounds on request heads, read times and connections;
+    :func:`guarded_protocol` sets the limits (class attributes: uvicorn makes one per connection)."""
+
+    max_header_bytes: ClassVar[int]
+    header_timeout_s: ClassVar[float]
+    body_timeout_s: ClassVar[float]
+    max_connections: ClassVar[int]
+    docs_url: ClassVar[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._awaiting_head = True  # the next bytes belong to a request head
+        self._head_bytes = 0  # of the head being received
+        self._body_pending = False  # a head has arrived, the end of its body not yet
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._refused = False  # answered by a limit: the rest of what the parser reads is ignored
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._refuse(
+                "too_many_connections",
+                f"the replica has {self.max_connections} connections open (STATEHOUSE_MAX_CONNECTIONS); "
+                "retry with backoff, or reuse kept-alive connections",
+            )
+            return
+        self._time_reading(self.header_timeout_s, self._head_timed_out)  # a connection that sends nothing
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._awaiting_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._refused or self.transport.is_closing():
+            return
+        # Timers only for what is still incomplete once a chunk is parsed: a whole request in one
+        # chunk (the usual case, kept-alive) costs no timer at all.
+        if self._awaiting_head and self._head_bytes:
+            # httptools keeps a header it has not seen the end of in memory: stop before it grows.
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
+            elif self._read_timer is None:
+                self._time_reading(self.header_timeout_s, self._head_timed_out)
+        elif self._body_pending and self._read_timer is None:
+            self._time_reading(self.body_timeout_s, self._body_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_head = False
+        self._stop_timer()
+        # A head that ended inside the chunk that took the count over the limit: measure it.
+        if self._head_bytes > self.max_header_bytes and self._head_size() > self.max_header_bytes:
+            self._refuse_head()
+            return
+        self._body_pending = True
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._stop_timer()
+        self._awaiting_head, self._head_bytes, self._body_pending = True, 0, False
+        super().on_message_complete()
+
+    # -- limits ---------------------------------------------------------------------------------
+
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _refuse_head(self) -> None:
+        self._refuse(
+            "header_too_large",
+            f"the request line and headers are over {self.max_header_bytes:,} bytes (STATEHOUSE_MAX_HEADER_BYTES); "
+            "send large data in the body",
+        )
+
+    def _time_reading(self, seconds: float, expired: Any) -> None:
+        self._stop_timer()
+        self._read_timer = self.loop.call_later(seconds, expired)
+
+    def _stop_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._read_timer = None
+        if self._answering():  # a pipelined head behind a request still running: its time starts after
+            self._time_reading(self.header_timeout_s, self._head_timed_out)
+        elif not self.transport.is_closing():
+            self._refuse(
+                "request_timeout",
+                f"the request line and headers did not arrive within {self.header_timeout_s:g} s "
+                "(STATEHOUSE_HEADER_TIMEOUT_S)",
+            )
+
+    def _body_timed_out(self) -> None:
+        # The application is reading the body: it sees the client disconnect; nothing more can be sent.
+        self._read_timer = None
+        self.logger.warning(
+            "closed a connection whose request body did not arrive within %g s (STATEHOUSE_BODY_TIMEOUT_S)",
+            self.body_timeout_s,
+        )
+        self.transport.close()
+
+    def _answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refuse(self, code: str, detail: str) -> None:
+        self._refused = True
+        self._stop_timer()
+        if not self._answering():  # else an answer would land inside the running request's
+            self.transport.write(_refusal(code, detail, self.docs_url))
+        self.transport.close()
+
+
+def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class with ``settings``' limits."""
+    limits = {
+        "max_header_bytes": settings.max_header_bytes,
+        "header_timeout_s": settings.header_timeout_s,
+        "body_timeout_s": settings.body_timeout_s,
+        "max_connections": settings.max_connections,
+        "docs_url": settings.problem_docs_url,
+    }
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
+
+
+def config(settings: Settings, host: str, port: int, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration of the server: the app, the guarded protocol, the keep-alive timeout."""
+    return uvicorn.Config(
+        APP,
+        host=host,
+        port=port,
+        http=guarded_protocol(settings),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        **options,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m statehouse.app.serve",
+        description="Run the Statehouse server (settings: STATEHOUSE_* variables, docs/operations.md).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--timeout-graceful-shutdown", type=int, default=None, help="seconds to drain in-flight requests on SIGTERM"
+    )
+    parser.add_argument("--no-server-header", action="store_true", help="send no Server header")
+    parser.add_argument("--no-access-log", action="store_true", help="no access log at all")
+    args = parser.parse_args(argv)
+    settings = load_settings()  # a bad STATEHOUSE_* variable: one line each, exit 2
+    options: dict[str, Any] = {"server_header": not args.no_server_header, "access_log": not args.no_access_log}
+    if args.timeout_graceful_shutdown is not None:
+        options["timeout_graceful_shutdown"] = args.timeout_graceful_shutdown
+    uvicorn.Server(config(settings, args.host, args.port, **options)).run()
+
+
+if __name__ == "__main__":
+    main()
