@@ -105,8 +105,8 @@ class Pod:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [*container.get("command", []), *container.get("args", [])]
-        assert command[0] == "uvicorn", command
-        command[0] = str(Path(sys.executable).parent / "uvicorn")
+        assert command[:3] == ["python", "-m", "statehouse.app.serve"], command
+        command[0] = sys.executable
         command[command.index("--host") + 1] = "127.0.0.1"
         assert command[command.index("--port") + 1] == str(port["containerPort"])
         command[command.index("--port") + 1] = str(self.port)
