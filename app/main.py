@@ -18,7 +18,19 @@ from statehouse.app import access_log, openapi, problems
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.intake import Intake
 from statehouse.app.metrics import Metrics, MetricsMiddleware
-from statehouse.app.routers import batch, checkpoints, columns, docs, epochs, health, jobs, keyed, operators, timers
+from statehouse.app.routers import (
+    batch,
+    checkpoints,
+    columns,
+    docs,
+    epochs,
+    health,
+    jobs,
+    keyed,
+    operators,
+    timers,
+    topology,
+)
 from statehouse.app.settings import Settings, exit_at_start, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -26,6 +38,7 @@ from statehouse.backends.errors import StateError
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
 from statehouse.snapshots import CheckpointManager, open_storage
 from statehouse.snapshots.restore import remove_leftovers
 
@@ -49,11 +62,28 @@ def open_store(settings: Settings) -> Store:
     return HeapStore()
 
 
-def open_catalog(settings: Settings) -> JobCatalog:
+def open_layout(settings: Settings) -> ReplicaLayout:
+    """The data directory's topology, checked against the settings (docs/operations.md, "Topology").
+
+    The heap backend keeps it in memory only: none of its jobs outlives the process, so there is
+    nothing a restart with another replica count could re-slice.
+    """
+    return ReplicaLayout.open(
+        settings.data_dir,
+        count=settings.replica_count,
+        index=settings.replica_index,
+        set_id=settings.replica_set_id,
+        adopt=settings.adopt_topology,
+        persist=settings.backend == "rocksdb",
+    )
+
+
+def open_catalog(settings: Settings, layout: ReplicaLayout | None = None) -> JobCatalog:
     return JobCatalog(
         open_store(settings),
         replica_index=settings.replica_index,
         replica_count=settings.replica_count,
+        layout=layout,
         limits=Limits(
             max_key_bytes=settings.max_key_bytes,
             max_value_bytes=settings.max_value_bytes,
@@ -92,8 +122,8 @@ def exit_on_start_error(setting: str) -> Iterator[None]:
     """
     try:
         yield
-    except (StateError, OSError) as exc:
-        if isinstance(exc, StateError):
+    except (StateError, TopologyError, OSError) as exc:
+        if isinstance(exc, StateError | TopologyError):
             detail = exc.detail
         else:
             detail = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
@@ -127,7 +157,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 s3_abandoned_upload_age_s=settings.s3_abandoned_upload_age_s,
             )
         with exit_on_start_error(f"STATEHOUSE_DATA_DIR={settings.data_dir!r}"):
-            catalog = open_catalog(settings)
+            # First: nothing in the directory is touched (leftovers removed, files opened) while
+            # another process may be using it. Held until the process exits.
+            dir_lock = DataDirLock(settings.data_dir)
+            layout = open_layout(settings)
+            catalog = open_catalog(settings, layout)
             work_dir = restore_work_dir(settings)
         metrics.watch(catalog)
         checkpoints = CheckpointManager(
@@ -141,9 +175,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)
         log.info(
-            "statehouse replica %d/%d, backend %s, data in %s",
+            "statehouse replica %d/%d (topology version %d), backend %s, data in %s",
             settings.replica_index,
             settings.replica_count,
+            layout.topology.version,
             settings.backend,
             settings.data_dir,
         )
@@ -166,6 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await space
             checkpoints.close()
             catalog.close()
+            dir_lock.release()
 
     # /docs and /redoc come from routers/docs.py: the same pages with bundled assets, no CDN.
     app = FastAPI(
@@ -181,7 +217,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(docs.router)
     app.mount(docs.STATIC_URL, docs.static_files(), name="docs-static")
-    for router in (jobs.router, keyed.router, timers.router, operators.router, epochs.router, checkpoints.router):
+    for router in (
+        jobs.router,
+        keyed.router,
+        timers.router,
+        operators.router,
+        epochs.router,
+        checkpoints.router,
+        topology.router,
+    ):
         app.include_router(router, dependencies=v1)
     # Outermost last: metrics see every response and answer unexpected faults (500s). The
     # columnar endpoint's fast path is innermost: inside the intake (token, content type and

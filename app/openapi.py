@@ -51,6 +51,7 @@ OPERATION_IDS: dict[str, str] = {
     "healthz": "getHealth",
     "readyz": "getReadiness",
     "metrics": "getMetrics",
+    "get_topology": "getTopology",
     # jobs
     "put_job": "putJob",
     "get_job": "getJob",
@@ -140,7 +141,7 @@ def msgpack_reply(status: int = 200) -> dict[int | str, dict[str, Any]]:
 
 # -- what the routers can answer, by concern ------------------------------------------------------
 
-JOB = ("invalid_name", "job_not_found")  # the job is looked up by name
+JOB = ("invalid_name", "job_not_found", "layout_mismatch")  # the job is looked up by name
 PAGED = ("invalid_argument",)  # a cursor that is not a next_cursor handed out
 VALUES = ("invalid_argument", "invalid_value", "value_too_large")  # a value or list of values is written
 KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned")  # one key of a keyed state

@@ -49,6 +49,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "untyped_values": 409,
     "operator_state_conflict": 409,
     "key_not_owned": 421,
+    "layout_mismatch": 409,
     "stale_epoch": 409,
     "attempt_lost": 409,
     "attempt_conflict": 409,

@@ -24,6 +24,17 @@ class Settings(BaseSettings):
     data_dir: str = Field("./data", description="local working directory (RocksDB files)")
     replica_index: int = Field(0, ge=0, description="this replica's index (StatefulSet ordinal)")
     replica_count: int = Field(1, ge=1, description="number of replicas")
+    adopt_topology: bool = Field(
+        False,
+        description="start even if the data directory was written under another replica count or index: the "
+        "replica serves as STATEHOUSE_REPLICA_INDEX of STATEHOUSE_REPLICA_COUNT (topology version + 1) and refuses "
+        "its jobs written under the old layout (409 layout_mismatch) until each is restored or deleted",
+    )
+    replica_set_id: str | None = Field(
+        None,
+        description="the replica set's identity, recorded in each replica's data directory at its first start "
+        "(a random UUID when unset); a data directory of another set is refused at start",
+    )
     checkpoint_dir: str = Field(
         "./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"
     )

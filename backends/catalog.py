@@ -10,10 +10,11 @@ import threading
 
 from statehouse.backends.base.store import Store
 from statehouse.backends.bounds import MAX_EPOCH
-from statehouse.backends.errors import InvalidArgument, JobConflict, JobNotFound
+from statehouse.backends.errors import InvalidArgument, JobConflict, JobNotFound, LayoutMismatch
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.limits import Limits
 from statehouse.backends.names import validate_name
+from statehouse.backends.topology import ReplicaLayout
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
 
@@ -27,6 +28,7 @@ class JobCatalog:
         replica_count: int = 1,
         clock: Clock | None = None,
         limits: Limits | None = None,
+        layout: ReplicaLayout | None = None,
     ) -> None:
         if replica_count < 1 or not 0 <= replica_index < replica_count:
             raise ValueError(f"replica index {replica_index} must be in [0, replica count {replica_count})")
@@ -38,12 +40,24 @@ class JobCatalog:
         # None: a job found on disk at start, not opened yet (see _open).
         self._jobs: dict[str, Job | None] = dict.fromkeys(store.existing())
         self._lock = threading.Lock()
+        # The persisted topology (None in unit tests): each job's key-group range is recorded
+        # with its data, and a job whose data holds another range than the topology gives it
+        # (after an adopted rescale) is refused until a restore replaces it.
+        self.layout = layout
+        self.layout_version = 0
+        if layout is not None:
+            if (layout.topology.count, layout.topology.index) != (replica_count, replica_index):
+                raise ValueError("the layout's replica count and index differ from the catalog's")
+            layout.keep_only(list(self._jobs))
+            self.layout_version = layout.topology.version
 
     def _open(self, name: str) -> Job | None:
         """The job of that name, opened if it is not yet; None if there is none (hold the lock)."""
         job = self._jobs.get(name)
         if job is None and name in self._jobs:
             job = self._jobs[name] = self._job(name, self.store.open_partition(name, None))
+            if self.layout is not None and name not in self.layout.topology.jobs:
+                self.layout.record(name, job.max_parallelism)  # written before ranges were recorded
         return job
 
     def _job(self, name: str, partition) -> Job:
@@ -54,7 +68,21 @@ class JobCatalog:
             replica_count=self.replica_count,
             clock=self.clock,
             limits=self.limits,
+            layout_version=self.layout_version,
         )
+
+    def _check_layout(self, name: str) -> None:
+        mismatched = self.layout.topology.mismatched(name) if self.layout is not None else None
+        if mismatched is not None:
+            topology = self.layout.topology  # type: ignore[union-attr]
+            expected = topology.expected(mismatched.max_parallelism)
+            raise LayoutMismatch(
+                f"job {name!r} on this replica holds key groups {mismatched.start}-{mismatched.end}, written "
+                f"under another replica count; replica {topology.index} of {topology.count} (topology version "
+                f"{topology.version}) owns {expected.start}-{expected.end}: restore the job from a savepoint "
+                f"(POST /v1/jobs/{name}/restore) or delete it",
+                version=topology.version,
+            )
 
     def create(self, name: str, max_parallelism: int | None = None) -> tuple[Job, bool]:
         """Create a job or confirm an existing one; ``(job, created)``.
@@ -84,9 +112,12 @@ class JobCatalog:
             self.limits.check_jobs(len(self._jobs))
             partition = self.store.open_partition(name, max_parallelism or default_max_parallelism(self.replica_count))
             job = self._jobs[name] = self._job(name, partition)
+            if self.layout is not None:
+                self.layout.record(name, job.max_parallelism)
             return job, True
 
-    def get(self, name: str) -> Job:
+    def get(self, name: str, *, serving: bool = True) -> Job:
+        """The job; ``serving=False`` also returns a job refused for its layout (to list or delete it)."""
         job = self._jobs.get(name)
         if job is None:
             if name in self._jobs:
@@ -95,6 +126,8 @@ class JobCatalog:
             if job is None:
                 validate_name(name, "job")
                 raise JobNotFound(f"no job {name!r}; create it with PUT /v1/jobs/{name}")
+        if serving and self.layout_version > 1:  # only an adopted topology leaves jobs of another range
+            self._check_layout(name)
         return job
 
     def __len__(self) -> int:
@@ -106,11 +139,13 @@ class JobCatalog:
     def delete(self, name: str) -> None:
         with self._lock:
             if name not in self._jobs:
-                self.get(name)  # raises job_not_found
+                self.get(name, serving=False)  # raises job_not_found
             job = self._jobs.pop(name)
             if job is not None:
                 job.close()
             self.store.destroy_partition(name)
+            if self.layout is not None:
+                self.layout.forget(name)
 
     # -- restore: build beside, verify, swap ----------------------------------------------
 
@@ -150,6 +185,8 @@ class JobCatalog:
                     live.revive()
                 raise
             job = self._jobs[name] = self._job(name, partition)
+            if self.layout is not None:
+                self.layout.record(name, job.max_parallelism)  # the restore wrote this topology's range
             return job
 
     def discard(self, staged: Job) -> None:

@@ -78,10 +78,18 @@ class KeyNotOwned(StateError):
 
     code = "key_not_owned"
 
-    def __init__(self, detail: str, *, key_group: int, owner: int) -> None:
-        super().__init__(detail, key_group=key_group, owner=owner)
+    def __init__(self, detail: str, *, key_group: int, owner: int, version: int) -> None:
+        super().__init__(detail, key_group=key_group, owner=owner, version=version)
         self.key_group = key_group
         self.owner = owner
+        self.version = version
+
+
+class LayoutMismatch(StateError):
+    """The job's data on this replica holds other key groups than the replica's topology gives it
+    (the replica adopted a new replica count): it is not served until a restore replaces it."""
+
+    code = "layout_mismatch"
 
 
 class StaleEpoch(StateError):

@@ -77,8 +77,10 @@ class Job:
         replica_count: int = 1,
         clock: Clock | None = None,
         limits: Limits | None = None,
+        layout_version: int = 0,
     ) -> None:
         self.name = name
+        self.layout_version = layout_version  # the replica's topology version, named in 421s
         self.limits = limits or Limits()
         self.partition = partition
         self.max_parallelism = partition.max_parallelism
@@ -274,6 +276,7 @@ class Job:
                 f"{self.replica_index} (which owns key groups {self.key_group_range.start}-{self.key_group_range.end})",
                 key_group=key_group,
                 owner=owner,
+                version=self.layout_version,
             )
 
     def owned_key_group(self, key: str | int, key_type: KeyType) -> int:

@@ -346,7 +346,7 @@ def declared(spec, path, method) -> dict[str, list[str]]:
 def test_operations_declare_what_they_answer(spec):
     put_value = declared(spec, "/v1/jobs/{job}/states/{state}/keys/{key}", "put")
     assert {"job_not_found", "state_not_found"} <= set(put_value["404"])
-    assert put_value["409"] == ["wrong_state_kind"]
+    assert put_value["409"] == ["layout_mismatch", "wrong_state_kind"]
     assert {"key_too_large", "value_too_large", "body_too_large"} <= set(put_value["413"])
     assert put_value["421"] == ["key_not_owned"] and "validation_error" in put_value["422"]
     assert "key_not_found" in declared(spec, "/v1/jobs/{job}/states/{state}/keys/{key}", "get")["404"]

@@ -51,7 +51,8 @@ async def list_jobs(service: ServiceDep, grant: GrantDep, paging: PageDep) -> Jo
     after = paging.after
     names = (n for n in service.catalog.names() if (after is None or n.encode() > after) and grant.allows(n))
     page, next_cursor = paging.take(names, str.encode)
-    return JobPage(items=[JobInfo.of(service.catalog.get(n)) for n in page], next_cursor=next_cursor)
+    # Jobs refused for their layout (layout_mismatch) are listed too: they are on this replica.
+    return JobPage(items=[JobInfo.of(service.catalog.get(n, serving=False)) for n in page], next_cursor=next_cursor)
 
 
 @router.get("/jobs/{job}", response_model=JobInfo, responses=doc.JOB_ONLY)
@@ -60,9 +61,11 @@ async def get_job(job: JobDep) -> JobInfo:
 
 
 @router.delete("/jobs/{job}", status_code=204, responses=doc.JOB_ONLY)
-async def delete_job(service: ServiceDep, job: JobDep) -> Response:
-    """Delete a job and all its local state (checkpoints in storage are kept)."""
-    await run_in_threadpool(service.catalog.delete, job.name)
+async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Response:
+    """Delete a job and all its local state (checkpoints in storage are kept); also a job refused for its
+    layout (`layout_mismatch`)."""
+    service.check_available(job)
+    await run_in_threadpool(service.catalog.delete, job)
     return Response(status_code=204)
 
 
