@@ -38,12 +38,20 @@ class Metrics:
             "RocksDB instances (one per job) open now (STATEHOUSE_MAX_OPEN_JOBS bounds it while they are idle)",
             registry=self.registry,
         )
+        self.volume_free = Gauge(
+            "statehouse_data_volume_free_bytes",
+            "Free space on the data volume (RocksDB backend; 0 on the heap backend): writes stop below "
+            "STATEHOUSE_DISK_RESERVE_BYTES",
+            registry=self.registry,
+        )
 
     def watch(self, catalog: JobCatalog) -> None:
         """Read the resource gauges from ``catalog`` at each scrape."""
         self.jobs.set_function(lambda: len(catalog))
         instances = getattr(catalog.store, "instances", None)  # RocksDB only; 0 on the heap backend
         self.open_instances.set_function(lambda: len(instances) if instances is not None else 0)
+        volume = getattr(catalog.store, "volume", None)  # RocksDB only
+        self.volume_free.set_function(lambda: volume.free_bytes() if volume is not None else 0)
 
     def count_ops(self, tally: Tally[tuple[str, str]]) -> None:
         for (kind, op), n in tally.items():

@@ -160,6 +160,7 @@ def test_a_full_volume_refuses_writes_reports_not_ready_and_recovers_without_res
         writer = Writer(http)
         refused(writer.until_refused())
         assert len(writer.acked) > 100  # it wrote megabytes before refusing
+        assert "statehouse_data_volume_free_bytes" in httpx.get(server.url + "/metrics").text
         # A flush or compaction running on frees space as it ends (its log or inputs deleted): let
         # it end, then keep the volume below the reserve.
         settle(volume)
