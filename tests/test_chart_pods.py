@@ -7,7 +7,8 @@ rendered environment: Secret references resolved from the rendered Secrets (or t
 for an existing one), the pod-index label from the replica's ordinal, every volume mount mapped to a
 temporary directory, the container port to a free one. A pod passes when its readiness probe's path
 answers 200; it fails if the process exits first. Then the client snippet the chart's NOTES print,
-and the one in helm/statehouse/README.md, run against those replicas.
+and the one in helm/statehouse/README.md, run against those replicas. Last, the rescale step: a pod
+restarted on its volume with another replicaCount refuses to start unless adoptTopology is set.
 """
 
 from __future__ import annotations
@@ -81,19 +82,20 @@ class Pod:
     """Replica ``index`` of the rendered StatefulSet, as a local process."""
 
     def __init__(self, docs: list[dict], index: int, root: Path) -> None:
+        """``root`` holds the pod's volumes; a pod made again on the same root finds them as it left them."""
         (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
         spec = sts["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         self.container, self.index = container, index
         secrets = secrets_of(docs)
-        root.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)
 
         # Volume mounts → temporary directories; Secret volumes get their items as files.
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         self.mounts: dict[str, Path] = {}
         for mount in container.get("volumeMounts", []):
             local = root / mount["name"]
-            local.mkdir()
+            local.mkdir(exist_ok=True)
             secret = volumes.get(mount["name"], {}).get("secret")
             if secret:
                 data = secrets[secret["secretName"]]
@@ -291,3 +293,36 @@ def test_every_integer_value_renders_as_an_integer():
     ):
         assert env[name] == "12345678", (name, env[name])
     assert container["command"][container["command"].index("--timeout-graceful-shutdown") + 1] == "12345678"
+
+
+def test_a_replica_count_change_starts_only_with_adopt_topology(tmp_path):
+    """``helm upgrade --set replicaCount=2`` restarts pod 0 on its volume: the rendered pod refuses to
+    start (its volume records 1 replica), and starts with ``adoptTopology=true`` (the rescale procedure)."""
+    docs, _ = render({})
+    pod = Pod(docs, 0, tmp_path)
+    try:
+        pod.start()
+        assert httpx.put(f"{pod.url}/v1/jobs/orders", json={"max_parallelism": 128}, timeout=10).status_code == 201
+    finally:
+        pod.stop()
+
+    rescaled = Pod(render({"replicaCount": 2})[0], 0, tmp_path)
+    with pytest.raises(AssertionError, match="pod 0 exited with 2"):
+        rescaled.start()
+    assert "holds replica 0 of 1 (topology version 1)" in rescaled.log()
+    assert "STATEHOUSE_ADOPT_TOPOLOGY=1" in rescaled.log()
+
+    adopted = Pod(render({"replicaCount": 2, "adoptTopology": True})[0], 0, tmp_path)
+    try:
+        adopted.start()
+        shown = httpx.get(f"{adopted.url}/v1/topology", timeout=10).json()
+        assert (shown["replica_count"], shown["version"], shown["set_id"]) == (
+            2,
+            2,
+            f"{NAMESPACE}/{RELEASE}-statehouse",
+        )
+        assert shown["jobs"] == [
+            {"job": "orders", "max_parallelism": 128, "key_group_range": [0, 127], "serving": False}
+        ]
+    finally:
+        adopted.stop()
