@@ -412,3 +412,21 @@ def test_a_64_mib_body_without_a_token_costs_the_server_nothing(server, admin):
         )
     assert refused.status_code == 401, refused.text
     assert grown["peak"] < 32 << 20, grown
+
+
+def test_the_routes_behind_a_token_are_exactly_those_under_v1():
+    """app/intake.py authenticates every path under /v1 before the body, and require_token hands
+    routes the grant found there: a route behind require_token elsewhere would have none."""
+    from fastapi import routing
+
+    from statehouse.app.dependencies import require_token
+    from statehouse.app.intake import API_PREFIX
+    from statehouse.app.main import create_app
+    from statehouse.app.settings import Settings
+
+    for context in routing.iter_route_contexts(create_app(Settings()).routes):
+        route = context.original_route
+        if not isinstance(route, routing.APIRoute):
+            continue
+        secured = any(d.call is require_token for d in context.dependant.dependencies)  # as included
+        assert secured == (context.path + "/").startswith(API_PREFIX + "/"), context.path
