@@ -42,6 +42,8 @@ __all__ = [
     "find_weed",
     "keys",
     "machine_info",
+    "RedisServer",
+    "redis_process",
     "redis_server",
     "repeat",
     "seaweed",
@@ -153,16 +155,25 @@ def statehouse(backend: str, env: dict[str, str] | None = None, workdir: Path | 
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclass
+class RedisServer:
+    port: int
+    process: subprocess.Popen[bytes]
+
+
 @contextlib.contextmanager
-def redis_server() -> Iterator[int | None]:
-    """A throwaway ``redis-server`` on a free 127.0.0.1 port (no persistence); ``None`` if not installed."""
+def redis_process(appendonly: bool = False) -> Iterator[RedisServer | None]:
+    """A throwaway ``redis-server`` on a free 127.0.0.1 port; ``None`` if not installed. No
+    persistence, or with ``appendonly`` an append-only file fsynced every second (Redis's default
+    AOF policy), in a directory removed on exit."""
     binary = shutil.which("redis-server")
     if binary is None:
         yield None
         return
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="statehouse-bench-redis-")
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
+    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence]
     command += ["--dir", workdir, "--daemonize", "no", "--loglevel", "warning"]
     with open(os.path.join(workdir, "redis.log"), "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -176,10 +187,17 @@ def redis_server() -> Iterator[int | None]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start on port {port}")
             time.sleep(0.05)
-        yield port
+        yield RedisServer(port, process)
     finally:
         stop_process(process, timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[int | None]:
+    """A throwaway ``redis-server`` on a free 127.0.0.1 port (no persistence); ``None`` if not installed."""
+    with redis_process() as server:
+        yield None if server is None else server.port
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Benchmark 9: a Spark micro-batch job keeping per-user sum and count state, three ways.
+"""Benchmark 9: a Spark micro-batch job keeping per-user sum and count state, every way a user has.
 
 The same input (Parquet files of ``user_id`` and ``amount``, one file per micro-batch), the
 same machine, the same run. Each micro-batch updates every user's running ``total`` (sum of
@@ -28,6 +28,17 @@ Spark's ``noop`` sink:
 * **Spark applyInPandasWithState**: ``groupBy("user_id").applyInPandasWithState`` in update
   mode, the (total, events) pair in Spark's own state store (the default HDFS-backed
   provider; Spark's checkpoint is its exactly-once), no Statehouse involved.
+* **Spark transformWithStateInPandas** (``tws-pandas``) and **transformWithState** (``tws-row``,
+  the Row API): Spark 4's state API v2, a ``StatefulProcessor`` with one value state of the
+  (total, events) pair per user, update mode, on the RocksDB state store provider (the only one
+  the API supports; set per query, the other paths keep the default). Needs ``protobuf``.
+* **Redis** (``redis``; ``redis-aof``): what a user writes instead of a state store: the columnar
+  job's ``repartition`` + ``mapInPandas`` and pandas grouping, then per Arrow batch one redis-py
+  pipeline of ``INCRBYFLOAT`` (total) and ``INCRBY`` (count) per user, and after the partition's
+  last batch one ``MGET`` per state. A redis-server started here on a free port, without
+  persistence (``--save "" --appendonly no``), and a second one with ``--appendonly yes
+  --appendfsync everysec``. At-least-once: a retried task or micro-batch adds again. Skipped
+  with a message when ``redis-server`` is not on PATH.
 
 Two workloads by default, the same rows (4 micro-batches of 50,000 events) over 10,000 users
 (about 5 events per user and micro-batch: Spark's grouping leaves the row-wise client a fifth
@@ -38,17 +49,22 @@ Per path and run: a fresh Spark checkpoint (and Statehouse job), the streaming q
 with ``availableNow`` and awaited; rows/s is the input rows over the query's wall time (query
 start to termination: the micro-batches, their planning and Spark's and Statehouse's commits;
 not the SparkSession's start: one warm-up run of each path on a smaller input precedes the
-measured rounds). CPU µs per row: the Statehouse replicas' processes (their CPU clocks), and
-Spark's: the driver JVM and every process under it (the Python daemon and workers; exited
-ones count through their parent's ``cutime``) from ``/proc/<pid>/stat``, plus this Python
-driver process (``foreachBatch`` and the coordinator run in it). Requests per micro-batch are
-the replicas' own ``statehouse_http_requests_total`` (``/metrics``) before and after. After
-each Statehouse run every user's total and count are read back and checked against pandas.
+measured rounds). CPU µs per row: the path's server (the Statehouse replicas' processes or the
+redis-server, their CPU clocks), and Spark's: the driver JVM and every process under it (the
+Python daemon and workers), each process's own utime + stime from ``/proc/<pid>/stat`` sampled
+every 0.1 s, the last value kept for a process that exits (PySpark's daemon ignores SIGCHLD,
+so an exited worker never reaches its parent's ``cutime``), plus this Python driver process
+(``foreachBatch`` and the coordinator run in it). Requests per micro-batch are the replicas' own
+``statehouse_http_requests_total`` (``/metrics``) before and after. After each run every user's
+total and count are checked against pandas' over the input: read back from Statehouse, from
+Redis (``MGET``), or from Spark's state store through its ``statestore`` reader (the state API
+v2 paths). ``nostate`` keeps none and ``applyInPandasWithState``'s is not read back.
 
 Each round runs every path once, the order reversed every other round; ratios are taken per
 round, then their median.
 
-    .venv/bin/python -m bench.spark_columnar --runs 3        # 10,000 and 1,000,000 users, ~15 min
+    .venv/bin/python -m bench.spark_columnar --runs 3 --users 10000   # every path, ~15 min
+    .venv/bin/python -m bench.spark_columnar --runs 3        # and 1,000,000 users (Spark state: minutes a run)
     .venv/bin/python -m bench.spark_columnar --quick         # smoke run, under a minute
 """
 
@@ -61,6 +77,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -72,14 +89,27 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import Summary, print_header, statehouse, table, write_json
+from bench.common import RedisServer, Summary, print_header, redis_process, statehouse, table, write_json
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import BatchContext, exactly_once, with_state, with_state_grouped, with_state_pandas
 from statehouse.pipelines.user_features_columnar import PartitionEnd, with_partition_end
 
-PATHS = ("columnar", "columnar-rows", "grouped", "rowwise", "nostate", "spark")
+PATHS = (
+    "columnar",
+    "columnar-rows",
+    "grouped",
+    "rowwise",
+    "nostate",
+    "spark",
+    "redis",
+    "redis-aof",
+    "tws-pandas",
+    "tws-row",
+)
 DEFAULT_PATHS = tuple(p for p in PATHS if p != "grouped")
 STATEHOUSE_PATHS = ("columnar", "columnar-rows", "grouped", "rowwise")
+REDIS_PATHS = ("redis", "redis-aof")
+TWS_PATHS = ("tws-pandas", "tws-row")
 LABELS = {
     "columnar": "columnar client, mapInPandas (grouped per Arrow batch)",
     "columnar-rows": "columnar client, mapInPandas (every row sent)",
@@ -87,7 +117,29 @@ LABELS = {
     "rowwise": "row-wise client, collect_list + mapPartitions",
     "spark": "Spark applyInPandasWithState",
     "nostate": "no state: the columnar job's Spark work alone",
+    "redis": "Redis (no persistence), mapInPandas + redis-py pipeline",
+    "redis-aof": "Redis (AOF, fsync every second), mapInPandas + redis-py pipeline",
+    "tws-pandas": "Spark transformWithStateInPandas, RocksDB state store",
+    "tws-row": "Spark transformWithState (Row API), RocksDB state store",
 }
+# Spark's state is partitioned by the shuffle partitions the checkpoint started with: more
+# executors can run it, but its partitioning cannot change without a new checkpoint (state lost).
+SPARK_STATE = "exactly-once, durable (Spark checkpoint), not rescalable (partitions fixed by the checkpoint)"
+# What the user gets from each path's state, beside its speed (the rows of RESULTS §9's table).
+GUARANTEES = {
+    "columnar": "exactly-once, durable, rescalable",
+    "columnar-rows": "exactly-once, durable, rescalable",
+    "grouped": "exactly-once, durable, rescalable",
+    "rowwise": "exactly-once, durable, rescalable",
+    "nostate": "no state",
+    "spark": SPARK_STATE,
+    "redis": "at-least-once (a retried task adds twice), lost on restart, not rescalable",
+    "redis-aof": "at-least-once, durable to the last second, not rescalable",
+    "tws-pandas": SPARK_STATE,
+    "tws-row": SPARK_STATE,
+}
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 SCHEMA = "user_id STRING, amount DOUBLE"
 OUTPUT_SCHEMA = "user_id STRING, total DOUBLE, events LONG"
 STATES = {
@@ -222,9 +274,125 @@ def nostate_process(df: Any, batch_id: int) -> None:
     df.repartition("user_id").mapInPandas(nostate_map, OUTPUT_SCHEMA).write.format("noop").mode("overwrite").save()
 
 
-def start_query(spark: Any, path: str, input_dir: Path, checkpoint: Path, config: ClientConfig, job: str) -> Any:
+def redis_keys(prefix: str, users: Any) -> tuple[list[str], list[str]]:
+    return [f"{prefix}:t:{u}" for u in users], [f"{prefix}:e:{u}" for u in users]
+
+
+def redis_map(port: int, prefix: str) -> Callable[[Iterable[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """What a user writes without Statehouse: per Arrow batch the events grouped by user in
+    pandas, one redis-py pipeline of INCRBYFLOAT (total) and INCRBY (count) per user; after the
+    partition's last batch one MGET per state of its users. A retried task adds twice."""
+
+    def update(batches: Iterable[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            seen = []
+            for batch in batches:
+                if not len(batch):
+                    continue
+                grouped = batch.groupby("user_id", sort=False)["amount"].agg(["sum", "size"])
+                totals, counts = redis_keys(prefix, grouped.index)
+                pipe = client.pipeline()
+                for total_key, count_key, total, count in zip(
+                    totals, counts, grouped["sum"].tolist(), grouped["size"].tolist(), strict=True
+                ):
+                    pipe.incrbyfloat(total_key, total)
+                    pipe.incrby(count_key, count)
+                pipe.execute()
+                seen.append(grouped.index.to_numpy())
+            if seen:
+                users = pd.unique(np.concatenate(seen))
+                totals, counts = redis_keys(prefix, users)
+                yield pd.DataFrame(
+                    {
+                        "user_id": users,
+                        "total": np.array(client.mget(totals), dtype=np.float64),
+                        "events": np.array(client.mget(counts), dtype=np.int64),
+                    }
+                )
+        finally:
+            client.close()
+
+    return update
+
+
+def redis_process_batch(port: int, prefix: str) -> Callable[[Any, int], None]:
+    def process(df: Any, batch_id: int) -> None:
+        out = df.repartition("user_id").mapInPandas(redis_map(port, prefix), OUTPUT_SCHEMA)
+        out.write.format("noop").mode("overwrite").save()
+
+    return process
+
+
+def _sum_count_state(handle: Any) -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    schema = StructType([StructField("total", DoubleType()), StructField("events", LongType())])
+    return handle.getValueState("sums", schema)
+
+
+def tws_processors() -> tuple[Any, Any]:
+    """Spark 4's state API v2 processors (imported lazily: pyspark is only needed here), the
+    (total, events) pair as one value state per user."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class SumCountPandas(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = _sum_count_state(handle)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
+            total, events = self.state.get() if self.state.exists() else (0.0, 0)
+            for frame in rows:
+                total += float(frame["amount"].to_numpy().sum())
+                events += len(frame)
+            self.state.update((total, events))
+            yield pd.DataFrame({"user_id": [key[0]], "total": [total], "events": [events]})
+
+        def close(self) -> None:
+            pass
+
+    class SumCountRows(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = _sum_count_state(handle)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            total, events = self.state.get() if self.state.exists() else (0.0, 0)
+            for row in rows:
+                total += row.amount
+                events += 1
+            self.state.update((total, events))
+            yield Row(user_id=key[0], total=total, events=events)
+
+        def close(self) -> None:
+            pass
+
+    return SumCountPandas, SumCountRows
+
+
+def start_query(
+    spark: Any, path: str, input_dir: Path, checkpoint: Path, config: ClientConfig, job: str, redis_port: int = 0
+) -> Any:
     events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(input_dir))
-    if path == "spark":
+    # The state API v2 runs on RocksDB only; applyInPandasWithState keeps Spark's default store.
+    if path in TWS_PATHS:
+        spark.conf.set(PROVIDER_CONF, ROCKSDB_PROVIDER)
+    else:
+        spark.conf.unset(PROVIDER_CONF)
+    if path in TWS_PATHS:
+        pandas_processor, row_processor = tws_processors()
+        grouped_events = events.groupBy("user_id")
+        transform = (
+            grouped_events.transformWithStateInPandas(pandas_processor(), OUTPUT_SCHEMA, "Update", "None")
+            if path == "tws-pandas"
+            else grouped_events.transformWithState(row_processor(), OUTPUT_SCHEMA, "Update", "None")
+        )
+        writer = transform.writeStream.format("noop").outputMode("update")
+    elif path in REDIS_PATHS:
+        writer = events.writeStream.foreachBatch(redis_process_batch(redis_port, job))
+    elif path == "spark":
         writer = (
             events.groupBy("user_id")
             .applyInPandasWithState(spark_update, OUTPUT_SCHEMA, "total DOUBLE, events LONG", "update", "NoTimeout")
@@ -247,16 +415,16 @@ def start_query(spark: Any, path: str, input_dir: Path, checkpoint: Path, config
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(parent pid, command name, CPU ns of the process and its reaped children)."""
+def _stat(pid: int) -> tuple[int, str, int, int] | None:
+    """(parent pid, command name, start time in ticks, CPU ns of the process itself: utime +
+    stime, not its reaped children's)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     name = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw[raw.rindex(")") + 2 :].split()
-    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-    return int(fields[1]), name, ticks * _TICK_NS
+    return int(fields[1]), name, int(fields[19]), (int(fields[11]) + int(fields[12])) * _TICK_NS
 
 
 def process_cpu_ns(pid: int) -> int:
@@ -265,30 +433,73 @@ def process_cpu_ns(pid: int) -> int:
         return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
     except OSError:
         stat = _stat(pid)
-        return stat[2] if stat else 0
+        return stat[3] if stat else 0
 
 
-def spark_cpu_ns(exclude: set[int]) -> dict[str, int]:
-    """CPU of this process (the Python driver) and of every process under it except the
-    Statehouse replicas (``exclude``): the JVM, Spark's Python daemon and workers."""
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
+class SparkCpu:
+    """CPU of this process (the Python driver) and of every process under it except the servers
+    (``exclude``): the JVM, Spark's Python daemon and workers.
+
+    Each process's own clock is sampled every ``interval`` seconds in a thread, and the last value
+    seen of a process that exited is kept: PySpark's daemon ignores SIGCHLD, so an exited worker is
+    never reaped into its parent's ``cutime`` and a before/after walk of the tree loses its CPU
+    (one run printed ``python_workers -49.23 s``). What a process spends after its last sample
+    (at most ``interval``), or a process that lives less than ``interval``, is not counted."""
+
+    def __init__(self, exclude: set[int], interval: float = 0.1) -> None:
+        self.exclude = exclude
+        self.interval = interval
+        self.seen: dict[tuple[int, int], tuple[str, int]] = {}  # (pid, start time) -> (kind, ns)
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.sampler_ns = 0
+        self.thread = threading.Thread(target=self._run, name="spark-cpu-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (stat := _stat(int(entry))) is not None:
                 stats[int(entry)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _name, _ns) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    me = os.getpid()
-    out = {"driver": time.process_time_ns(), "jvm": 0, "python_workers": 0}
-    stack = [p for p in children.get(me, []) if p not in exclude]
-    while stack:
-        pid = stack.pop()
-        _parent, name, ns = stats[pid]
-        out["jvm" if name == "java" else "python_workers" if name.startswith("python") else "jvm"] += ns
-        stack.extend(p for p in children.get(pid, []) if p not in exclude)
-    return out
+        children: dict[int, list[int]] = {}
+        for pid, stat in stats.items():
+            children.setdefault(stat[0], []).append(pid)
+        stack = [p for p in children.get(os.getpid(), []) if p not in self.exclude]
+        with self.lock:
+            while stack:
+                pid = stack.pop()
+                _parent, name, started, ns = stats[pid]
+                kind = "python_workers" if name.startswith("python") else "jvm"  # java, and its launcher
+                self.seen[(pid, started)] = (kind, ns)
+                stack.extend(p for p in children.get(pid, []) if p not in self.exclude)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self._sample()
+        self.sampler_ns = time.thread_time_ns()
+
+    def snapshot(self) -> tuple[int, dict[tuple[int, int], tuple[str, int]]]:
+        self._sample()
+        with self.lock:
+            return time.process_time_ns(), dict(self.seen)
+
+    def __enter__(self) -> SparkCpu:
+        self.before = self.snapshot()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.after = self.snapshot()
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds between enter and exit: the driver (less this sampler's thread), the JVM,
+        the Python workers."""
+        (driver_before, before), (driver_after, after) = self.before, self.after
+        out = {"driver": (driver_after - driver_before - self.sampler_ns) / 1e9, "jvm": 0.0, "python_workers": 0.0}
+        for key, (kind, ns) in after.items():
+            out[kind] += (ns - before.get(key, (kind, 0))[1]) / 1e9
+        return out
 
 
 def requests_served(url: str) -> int:
@@ -301,15 +512,45 @@ def requests_served(url: str) -> int:
     return total
 
 
+def expected_state(events: pd.DataFrame) -> pd.DataFrame:
+    """The oracle every path is checked against: each user's sum and count over the input."""
+    return events.groupby("user_id")["amount"].agg(["sum", "size"])
+
+
+def check_values(path: str, expected: pd.DataFrame, totals: Any, counts: Any) -> None:
+    totals = np.asarray(totals, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if not np.allclose(totals, expected["sum"].to_numpy()) or not np.array_equal(counts, expected["size"].to_numpy()):
+        raise AssertionError(f"{path}: the state differs from the input's sums and counts")
+
+
 def check_state(config: ClientConfig, job: str, events: pd.DataFrame) -> None:
-    expected = events.groupby("user_id")["amount"].agg(["sum", "size"])
+    expected = expected_state(events)
     users = pd.Series(expected.index, dtype=object)
     with StatehouseClient(config) as client:
         columns = client.job(job).columns()
-        totals = columns.get("total", users).to_numpy()
-        counts = columns.get("events", users).to_numpy(dtype=np.int64)
-    if not np.allclose(totals, expected["sum"].to_numpy()) or not np.array_equal(counts, expected["size"].to_numpy()):
-        raise AssertionError(f"job {job}: the state differs from the input's sums and counts")
+        check_values(job, expected, columns.get("total", users).to_numpy(), columns.get("events", users).to_numpy())
+
+
+def check_redis(port: int, job: str, events: pd.DataFrame) -> None:
+    import redis
+
+    expected = expected_state(events)
+    totals, counts = redis_keys(job, expected.index)
+    with redis.Redis(host="127.0.0.1", port=port) as client:
+        check_values(job, expected, client.mget(totals), client.mget(counts))
+        client.flushall()  # the next run's keys are its own; this run's only take memory
+
+
+def check_spark_state(spark: Any, job: str, checkpoint: Path, events: pd.DataFrame) -> None:
+    """Spark's own state after the query, through its state data source reader."""
+    state = spark.read.format("statestore").option("stateVarName", "sums").load(str(checkpoint))
+    found = state.selectExpr("key.user_id AS user_id", "value.total AS total", "value.events AS events").toPandas()
+    found = found.set_index("user_id").sort_index()
+    expected = expected_state(events).sort_index()
+    if not found.index.equals(expected.index):
+        raise AssertionError(f"{job}: Spark's state holds {len(found)} users, {len(expected)} expected")
+    check_values(job, expected, found["total"], found["events"])
 
 
 def measure(
@@ -319,6 +560,7 @@ def measure(
     workdir: Path,
     config: ClientConfig,
     servers: list[Any],
+    redis: dict[str, RedisServer],
     name: str,
     events: pd.DataFrame,
 ) -> dict[str, Any]:
@@ -328,16 +570,20 @@ def measure(
             handle = client.create_job(job, 128)
             for state, descriptor in STATES.items():
                 handle.register(state, **descriptor)
-    pids = {server.process.pid for server in servers}
+    statehouse_pids = {server.process.pid for server in servers}
+    redis_pids = {server.process.pid for server in redis.values()}
+    # The path's own server: its CPU is the "server" column; every server is kept out of Spark's.
+    pids = statehouse_pids if path in STATEHOUSE_PATHS else {redis[path].process.pid} if path in REDIS_PATHS else set()
     urls = [server.url for server in servers]
+    checkpoint = workdir / f"chk-{job}"
     requests_before = sum(requests_served(u) for u in urls)
     server_before = sum(process_cpu_ns(p) for p in pids)
-    spark_before = spark_cpu_ns(pids)
-    start = time.perf_counter()
-    query = start_query(spark, path, input_dir, workdir / f"chk-{job}", config, job)
-    query.awaitTermination()
-    wall = time.perf_counter() - start
-    spark_after = spark_cpu_ns(pids)
+    with SparkCpu(statehouse_pids | redis_pids) as spark_cpu:
+        start = time.perf_counter()
+        port = redis[path].port if path in REDIS_PATHS else 0
+        query = start_query(spark, path, input_dir, checkpoint, config, job, port)
+        query.awaitTermination()
+        wall = time.perf_counter() - start
     server_after = sum(process_cpu_ns(p) for p in pids)
     requests = sum(requests_served(u) for u in urls) - requests_before
     if query.exception() is not None:
@@ -348,14 +594,17 @@ def measure(
         raise AssertionError(f"{path}: {rows} rows processed, {len(events)} expected")
     if path in STATEHOUSE_PATHS:
         check_state(config, job, events)
-    spark_cpu = {k: (spark_after[k] - spark_before[k]) / 1e9 for k in spark_after}
+    elif path in REDIS_PATHS:
+        check_redis(redis[path].port, job, events)
+    elif path in TWS_PATHS:
+        check_spark_state(spark, job, checkpoint, events)
     return {
         "rows": rows,
         "micro_batches": len(progress),
         "wall_s": wall,
         "rows_per_s": rows / wall,
         "server_cpu_s": (server_after - server_before) / 1e9,
-        "spark_cpu_s": spark_cpu,
+        "spark_cpu_s": spark_cpu.seconds(),
         "requests": requests,
     }
 
@@ -393,7 +642,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=1, help="Statehouse replicas")
     parser.add_argument("--backend", default="rocksdb", choices=("rocksdb", "heap"))
     parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 micro-batches of 2,000 rows, 1 run")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 2 micro-batches of 500 rows, 100 users, 1 run, no warm-up"
+    )
     parser.add_argument("--json", default=None)
     cfg = parser.parse_args(argv)
     cfg.paths = tuple(p.strip() for p in cfg.paths.split(",") if p.strip())
@@ -401,7 +652,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown paths: {', '.join(sorted(unknown))}")
     cfg.users = [int(u) for u in cfg.users.split(",") if u.strip()]
     if cfg.quick:
-        cfg.runs, cfg.batches, cfg.rows, cfg.users = 1, 2, 2_000, [500]
+        cfg.runs, cfg.batches, cfg.rows, cfg.users = 1, 2, 500, [100]
     return cfg
 
 
@@ -431,9 +682,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Summary]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
+    """``spark``: a running session to use (and leave running), as the tests pass theirs;
+    otherwise one is started and stopped here."""
     cfg = parse(argv)
-    print_header("Spark micro-batches with per-user sum/count state: columnar, row-wise, applyInPandasWithState")
+    if shutil.which("redis-server") is None and (skipped := [p for p in cfg.paths if p in REDIS_PATHS]):
+        print(f"redis-server is not on PATH: skipping {', '.join(skipped)} (apt-get install redis-server)")
+        cfg.paths = tuple(p for p in cfg.paths if p not in REDIS_PATHS)
+    print_header("Spark micro-batches with per-user sum/count state: Statehouse, Redis, Spark's own state stores")
     print(
         f"{cfg.batches} micro-batches of {cfg.rows:,} rows per workload, users {cfg.users}, "
         f"{cfg.partitions} shuffle partitions, {cfg.replicas} {cfg.backend} replica(s), local[2]"
@@ -444,19 +700,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {u: {path: [] for path in cfg.paths} for u in cfg.users}
     try:
         warmup = write_input(workdir / "warmup", 1, max(1, cfg.rows // 5), cfg.users[0], seed=8)
-        with replicas(cfg.replicas, cfg.backend, workdir) as servers:
+        with replicas(cfg.replicas, cfg.backend, workdir) as servers, contextlib.ExitStack() as stack:
+            redis: dict[str, RedisServer] = {}
+            for path in REDIS_PATHS:
+                if path in cfg.paths and (server := stack.enter_context(redis_process(path == "redis-aof"))):
+                    redis[path] = server
             config = ClientConfig.of([s.url for s in servers])
-            spark = local_spark(cfg.partitions)
+            owned = spark is None
+            spark = local_spark(cfg.partitions) if owned else spark
+            partitions = spark.conf.get("spark.sql.shuffle.partitions")
+            spark.conf.set("spark.sql.shuffle.partitions", str(cfg.partitions))  # a given session's too
             try:
-                for path in cfg.paths:  # the JVM's JIT, Python workers, imports
-                    measure(spark, path, workdir / "warmup", workdir, config, servers, "warmup", warmup)
+                for path in cfg.paths if not cfg.quick else ():  # the JVM's JIT, Python workers, imports
+                    measure(spark, path, workdir / "warmup", workdir, config, servers, redis, "warmup", warmup)
                 for users in cfg.users:
                     input_dir = workdir / f"input-{users}"
                     events = write_input(input_dir, cfg.batches, cfg.rows, users, seed=users)
                     for n in range(cfg.runs):
                         # Alternate which path goes first, so drift on the shared machine hits all alike.
                         for path in cfg.paths if n % 2 == 0 else cfg.paths[::-1]:
-                            run = measure(spark, path, input_dir, workdir, config, servers, f"{users}-{n}", events)
+                            name = f"{users}-{n}"
+                            run = measure(spark, path, input_dir, workdir, config, servers, redis, name, events)
                             runs[users][path].append(run)
                             print(
                                 f"  {users:,} users, run {n}, {path}: {run['rows_per_s']:,.0f} rows/s, "
@@ -466,7 +730,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 flush=True,
                             )
             finally:
-                spark.stop()
+                spark.conf.unset(PROVIDER_CONF)
+                spark.conf.set("spark.sql.shuffle.partitions", partitions)
+                if owned:
+                    spark.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     end_load = os.getloadavg()[0]
@@ -474,6 +741,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     headers = [
         "users (events/user/micro-batch)",
         "path",
+        "guarantees",
         "rows/s",
         "query s",
         "requests/micro-batch",
@@ -492,17 +760,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [
                     workload,
                     LABELS[path],
+                    GUARANTEES[path],
                     s["rows_per_s"].fmt(),
                     s["wall_s"].fmt(digits=2),
                     f"{s['requests'].median:,.0f}" if path in STATEHOUSE_PATHS else "-",
-                    s["server_us"].fmt(digits=2) if path in STATEHOUSE_PATHS else "-",
+                    s["server_us"].fmt(digits=2) if path in STATEHOUSE_PATHS + REDIS_PATHS else "-",
                     s["spark_us"].fmt(digits=2),
                     f"{s['jvm_us'].median:.2f} / {s['workers_us'].median:.2f} / {s['driver_us'].median:.2f}",
                 ]
             )
         for path in cfg.paths:
-            for base in ("rowwise", "spark"):
+            for base in ("rowwise", "spark", *REDIS_PATHS, *TWS_PATHS, "nostate"):
                 if path not in ("columnar", "columnar-rows", "grouped", "nostate") or base not in cfg.paths:
+                    continue
+                if path == base:
                     continue
                 per_round = [
                     a["rows_per_s"] / b["rows_per_s"] for a, b in zip(by_path[path], by_path[base], strict=True)

@@ -20,6 +20,7 @@ from bench import (
     latency,
     map_paging,
     restore,
+    spark_columnar,
     timers,
 )
 
@@ -121,3 +122,28 @@ def test_http_server_limits_cost():
     measured = {(r["server"], r["case"]) for r in out["results"]}
     assert measured == {(server, case) for server in http_server.SERVERS for case in http_server.CASES}
     assert all(r["cpu_us"]["median"] > 0 for r in out["results"])
+
+
+def _spark_columnar_quick(spark, paths: list[str]) -> dict:
+    """The Spark job on the given paths, tiny: every path's state is checked against pandas' sums
+    and counts by the script itself (a wrong answer fails the run), across two micro-batches."""
+    out = spark_columnar.main(["--quick", "--paths", ",".join(paths)], spark=spark)
+    runs = out["runs"][100]
+    assert set(runs) == set(paths)
+    for path in paths:
+        (run,) = runs[path]
+        assert run["rows"] == 1000 and run["micro_batches"] == 2, path
+        # Sampled per process: an exited worker keeps its CPU instead of going negative.
+        assert all(seconds >= 0 for seconds in run["spark_cpu_s"].values()), (path, run["spark_cpu_s"])
+    return runs
+
+
+def test_spark_columnar_state_apis(spark):
+    """Spark 4's transformWithStateInPandas and transformWithState on the RocksDB state store."""
+    _spark_columnar_quick(spark, ["tws-pandas", "tws-row"])
+
+
+@needs_redis
+def test_spark_columnar_redis(spark):
+    runs = _spark_columnar_quick(spark, ["redis", "redis-aof"])
+    assert all(runs[path][0]["server_cpu_s"] > 0 for path in runs)  # redis-server's own CPU
