@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -68,6 +69,9 @@ def open_layout(settings: Settings) -> ReplicaLayout:
     The heap backend keeps it in memory only: none of its jobs outlives the process, so there is
     nothing a restart with another replica count could re-slice.
     """
+    # Unset, the set is named after the checkpoint storage its replicas share (they must, to
+    # rescale), so replicas started alike agree on it without being told.
+    storage = settings.checkpoint_dir if "://" in settings.checkpoint_dir else os.path.abspath(settings.checkpoint_dir)
     return ReplicaLayout.open(
         settings.data_dir,
         count=settings.replica_count,
@@ -75,6 +79,7 @@ def open_layout(settings: Settings) -> ReplicaLayout:
         set_id=settings.replica_set_id,
         adopt=settings.adopt_topology,
         persist=settings.backend == "rocksdb",
+        default_set_id=str(uuid.uuid5(uuid.NAMESPACE_URL, storage)),
     )
 
 

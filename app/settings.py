@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     replica_set_id: str | None = Field(
         None,
         description="the replica set's identity, recorded in each replica's data directory at its first start "
-        "(a random UUID when unset); a data directory of another set is refused at start",
+        "(unset: a UUID named after STATEHOUSE_CHECKPOINT_DIR, which a set's replicas share); when set, a data "
+        "directory of another set is refused at start",
     )
     checkpoint_dir: str = Field(
         "./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"

@@ -141,17 +141,28 @@ class ReplicaLayout:
 
     @classmethod
     def open(
-        cls, data_dir: str, *, count: int, index: int, set_id: str | None, adopt: bool, persist: bool = True
+        cls,
+        data_dir: str,
+        *,
+        count: int,
+        index: int,
+        set_id: str | None,
+        adopt: bool,
+        persist: bool = True,
+        default_set_id: str | None = None,
     ) -> ReplicaLayout:
         """The directory's topology, written from the settings if it has none.
 
         Raises :class:`TopologyError` when the settings disagree with it and ``adopt`` is false,
         or when ``set_id`` names another replica set (adopting never changes the set).
+        ``default_set_id`` is the identity recorded at the first start when ``set_id`` is None; it
+        is not checked later.
         """
         path = os.path.join(data_dir, TOPOLOGY_FILE)
         stored = _read(path) if persist else None
         if stored is None:
-            layout = cls(data_dir, Topology(set_id or str(uuid.uuid4()), count, index, 1), persist)
+            first = set_id or default_set_id or str(uuid.uuid4())
+            layout = cls(data_dir, Topology(first, count, index, 1), persist)
             layout._write()
             return layout
         if set_id is not None and set_id != stored.set_id:

@@ -39,6 +39,36 @@ class StatehouseClient:
                 ) from None
         return self._checked(name, infos)
 
+    def topology(self) -> list[dict[str, Any]]:
+        """Every replica's ``GET /v1/topology``, in URL order, once they are checked to be one
+        complete, consistent replica set: the same set and version, as many replicas as URLs, and
+        ``urls[i]`` is replica ``i``. Otherwise Conflict, naming what to fix."""
+        shown = self.replicas.on_all("GET", "/v1/topology")
+        urls = [replica.url for replica in self.replicas]
+        sets = {(info["set_id"], info["version"]) for info in shown}
+        if len(sets) != 1:
+            found = ", ".join(
+                f"{url}: set {i['set_id']!r} version {i['version']}" for url, i in zip(urls, shown, strict=True)
+            )
+            raise Conflict(
+                f"the URLs are not one replica set at one topology version ({found}): list one set's replicas, "
+                f"or finish its rescale (docs/operations.md, Rescaling)"
+            )
+        counts = {info["replica_count"] for info in shown}
+        if counts != {len(urls)}:
+            raise Conflict(
+                f"the replica set has {sorted(counts)[0]} replicas but the client was given {len(urls)} URLs: "
+                f"list every replica, in index order"
+            )
+        for index, (url, info) in enumerate(zip(urls, shown, strict=True)):
+            if info["replica_index"] != index:
+                order = [i["replica_index"] for i in shown]
+                raise Conflict(
+                    f"{url} is replica {info['replica_index']}, but the client has it as replica {index} (the URLs "
+                    f"are replicas {order} in that order): list the URLs in replica-index order"
+                )
+        return shown
+
     def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
         """The job's client, once every replica is where the URL list says and they agree on the job."""
         for index, info in enumerate(infos):

@@ -218,3 +218,31 @@ def test_heap_keeps_its_topology_in_memory(tmp_path):
         assert placed == (1, 2, 1, False)
     finally:
         server.stop()
+
+
+def test_the_client_checks_its_urls_are_one_complete_set_in_order(two_replicas, tmp_path):
+    from statehouse.client import StatehouseClient
+    from statehouse.client.errors import Conflict
+
+    urls = [s.url for s in two_replicas]
+    with StatehouseClient(urls) as sh:
+        shown = sh.topology()
+        assert [(t["replica_index"], t["replica_count"]) for t in shown] == [(0, 2), (1, 2)]
+        assert shown[0]["set_id"] == shown[1]["set_id"]  # named after the checkpoint storage they share
+    with StatehouseClient(urls[::-1]) as sh, pytest.raises(Conflict) as wrong_order:
+        sh.topology()
+    assert str(wrong_order.value) == (
+        f"{urls[1]} is replica 1, but the client has it as replica 0 (the URLs are replicas [1, 0] in that order): "
+        "list the URLs in replica-index order"
+    )
+    with StatehouseClient(urls[:1]) as sh, pytest.raises(Conflict) as missing:
+        sh.topology()
+    assert "the replica set has 2 replicas but the client was given 1 URLs" in str(missing.value)
+
+    other = start_server(tmp_path, replica(1, 2))  # its own checkpoint storage: another set
+    try:
+        with StatehouseClient([urls[0], other.url]) as sh, pytest.raises(Conflict) as mixed:
+            sh.topology()
+        assert "the URLs are not one replica set at one topology version" in str(mixed.value)
+    finally:
+        other.stop()

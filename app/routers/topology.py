@@ -23,7 +23,7 @@ class JobLayout(BaseModel):
 
 
 class TopologyInfo(BaseModel):
-    set_id: str = Field(description="the replica set's identity (STATEHOUSE_REPLICA_SET_ID, or a UUID of first start)")
+    set_id: str = Field(description="the replica set's identity (STATEHOUSE_REPLICA_SET_ID, or from checkpoint dir)")
     version: int = Field(
         description="1 at the data directory's first start; +1 at each adopted change of count or index"
     )
