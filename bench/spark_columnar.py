@@ -58,7 +58,7 @@ so an exited worker never reaches its parent's ``cutime``), plus this Python dri
 ``statehouse_http_requests_total`` (``/metrics``) before and after. After each run every user's
 total and count are checked against pandas' over the input: read back from Statehouse, from
 Redis (``MGET``), or from Spark's state store through its ``statestore`` reader (the state API
-v2 paths). ``nostate`` keeps none and ``applyInPandasWithState``'s is not read back.
+v2 paths and ``applyInPandasWithState``). ``nostate`` keeps none.
 
 Each round runs every path once, the order reversed every other round; ratios are taken per
 round, then their median.
@@ -542,10 +542,16 @@ def check_redis(port: int, job: str, events: pd.DataFrame) -> None:
         client.flushall()  # the next run's keys are its own; this run's only take memory
 
 
-def check_spark_state(spark: Any, job: str, checkpoint: Path, events: pd.DataFrame) -> None:
-    """Spark's own state after the query, through its state data source reader."""
-    state = spark.read.format("statestore").option("stateVarName", "sums").load(str(checkpoint))
-    found = state.selectExpr("key.user_id AS user_id", "value.total AS total", "value.events AS events").toPandas()
+def check_spark_state(spark: Any, path: str, job: str, checkpoint: Path, events: pd.DataFrame) -> None:
+    """Spark's own state after the query, through its state data source reader (the state API v2
+    names its value state; applyInPandasWithState's pair sits in ``value.groupState``)."""
+    reader = spark.read.format("statestore")
+    if path in TWS_PATHS:
+        state, value = reader.option("stateVarName", "sums").load(str(checkpoint)), "value"
+    else:
+        state, value = reader.load(str(checkpoint)), "value.groupState"
+    columns = ["key.user_id AS user_id", f"{value}.total AS total", f"{value}.events AS events"]
+    found = state.selectExpr(*columns).toPandas()
     found = found.set_index("user_id").sort_index()
     expected = expected_state(events).sort_index()
     if not found.index.equals(expected.index):
@@ -596,8 +602,8 @@ def measure(
         check_state(config, job, events)
     elif path in REDIS_PATHS:
         check_redis(redis[path].port, job, events)
-    elif path in TWS_PATHS:
-        check_spark_state(spark, job, checkpoint, events)
+    elif path in (*TWS_PATHS, "spark"):
+        check_spark_state(spark, path, job, checkpoint, events)
     return {
         "rows": rows,
         "micro_batches": len(progress),
