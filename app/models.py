@@ -19,7 +19,7 @@ from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.ops import OpName
 from statehouse.backends.redistribution import MAX_SUBTASKS
-from statehouse.backends.staging import ATTEMPT_PATTERN
+from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.backends.timers import TimeDomain, TimerOpName
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
@@ -270,6 +270,12 @@ class AttemptModel(Strict):
     attempt: str = Field(pattern=ATTEMPT_PATTERN, description="the winning attempt's id")
     ops: int = Field(
         ge=0, le=MAX_SEQ, description="the write operations the attempt staged on this replica, as its task counted"
+    )
+    unit: str = Field(
+        "",
+        pattern=UNIT_PATTERN,
+        description="the state update the attempt ran for, when one task runs several (each has its own attempt "
+        "of the partition); a (unit, partition) is named at most once",
     )
 
 

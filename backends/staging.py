@@ -46,6 +46,9 @@ StagedWrite = Mapping[str, Any] | StagedColumns
 READ_OPS = frozenset({"get", "map_get", "map_contains"})
 ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 _ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline
+UNIT_PATTERN = r"^[A-Za-z0-9._:-]{0,128}$"
+_UNIT = re.compile(UNIT_PATTERN[1:-1])
+_WINNER_FIELDS = frozenset({"partition", "attempt", "ops"})
 
 
 def _attempt_id(value: Any) -> str:
@@ -71,39 +74,49 @@ class AttemptRef:
 
 @dataclass(frozen=True, slots=True)
 class Winner:
-    """An attempt the driver commits, with the write operations its task staged here."""
+    """An attempt the driver commits, with the write operations its task staged here.
+
+    ``unit`` names the state update the task ran for (one ``with_state`` call of the client): a
+    Spark task that runs two of them has one attempt per unit, both of its partition. The
+    replica cannot tell those from two attempts of one partition, so the driver says which
+    unit each winner is of, and a (unit, partition) named twice is refused.
+    """
 
     partition: int
     attempt: str
     ops: int
+    unit: str = ""
 
     def __post_init__(self) -> None:
         check_range(self.partition, "partition", MAX_PARTITION)
         _attempt_id(self.attempt)
         check_range(self.ops, "ops", MAX_SEQ)
+        if not isinstance(self.unit, str) or not _UNIT.fullmatch(self.unit):
+            raise InvalidArgument(f"'unit' must be 0-128 characters of A-Z a-z 0-9 . _ : -; got {self.unit!r}")
 
     @classmethod
     def parse(cls, items: Any) -> list[Winner]:
-        """The ``attempts`` of a prepare or commit body; each attempt, and each partition, at most
-        once: two winners of one partition would apply its task's writes twice."""
+        """The ``attempts`` of a prepare or commit body; each attempt, and each (unit, partition),
+        at most once: two winners of one partition's unit would apply its task's writes twice."""
         if not isinstance(items, list):
-            raise InvalidArgument('\'attempts\' must be a list of {"partition", "attempt", "ops"}')
+            raise InvalidArgument('\'attempts\' must be a list of {"partition", "attempt", "ops"[, "unit"]}')
         winners = []
         for item in items:
-            if not isinstance(item, Mapping) or set(item) != {"partition", "attempt", "ops"}:
-                raise InvalidArgument(f'each attempt must be {{"partition", "attempt", "ops"}}; got {item!r}')
-            winners.append(cls(item["partition"], item["attempt"], item["ops"]))
+            if not isinstance(item, Mapping) or not _WINNER_FIELDS <= set(item) <= _WINNER_FIELDS | {"unit"}:
+                raise InvalidArgument(f'each attempt must be {{"partition", "attempt", "ops"[, "unit"]}}; got {item!r}')
+            winners.append(cls(item["partition"], item["attempt"], item["ops"], item.get("unit", "")))
         if len({w.attempt for w in winners}) != len(winners):
             raise InvalidArgument("an attempt is named twice in 'attempts'")
-        if len({w.partition for w in winners}) != len(winners):
-            seen: dict[int, str] = {}
-            for w in winners:
-                if w.partition in seen:
-                    raise AttemptConflict(
-                        f"partition {w.partition} is named twice in 'attempts' ({seen[w.partition]!r} and "
-                        f"{w.attempt!r}): name the one attempt of each partition that won, or its writes count twice"
-                    )
-                seen[w.partition] = w.attempt
+        seen: dict[tuple[str, int], str] = {}
+        for w in winners:
+            first = seen.setdefault((w.unit, w.partition), w.attempt)
+            if first != w.attempt:
+                of_unit = f" of unit {w.unit!r}" if w.unit else ""
+                raise AttemptConflict(
+                    f"partition {w.partition}{of_unit} is named twice in 'attempts' ({first!r} and {w.attempt!r}): "
+                    "name the one attempt of each partition that won, or its writes count twice (attempts of "
+                    "different state updates in one task say so with 'unit')"
+                )
         return winners
 
 

@@ -143,7 +143,7 @@ def commit_bodies(chosen: list[CommitMessage], replica_count: int) -> list[dict[
     return [
         {
             "attempts": [
-                {"partition": m.partition, "attempt": m.attempt, "ops": m.ops[replica]}
+                {"partition": m.partition, "attempt": m.attempt, "ops": m.ops[replica], "unit": m.unit}
                 for m in chosen
                 if m.ops[replica]
             ]

@@ -48,6 +48,21 @@ def test_two_winners_of_one_partition_are_refused(http, job):
     assert total(http, job) == 5
 
 
+def test_attempts_of_two_units_of_one_partition_both_commit(http, job):
+    """One Spark task running two state updates (two ``with_state`` calls) has an attempt per
+    unit, both of its partition: named with their units, both apply; one unit named twice is
+    still refused."""
+    for attempt in ("u.a1", "v.a1", "v.a2"):
+        assert stage(http, job, attempt).status_code == 200
+    twice = {"attempts": [{"partition": 0, "attempt": a, "ops": 1, "unit": "v"} for a in ("v.a1", "v.a2")]}
+    body = problem(http.post(f"{job}/epochs/1/prepare", json=twice), 409, "attempt_conflict")
+    assert "partition 0 of unit 'v' is named twice" in body["detail"], body
+    both = {"attempts": [{"partition": 0, "attempt": f"{u}.a1", "ops": 1, "unit": u} for u in ("u", "v")]}
+    assert http.post(f"{job}/epochs/1/prepare", json=both).status_code == 200
+    assert http.post(f"{job}/epochs/1/commit", json=both).json()["ops"] == 2
+    assert total(http, job) == 10
+
+
 def test_a_winner_that_staged_nothing_here_commits_only_with_no_writes(http, job):
     """A task with no writes on a replica is a winner that staged nothing (Spark pipelines send
     it); one that counted writes this replica does not hold is lost, never taken as empty."""
