@@ -2,7 +2,7 @@
 
 from statehouse.client import StatehouseClient
 with StatehouseClient(["http://sh-0:8000", "http://sh-1:8000"]) as sh:
-    job = sh.job("features", max_parallelism=128)
+    job = sh.create_job("features", max_parallelism=128)
     spent = job.register("spent", "reducing", function="sum")
     spent.add("alice", 12.5)
     with job.batch() as batch:
