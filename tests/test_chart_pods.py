@@ -30,6 +30,7 @@ import yaml
 
 from harness.s3server import ACCESS_KEY, SECRET_KEY
 from harness.server import free_port, stop_process
+from tests.test_shipping import render as render_with
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "statehouse"
@@ -57,16 +58,9 @@ VALUE_SETS = {
 def render(values: dict) -> tuple[list[dict], str]:
     chart = hp.Chart.load(CHART)
     try:
-        out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return render_with(chart, values)
     finally:
         chart.close()
-    docs, notes = [], ""
-    for path, text in out.items():
-        if path.endswith("NOTES.txt"):
-            notes = text
-        elif path.endswith((".yaml", ".yml")):
-            docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs, notes
 
 
 def secrets_of(docs: list[dict]) -> dict[str, dict[str, str]]:
