@@ -25,14 +25,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
-from harness.server import REPO, start_server, start_two_replicas
+from harness.server import REPO, free_port, start_server, start_two_replicas
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN = {"sh": "bash", "bash": "bash", "python": "python"}
@@ -203,3 +206,44 @@ def test_the_runner_catches_what_used_to_escape(servers, workdir, tmp_path):
     page.write_text("```console\n$ curl localhost:8000/healthz\n```\n")
     with pytest.raises(AssertionError, match="a ```console block"):
         parse_page(page)
+
+
+def test_readme_make_run_serves_the_api(tmp_path):
+    """README's first command as written, `make run` (skipped above: it runs in the foreground),
+    started here on a free port through the STATEHOUSE_PORT the Makefile reads, until /readyz."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")} | {
+        "STATEHOUSE_PORT": str(port),
+        "STATEHOUSE_DATA_DIR": str(tmp_path / "data"),
+        "STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+    }
+    log = tmp_path / "make-run.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            ["make", "--no-print-directory", "run"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # make and the server it starts: one group to stop
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):  # bounded: at most ~60 s
+            assert process.poll() is None, f"make run exited {process.returncode}:\n{log.read_text()}"
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"make run did not answer /readyz:\n{log.read_text()}")
+        assert httpx.put(f"{url}/v1/jobs/shop", json={"max_parallelism": 128}).status_code == 201
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
