@@ -40,8 +40,9 @@ from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
-from statehouse.snapshots import CheckpointManager, open_storage
-from statehouse.snapshots.restore import remove_leftovers
+from statehouse.checkpoints.manager import CheckpointManager
+from statehouse.checkpoints.restore import remove_leftovers
+from statehouse.snapshots.storage import open_storage
 
 log = logging.getLogger("statehouse")
 # How often the data volume's free space is read (a statvfs) for /readyz and out-of-space recovery.

@@ -5,32 +5,8 @@ Each carries a stable ``code``; the HTTP layer maps codes to status codes in one
 
 from __future__ import annotations
 
-from typing import Any
-
-
-class StateError(Exception):
-    """Base class: ``code`` is stable and documented, ``detail`` says what to fix."""
-
-    code = "state_error"
-
-    def __init__(self, detail: str, **extra: Any) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.extra = extra
-
-    def within(self, where: str, **extra: Any) -> StateError:
-        """Say where in a request this happened (an operation of a batch, a row of columns)."""
-        self.detail = f"{where}: {self.detail}"
-        self.extra.update(extra)
-        return self
-
-    def unplaced(self, label: str, key: str | None = None) -> Any:
-        """Undo :meth:`within` for a place ``label N`` kept in ``extra[key]`` (default: the
-        label); returns N, or ``None`` when the error named no such place."""
-        place = self.extra.pop(key or label, None)
-        if place is not None:
-            self.detail = self.detail.removeprefix(f"{label} {place}: ")
-        return place
+# The base lives below every folder (the snapshot interfaces raise it too); re-exported here.
+from statehouse.errors import StateError as StateError
 
 
 class InvalidName(StateError):

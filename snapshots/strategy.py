@@ -1,4 +1,4 @@
-"""Snapshot strategies: a short synchronous part, then an asynchronous part (Flink's
+"""The snapshot strategy protocol: a short synchronous part, then an asynchronous part (Flink's
 ``SnapshotStrategy``).
 
 A backend's store advertises which strategy takes a checkpoint or a savepoint of its jobs
@@ -6,12 +6,13 @@ A backend's store advertises which strategy takes a checkpoint or a savepoint of
 backend owns its strategies. :meth:`SnapshotStrategy.prepare` runs while the job's writes
 are held off and only freezes the state (heap copy-on-write, a RocksDB native checkpoint);
 the :class:`AsyncSnapshot` it returns runs on a background thread, writes the files and
-releases the frozen view. The runner (:mod:`statehouse.snapshots.runner`) does the threading,
-:mod:`statehouse.snapshots.manager` the lifecycle.
+releases the frozen view. The runner (:mod:`statehouse.checkpoints.runner`) does the threading,
+:mod:`statehouse.checkpoints.manager` the lifecycle.
 
-:class:`FullSnapshotStrategy` writes the canonical format from any backend's frozen view: heap
-checkpoints, RocksDB full checkpoints, and every savepoint. RocksDB's incremental strategy is
-in ``statehouse.backends.rocksdb.snapshot``.
+Only the protocol is here, below the backends: the strategies themselves are the backends'
+(the canonical full one in ``statehouse.backends.snapshot.full_strategy``, RocksDB's
+incremental one in ``statehouse.backends.rocksdb.snapshot``), so the protocol is generic in
+the job type it freezes.
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from statehouse.backends.base.partition import FrozenView
-from statehouse.backends.job import Job
-from statehouse.backends.reserved import keyed_tables
 from statehouse.snapshots.compression import Codec
-from statehouse.snapshots.full_format import SnapshotHeader, write_key_groups
 from statehouse.snapshots.handles import KeyedHandle, StreamHandle
 from statehouse.snapshots.layout import SnapshotKind
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
-from statehouse.snapshots.operator_format import OperatorSnapshot
 from statehouse.snapshots.storage.base import CheckpointStorage
+
+JobT = TypeVar("JobT", contravariant=True)
+
+
+class Frozen(Protocol):
+    """A frozen view of a job's state, held until the asynchronous part has written it."""
+
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -56,14 +60,6 @@ class SnapshotContext:
         if self.cancel.is_set():
             raise InterruptedError(f"checkpoint {self.checkpoint_id} was aborted")
 
-    def write_operator_state(self, view: FrozenView) -> StreamHandle:
-        """The operator-state file of this part (the same for every strategy); root-relative."""
-        with self.storage.create_output(self.part_path("operator.bin")) as out:
-            out.write(OperatorSnapshot.from_view(view).to_bytes())
-            handle = out.close_and_get_handle()
-        self.written.append(handle.path)
-        return handle
-
 
 @dataclass(frozen=True)
 class SnapshotResult:
@@ -82,7 +78,7 @@ class SnapshotResult:
 class AsyncSnapshot:
     """The asynchronous part: call once on a background thread. Always releases the view."""
 
-    def __init__(self, view: FrozenView, body: Callable[[], SnapshotResult]) -> None:
+    def __init__(self, view: Frozen, body: Callable[[], SnapshotResult]) -> None:
         self._view = view
         self._body = body
 
@@ -93,44 +89,10 @@ class AsyncSnapshot:
             self._view.release()
 
 
-class SnapshotStrategy(ABC):
+class SnapshotStrategy(ABC, Generic[JobT]):
     format: SnapshotFormat
 
     @abstractmethod
-    def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
+    def prepare(self, job: JobT, ctx: SnapshotContext) -> AsyncSnapshot:
         """The synchronous part, with the job's writes held off: freeze, capture meta info,
         return the asynchronous part."""
-
-
-def descriptor_dicts(job: Job) -> list[dict[str, Any]]:
-    """The job's keyed-state descriptors as a snapshot stores them (sorted by name)."""
-    return [job.descriptors[name].to_dict() for name in sorted(job.descriptors)]
-
-
-class FullSnapshotStrategy(SnapshotStrategy):
-    """The canonical format: every key group of the replica's range, from any backend's view."""
-
-    format: SnapshotFormat = "full"
-
-    def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
-        view = job.partition.freeze()
-        states = descriptor_dicts(job)
-        header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
-        now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
-
-        def body() -> SnapshotResult:
-            with ctx.storage.create_output(ctx.part_path("keyed.bin")) as out:
-                keyed = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
-            ctx.written.append(keyed.stream.path)
-            ctx.check_cancelled()
-            operator = ctx.write_operator_state(view)
-            uploaded = keyed.stream.size + operator.size
-            keyed = type(keyed)(keyed.stream.relative_to(ctx.directory), keyed.header, keyed.offsets)
-            return SnapshotResult(
-                "full", keyed, operator.relative_to(ctx.directory), states, job.max_parallelism, uploaded, 0
-            )
-
-        return AsyncSnapshot(view, body)
-
-
-FULL = FullSnapshotStrategy()

@@ -322,7 +322,7 @@ def test_the_python_client_sends_its_token_and_raises_forbidden(server, admin):
 
 def test_bucket_locations_are_normalized_before_they_are_compared():
     """The same rules on S3 checkpoint storage (a real boto3 client, never contacted: nothing is read)."""
-    from statehouse.snapshots import InvalidLocation
+    from statehouse.snapshots.errors import InvalidLocation
     from statehouse.snapshots.storage.locations import RestoreLocations
     from statehouse.snapshots.storage.s3 import S3Storage
 

@@ -28,6 +28,7 @@ from statehouse.backends import HeapStore, JobCatalog
 from statehouse.backends.codec import encode_value, iter_values
 from statehouse.backends.operator_state import operator_subtasks_row
 from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, redistribute
+from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
 from statehouse.keygroups import (
     KeyGroupAssigner,
     KeyGroupRange,
@@ -35,7 +36,6 @@ from statehouse.keygroups import (
     default_max_parallelism,
     operator_index,
 )
-from statehouse.snapshots.operator_format import OperatorSnapshot, merge_for_replica
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,23 @@
-"""No import cycles between the modules of the statehouse namespace (static: every import
-statement counts, also those under ``if TYPE_CHECKING:``, since a cycle there is still two
-modules that cannot be understood one without the other)."""
+"""The folders of the statehouse namespace are layers, and its modules have no import cycles.
+
+Static: every import statement counts, also those inside functions and under
+``if TYPE_CHECKING:``, since an arrow there is still a module that cannot be understood
+without the one it names."""
 
 import ast
 from pathlib import Path
 
 from harness.server import REPO
 
-FOLDERS = ("app", "backends", "snapshots", "client", "keygroups", "pipelines")
+# The layers, bottom to top, one chain per distribution; a folder imports only folders below
+# it in a chain holding both. The client distribution (what a Spark executor installs) is its
+# own chain: nothing of the server's in it, and the server takes only its bottom (key groups).
+SERVER_LAYERS = ("keygroups", "errors", "snapshots", "backends", "checkpoints", "app")
+CLIENT_LAYERS = ("keygroups", "client", "pipelines")
+CHAINS = (SERVER_LAYERS, CLIENT_LAYERS)
+FOLDERS = tuple(dict.fromkeys(SERVER_LAYERS + CLIENT_LAYERS))
+CLIENT_FOLDERS = CLIENT_LAYERS  # packaging/client/pyproject.toml
+SERVER_FOLDERS = tuple(f for f in SERVER_LAYERS if f not in CLIENT_FOLDERS)  # pyproject.toml
 
 
 def module_name(path: Path) -> str:
@@ -17,22 +27,49 @@ def module_name(path: Path) -> str:
     return ".".join(["statehouse", *parts])
 
 
+def imported_names(source: str, where: str) -> set[str]:
+    """Every module or module attribute an import statement anywhere in ``source`` names."""
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module, f"{where}: the project imports absolutely"
+            base = node.module
+            targets.add(base)
+            targets.update(f"{base}.{alias.name}" for alias in node.names)
+    return targets
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for folder in FOLDERS for p in (REPO / folder).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                assert node.level == 0 and node.module, f"{path}: the project imports absolutely"
-                base = node.module
-                targets.add(base)
-                targets.update(f"{base}.{alias.name}" for alias in node.names)
+        targets = imported_names(path.read_text(), str(path))
         # An import of a package's attribute resolves to the module where it exists.
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
+
+
+def folder_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def allowed(importer: str, imported: str) -> bool:
+    """Whether folder ``importer`` may import folder ``imported``: itself, or below it in a chain."""
+    return importer == imported or any(
+        importer in chain and imported in chain and chain.index(imported) < chain.index(importer) for chain in CHAINS
+    )
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a folder that is not below the importer's, as ``importer -> imported``."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if not allowed(folder_of(name), folder_of(target))
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -75,3 +112,32 @@ def test_the_graph_sees_imports():
 
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def test_every_folder_is_a_layer():
+    """A new top-level package joins a chain (else nothing checks its arrows)."""
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert packages - {"tests", "bench", "harness"} == set(FOLDERS)
+
+
+def test_folders_import_only_folders_below():
+    assert wrong_way(import_graph()) == []
+
+
+def test_the_layer_check_catches_an_upward_import():
+    """Self-check: an import of a folder above, even one only the type checker sees, is caught;
+    so is an import across the two distributions."""
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from statehouse.backends.job import Job\n"
+    names = imported_names(source, "snapshots/example.py")
+    assert "statehouse.backends.job" in names
+    graph = {
+        "statehouse.snapshots.example": {"statehouse.backends.job", "statehouse.keygroups"},
+        "statehouse.backends.job": {"statehouse.snapshots.example"},
+        "statehouse.client.example": {"statehouse.errors"},
+        "statehouse.app.example": {"statehouse.pipelines"},
+    }
+    assert wrong_way(graph) == [
+        "statehouse.app.example -> statehouse.pipelines",
+        "statehouse.client.example -> statehouse.errors",
+        "statehouse.snapshots.example -> statehouse.backends.job",
+    ]

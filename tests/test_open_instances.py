@@ -10,7 +10,7 @@ import pytest
 
 from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
 from statehouse.backends.rocksdb.partition import _SCAN_CHUNK
-from statehouse.snapshots import open_storage
+from statehouse.snapshots.storage import open_storage
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from datetime import timedelta
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, StateDescriptor
-from statehouse.snapshots import StorageUnavailable, open_storage
+from statehouse.snapshots.errors import StorageUnavailable
+from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
 from tests.test_snapshot_support import dump
 
@@ -122,7 +123,7 @@ def test_the_sweep_aborts_old_abandoned_uploads_only(s3_server, s3_location):
     # the setting, through open_storage and the manager's start: age 0 sweeps every upload
     # started before now (safe only with a single writer; the default keeps an hour)
     catalog = JobCatalog(HeapStore())
-    from statehouse.snapshots import CheckpointManager
+    from statehouse.checkpoints.manager import CheckpointManager
 
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint, s3_abandoned_upload_age_s=0)
     CheckpointManager(catalog, storage).close()

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
-from statehouse.snapshots import open_storage
+from statehouse.checkpoints.registry import SharedStateRegistry
 from statehouse.snapshots.handles import StreamHandle
-from statehouse.snapshots.registry import SharedStateRegistry
+from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import dump
 
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
-from statehouse.snapshots import CheckpointNotReady, SnapshotCorrupt, open_storage
+from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
+from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.local import LocalStorage
 from tests.gated import gated
 from tests.test_snapshot_support import dump, populate

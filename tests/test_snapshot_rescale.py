@@ -10,7 +10,8 @@ from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
 from statehouse.backends.codec import decode_primary
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
 from statehouse.keygroups import assign_to_key_group
-from statehouse.snapshots import RestoreIncomplete, open_storage
+from statehouse.snapshots.errors import RestoreIncomplete
+from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import dump, operator_dump, owner, populate
 
 

@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from statehouse.backends import StateDescriptor, TtlConfig
-from statehouse.snapshots import open_storage
 from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
+from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
-from statehouse.snapshots import SnapshotCorrupt, open_storage
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
 from tests.gated import data_sections, gated
 from tests.test_snapshot_support import dump, operator_dump, populate
@@ -88,7 +89,7 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(make_manager, s3_
 
 
 def test_downloads_count_as_bytes_read(s3_server, s3_location, tmp_path):
-    from statehouse.snapshots import open_storage
+    from statehouse.snapshots.storage import open_storage
 
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
     source = tmp_path / "f.sst"

@@ -16,7 +16,7 @@ from statehouse.backends.reserved import TIMER_TABLES, keyed_tables
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timers import count_timers, list_timers
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
-from statehouse.snapshots import open_storage
+from statehouse.snapshots.storage import open_storage
 
 
 def fire(job, to, domain="event", **kwargs):

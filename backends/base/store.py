@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from statehouse.backends.base.partition import StorePartition
 
 if TYPE_CHECKING:
+    from statehouse.backends.snapshot.full_strategy import JobStrategy
     from statehouse.snapshots.layout import SnapshotKind
-    from statehouse.snapshots.strategy import SnapshotStrategy
 
 
 class Store(ABC):
@@ -37,7 +37,7 @@ class Store(ABC):
         return None
 
     @abstractmethod
-    def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
+    def snapshot_strategy(self, kind: SnapshotKind) -> JobStrategy:
         """The strategy that takes a checkpoint or a savepoint (always the canonical format)."""
 
     # -- restore: a new partition is built beside the live one, then takes its place --------

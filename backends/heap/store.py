@@ -5,9 +5,9 @@ from __future__ import annotations
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.heap.partition import HeapPartition
+from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.keygroups import default_max_parallelism
 from statehouse.snapshots.layout import SnapshotKind
-from statehouse.snapshots.strategy import FULL, SnapshotStrategy
 
 
 class HeapStore(Store):
@@ -22,7 +22,7 @@ class HeapStore(Store):
     def destroy_partition(self, job: str) -> None:
         """Nothing on disk; the partition is dropped with its job."""
 
-    def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
+    def snapshot_strategy(self, kind: SnapshotKind) -> JobStrategy:
         return FULL  # copy-on-write freeze, canonical format: checkpoints and savepoints alike
 
     def open_staging(self, job: str, max_parallelism: int) -> HeapPartition:

@@ -4,7 +4,7 @@ Flink's ``RocksIncrementalSnapshotStrategy``: the synchronous part takes a nativ
 (hard links to the immutable SST files); the asynchronous part uploads the SST files the
 previous completed checkpoint of the same database did not have (shared, by reference from
 then on) and the few other files (private). Savepoints and full checkpoints use the canonical
-strategy (``statehouse.snapshots.strategy``).
+strategy (``statehouse.backends.snapshot.full_strategy``).
 
 A restore reads an incremental part by opening its downloaded files as a read-only database
 and copying the wanted key groups out (Flink's "copy" restore path): correct for any rescale
@@ -21,18 +21,13 @@ from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.job import Job
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
-from statehouse.snapshots.strategy import (
-    AsyncSnapshot,
-    SnapshotContext,
-    SnapshotResult,
-    SnapshotStrategy,
-    descriptor_dicts,
-)
+from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
 
 
 def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str, StreamHandle]:
@@ -47,7 +42,7 @@ def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str,
     return {name: handle.under(previous.directory) for name, handle in keyed.shared.items()}
 
 
-class IncrementalSnapshotStrategy(SnapshotStrategy):
+class IncrementalSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "incremental"
 
     def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
@@ -75,7 +70,7 @@ class IncrementalSnapshotStrategy(SnapshotStrategy):
                 n: upload(f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-{n}", n) for n in ssts if n not in placeholders
             }
             private = {n: upload(ctx.part_path(f"db/{n}"), n) for n in private_names}
-            operator = ctx.write_operator_state(view)
+            operator = write_operator_state(ctx, view)
             keyed = IncrementalHandle(
                 backend_uid,
                 job.key_group_range,

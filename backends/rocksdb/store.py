@@ -12,8 +12,8 @@ from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL
 from statehouse.backends.rocksdb.space import DataVolume
+from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.snapshots.layout import SnapshotKind
-from statehouse.snapshots.strategy import FULL, SnapshotStrategy
 
 
 class RocksDBStore(Store):
@@ -80,7 +80,7 @@ class RocksDBStore(Store):
         self.volume.above_reserve()  # one statvfs: a probe sees the volume as it is now
         return None if self.volume.ready else self.volume.not_ready_reason()
 
-    def snapshot_strategy(self, kind: SnapshotKind) -> SnapshotStrategy:
+    def snapshot_strategy(self, kind: SnapshotKind) -> JobStrategy:
         # Savepoints are always canonical (portable to the heap backend and across rescales).
         return INCREMENTAL if kind == "checkpoint" and self.incremental_checkpoints else FULL
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from statehouse.backends.job import Job
-from statehouse.snapshots.strategy import SnapshotContext, SnapshotResult, SnapshotStrategy
+from statehouse.backends.snapshot.full_strategy import JobStrategy
+from statehouse.snapshots.strategy import SnapshotContext, SnapshotResult
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ class SnapshotStrategyRunner:
     def __init__(self, threads: int = 2) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="statehouse-snapshot")
 
-    def snapshot(self, job: Job, strategy: SnapshotStrategy, ctx: SnapshotContext, done: Outcome) -> Future[None]:
+    def snapshot(self, job: Job, strategy: JobStrategy, ctx: SnapshotContext, done: Outcome) -> Future[None]:
         """Freeze the job now; upload in the background, then call ``done(result, error)``.
 
         The returned future completes after ``done`` returned. An exception of the synchronous

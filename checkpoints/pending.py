@@ -13,7 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from statehouse.backends.errors import StateError
 from statehouse.keygroups import KeyGroupRange
-from statehouse.snapshots.info import PENDING, CheckpointInfo
+from statehouse.checkpoints.info import PENDING, CheckpointInfo
 from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.strategy import SnapshotContext, SnapshotResult
 
