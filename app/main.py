@@ -29,6 +29,7 @@ from statehouse.app.routers import (
     jobs,
     keyed,
     operators,
+    scan,
     timers,
     topology,
 )
@@ -226,6 +227,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         jobs.router,
         keyed.router,
+        scan.router,
         timers.router,
         operators.router,
         epochs.router,

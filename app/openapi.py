@@ -74,6 +74,7 @@ OPERATION_IDS: dict[str, str] = {
     "remove_entry": "removeMapEntry",
     "list_entries": "listMapEntries",
     "list_keys": "listKeys",
+    "scan_state": "scanState",
     "batch": "applyBatch",
     "columns": "applyColumns",
     # task attempts' epochs

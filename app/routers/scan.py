@@ -1,0 +1,99 @@
+"""A keyed state as a table: its rows per key-group sub-range, as Arrow IPC pages (``backends/scan.py``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated
+
+from fastapi import Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from statehouse.app import openapi as doc
+from statehouse.app.dependencies import JobDep, ServiceDep
+from statehouse.app.paging import decode_cursor, encode_cursor
+from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router
+from statehouse.app.wire import arrow_response
+from statehouse.backends import codec
+from statehouse.backends.job import Job
+from statehouse.backends.scan import Position, scan
+from statehouse.keygroups import KeyGroupRange
+
+router = api_router(prefix="/v1", tags=["keyed state"])
+
+# The page's Arrow schema metadata: where the next page starts (absent: the range is read).
+NEXT_CURSOR = b"statehouse.next_cursor"
+MAX_ROWS = 100_000  # rows per page, at most (the stored bytes bound a page too)
+MAX_KEYS = 1_000  # keys of one point read (query parameters: the request head stays small)
+
+SCAN = {
+    200: {
+        "description": "the page's rows as an Arrow IPC stream (`key`, `ns`, `user_key` for map states, `value`, "
+        "`key_group`, `expires_at` for TTL states); the stream's schema metadata `statehouse.next_cursor`, when "
+        "present, is the `cursor` of the next page",
+        "content": {doc.ARROW_STREAM: {"schema": doc.ARROW_SCHEMA}},
+    },
+    **doc.errors(*doc.JOB, "state_not_found", "invalid_argument", "invalid_key", "untyped_values"),
+}
+
+
+def _range(job: Job, start: int | None, end: int | None) -> KeyGroupRange:
+    owned = job.key_group_range
+    groups = KeyGroupRange(owned.start if start is None else start, owned.end if end is None else end)
+    if groups.end >= job.max_parallelism or groups.start > groups.end:
+        raise ApiError(
+            "invalid_argument",
+            f"key_group_start..key_group_end must be a range within 0..{job.max_parallelism - 1} (this replica owns "
+            f"{owned.start}..{owned.end}); got {groups.start}..{groups.end}",
+        )
+    return groups
+
+
+@router.get("/jobs/{job}/states/{state}/scan", response_class=Response, responses=SCAN)
+async def scan_state(
+    service: ServiceDep,
+    job: JobDep,
+    state: str,
+    key_group_start: Annotated[
+        int | None, Query(ge=0, description="first key group (default: this replica's first)")
+    ] = None,
+    key_group_end: Annotated[
+        int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        Query(description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_KEYS}"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_ROWS, description="most rows in the page")] = 10_000,
+    max_bytes: Annotated[
+        int | None, Query(ge=1, description="most stored bytes the page reads (capped at STATEHOUSE_MAX_ANSWER_BYTES)")
+    ] = None,
+    cursor: Annotated[
+        str | None, Query(description="statehouse.next_cursor of the previous page", json_schema_extra={"minLength": 1})
+    ] = None,
+) -> Response:
+    """Every row of a keyed state in a key-group range this replica owns (the rest of the range is
+    other replicas'), in key-group order, paged: a page ends after `limit` rows or once it read
+    `max_bytes` of stored data, and its schema metadata `statehouse.next_cursor` resumes it. A scan reads
+    committed state without writing: expired entries are left out (or kept, per the state's TTL
+    visibility) but neither cleaned up nor refreshed. With `key`, only those keys' rows."""
+    groups = _range(job, key_group_start, key_group_end)
+    after = decode_cursor(cursor)
+    position = Position.decode(after) if after is not None else None
+    descriptor = job.descriptor(state)
+    keys = None
+    if key is not None:
+        if len(key) > MAX_KEYS:
+            raise ApiError("invalid_argument", f"at most {MAX_KEYS} keys per scan; got {len(key)}: send several")
+        keys = [codec.parse_key(k, descriptor.key_type) for k in key]
+    budget = min(max_bytes or service.settings.max_answer_bytes, service.settings.max_answer_bytes)
+
+    def page() -> Response:
+        found = scan(job, state, groups, after=position, keys=keys, max_rows=limit, max_bytes=budget)
+        service.metrics.count_ops(Counter({(descriptor.kind, "scan"): found.table.num_rows}))
+        table = found.table
+        if found.next is not None:
+            table = table.replace_schema_metadata({NEXT_CURSOR: encode_cursor(found.next.encode()).encode()})
+        return arrow_response(table)
+
+    return await run_in_threadpool(page)
