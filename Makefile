@@ -35,11 +35,11 @@ lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-checked: the engine, snapshots, checkpoints and the client distribution (app/ follows).
-TYPED := statehouse.errors statehouse.snapshots statehouse.backends statehouse.checkpoints statehouse.client statehouse.keygroups
+# Type-checked: the engine, snapshots, checkpointing and the client distribution (app/ follows).
+TYPED := statehouse.errors statehouse.snapshots statehouse.backends statehouse.checkpointing statehouse.client statehouse.keygroups
 typecheck: $(DEV)
 	@mkdir -p $(VENV)/typecheck/statehouse
-	@for d in app errors snapshots backends checkpoints client keygroups pipelines; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
+	@for d in app errors snapshots backends checkpointing client keygroups pipelines; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
 	MYPYPATH=$(VENV)/typecheck $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
 # Regenerate tests/vectors/flink-vectors.json.gz from Flink's own classes (docs/state-model.md,

@@ -16,7 +16,7 @@ from statehouse.app.tokens import OPEN, Grant, digest, grant_of
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
-from statehouse.checkpoints.manager import CheckpointManager
+from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.snapshots.storage.locations import Resolved
 
 JobName = Annotated[str, Path(description="job name", pattern=NAME_PATTERN)]  # where the job may not exist

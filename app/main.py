@@ -41,8 +41,8 @@ from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
-from statehouse.checkpoints.manager import CheckpointManager
-from statehouse.checkpoints.restore import remove_leftovers
+from statehouse.checkpointing.manager import CheckpointManager
+from statehouse.checkpointing.restore import remove_leftovers
 from statehouse.snapshots.storage import open_storage
 
 log = logging.getLogger("statehouse")

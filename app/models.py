@@ -23,7 +23,7 @@ from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.backends.timers import TimeDomain, TimerOpName
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
-from statehouse.checkpoints.info import CheckpointInfo, RestoreInfo
+from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
 
 Name = Field(pattern=NAME_PATTERN)

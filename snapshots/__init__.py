@@ -5,5 +5,5 @@ protocol a backend implements, and the errors of checkpointing and restore.
 
 Nothing here imports a backend. The backends write through these (``statehouse.backends.snapshot``,
 ``statehouse.backends.rocksdb.snapshot``); the checkpoint runner, catalog, retention, restore and
-the manager are above the backends, in ``statehouse.checkpoints``.
+the manager are above the backends, in ``statehouse.checkpointing``.
 """

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
-from statehouse.checkpoints.manager import CheckpointManager
+from statehouse.checkpointing.manager import CheckpointManager
 
 
 @pytest.fixture(params=["heap", "rocksdb"])

@@ -13,7 +13,7 @@ import pytest
 from statehouse.backends import HeapStore, JobCatalog, RocksDBStore, StateDescriptor
 from statehouse.backends.errors import JobReplaced
 from statehouse.backends.limits import Limits, TooManyStates
-from statehouse.checkpoints.manager import CheckpointManager
+from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import STATES, dump, operator_dump, populate
@@ -83,15 +83,15 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
         monkeypatch.setattr("statehouse.snapshots.storage.base.CheckpointStorage.download_verified", fail)
     target = {
         "download": ("statehouse.snapshots.storage.base.CheckpointStorage.read_existing", fail),
-        "fetch": ("statehouse.checkpoints.restore.fetch_key_groups", fail),
+        "fetch": ("statehouse.checkpointing.restore.fetch_key_groups", fail),
         "build": ("statehouse.backends.base.partition.StorePartition.load", fail),
-        "verify": ("statehouse.checkpoints.restore.stored_descriptors", lambda _p: {}),
-        "quiesce": ("statehouse.checkpoints.manager.CheckpointManager._quiesce", fail),
+        "verify": ("statehouse.checkpointing.restore.stored_descriptors", lambda _p: {}),
+        "quiesce": ("statehouse.checkpointing.manager.CheckpointManager._quiesce", fail),
         "promote": (f"{type(catalog.store).__module__}.{type(catalog.store).__name__}.promote", fail),
     }[step]
     monkeypatch.setattr(*target)
     if step == "fetch" and manager.get("orders", 1).format == "incremental":
-        target = ("statehouse.checkpoints.restore.incremental_records", fail)  # the full-format reader is unused
+        target = ("statehouse.checkpointing.restore.incremental_records", fail)  # the full-format reader is unused
         monkeypatch.setattr(*target)
     with pytest.raises((OSError, SnapshotCorrupt)):
         manager.restore("orders", 1)

@@ -123,7 +123,7 @@ def test_the_sweep_aborts_old_abandoned_uploads_only(s3_server, s3_location):
     # the setting, through open_storage and the manager's start: age 0 sweeps every upload
     # started before now (safe only with a single writer; the default keeps an hour)
     catalog = JobCatalog(HeapStore())
-    from statehouse.checkpoints.manager import CheckpointManager
+    from statehouse.checkpointing.manager import CheckpointManager
 
     storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint, s3_abandoned_upload_age_s=0)
     CheckpointManager(catalog, storage).close()

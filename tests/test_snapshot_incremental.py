@@ -8,7 +8,7 @@ import os
 import pytest
 
 from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
-from statehouse.checkpoints.registry import SharedStateRegistry
+from statehouse.checkpointing.registry import SharedStateRegistry
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import dump

@@ -6,10 +6,10 @@ replica reports ``uploaded``, then calls ``complete`` on each (Flink's
 ``notifyCheckpointComplete``), or ``abort``. The pieces it drives:
 
 * the job's store picks the strategy (:meth:`~statehouse.backends.base.store.Store.snapshot_strategy`),
-  the :class:`~statehouse.checkpoints.runner.SnapshotStrategyRunner` runs it;
-* :class:`~statehouse.checkpoints.catalog.SnapshotCatalog` reads what storage holds (after a restart);
-* :class:`~statehouse.checkpoints.retention.CompletedCheckpoints` keeps the newest parts and their files;
-* :class:`~statehouse.checkpoints.restore.RestoreOperation` builds a restored job, the job catalog swaps it in.
+  the :class:`~statehouse.checkpointing.runner.SnapshotStrategyRunner` runs it;
+* :class:`~statehouse.checkpointing.catalog.SnapshotCatalog` reads what storage holds (after a restart);
+* :class:`~statehouse.checkpointing.retention.CompletedCheckpoints` keeps the newest parts and their files;
+* :class:`~statehouse.checkpointing.restore.RestoreOperation` builds a restored job, the job catalog swaps it in.
 
 Every method may run on any thread: a freeze holds off the job's writes itself. (About 330
 lines: the lifecycle's rules — ids only grow, metadata last, subsumption, restore quiescing —
@@ -28,7 +28,12 @@ from typing import Any
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, check_range
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.errors import InvalidArgument, JobReplaced
-from statehouse.checkpoints.catalog import SnapshotCatalog, read_parts
+from statehouse.checkpointing.catalog import SnapshotCatalog, read_parts
+from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
+from statehouse.checkpointing.pending import PendingCheckpoint
+from statehouse.checkpointing.restore import RestoreOperation
+from statehouse.checkpointing.retention import CompletedCheckpoints
+from statehouse.checkpointing.runner import SnapshotStrategyRunner
 from statehouse.snapshots.compression import codec
 from statehouse.snapshots.errors import (
     CheckpointConflict,
@@ -36,13 +41,8 @@ from statehouse.snapshots.errors import (
     CheckpointNotFound,
     CheckpointNotReady,
 )
-from statehouse.checkpoints.info import CheckpointInfo, RestoreInfo
 from statehouse.snapshots.layout import SnapshotKind, metadata_name, part_name, snapshot_dir
 from statehouse.snapshots.metadata import SnapshotMetadata
-from statehouse.checkpoints.pending import PendingCheckpoint
-from statehouse.checkpoints.restore import RestoreOperation
-from statehouse.checkpoints.retention import CompletedCheckpoints
-from statehouse.checkpoints.runner import SnapshotStrategyRunner
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
 from statehouse.snapshots.strategy import SnapshotContext

@@ -12,8 +12,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from statehouse.backends.errors import StateError
+from statehouse.checkpointing.info import PENDING, CheckpointInfo
 from statehouse.keygroups import KeyGroupRange
-from statehouse.checkpoints.info import PENDING, CheckpointInfo
 from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.strategy import SnapshotContext, SnapshotResult
 

@@ -14,10 +14,10 @@ import logging
 import threading
 
 from statehouse.backends.errors import StateError
-from statehouse.checkpoints.catalog import JobHistory, read_metadata
+from statehouse.checkpointing.catalog import JobHistory, read_metadata
+from statehouse.checkpointing.registry import SharedStateRegistry
 from statehouse.snapshots.layout import metadata_name, part_name, snapshot_dir
 from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
-from statehouse.checkpoints.registry import SharedStateRegistry
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 log = logging.getLogger(__name__)
