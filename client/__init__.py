@@ -15,8 +15,9 @@ Whole columns at once (pandas, numpy, Arrow; the ``columnar`` extra: pyarrow, nu
     df["total"] = spent.get_many(df["user_id"])      # a Series with df's index
     cols = job.columns()                             # every columnar operation of the job
 
-Only ``statehouse.client.columns`` imports pyarrow, numpy and pandas, when first used
-(``statehouse.client.Columns`` loads it), so a row-wise user installs none of them.
+Only the columnar modules (``statehouse.client.columns``, ``.timer_columns`` and the conversions
+they share, ``.arrow``) import pyarrow, numpy and pandas, when first used
+(``statehouse.client.Columns`` loads them), so a row-wise user installs none of them.
 """
 
 from typing import TYPE_CHECKING, Any

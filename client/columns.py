@@ -19,15 +19,15 @@ or chunks: as with :class:`~statehouse.client.batch.Batch`, when one part fails 
 yet sent are not sent, and the first error is raised. Rows of one key always go to one
 replica, in their input order, so duplicate keys apply in row order.
 
-This is the only client module that imports numpy, pandas and pyarrow (the ``columnar``
-extra): ``import statehouse.client`` stays free of them.
+The conversions of inputs and answers are in ``client/arrow.py`` (timers' columns use them
+too). Only the columnar modules import numpy, pandas and pyarrow (the ``columnar`` extra):
+``import statehouse.client`` stays free of them.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -35,10 +35,19 @@ import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 
+from statehouse.client.arrow import (
+    chunk_rows,
+    ipc_stream,
+    key_column,
+    namespace_column,
+    read_result,
+    string_column,
+    value_column,
+)
 from statehouse.client.batch import IDEMPOTENT_OPS
 from statehouse.client.errors import Conflict, InvalidRequest, StatehouseError
 from statehouse.keygroups import KeyType
-from statehouse.keygroups.columnar import integer_keys, key_groups, operator_indexes
+from statehouse.keygroups.columnar import key_groups, operator_indexes
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -50,12 +59,6 @@ __all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]
 
 COLUMN_OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove")
 READ_COLUMN_OPS = frozenset({"get", "map_get"})
-_KEY_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
-# A request's Arrow body stays below this (the server's STATEHOUSE_MAX_BODY_BYTES defaults to
-# 64 MiB): rows with big values go in smaller chunks than ``max_rows``.
-MAX_REQUEST_BYTES = 32 << 20
-# Python values that stand for one value of every row (anything else is a column).
-_SCALARS = (str, bytes, int, float, bool)
 
 
 class ColumnarJob(Protocol):
@@ -170,48 +173,30 @@ class Columns:
         if op in ("put", "add", "map_put", "map_add") and values is None:
             raise InvalidRequest(f"'{op}' needs values (pass a column of nulls to clear with 'put')")
         index = keys.index if isinstance(keys, pd.Series) else None
-        key_column = self._keys(state, keys)
-        rows = len(key_column)
-        columns = {"key": key_column}
-        namespaces = _namespaces(ns, rows)
-        if namespaces is not None:
-            columns["ns"] = namespaces
+        key_array = self._keys(state, keys)
+        rows = len(key_array)
+        columns = {"key": key_array}
+        namespace = namespace_column(ns, rows)
+        if namespace is not None:
+            columns["ns"] = namespace
         if maps:
-            columns["user_key"] = _strings(user_keys, "user key", rows)
+            columns["user_key"] = string_column(user_keys, "user key", rows)
         if op in ("put", "add", "map_put", "map_add"):
-            columns["value"] = _values(values, rows)
+            columns["value"] = value_column(values, rows)
         table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
         if rows == 0:
             if reads:
-                return _read_result(pa.nulls(0), index, state, as_arrow)
+                return read_result(pa.nulls(0), index, state, as_arrow)
             return 0
-        parts = self._run(state, op, table, self._route(state, key_column))
+        parts = self._run(state, op, table, self._route(state, key_array))
         if not reads:
             return rows
-        return _read_result(_assemble(parts, rows, state), index, state, as_arrow)
+        return read_result(_assemble(parts, rows, state), index, state, as_arrow)
 
     def _keys(self, state: str, keys: Any) -> pa.Array:
         """The keys as the state's key type's Arrow type: utf8, int32 or int64, no nulls."""
-        key_type = self.job.key_type(state)
-        where = f"state {state!r} has {key_type} keys"
-        if isinstance(keys, (*_SCALARS, np.generic)) or keys is None:
-            raise InvalidRequest(f"keys must be a column (a Series, array or list), got {type(keys).__name__}")
-        array = _array(keys, "key")
-        if pa.types.is_null(array.type):  # no values at all: an empty list, or nulls
-            if len(array):
-                raise InvalidRequest(f"{where}; row 0: key is null")
-            return pa.array([], _KEY_TYPES[key_type])
-        if key_type == "string":
-            if not _is_string(array.type):
-                raise InvalidRequest(f"{where}; got {array.type} keys (convert them, e.g. with .astype(str))")
-            _no_nulls(array, "key", where)
-            return _utf8(array)
-        try:
-            return pa.array(integer_keys(array, cast(KeyType, key_type)))
-        except TypeError:
-            raise InvalidRequest(f"{where}; got {array.type} keys") from None
-        except ValueError as exc:
-            raise InvalidRequest(f"{where}; {exc}") from None
+        key_type = cast(KeyType, self.job.key_type(state))
+        return key_column(keys, key_type, f"state {state!r} has {key_type} keys")
 
     def _route(self, state: str, keys: pa.Array) -> list[np.ndarray | None]:
         """Per replica, the positions of the rows it owns (``None``: every row, in order)."""
@@ -255,7 +240,7 @@ class Columns:
     def _send_part(self, state: str, op: str, table: pa.Table, part: _Part, failed: threading.Event) -> None:
         try:
             rows = table if part.positions is None else table.take(pa.array(part.positions))
-            step = _chunk_rows(rows, self.max_rows)
+            step = chunk_rows(rows, self.max_rows)
             for start in range(0, rows.num_rows, step):
                 if failed.is_set():
                     raise _NotSent("not sent: another part of this columnar call failed")
@@ -279,7 +264,7 @@ class Columns:
             idempotent = op in IDEMPOTENT_OPS
         try:
             content = self.job.replicas[replica].columns(
-                self.job.name, state, op, _ipc(rows), params=fields, idempotent=idempotent
+                self.job.name, state, op, ipc_stream(rows), params=fields, idempotent=idempotent
             )
         except StatehouseError as exc:
             if attempt is not None and 400 <= (exc.status or 0) < 500:
@@ -292,138 +277,6 @@ class Columns:
         if attempt is not None:
             attempt.answered(replica, int(json.loads(content)["rows"]))  # rows are the writes it staged
         return None
-
-
-# -- inputs ------------------------------------------------------------------------------------
-
-
-def _is_string(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-
-
-def _array(values: Any, what: str) -> pa.Array:
-    """Any column-like input as one Arrow array (dictionary-encoded ones decoded)."""
-    if isinstance(values, pa.ChunkedArray):
-        array = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    elif isinstance(values, pa.Array):
-        array = values
-    elif isinstance(values, pd.Series | pd.Index):
-        if values.dtype == object:
-            array = _from_python(values.tolist(), what, from_pandas=True)
-        else:
-            array = pa.Array.from_pandas(values)
-    elif isinstance(values, np.ndarray):
-        if values.ndim != 1:
-            raise InvalidRequest(f"{what}s must be one-dimensional, got an array of shape {values.shape}")
-        array = _from_python(values.tolist(), what) if values.dtype == object else pa.array(values)
-    elif isinstance(values, Iterable) and not isinstance(values, (*_SCALARS, dict)):
-        array = _from_python(list(values), what)
-    else:
-        raise InvalidRequest(f"{what}s must be a column (a Series, array or list), got {type(values).__name__}")
-    if isinstance(array, pa.ChunkedArray):  # from_pandas of some extension types
-        array = array.combine_chunks()
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    return array
-
-
-def _from_python(values: list[Any], what: str, *, from_pandas: bool = False) -> pa.Array:
-    """Python values as one Arrow column; dicts become an Arrow map (keys strings) when their
-    values share one type, else a struct."""
-    first = next((v for v in values if v is not None), None)
-    if isinstance(first, dict):
-        maps = _maps(values)
-        if maps is not None:
-            return maps
-    try:
-        return pa.array(values, from_pandas=from_pandas)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-        raise InvalidRequest(
-            f"the {what}s have no one Arrow type ({exc}); pass a pyarrow array of the type you want, "
-            "or register the state with a value_type and send values of that type"
-        ) from None
-
-
-def _maps(values: list[Any]) -> pa.Array | None:
-    try:
-        entries = pa.array([v for m in values if m for v in m.values()])
-        items = [None if m is None else list(m.items()) for m in values]
-        return pa.array(items, type=pa.map_(pa.string(), entries.type))
-    except (pa.ArrowException, TypeError, ValueError, OverflowError, AttributeError):
-        return None
-
-
-def _no_nulls(array: pa.Array, what: str, where: str = "") -> None:
-    if array.null_count:
-        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-        raise InvalidRequest(f"{where}; row {row}: {what} is null" if where else f"row {row}: {what} is null")
-
-
-def _checked_length(array: pa.Array, what: str, rows: int) -> pa.Array:
-    if len(array) != rows:
-        raise InvalidRequest(f"{rows} keys but {len(array)} {what}s: give one per key")
-    return array
-
-
-def _strings(values: Any, what: str, rows: int, *, nulls: bool = False) -> pa.Array:
-    array = _array(values, what)
-    if pa.types.is_null(array.type):
-        array = array.cast(pa.string())
-    if not _is_string(array.type):
-        raise InvalidRequest(f"{what}s must be strings; got {array.type}")
-    if not nulls:
-        _no_nulls(array, what)
-    _checked_length(array, what, rows)
-    return _utf8(array)
-
-
-def _utf8(array: pa.Array) -> pa.Array:
-    """A string column as the server takes it: utf8 or large_utf8 as it is (pandas' default string
-    dtype is large_utf8: a cast would cost more than the rest of a small request), else utf8."""
-    return array if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) else array.cast(pa.string())
-
-
-def _namespaces(ns: Any, rows: int) -> pa.Array | None:
-    """One namespace for every row (a string; ``""`` sends no column), or one per row (null: ``""``)."""
-    if ns is None or (isinstance(ns, str) and not ns):
-        return None
-    if isinstance(ns, str):
-        return pa.repeat(pa.scalar(ns, pa.string()), rows)
-    return _strings(ns, "namespace", rows, nulls=True)
-
-
-def _values(values: Any, rows: int) -> pa.Array:
-    """The ``value`` column: a column of values, or one scalar (or dict) for every row."""
-    if isinstance(values, (*_SCALARS, np.generic)):  # np.generic: a numpy scalar (np.int64(1))
-        try:
-            return pa.repeat(pa.scalar(values), rows)
-        except (pa.ArrowException, OverflowError) as exc:
-            raise InvalidRequest(f"value {values!r} has no Arrow type: {exc}") from None
-    if isinstance(values, dict):
-        return _from_python([values] * rows, "value")
-    return _checked_length(_array(values, "value"), "value", rows)
-
-
-def _chunk_rows(rows: pa.Table, max_rows: int) -> int:
-    """Rows per request: ``max_rows``, fewer when the rows are big."""
-    if not rows.num_rows:
-        return max_rows
-    # The buffers' whole size bounds the rows' (it counts what slices leave out) and is cheap
-    # to read; the exact size (``nbytes``, ~30x dearer) only when that bound is too big.
-    if rows.num_rows <= max_rows and rows.get_total_buffer_size() <= MAX_REQUEST_BYTES:
-        return max_rows
-    per_row = max(1, rows.nbytes // rows.num_rows)
-    return max(1, min(max_rows, MAX_REQUEST_BYTES // per_row))
-
-
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # given, so that each writer skips reading its defaults from os.environ
-
-
-def _ipc(rows: pa.Table) -> memoryview:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_table(rows)
-    return memoryview(sink.getvalue())
 
 
 def _at_row(exc: StatehouseError, positions: np.ndarray | None, start: int) -> StatehouseError:
@@ -478,23 +331,3 @@ def _concat(arrays: list[pa.Array], state: str) -> pa.Array:
                 ) from None
             return unified.column("value").combine_chunks()
     return pa.concat_arrays(arrays)
-
-
-def _read_result(values: pa.Array, index: pd.Index | None, state: str, as_arrow: bool) -> pd.Series | pa.Array:
-    if as_arrow:
-        return values
-    kind = values.type
-    if pa.types.is_integer(kind):  # absent keys are <NA>: pandas' nullable integers keep the type
-        series = values.to_pandas(types_mapper={kind: pd.Int64Dtype()}.get)
-    elif pa.types.is_boolean(kind):
-        series = values.to_pandas(types_mapper={kind: pd.BooleanDtype()}.get)
-    elif pa.types.is_nested(kind):  # lists as lists, maps as dicts (not numpy arrays, tuples)
-        series = pd.Series(values.to_pylist(maps_as_pydicts="strict"), dtype=object)
-    elif pa.types.is_null(kind):
-        series = pd.Series([None] * len(values), dtype=object)
-    else:
-        series = values.to_pandas()
-    if index is not None:
-        series.index = index
-    series.name = state
-    return series

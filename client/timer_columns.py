@@ -9,11 +9,19 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import pyarrow as pa
 
-from statehouse.client.columns import _array, _chunk_rows, _ipc, _namespaces, _no_nulls
+from statehouse.client.arrow import (
+    as_array,
+    checked_length,
+    chunk_rows,
+    ipc_stream,
+    key_column,
+    namespace_column,
+    no_nulls,
+)
 from statehouse.client.errors import InvalidRequest, StatehouseError
 from statehouse.client.transport import ARROW_STREAM
 from statehouse.keygroups import KeyGroupRange, KeyType
-from statehouse.keygroups.columnar import integer_keys, key_groups, operator_indexes
+from statehouse.keygroups.columnar import key_groups, operator_indexes
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
@@ -34,26 +42,11 @@ class TimerJob(Protocol):
     def key_group_range(self, replica: int) -> KeyGroupRange: ...
 
 
-def _keys(keys: Any, key_type: KeyType) -> pa.Array:
-    array = _array(keys, "key")
-    if key_type == "string":
-        if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_null(array.type)):
-            raise InvalidRequest(f"string keys must be strings; got {array.type}")
-        _no_nulls(array, "key")
-        return array.cast(pa.string())
-    try:
-        return pa.array(integer_keys(array, key_type))
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"{key_type} keys: {exc}") from None
-
-
 def _timestamps(timestamps: Any, rows: int) -> pa.Array:
-    array = _array(timestamps, "timestamp")
-    if len(array) != rows:
-        raise InvalidRequest(f"{rows} keys but {len(array)} timestamps: give one per key")
+    array = checked_length(as_array(timestamps, "timestamp"), "timestamp", rows)
     if not (pa.types.is_integer(array.type) or pa.types.is_null(array.type)):
         raise InvalidRequest(f"timestamps must be integers (milliseconds); got {array.type}")
-    _no_nulls(array, "timestamp")
+    no_nulls(array, "timestamp")
     try:
         return array.cast(pa.int64())
     except pa.ArrowInvalid as exc:
@@ -78,12 +71,12 @@ def send(
     if key_type not in ("string", "int", "long"):
         raise InvalidRequest(f"key_type must be string, int or long; got {key_type!r}")
     typed = cast(KeyType, key_type)
-    key_array = _keys(keys, typed)
+    key_array = key_column(keys, typed, f"timer keys are {key_type}")
     rows = len(key_array)
     columns: dict[str, pa.Array] = {"key": key_array, "timestamp": _timestamps(timestamps, rows)}
-    namespaces = _namespaces(ns, rows)
-    if namespaces is not None:
-        columns["ns"] = namespaces
+    namespace = namespace_column(ns, rows)
+    if namespace is not None:
+        columns["ns"] = namespace
     table = pa.table(columns)
     count = len(job.replicas)
     owners = (
@@ -94,7 +87,7 @@ def send(
     path = f"/v1/jobs/{job.name}/timers/{domain}/columns/{op}"
 
     def send_rows(replica: int, part: pa.Table) -> None:
-        step = _chunk_rows(part, max_rows)
+        step = chunk_rows(part, max_rows)
         for start in range(0, part.num_rows, step):
             chunk = part.slice(start, step)
             params: dict[str, Any] = {"key_type": key_type}
@@ -107,7 +100,7 @@ def send(
                     "POST",
                     path,
                     idempotent=True,
-                    content=bytes(_ipc(chunk)),
+                    content=bytes(ipc_stream(chunk)),
                     headers={"content-type": ARROW_STREAM},
                     params=params,
                 )

@@ -12,11 +12,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-import statehouse.client.columns as columns_module
+import statehouse.client.arrow as arrow_module
 from harness.server import start_server
 from statehouse.client import ClientConfig, Conflict, InvalidRequest, NotFound, StatehouseClient
+from statehouse.client.arrow import ipc_stream
 from statehouse.client.attempts import TaskAttempt
-from statehouse.client.columns import Columns, _ipc
+from statehouse.client.columns import Columns
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import BatchContext, exactly_once, with_state_arrow, with_state_pandas
 
@@ -285,7 +286,7 @@ def test_inputs_above_the_row_limit_go_in_chunks(small_server, job_name, monkeyp
 
 
 def test_big_rows_go_in_chunks_of_at_most_the_request_bytes(job, monkeypatch):
-    monkeypatch.setattr(columns_module, "MAX_REQUEST_BYTES", 10_000)
+    monkeypatch.setattr(arrow_module, "MAX_REQUEST_BYTES", 10_000)
     counting = CountingTransport(job, monkeypatch)
     blobs = job.columns()
     big = pa.array([b"x" * 1_000] * 40, pa.binary())
@@ -358,7 +359,7 @@ def test_a_task_attempts_columnar_writes_are_staged_counted_in_rows_and_applied_
     # A request re-sent with its seq (the answer was lost) is answered again, applied once.
     replica = 0
     mine = [k for k in KEYS if job.replica_for("total", k) == replica][:5]
-    body = _ipc(pa.table({"key": mine, "value": [100.0] * len(mine)}))
+    body = ipc_stream(pa.table({"key": mine, "value": [100.0] * len(mine)}))
     fields = attempt.fields(replica)
     first = job.replicas[replica].columns(job.name, "total", "add", body, params=fields, idempotent=True)
     again = job.replicas[replica].columns(job.name, "total", "add", body, params=fields, idempotent=True)
