@@ -34,6 +34,25 @@ def operator_subtasks_row(operator: str) -> bytes:
     return OPERATOR_SUBTASKS_META + encode_fields(operator)
 
 
+# Row of "$meta": + encoded (operator, subtask) -> the names of the operator's lists that subtask
+# wrote or cleared, in the order it first did ("/"-joined: names hold no "/"). Flink walks a
+# subtask's names in the order of a HashMap filled in that subtask's registration order, so on
+# a rescale elements land by it; a restore records the order it gave each new subtask.
+OPERATOR_NAMES_META = b"operator-names:"
+
+
+def operator_names_row(operator: str, subtask: int) -> bytes:
+    return OPERATOR_NAMES_META + encode_fields(operator, str(subtask))
+
+
+def encode_names(names: Iterable[str]) -> bytes:
+    return "/".join(names).encode()
+
+
+def decode_names(raw: bytes) -> list[str]:
+    return raw.decode().split("/") if raw else []
+
+
 class OperatorState:
     """Operator state of one job, bound to one transaction."""
 
@@ -72,11 +91,20 @@ class OperatorState:
                 f"operator list state {operator}/{name} exists with mode {existing!r}; it cannot become {mode!r}"
             )
 
-    def _count_subtask(self, operator: str, subtask: int) -> None:
+    def _count_subtask(self, operator: str, subtask: int, name: str) -> None:
+        """Record that ``subtask`` wrote ``name``: the subtask count, and the subtask's name order."""
         row = operator_subtasks_row(operator)
         known = self._tx.get(META_TABLE, NO_KEY_GROUP, row)
         if known is None or int(known) <= subtask:
             self._tx.put(META_TABLE, NO_KEY_GROUP, row, str(subtask + 1).encode())
+        row = operator_names_row(operator, subtask)
+        names = decode_names(self._tx.get(META_TABLE, NO_KEY_GROUP, row) or b"")
+        if name not in names:
+            self._tx.put(META_TABLE, NO_KEY_GROUP, row, encode_names([*names, name]))
+
+    def name_order(self, operator: str, subtask: int) -> list[str]:
+        """The names of ``operator``'s lists ``subtask`` wrote, in the order it first did."""
+        return decode_names(self._tx.get(META_TABLE, NO_KEY_GROUP, operator_names_row(operator, subtask)) or b"")
 
     def subtask_count(self, operator: str) -> int | None:
         """The operator's recorded subtask count (see ``OPERATOR_SUBTASKS_META``), if any."""
@@ -103,7 +131,7 @@ class OperatorState:
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
-        self._count_subtask(operator, subtask)
+        self._count_subtask(operator, subtask, name)
         if records:
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, records)
         else:
@@ -113,14 +141,14 @@ class OperatorState:
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
-        self._count_subtask(operator, subtask)
+        self._count_subtask(operator, subtask, name)
         if records:
             existing = self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, existing + records)
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
         primary = self._list_primary(operator, subtask, name)
-        self._count_subtask(operator, subtask)
+        self._count_subtask(operator, subtask, name)
         self._tx.clear(LIST_TABLE, NO_KEY_GROUP, primary)
 
     # -- broadcast state -----------------------------------------------------------------

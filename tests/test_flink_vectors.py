@@ -26,7 +26,7 @@ from harness.flink_vectors import (
 )
 from statehouse.backends import HeapStore, JobCatalog
 from statehouse.backends.codec import encode_value, iter_values
-from statehouse.backends.operator_state import operator_subtasks_row
+from statehouse.backends.operator_state import encode_names, operator_names_row, operator_subtasks_row
 from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, redistribute
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
 from statehouse.keygroups import (
@@ -118,7 +118,7 @@ def _redistributed(case) -> list[dict[str, tuple[str, list[str]]]]:
 def test_operator_state_redistribution(vectors):
     cases = vectors["operator"]
     kinds = Counter(c["kind"] for c in cases)
-    assert len(cases) >= 4000 and set(kinds) >= {"random", "statehouse", "collide", "many", "treeify", "issue"}
+    assert len(cases) >= 4000 and set(kinds) >= {"random", "statehouse", "collide", "many", "treeify", "issue", "names"}
     assert {(c["old"] == c["new"], "U" in c["modes"]) for c in cases} == {(a, b) for a in (1, 0) for b in (1, 0)}
     assert _mismatches(cases, lambda c: _redistributed(c) == operator_expected(c)) == []
 
@@ -142,13 +142,29 @@ def _statehouse_shaped(case) -> bool:
     return all(handle is not None and [i for i, _c in handle] == order for handle in case["in"])
 
 
+def _every_subtask_registers_every_name(case) -> bool:
+    """Every old subtask holds every name, list states (in any order) then broadcast states in
+    name order: what a snapshot means when the subtasks' writes are recorded in that order."""
+    lists = {i for i, mode in enumerate(case["modes"]) if mode != "B"}
+    broadcast = sorted((i for i, mode in enumerate(case["modes"]) if mode == "B"), key=lambda i: case["names"][i])
+    return all(
+        handle is not None
+        and {i for i, _c in handle[: len(lists)]} == lists
+        and [i for i, _c in handle[len(lists) :]] == broadcast
+        for handle in case["in"]
+    )
+
+
 def _snapshot_parts(case, operator: str, old_replicas: int) -> list[OperatorSnapshot]:
     """The operator state parts ``old_replicas`` replicas write: the lists of their subtasks
-    (non-empty only), every mode, and the subtask count each replica recorded."""
+    (non-empty only), every mode, the subtask count each replica recorded and each subtask's
+    order of names (its handle's)."""
     parts = [OperatorSnapshot() for _ in range(old_replicas)]
     for s, handle in enumerate(operator_input(case)):
         part = parts[s % old_replicas]
         part.meta[operator_subtasks_row(operator)] = str(s + 1).encode()
+        order = [name for name, mode, _e in handle or [] if mode != "broadcast"]
+        part.meta[operator_names_row(operator, s)] = encode_names(order)
         for name, mode, elements in handle or []:
             if mode == "broadcast":
                 part.broadcast[(operator, name)] = {b"k": encode_value(s)}
@@ -162,8 +178,8 @@ def _snapshot_parts(case, operator: str, old_replicas: int) -> list[OperatorSnap
 
 @pytest.mark.parametrize(("old_replicas", "new_replicas"), [(1, 1), (2, 3), (3, 2)])
 def test_restore_gives_each_subtask_flinks_lists(vectors, old_replicas, new_replicas):
-    cases = [c for c in vectors["operator"] if _statehouse_shaped(c)]
-    assert len(cases) > 1000
+    cases = [c for c in vectors["operator"] if _every_subtask_registers_every_name(c)]
+    assert len(cases) > 1000 and sum(c["kind"] == "names" for c in cases) >= 300
 
     def check(case):
         parts = _snapshot_parts(case, "op", old_replicas)
@@ -180,8 +196,9 @@ def test_restore_gives_each_subtask_flinks_lists(vectors, old_replicas, new_repl
     assert _mismatches(cases, check) == []
 
 
-def test_writes_record_the_subtask_count():
-    """A subtask that wrote or cleared a list counts, whatever it holds now."""
+def test_writes_record_the_subtask_count_and_name_order():
+    """A subtask that wrote or cleared a list counts, whatever it holds now; each subtask's
+    names are recorded in the order it first wrote them."""
     job, _ = JobCatalog(HeapStore()).create("j", 128)
     with job.transaction() as tx:
         tx.operator.list_update("op", 0, "s", [1])
@@ -190,6 +207,11 @@ def test_writes_record_the_subtask_count():
         tx.operator.list_clear("op", 2, "s")
         tx.operator.list_add("op", 1, "s", [2])
         assert tx.operator.subtask_count("op") == 5 and tx.operator.subtask_count("other") is None
+        tx.operator.list_add("op", 1, "b", [3])
+        tx.operator.list_clear("op", 1, "a")
+        tx.operator.list_add("op", 1, "s", [4])
+        assert tx.operator.name_order("op", 1) == ["s", "b", "a"]  # first writes, in order
+        assert tx.operator.name_order("op", 3) == []
 
 
 def test_restore_of_a_snapshot_without_recorded_subtask_counts():
@@ -230,6 +252,8 @@ def _http_cases(vectors) -> list[dict[str, Any]]:
     ]
     for want in wanted:
         chosen.append(next(c for c in pool if want(c)))
+    # Names written in another order on each subtask, 4 subtasks to 3 (the issue's case).
+    chosen.append(next(c for c in vectors["operator"] if c["kind"] == "names" and (c["old"], c["new"]) == (4, 3)))
     return chosen
 
 

@@ -14,7 +14,14 @@ import msgpack
 
 from statehouse.backends.base.partition import FrozenView, WriteOp
 from statehouse.backends.codec import decode_fields, encode_fields
-from statehouse.backends.operator_state import OPERATOR_SUBTASKS_META, operator_subtasks_row
+from statehouse.backends.operator_state import (
+    OPERATOR_NAMES_META,
+    OPERATOR_SUBTASKS_META,
+    decode_names,
+    encode_names,
+    operator_names_row,
+    operator_subtasks_row,
+)
 from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
@@ -113,6 +120,7 @@ def merge_for_replica(
         check_parallelism(parallelism, f"operator_parallelism[{operator!r}]")
     merged = OperatorSnapshot()
     recorded: dict[str, int] = {}
+    orders: dict[str, dict[int, list[str]]] = {}  # per operator and subtask: its names' order
     for part in parts:
         for state, mode in part.modes.items():
             merged.modes.setdefault(state, mode)
@@ -123,6 +131,9 @@ def merge_for_replica(
                 # every replica records the subtasks it saw: the operator's count is the largest
                 (operator,) = decode_fields(row[len(OPERATOR_SUBTASKS_META) :], 1)
                 recorded[operator] = max(recorded.get(operator, 0), _subtask_count(value))
+            elif row.startswith(OPERATOR_NAMES_META):
+                operator, sub = decode_fields(row[len(OPERATOR_NAMES_META) :], 2)
+                orders.setdefault(operator, {}).setdefault(int(sub), decode_names(value))
             else:
                 merged.meta.setdefault(row, value)
         for subtask_list, raw in part.lists.items():
@@ -136,9 +147,12 @@ def merge_for_replica(
     for operator in sorted(stored.keys() | recorded.keys()):
         old = max(stored.get(operator, 0), recorded.get(operator, 0))
         new = operator_parallelism.get(operator, old)
+        order = orders.get(operator, {})
         if old:
-            merged.lists = _redistributed(merged, operator, old, new, replica_index, replica_count)
+            merged.lists, order = _redistributed(merged, operator, old, new, order, replica_index, replica_count)
             merged.meta[operator_subtasks_row(operator)] = str(new).encode()
+        for index, names in order.items():
+            merged.meta[operator_names_row(operator, index)] = encode_names(names)
 
     merged.lists = {k: v for k, v in merged.lists.items() if k[2] % replica_count == replica_index}
     return merged
@@ -174,26 +188,29 @@ def _redistributed(
     operator: str,
     old_parallelism: int,
     parallelism: int,
+    order: dict[int, list[str]],
     replica_index: int,
     replica_count: int,
-) -> dict[tuple[str, str, int], bytes]:
+) -> tuple[dict[tuple[str, str, int], bytes], dict[int, list[str]]]:
     """``snap``'s lists with ``operator``'s redistributed from ``old_parallelism`` to ``parallelism``
-    subtasks, of which only those of this replica are kept.
+    subtasks, of which only those of this replica are kept, and each new subtask's name order.
 
-    Each old subtask is one Flink handle holding every list state of the operator (registered
-    in name order), those it stores nothing for as empty lists, then the operator's broadcast
-    states (name order): what a Flink subtask running the operator's code snapshots. Elements
-    move as their stored records, never decoded.
+    Each old subtask is one Flink handle holding every list state of the operator: those it
+    wrote in the order it first did (``order``), then the others (as empty lists if it stores
+    nothing for them) in name order, then the operator's broadcast states (name order): what a
+    Flink subtask running the operator's code snapshots. Elements move as their stored
+    records, never decoded.
     """
     names = sorted(name for op, name in snap.modes if op == operator)
     mine = {k: v for k, v in snap.lists.items() if k[0] == operator}
     names += sorted({name for _op, name, _sub in mine} - set(names))
     modes = {name: "union" if snap.modes.get((operator, name)) == "union" else "split" for name in names}
     if parallelism == old_parallelism and "union" not in modes.values():
-        return snap.lists  # Flink hands every subtask its own state back
+        return snap.lists, order  # Flink hands every subtask its own state back
     old = [OperatorSubtaskState() for _ in range(old_parallelism)]
     for sub, state in enumerate(old):
-        for name in names:
+        registered = [n for n in order.get(sub, ()) if n in modes]
+        for name in dict.fromkeys([*registered, *names]):
             raw = mine.get((operator, name, sub))
             state.lists[name] = (modes[name], [] if raw is None else _records(raw))
     broadcast = sorted(name for op, name in snap.broadcast if op == operator and name not in modes)
@@ -213,7 +230,9 @@ def _redistributed(
             else:
                 raw = b"".join(records)
             lists[(operator, name, sub)] = raw
-    return lists
+    # A restored Flink subtask registers the states its handles bring, in their order.
+    new_order = {sub: [n for n, (_m, r) in state.lists.items() if r] for sub, state in enumerate(new)}
+    return lists, {sub: names for sub, names in new_order.items() if names}
 
 
 def write_ops(snap: OperatorSnapshot) -> Iterator[WriteOp]:

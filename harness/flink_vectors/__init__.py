@@ -13,8 +13,9 @@ as Flink's snapshot puts them; element ``i`` of name ``n`` on old subtask ``s`` 
 Kinds: ``random`` (names absent from or empty on some subtasks, subtasks without a handle),
 ``statehouse`` (every subtask holds every name of the operator, each group in name order: what
 a Statehouse snapshot means, see docs/state-model.md), ``collide`` (names sharing a ``HashMap``
-bucket), ``many`` (12-49 names: table resizing) and ``treeify`` (8+ names in one bucket:
-resizing instead of treeifying, tree bins). The stored form is compact: per case its
+bucket), ``many`` (12-49 names: table resizing), ``treeify`` (8+ names in one bucket:
+resizing instead of treeifying, tree bins) and ``names`` (about 20 names every subtask
+registers, each subtask in its own random order). The stored form is compact: per case its
 ``names``, their ``modes`` (one letter each: S, U, B), per old subtask ``[[name index,
 count]...]`` and per new subtask Flink's handles ``[old subtask, [[name index, first element,
 count]...]]`` in Flink's order; ``operator_input``/``operator_expected`` expand them.
@@ -257,7 +258,24 @@ def operator_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
         cases.append(
             {"kind": "issue", "old": 3, "new": new, "names": names, "modes": modes, "in": [[[0, c]] for c in counts]}
         )
+    cases += [registration_order_case(rng) for _ in range(max(1, n // 14))]
     return cases
+
+
+def registration_order_case(rng: random.Random) -> dict[str, Any]:
+    """About 20 names that every old subtask registers (as operator code does), each subtask in
+    its own random order: Flink walks the names of each handle in the order of a ``HashMap``
+    filled in that subtask's registration order (kind ``names``; the issue's case is 4 -> 3)."""
+    names = list(dict.fromkeys(_random_name(rng, 1, 8) for _ in range(20)))
+    old = rng.choice([4, 4, 4, 2, 3, 5, 6])
+    new = rng.choice([3, 3, old - 1 or 2, old + 1, rng.randint(1, 8)])
+    modes = "".join("U" if rng.random() < 0.05 else "S" for _ in names)
+    subtasks = []
+    for _s in range(old):
+        order = list(range(len(names)))
+        rng.shuffle(order)
+        subtasks.append([[i, rng.choice([0, 1, 1, 2, 3, 5])] for i in order])
+    return {"kind": "names", "old": old, "new": new, "names": names, "modes": modes, "in": subtasks}
 
 
 # -- requests and answers -----------------------------------------------------------------------
