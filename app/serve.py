@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 from typing import Any, ClassVar
 
 import orjson
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from statehouse.app.problems import STATUS_BY_CODE, problem_type
@@ -191,14 +193,35 @@ def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
 
 
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration plus the server's own loggers (``statehouse.*``, one per
+    module) on stderr at ``level``, each line naming its logger. Without it they had no handler:
+    only warnings reached stderr, through Python's last-resort handler."""
+    conf = copy.deepcopy(LOGGING_CONFIG)
+    conf["formatters"]["statehouse"] = {
+        "()": "uvicorn.logging.DefaultFormatter",
+        "fmt": "%(levelprefix)s %(name)s: %(message)s",
+        "use_colors": None,
+    }
+    conf["handlers"]["statehouse"] = {
+        "formatter": "statehouse",
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+    }
+    conf["loggers"]["statehouse"] = {"handlers": ["statehouse"], "level": level.upper(), "propagate": False}
+    return conf
+
+
 def config(settings: Settings, host: str, port: int, **options: Any) -> uvicorn.Config:
-    """uvicorn's configuration of the server: the app, the guarded protocol, the keep-alive timeout."""
+    """uvicorn's configuration of the server: the app, the guarded protocol, the keep-alive
+    timeout, the log."""
     return uvicorn.Config(
         APP,
         host=host,
         port=port,
         http=guarded_protocol(settings),
         timeout_keep_alive=settings.keep_alive_timeout_s,
+        log_config=log_config(settings.log_level),
         **options,
     )
 

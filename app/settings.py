@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         description="uvicorn's access log: every request (all), or all but the data plane's successful requests "
         "(control: the batch, columnar and timer-columnar endpoints' 2xx, which /metrics counts)",
     )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="the server's own log (loggers statehouse.*, on stderr): info shows RocksDB instances opened "
+        "and closed, restore swaps and data-volume reserve crossings; debug adds each request a limit refuses",
+    )
     problem_docs_url: str = Field(
         "https://statehouse.dev/docs/api",
         description="where docs/api.md is published: problem `type` URIs are <this>#<code>, one anchor per code",

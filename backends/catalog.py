@@ -6,6 +6,7 @@ takes ~10 ms, so a replica with thousands of jobs is ready at once instead of af
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from statehouse.backends.base.store import Store
@@ -17,6 +18,8 @@ from statehouse.backends.names import validate_name
 from statehouse.backends.topology import ReplicaLayout
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
+
+logger = logging.getLogger(__name__)
 
 
 class JobCatalog:
@@ -157,8 +160,9 @@ class JobCatalog:
             self.limits.check_jobs(len(self._jobs))  # before the download, not after
         return self._job(name, self.store.open_staging(name, max_parallelism))
 
-    def swap(self, name: str, staged: Job) -> Job:
-        """Put a staged job in place of the live one, atomically for every request.
+    def swap(self, name: str, staged: Job, source: str = "a staged restore") -> Job:
+        """Put a staged job in place of the live one, atomically for every request (``source``:
+        what it was restored from, for the log).
 
         The live job is retired first (a write in progress finishes, later ones get
         ``not_ready`` and retry on the new job). The new job's writer epoch is one past the live
@@ -187,7 +191,17 @@ class JobCatalog:
             job = self._jobs[name] = self._job(name, partition)
             if self.layout is not None:
                 self.layout.record(name, job.max_parallelism)  # the restore wrote this topology's range
-            return job
+        logger.info(
+            "restore swapped in job %s from %s: key groups %d-%d of max parallelism %d, %s, writer epoch %d",
+            name,
+            source,
+            job.key_group_range.start,
+            job.key_group_range.end,
+            job.max_parallelism,
+            "replacing the live job" if live is not None else "a new job",
+            job.epoch,
+        )
+        return job
 
     def discard(self, staged: Job) -> None:
         self.store.discard_staging(staged.name, staged.partition)

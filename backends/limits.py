@@ -2,41 +2,54 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from statehouse.backends.errors import StateError
 
+logger = logging.getLogger(__name__)
 
-class KeyTooLarge(StateError):
+
+class LimitRefused(StateError):
+    """A request refused by a configured limit. Logged at debug, here, once for every limit: a
+    refusal is one request's answer (the caller sees it; /metrics counts 4xx), not a server event."""
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        logger.debug("refused by a limit (%s): %s", self.code, detail)
+
+
+class KeyTooLarge(LimitRefused):
     code = "key_too_large"
 
 
-class ValueTooLarge(StateError):
+class ValueTooLarge(LimitRefused):
     code = "value_too_large"
 
 
-class StagingTooLarge(StateError):
+class StagingTooLarge(LimitRefused):
     code = "staging_too_large"
 
 
-class AnswerTooLarge(StateError):
+class AnswerTooLarge(LimitRefused):
     code = "answer_too_large"
 
 
-class TooManyJobs(StateError):
+class TooManyJobs(LimitRefused):
     code = "too_many_jobs"
 
 
-class TooManyStates(StateError):
+class TooManyStates(LimitRefused):
     code = "too_many_states"
 
 
-class MapTooLarge(StateError):
+class MapTooLarge(LimitRefused):
     code = "map_too_large"
 
 
-class ListTooLarge(StateError):
+class ListTooLarge(LimitRefused):
     code = "list_too_large"
 
 

@@ -327,8 +327,8 @@ class CheckpointManager:
         except BaseException:
             self.catalog.discard(staged)
             raise
-        restored = self.catalog.swap(job, staged)
         first = parts[0].metadata
+        restored = self.catalog.swap(job, staged, source=f"{first.kind} {first.checkpoint_id} at {where}")
         return RestoreInfo(
             job=job,
             checkpoint_id=first.checkpoint_id,

@@ -28,6 +28,7 @@ import operator
 import os
 import shutil
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
@@ -45,7 +46,7 @@ from statehouse.backends.rocksdb.space import DataVolume, is_out_of_space, wal_l
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
 
-log = logging.getLogger("statehouse")
+logger = logging.getLogger(__name__)
 
 _DEFAULT_CF = "default"
 # A state named "default" would be RocksDB's own default column family (the job's metadata):
@@ -329,8 +330,10 @@ class RocksDBPartition(StorePartition):
         self._is_open = False
         self.last_used = 0
         self._closed = False
+        started = time.monotonic()
         self._open(max_parallelism)
         self._opened()
+        logger.info("opened RocksDB instance %s in %.0f ms", path, (time.monotonic() - started) * 1000)
         if pool is not None:
             pool.trim()
 
@@ -350,12 +353,15 @@ class RocksDBPartition(StorePartition):
             if self._is_open:
                 self.last_used = next(_TICKS)
                 return
+            started = time.monotonic()
             try:
                 self._open(None)
             except BaseException:
                 self._leases -= 1
                 raise
             self._opened()
+            # Debug: with more jobs than STATEHOUSE_MAX_OPEN_JOBS this is routine, per request.
+            logger.debug("reopened idle RocksDB instance %s in %.0f ms", self.path, (time.monotonic() - started) * 1000)
         if self._pool is not None:
             self._pool.trim()
 
@@ -369,6 +375,7 @@ class RocksDBPartition(StorePartition):
             if not self._is_open or self._leases or self._closed:
                 return False
             self._close_db()
+            logger.debug("closed idle RocksDB instance %s (STATEHOUSE_MAX_OPEN_JOBS)", self.path)
             return True
 
     @property
@@ -396,7 +403,7 @@ class RocksDBPartition(StorePartition):
             # for them, drop what the failed attempt wrote and serve reads read-only until it returns.
             removed = remove_partial_files(path, families)
             if removed:
-                log.warning("%s: removed %d partial table files of a failed open", path, len(removed))
+                logger.warning("%s: removed %d partial table files of a failed open", path, len(removed))
             try:
                 self._db = self._open_writable(families)
             except Exception as again:
@@ -404,7 +411,7 @@ class RocksDBPartition(StorePartition):
                     raise
                 self._db = Rdict(path, self._options, column_families=families, access_type=AccessType.read_only())
                 self._degrade()
-                log.warning("%s opened read-only: no room to replay its write-ahead log (%s)", path, again)
+                logger.warning("%s opened read-only: no room to replay its write-ahead log (%s)", path, again)
         self._is_open = True
         stored = self._db.get(_MAX_PARALLELISM_KEY)
         if stored is not None:
@@ -684,6 +691,7 @@ class RocksDBPartition(StorePartition):
             self._closed = True
             if self._is_open:
                 self._close_db()
+        logger.info("closed RocksDB instance %s", self.path)
 
     def _close_db(self) -> None:
         # RocksDB closes when its last Rdict object goes: the leases say nothing uses the
@@ -704,9 +712,11 @@ class RocksDBPartition(StorePartition):
 
     def reopen(self) -> None:
         """Open the database at ``path`` again after :meth:`close` (it may be another one now)."""
+        started = time.monotonic()
         with self._guard:
             self._open(None)
             self._closed = False
             self._opened()
+        logger.info("reopened RocksDB instance %s in %.0f ms", self.path, (time.monotonic() - started) * 1000)
         if self._pool is not None:
             self._pool.trim()

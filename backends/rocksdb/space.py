@@ -17,11 +17,14 @@ memtables out first). So:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Protocol
 
 from statehouse.backends.errors import InsufficientStorage
+
+logger = logging.getLogger(__name__)
 
 # The write-ahead log of one job is kept below this share of the reserve (and 64 MiB): reopening
 # a job replays it into new table files, which must fit in what the reserve keeps free.
@@ -70,8 +73,7 @@ class DataVolume:
         One ``statvfs`` (1-2 µs measured) per write request: a reading taken even a moment
         earlier could let a burst of large writes run through the reserve."""
         free = self.free_bytes()
-        self._low = free < self.reserve_bytes
-        if self._low:
+        if self._read(free):
             raise InsufficientStorage(
                 f"the data volume has {free:,} bytes free, below the reserve of {self.reserve_bytes:,} "
                 f"(STATEHOUSE_DISK_RESERVE_BYTES) kept so that the state can always be reopened and read; "
@@ -82,15 +84,34 @@ class DataVolume:
 
     def above_reserve(self) -> bool:
         """Read the free space now: whether it is at least the reserve."""
-        self._low = self.free_bytes() < self.reserve_bytes
-        return not self._low
+        return not self._read(self.free_bytes())
 
     def room_to_reopen(self) -> bool:
         """Read the free space now: whether a degraded job may be reopened for writing — the
         reserve plus a write-ahead log's replay free (else each try would fail again, and cost)."""
         free = self.free_bytes()
-        self._low = free < self.reserve_bytes
+        self._read(free)
         return free >= self.reserve_bytes + wal_limit(self.reserve_bytes)
+
+    def _read(self, free: int) -> bool:
+        """Record a reading of ``free`` bytes: whether it is below the reserve. A crossing is
+        logged once, either way (the writes refused meanwhile are each one's 507, not a line)."""
+        low = free < self.reserve_bytes
+        if low != self._low:
+            if low:
+                logger.warning(
+                    "data volume %s: %s bytes free, below the reserve of %s (STATEHOUSE_DISK_RESERVE_BYTES): "
+                    "writes are refused until space is freed",
+                    self.path,
+                    f"{free:,}",
+                    f"{self.reserve_bytes:,}",
+                )
+            else:
+                logger.info(
+                    "data volume %s: %s bytes free, above the reserve again: writes resume", self.path, f"{free:,}"
+                )
+        self._low = low
+        return low
 
     # -- degraded jobs ------------------------------------------------------------------------
 
