@@ -82,6 +82,7 @@ def open_layout(settings: Settings) -> ReplicaLayout:
         adopt=settings.adopt_topology,
         persist=settings.backend == "rocksdb",
         default_set_id=str(uuid.uuid5(uuid.NAMESPACE_URL, storage)),
+        version=settings.topology_version,
     )
 
 

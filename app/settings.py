@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NoReturn, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,11 +31,25 @@ class Settings(BaseSettings):
         "replica serves as STATEHOUSE_REPLICA_INDEX of STATEHOUSE_REPLICA_COUNT (topology version + 1) and refuses "
         "its jobs written under the old layout (409 layout_mismatch) until each is restored or deleted",
     )
+    topology_version: int | None = Field(
+        None,
+        ge=1,
+        description="the topology version a rescale brings the replica set to (the set's version + 1, which "
+        "statehouse rescale prints): recorded by a new, empty replica and by an adopting one, so that every replica "
+        "reports one version; a data directory recorded at an older version is refused unless adopted "
+        "(unset: 1 at a first start, the recorded version + 1 at an adoption)",
+    )
     replica_set_id: str | None = Field(
         None,
         description="the replica set's identity, recorded in each replica's data directory at its first start "
         "(unset: a UUID named after STATEHOUSE_CHECKPOINT_DIR, which a set's replicas share); when set, a data "
         "directory of another set is refused at start",
+    )
+    replica_urls: str = Field(
+        "",
+        description="how clients reach this replica set's replicas, shown in GET /v1/topology so that a client "
+        "given one seed URL learns the rest: one URL template with {index} (the chart's headless-Service names), "
+        "or every replica's URL, comma-separated in index order; empty: clients list every replica themselves",
     )
     checkpoint_dir: str = Field(
         "./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"
@@ -146,8 +161,13 @@ class Settings(BaseSettings):
                 f"STATEHOUSE_REPLICA_INDEX='{self.replica_index}' must be < STATEHOUSE_REPLICA_COUNT "
                 f"({self.replica_count})"
             )
+        try:
+            self._replica_urls = expand_replica_urls(self.replica_urls, self.replica_count)
+        except ValueError as exc:
+            raise ValueError(f"STATEHOUSE_REPLICA_URLS={self.replica_urls!r}: {exc}") from None
         return self
 
+    _replica_urls: tuple[str, ...] = PrivateAttr(default=())
     _grants: dict[str, Grant] = PrivateAttr(default_factory=dict)
     _restore_locations: tuple[str, ...] = PrivateAttr(default=())
 
@@ -184,12 +204,37 @@ class Settings(BaseSettings):
         return frozenset(self._grants)
 
     @property
+    def replica_url_list(self) -> tuple[str, ...]:
+        """Every replica's URL in index order (STATEHOUSE_REPLICA_URLS expanded); empty when unset."""
+        return self._replica_urls
+
+    @property
     def restore_location_list(self) -> tuple[str, ...]:
         """Where restores may read besides the checkpoint storage (canonical locations)."""
         return self._restore_locations
 
 
 PREFIX = "STATEHOUSE_"
+
+
+def expand_replica_urls(value: str, count: int) -> tuple[str, ...]:
+    """STATEHOUSE_REPLICA_URLS as ``count`` URLs in index order: a template with ``{index}`` filled
+    for each replica, or a list of exactly ``count`` URLs (checked as the client checks them)."""
+    if not value.strip():
+        return ()
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    if len(entries) == 1 and "{index}" in entries[0]:
+        entries = [entries[0].replace("{index}", str(i)) for i in range(count)]
+    elif any("{index}" in entry for entry in entries):
+        raise ValueError("give one URL template with {index}, or a list of URLs without it")
+    elif len(entries) != count:
+        raise ValueError(f"lists {len(entries)} URLs for STATEHOUSE_REPLICA_COUNT={count} replicas: list each one")
+    for url in entries:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"{url!r} is not http(s)://host[:port]")
+    return tuple(url.rstrip("/") for url in entries)
+
 
 # STATEHOUSE_* variables that are not server settings: read by the Makefile (`make run`), the
 # tests and the tools. The server accepts them in its environment and ignores them; any other
@@ -204,6 +249,8 @@ NOT_SERVER_SETTINGS = frozenset(
         "STATEHOUSE_SKIP_BROWSER",  # tests/test_docs_offline.py: no Chromium
         "STATEHOUSE_TEST_REPLICAS",  # tests/client: replicas the client-only venv talks to
         "STATEHOUSE_FLINK_LIB",  # harness/flink_vectors: Flink's jars
+        "STATEHOUSE_URLS",  # the statehouse command (client/cli): the replicas it talks to
+        "STATEHOUSE_TOKEN",  # the statehouse command: its bearer token
     }
 )
 

@@ -106,6 +106,8 @@ class JobCatalog:
         with self._lock:
             job = self._open(name)
             if job is not None:
+                if self.layout_version > 1:  # an existing job of the old layout is refused, as by get()
+                    self._check_layout(name)
                 if max_parallelism is not None and max_parallelism != job.max_parallelism:
                     raise JobConflict(
                         f"job {name!r} exists with max_parallelism {job.max_parallelism}; it cannot change "

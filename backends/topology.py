@@ -150,19 +150,24 @@ class ReplicaLayout:
         adopt: bool,
         persist: bool = True,
         default_set_id: str | None = None,
+        version: int | None = None,
     ) -> ReplicaLayout:
         """The directory's topology, written from the settings if it has none.
 
         Raises :class:`TopologyError` when the settings disagree with it and ``adopt`` is false,
         or when ``set_id`` names another replica set (adopting never changes the set).
         ``default_set_id`` is the identity recorded at the first start when ``set_id`` is None; it
-        is not checked later.
+        is not checked later. ``version`` (STATEHOUSE_TOPOLOGY_VERSION) is the version a rescale
+        brings the whole set to: recorded at a first start (else 1) and by an adoption (else the
+        recorded one + 1), so that new, empty replicas and adopting ones report one version; a
+        directory recorded at an older version is one of an earlier layout and is adopted only
+        explicitly.
         """
         path = os.path.join(data_dir, TOPOLOGY_FILE)
         stored = _read(path) if persist else None
         if stored is None:
             first = set_id or default_set_id or str(uuid.uuid4())
-            layout = cls(data_dir, Topology(first, count, index, 1), persist)
+            layout = cls(data_dir, Topology(first, count, index, version or 1), persist)
             layout._write()
             return layout
         if set_id is not None and set_id != stored.set_id:
@@ -172,8 +177,20 @@ class ReplicaLayout:
                 f"STATEHOUSE_REPLICA_SET_ID"
             )
         layout = cls(data_dir, stored, persist)
-        if (stored.count, stored.index) == (count, index):
+        if version is not None and version < stored.version:
+            raise TopologyError(
+                f"holds topology version {stored.version}, newer than STATEHOUSE_TOPOLOGY_VERSION={version}: unset it, "
+                f"or set it to the replica set's version (statehouse status shows it)"
+            )
+        behind = version is not None and version > stored.version
+        if (stored.count, stored.index) == (count, index) and not behind:
             return layout
+        if not adopt and (stored.count, stored.index) == (count, index):
+            raise TopologyError(
+                f"holds replica {stored.index} of {stored.count} at topology version {stored.version}, older than "
+                f"STATEHOUSE_TOPOLOGY_VERSION={version}: a replica of an earlier layout (its data is stale); give "
+                f"it an empty data directory, or add STATEHOUSE_ADOPT_TOPOLOGY=1 and restore every job from a savepoint"
+            )
         if not adopt:
             raise TopologyError(
                 f"holds replica {stored.index} of {stored.count} (topology version {stored.version}), but "
@@ -182,7 +199,12 @@ class ReplicaLayout:
                 f"add STATEHOUSE_ADOPT_TOPOLOGY=1 and restore every job from a savepoint (docs/operations.md, "
                 f"Rescaling)"
             )
-        layout.topology = replace(stored, count=count, index=index, version=stored.version + 1)
+        if version == stored.version:
+            raise TopologyError(
+                f"holds replica {stored.index} of {stored.count} at topology version {stored.version}: adopting another"
+                f" layout needs a higher version than STATEHOUSE_TOPOLOGY_VERSION={version} (or unset it)"
+            )
+        layout.topology = replace(stored, count=count, index=index, version=version or stored.version + 1)
         layout._write()
         return layout
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 IDEMPOTENT_OPS = frozenset(
     {"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains", "register_timer", "delete_timer"}
 )
+TIMER_OPS = frozenset({"register_timer", "delete_timer"})  # routed by key and key type (they name no state)
 READ_OPS = frozenset({"get", "map_get", "map_contains"})  # the server stages everything else of an attempt
 _UNSET = object()
 
@@ -75,10 +76,19 @@ class Batch:
         self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in range(len(replicas))]
         self._sending: list[Future[None]] = []
         self._failed = False
+        self._routed = replicas.version  # the topology version the queued operations were routed under
 
-    def _queue(self, op: dict[str, Any], replica: int | None = None) -> PendingResult:
-        if replica is None:
-            replica = self._route(op["state"], op["key"])
+    def _owner(self, op: dict[str, Any]) -> int:
+        if op["op"] in TIMER_OPS:
+            if self._route_key is None:
+                raise RuntimeError("this batch routes by state only: make it with JobClient.batch()")
+            return self._route_key(op["key"], op["key_type"])
+        return self._route(op["state"], op["key"])
+
+    def _queue(self, op: dict[str, Any]) -> PendingResult:
+        replica = self._owner(op)
+        while len(self._queued) <= replica:  # a refreshed layout has more replicas
+            self._queued.append([])
         pending = PendingResult()
         queue = self._queued[replica]
         queue.append((op, pending))
@@ -105,7 +115,18 @@ class Batch:
             fields = {"epoch": self.epoch} if self.epoch is not None else {}
             idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
         try:
-            results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
+            if attempt is None and self._routed != self._replicas.version:
+                self._resend(chunk, fields, idempotent)  # queued before the layout was refreshed
+                return
+            try:
+                results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
+            except StatehouseError as exc:
+                # The layout changed (a rescale): the whole part was refused, nothing applied, so it
+                # goes again, re-routed, once. Not a task attempt's: its epoch spans the old layout.
+                if attempt is not None or not self._replicas.refreshed(exc, self._routed):
+                    raise
+                self._resend(chunk, fields, idempotent)
+                return
         except BaseException as exc:
             self._failed = True
             if attempt is not None and isinstance(exc, StatehouseError) and 400 <= (exc.status or 0) < 500:
@@ -115,6 +136,17 @@ class Batch:
             attempt.answered(replica, sum(op["op"] not in READ_OPS for op in ops))
         for (_op, pending), result in zip(chunk, results, strict=True):
             pending._result = result
+
+    def _resend(self, chunk: list[tuple[dict[str, Any], PendingResult]], fields: dict[str, Any], idempotent: bool):
+        """A refused part, each operation to its owner under the refreshed layout; errors raised."""
+        parts: dict[int, list[tuple[dict[str, Any], PendingResult]]] = {}
+        for op, pending in chunk:
+            parts.setdefault(self._owner(op), []).append((op, pending))
+        for replica, part in parts.items():
+            ops = [op for op, _pending in part]
+            results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
+            for (_op, pending), result in zip(part, results, strict=True):
+                pending._result = result
 
     @staticmethod
     def _op(op: str, state: str, key: Any, ns: str, **fields: Any) -> dict[str, Any]:
@@ -166,12 +198,10 @@ class Batch:
         return self._timer("delete_timer", key, timestamp, ns, domain, key_type)
 
     def _timer(self, op: str, key: Any, timestamp: int, ns: str, domain: str, key_type: str) -> PendingResult:
-        if self._route_key is None:
-            raise RuntimeError("this batch routes by state only: make it with JobClient.batch()")
         body = {"op": op, "domain": domain, "key": key, "key_type": key_type, "timestamp": timestamp}
         if ns:
             body["ns"] = ns
-        return self._queue(body, self._route_key(key, key_type))
+        return self._queue(body)
 
     def flush(self) -> None:
         """Send everything queued (replicas in parallel) and wait for every part; raises the

@@ -11,7 +11,8 @@ from statehouse.client.replicas import Replicas
 
 
 class StatehouseClient:
-    """Connections to every replica of one Statehouse deployment, in replica-index order."""
+    """Connections to every replica of one Statehouse deployment, in replica-index order (learned
+    from the replicas before the first job: the URLs may come in any order)."""
 
     def __init__(self, urls: str | list[str] | ClientConfig, **options: Any) -> None:
         self.config = urls if isinstance(urls, ClientConfig) else ClientConfig.of(urls, **options)
@@ -21,11 +22,13 @@ class StatehouseClient:
         """Create the job on every replica, or confirm it exists there with this ``max_parallelism``
         (a different one is refused with Conflict); then check the replicas agree on it."""
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
+        self._learned()
         return self._checked(name, self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
 
     def job(self, name: str) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
         backup or a coordinator fails instead of creating an empty job."""
+        self._learned()
         infos = []
         for replica in self.replicas:
             try:
@@ -40,34 +43,16 @@ class StatehouseClient:
         return self._checked(name, infos)
 
     def topology(self) -> list[dict[str, Any]]:
-        """Every replica's ``GET /v1/topology``, in URL order, once they are checked to be one
-        complete, consistent replica set: the same set and version, as many replicas as URLs, and
-        ``urls[i]`` is replica ``i``. Otherwise Conflict, naming what to fix."""
-        shown = self.replicas.on_all("GET", "/v1/topology")
-        urls = [replica.url for replica in self.replicas]
-        sets = {(info["set_id"], info["version"]) for info in shown}
-        if len(sets) != 1:
-            found = ", ".join(
-                f"{url}: set {i['set_id']!r} version {i['version']}" for url, i in zip(urls, shown, strict=True)
-            )
-            raise Conflict(
-                f"the URLs are not one replica set at one topology version ({found}): list one set's replicas, "
-                f"or finish its rescale (docs/operations.md, Rescaling)"
-            )
-        counts = {info["replica_count"] for info in shown}
-        if counts != {len(urls)}:
-            raise Conflict(
-                f"the replica set has {sorted(counts)[0]} replicas but the client was given {len(urls)} URLs: "
-                f"list every replica, in index order"
-            )
-        for index, (url, info) in enumerate(zip(urls, shown, strict=True)):
-            if info["replica_index"] != index:
-                order = [i["replica_index"] for i in shown]
-                raise Conflict(
-                    f"{url} is replica {info['replica_index']}, but the client has it as replica {index} (the URLs "
-                    f"are replicas {order} in that order): list the URLs in replica-index order"
-                )
-        return shown
+        """Every replica's ``GET /v1/topology``, in replica-index order, learned afresh: the URLs
+        may be given in any order (or one seed URL, when the replicas advertise their peers with
+        ``STATEHOUSE_REPLICA_URLS``). LayoutError, naming what to fix, unless they are one complete
+        replica set at one topology version."""
+        return self.replicas.learn()
+
+    def _learned(self) -> None:
+        """The layout, learned once per client before its first job (see :meth:`topology`)."""
+        if self.replicas.version is None:
+            self.replicas.learn()
 
     def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
         """The job's client, once every replica is where the URL list says and they agree on the job."""

@@ -83,6 +83,7 @@ class _Part:
     replica: int
     positions: np.ndarray | None
     values: list[pa.Array]
+    routed: int | None = None  # the topology version the rows were routed under
     error: BaseException | None = None
 
 
@@ -215,8 +216,9 @@ class Columns:
 
     def _run(self, state: str, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
         """Send every replica its rows, the replicas in parallel; raise the first error."""
+        routed = self.job.replicas.version
         parts = [
-            _Part(replica, positions, [])
+            _Part(replica, positions, [], routed)
             for replica, positions in enumerate(routes)
             if positions is None or len(positions)
         ]
@@ -244,15 +246,37 @@ class Columns:
             for start in range(0, rows.num_rows, step):
                 if failed.is_set():
                     raise _NotSent("not sent: another part of this columnar call failed")
+                chunk = rows.slice(start, step)
                 try:
-                    answer = self._request(state, op, rows.slice(start, step), part.replica)
+                    if self.attempt is None and part.routed != self.job.replicas.version:
+                        answer = self._rerouted(state, op, chunk)  # routed before the layout was refreshed
+                    else:
+                        answer = self._request(state, op, chunk, part.replica)
                 except StatehouseError as exc:
-                    raise _at_row(exc, part.positions, start) from None
+                    # The layout changed (a rescale): the request was refused whole, nothing applied,
+                    # so its rows go again to their new owners, once. Not a task attempt's: its
+                    # epoch spans the old layout.
+                    if self.attempt is not None or not self.job.replicas.refreshed(exc, part.routed):
+                        raise _at_row(exc, part.positions, start) from None
+                    answer = self._rerouted(state, op, chunk)
                 if answer is not None:
                     part.values.append(answer)
         except BaseException as exc:
             failed.set()
             part.error = exc
+
+    def _rerouted(self, state: str, op: str, rows: pa.Table) -> pa.Array | None:
+        """One chunk's rows, each sent to its owner under the current layout (errors raised); a
+        read's values in the chunk's row order."""
+        routes = self._route(state, rows.column("key").combine_chunks())
+        parts = [_Part(r, positions, []) for r, positions in enumerate(routes) if positions is None or len(positions)]
+        for part in parts:
+            answer = self._request(
+                state, op, rows if part.positions is None else rows.take(pa.array(part.positions)), part.replica
+            )
+            if answer is not None:
+                part.values.append(answer)
+        return _assemble(parts, rows.num_rows, state) if op in READ_COLUMN_OPS else None
 
     def _request(self, state: str, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
         """One request: a read's ``value`` column, or ``None`` for a write."""

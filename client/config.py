@@ -20,7 +20,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         for url in self.urls:
-            _check_url(url)
+            check_url(url)
 
     @classmethod
     def of(cls, urls: str | list[str] | tuple[str, ...], **kwargs) -> ClientConfig:
@@ -31,7 +31,7 @@ class ClientConfig:
         return cls(urls=tuple(u.strip() for u in urls), **kwargs)
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
     """A replica URL is ``http(s)://host[:port]``: requests go to the API's own paths on it, so a
     path, query or fragment would be ignored, not prefixed (a proxy under a path is not supported)."""
     try:

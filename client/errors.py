@@ -50,6 +50,12 @@ class KeyNotOwned(StatehouseError):
         return self.problem.get("owner")
 
 
+class LayoutError(StatehouseError):
+    """The client's replicas are not one complete, consistent replica set (a replica missing or
+    unreachable, two at one index, replicas of different sets or topology versions); the message
+    says what to fix. Raised by the client itself, not answered by a server."""
+
+
 class Unavailable(StatehouseError):
     """503 or a transport failure: worth retrying later."""
 

@@ -1,15 +1,27 @@
-"""Every replica of one deployment, in replica-index order, with the threads that talk to them."""
+"""Every replica of one deployment, in replica-index order, with the threads that talk to them.
+
+The layout (which URL is which replica) is learned from the replicas' ``GET /v1/topology``
+(:meth:`Replicas.learn`): URLs in any order are put in index order, one seed URL is enough when
+the replicas advertise their peers (``STATEHOUSE_REPLICA_URLS``), and anything that is not one
+complete replica set at one topology version is a :class:`LayoutError` saying what to fix. A 421
+naming a newer version than the client's makes it learn again (:meth:`Replicas.refreshed`), once
+for every caller, so that the refused request can be re-routed instead of failing.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from statehouse.client.config import ClientConfig
+from statehouse.client.config import ClientConfig, check_url
+from statehouse.client.errors import LayoutError, StatehouseError
 from statehouse.client.transport import ReplicaConnection
 
 T = TypeVar("T")
+
+Shown = dict[str, Any]  # one replica's GET /v1/topology
 
 
 class Replicas:
@@ -17,22 +29,32 @@ class Replicas:
 
     ``on_all`` runs one call on every replica at once; ``send_in_order`` hands work to the
     replica's own sender thread, so that what one caller sends to one replica arrives in order
-    while the caller goes on working.
+    while the caller goes on working. Until :meth:`learn` runs, ``urls[i]`` is taken to be
+    replica ``i`` as given (``version`` is None).
     """
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self._connections = [
-            ReplicaConnection(
-                url, token=config.token, timeout=config.timeout, retries=config.retries, backoff=config.backoff
-            )
-            for url in config.urls
-        ]
-        self._fan_out = ThreadPoolExecutor(max_workers=len(self._connections), thread_name_prefix="statehouse")
-        self._senders = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"statehouse-{i}")
-            for i in range(len(self._connections))
-        ]
+        self.version: int | None = None  # the topology version of the layout in use, once learned
+        self.set_id: str | None = None
+        self._by_url: dict[str, ReplicaConnection] = {}
+        self._connections = [self._connection(url) for url in config.urls]
+        self._layout_lock = threading.Lock()
+        self._fan_out = ThreadPoolExecutor(max_workers=max(4, len(self._connections)), thread_name_prefix="statehouse")
+        self._senders = [self._sender(i) for i in range(len(self._connections))]
+
+    def _connection(self, url: str) -> ReplicaConnection:
+        url = url.rstrip("/")
+        connection = self._by_url.get(url)
+        if connection is None:
+            c = self.config
+            connection = ReplicaConnection(url, token=c.token, timeout=c.timeout, retries=c.retries, backoff=c.backoff)
+            self._by_url[url] = connection
+        return connection
+
+    @staticmethod
+    def _sender(index: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"statehouse-{index}")
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -42,6 +64,80 @@ class Replicas:
 
     def __iter__(self) -> Iterator[ReplicaConnection]:
         return iter(self._connections)
+
+    @property
+    def urls(self) -> list[str]:
+        return [connection.url for connection in self._connections]
+
+    # -- the layout ----------------------------------------------------------------------
+
+    def learn(self) -> list[Shown]:
+        """Every replica's ``GET /v1/topology`` in index order, the connections put in that order.
+
+        Every URL must answer and all must be one complete set at one version; with one seed
+        URL, the replicas' advertised ``replica_urls`` name the others. Otherwise LayoutError."""
+        with self._layout_lock:
+            return self._learn(strict=True)
+
+    def refreshed(self, exc: StatehouseError, routed: int | None) -> bool:
+        """Whether ``exc`` is a 421 naming a newer topology version than the one the request was
+        routed under (``routed``, None before any was learned), and the client now has that
+        layout: the refused request may then be routed again and re-sent, once. The layout is
+        learned once for all the callers that saw the same version."""
+        version = exc.problem.get("version") if exc.status == 421 else None
+        if not isinstance(version, int) or version <= (routed or 0):
+            return False
+        with self._layout_lock:
+            if self.version is None or self.version < version:
+                self._learn(strict=False)
+            return self.version is not None and self.version >= version
+
+    def _learn(self, *, strict: bool) -> list[Shown]:
+        """``strict``: every known URL must answer, at one version. Otherwise (a refresh after a
+        421) the replicas that do not answer, or answer an older version, are left out: a rescale
+        removed or has not yet restarted them."""
+        answered = self._ask(self.urls, strict)
+        if not answered:
+            raise LayoutError(
+                f"no replica answered GET /v1/topology ({', '.join(self.urls)}): start them, or fix the URLs"
+            )
+        if not strict:
+            newest = max(shown["version"] for shown in answered.values())
+            answered = {url: shown for url, shown in answered.items() if shown["version"] == newest}
+        advertised: list[str] = next((s["replica_urls"] for s in answered.values() if s.get("replica_urls")), [])
+        known = {shown["replica_index"] for shown in answered.values()}
+        peers = [url for i, url in enumerate(advertised) if i not in known and url not in answered]
+        if peers:
+            answered.update(self._ask(peers, strict))
+        ordered = _ordered(answered)
+        connections = [self._connection(url) for url, _shown in ordered]
+        for index in range(len(self._senders), len(connections)):
+            self._senders.append(self._sender(index))
+        self._connections = connections
+        first = ordered[0][1]
+        self.set_id, self.version = first["set_id"], first["version"]
+        return [shown for _url, shown in ordered]
+
+    def _ask(self, urls: list[str], strict: bool) -> dict[str, Shown]:
+        """``GET /v1/topology`` of each URL in parallel: the answers by URL (strict: all of them)."""
+        for url in urls:
+            check_url(url)
+        futures = {url: self._fan_out.submit(self._connection(url).json, "GET", "/v1/topology") for url in urls}
+        answered = {}
+        for url, future in futures.items():
+            try:
+                answered[url.rstrip("/")] = future.result()
+            except StatehouseError as exc:
+                if strict:  # the same kind of error (Unavailable stays worth retrying), naming the URL
+                    raise type(exc)(
+                        f"{url} did not answer GET /v1/topology ({exc.detail}): start that replica, or fix its URL",
+                        status=exc.status,
+                        code=exc.code,
+                        problem=exc.problem,
+                    ) from exc
+        return answered
+
+    # -- calls ---------------------------------------------------------------------------
 
     def on_all(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> list[Any]:
         """The same JSON call on every replica in parallel; the answers in replica order."""
@@ -61,5 +157,39 @@ class Replicas:
         self._fan_out.shutdown(wait=True)
         for sender in self._senders:
             sender.shutdown(wait=True)
-        for connection in self._connections:
+        for connection in self._by_url.values():
             connection.close()
+
+
+def _ordered(answered: dict[str, Shown]) -> list[tuple[str, Shown]]:
+    """The (URL, topology) pairs in replica-index order, once they are one complete replica set at
+    one topology version; otherwise LayoutError naming what to fix."""
+    found = "; ".join(
+        f"{url} is replica {s['replica_index']} of {s['replica_count']} of set {s['set_id']!r} version {s['version']}"
+        for url, s in answered.items()
+    )
+    if len({shown["set_id"] for shown in answered.values()}) > 1:
+        raise LayoutError(f"the URLs are replicas of different replica sets ({found}): list one set's replicas")
+    if len({(shown["version"], shown["replica_count"]) for shown in answered.values()}) > 1:
+        raise LayoutError(
+            f"the replicas are at different topology versions ({found}): a rescale is under way; finish it "
+            f"(statehouse rescale, docs/operations.md, Rescaling) or list the replicas of one version"
+        )
+    by_index: dict[int, str] = {}
+    for url, shown in answered.items():
+        index = shown["replica_index"]
+        if index in by_index:
+            raise LayoutError(
+                f"{by_index[index]} and {url} are both replica {index}: give each replica's URL once ({found})"
+            )
+        by_index[index] = url
+    first = next(iter(answered.values()))
+    count = first["replica_count"]
+    missing = [i for i in range(count) if i not in by_index]
+    if missing:
+        raise LayoutError(
+            f"replica set {first['set_id']!r} has {count} replicas (topology version {first['version']}), but no URL "
+            f"given is replica {', '.join(map(str, missing))}: add its URL (or set STATEHOUSE_REPLICA_URLS on the "
+            f"replicas, so that one URL is enough)"
+        )
+    return [(by_index[i], answered[by_index[i]]) for i in range(count)]

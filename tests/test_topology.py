@@ -130,6 +130,9 @@ def test_adopt_refuses_old_jobs_until_restored(tmp_path):
             assert "holds key groups 0-127" in problem["detail"] and "owns 0-63" in problem["detail"]
             assert "restore the job from a savepoint" in problem["detail"]
             assert http.post(f"/jobs/{JOB}/checkpoints", json={}).json()["code"] == "layout_mismatch"
+            for body in ({"max_parallelism": 128}, None):  # not a 200 for a job it does not serve
+                again = http.put(f"/jobs/{JOB}", json=body)
+                assert (again.status_code, again.json()["code"]) == (409, "layout_mismatch"), again.text
             assert [j["job"] for j in http.get("/jobs").json()["items"]] == [JOB]  # still listed
 
             # The rescale procedure's restore replaces it with this replica's range of the savepoint.
@@ -220,29 +223,60 @@ def test_heap_keeps_its_topology_in_memory(tmp_path):
         server.stop()
 
 
-def test_the_client_checks_its_urls_are_one_complete_set_in_order(two_replicas, tmp_path):
-    from statehouse.client import StatehouseClient
-    from statehouse.client.errors import Conflict
+def test_the_client_orders_its_urls_and_names_what_is_wrong(two_replicas, tmp_path):
+    from statehouse.client import LayoutError, StatehouseClient
 
     urls = [s.url for s in two_replicas]
     with StatehouseClient(urls) as sh:
         shown = sh.topology()
         assert [(t["replica_index"], t["replica_count"]) for t in shown] == [(0, 2), (1, 2)]
         assert shown[0]["set_id"] == shown[1]["set_id"]  # named after the checkpoint storage they share
-    with StatehouseClient(urls[::-1]) as sh, pytest.raises(Conflict) as wrong_order:
+        assert shown[0]["replica_urls"] == []  # STATEHOUSE_REPLICA_URLS unset: nothing advertised
+    with StatehouseClient(urls[::-1]) as sh:  # any order: put in replica-index order
+        assert [t["replica_index"] for t in sh.topology()] == [0, 1]
+        assert sh.replicas.urls == urls
+    with StatehouseClient(urls[:1]) as sh, pytest.raises(LayoutError) as missing:
         sh.topology()
-    assert str(wrong_order.value) == (
-        f"{urls[1]} is replica 1, but the client has it as replica 0 (the URLs are replicas [1, 0] in that order): "
-        "list the URLs in replica-index order"
+    assert str(missing.value).endswith(
+        "has 2 replicas (topology version 1), but no URL given is replica 1: add its URL (or set "
+        "STATEHOUSE_REPLICA_URLS on the replicas, so that one URL is enough)"
     )
-    with StatehouseClient(urls[:1]) as sh, pytest.raises(Conflict) as missing:
-        sh.topology()
-    assert "the replica set has 2 replicas but the client was given 1 URLs" in str(missing.value)
 
-    other = start_server(tmp_path, replica(1, 2))  # its own checkpoint storage: another set
+    storage = {"STATEHOUSE_CHECKPOINT_DIR": two_replicas[0].settings["STATEHOUSE_CHECKPOINT_DIR"]}
+    twin = start_server(tmp_path / "twin", replica(0, 2, **storage))  # the same set, index 0 again
+    other = start_server(tmp_path / "other", replica(1, 2))  # its own checkpoint storage: another set
     try:
-        with StatehouseClient([urls[0], other.url]) as sh, pytest.raises(Conflict) as mixed:
+        with StatehouseClient([urls[0], twin.url]) as sh, pytest.raises(LayoutError) as twice:
             sh.topology()
-        assert "the URLs are not one replica set at one topology version" in str(mixed.value)
+        assert f"{urls[0]} and {twin.url} are both replica 0: give each replica's URL once" in str(twice.value)
+        with StatehouseClient([urls[0], other.url]) as sh, pytest.raises(LayoutError) as mixed:
+            sh.topology()
+        assert "the URLs are replicas of different replica sets" in str(mixed.value)
     finally:
+        twin.stop()
         other.stop()
+
+
+def test_a_rescale_brings_new_and_adopting_replicas_to_one_version(tmp_path):
+    """STATEHOUSE_TOPOLOGY_VERSION: an empty data directory records it, an adopting one too; a
+    directory recorded at an older version (a removed replica's volume) is refused unless adopted."""
+    new = start_server(tmp_path / "new", replica(1, 2, STATEHOUSE_TOPOLOGY_VERSION="3"))
+    try:
+        assert topology(new)["version"] == 3
+    finally:
+        new.stop()
+    server = start_server(tmp_path, replica(0, 1))
+    server.stop()
+    code, lines = run_refused(tmp_path, replica(0, 1, STATEHOUSE_TOPOLOGY_VERSION="3"))
+    assert (
+        code == 2 and "holds replica 0 of 1 at topology version 1, older than STATEHOUSE_TOPOLOGY_VERSION=3" in lines[0]
+    )
+    code, lines = run_refused(tmp_path, replica(0, 2, STATEHOUSE_ADOPT_TOPOLOGY="1", STATEHOUSE_TOPOLOGY_VERSION="1"))
+    assert code == 2 and "adopting another layout needs a higher version" in lines[0]
+    server = start_server(tmp_path, replica(0, 2, STATEHOUSE_ADOPT_TOPOLOGY="1", STATEHOUSE_TOPOLOGY_VERSION="3"))
+    try:
+        assert (topology(server)["version"], topology(server)["replica_count"]) == (3, 2)
+    finally:
+        server.stop()
+    code, lines = run_refused(tmp_path, replica(0, 2, STATEHOUSE_TOPOLOGY_VERSION="2"))
+    assert code == 2 and "holds topology version 3, newer than STATEHOUSE_TOPOLOGY_VERSION=2" in lines[0]

@@ -31,6 +31,10 @@ class TopologyInfo(BaseModel):
     replica_count: int
     persisted: bool = Field(description="kept in the data directory (RocksDB backend); heap keeps it in memory")
     jobs: list[JobLayout] = Field(description="the jobs the bearer token may reach, by name")
+    replica_urls: list[str] = Field(
+        description="every replica's URL in index order (STATEHOUSE_REPLICA_URLS), so that a client given one "
+        "seed URL learns the rest; empty when unset"
+    )
 
 
 # 422: any route refuses a query string that is not UTF-8 (app/routing.py).
@@ -58,4 +62,5 @@ async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
         replica_count=topology.count,
         persisted=layout.persist,
         jobs=jobs,
+        replica_urls=list(service.settings.replica_url_list),
     )

@@ -109,9 +109,11 @@ def test_errors_are_mapped(sh, job):
     assert job.epoch() == 5
 
 
-def test_misordered_replica_urls_are_caught(two_replicas, job_name):
-    with StatehouseClient([two_replicas[1].url, two_replicas[0].url]) as swapped, pytest.raises(Conflict):
-        swapped.create_job(job_name)
+def test_misordered_replica_urls_are_put_in_replica_order(two_replicas, job_name):
+    with StatehouseClient([two_replicas[1].url, two_replicas[0].url]) as swapped:
+        job = swapped.create_job(job_name)  # learned from the replicas' GET /v1/topology first
+        assert swapped.replicas.urls == [two_replicas[0].url, two_replicas[1].url]
+        assert [info["replica_index"] for info in job.infos()] == [0, 1]
 
 
 def test_job_finds_an_existing_job_and_never_creates_one(sh, two_replicas, job_name):

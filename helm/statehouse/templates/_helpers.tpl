@@ -92,5 +92,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "statehouse.replicaUrl" -}}
 {{- $ctx := index . 0 }}
 {{- $i := index . 1 }}
-{{- printf "http://%s-%d.%s.%s.svc.cluster.local:%d" (include "statehouse.fullname" $ctx) (int $i) (include "statehouse.headlessName" $ctx) $ctx.Release.Namespace (int $ctx.Values.service.port) }}
+{{- include "statehouse.replicaUrlTemplate" $ctx | replace "{index}" (toString (int $i)) }}
+{{- end }}
+
+{{/* Every replica's URL with {index} for the replica index (STATEHOUSE_REPLICA_URLS). */}}
+{{- define "statehouse.replicaUrlTemplate" -}}
+{{- printf "http://%s-{index}.%s.%s.svc.cluster.local:%d" (include "statehouse.fullname" .) (include "statehouse.headlessName" .) .Release.Namespace (int .Values.service.port) }}
 {{- end }}
