@@ -118,12 +118,13 @@ class Batch:
             if attempt is None and self._routed != self._replicas.version:
                 self._resend(chunk, fields, idempotent)  # queued before the layout was refreshed
                 return
+            connection = self._replicas[replica]
             try:
-                results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
+                results = connection.batch(self._job, ops, fields=fields, idempotent=idempotent)
             except StatehouseError as exc:
                 # The layout changed (a rescale): the whole part was refused, nothing applied, so it
                 # goes again, re-routed, once. Not a task attempt's: its epoch spans the old layout.
-                if attempt is not None or not self._replicas.refreshed(exc, self._routed):
+                if attempt is not None or not self._replicas.refreshed(exc, self._routed, connection.url):
                     raise
                 self._resend(chunk, fields, idempotent)
                 return

@@ -247,16 +247,19 @@ class Columns:
                 if failed.is_set():
                     raise _NotSent("not sent: another part of this columnar call failed")
                 chunk = rows.slice(start, step)
+                replicas = self.job.replicas
+                url = None
                 try:
-                    if self.attempt is None and part.routed != self.job.replicas.version:
+                    if self.attempt is None and part.routed != replicas.version:
                         answer = self._rerouted(state, op, chunk)  # routed before the layout was refreshed
                     else:
+                        url = replicas[part.replica].url
                         answer = self._request(state, op, chunk, part.replica)
                 except StatehouseError as exc:
                     # The layout changed (a rescale): the request was refused whole, nothing applied,
                     # so its rows go again to their new owners, once. Not a task attempt's: its
                     # epoch spans the old layout.
-                    if self.attempt is not None or not self.job.replicas.refreshed(exc, part.routed):
+                    if self.attempt is not None or not replicas.refreshed(exc, part.routed, url):
                         raise _at_row(exc, part.positions, start) from None
                     answer = self._rerouted(state, op, chunk)
                 if answer is not None:

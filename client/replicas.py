@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from statehouse.client.config import ClientConfig, check_url
-from statehouse.client.errors import LayoutError, StatehouseError
+from statehouse.client.errors import LayoutError, StatehouseError, Unavailable
 from statehouse.client.transport import ReplicaConnection
 
 T = TypeVar("T")
@@ -79,18 +79,29 @@ class Replicas:
         with self._layout_lock:
             return self._learn(strict=True)
 
-    def refreshed(self, exc: StatehouseError, routed: int | None) -> bool:
-        """Whether ``exc`` is a 421 naming a newer topology version than the one the request was
-        routed under (``routed``, None before any was learned), and the client now has that
-        layout: the refused request may then be routed again and re-sent, once. The layout is
-        learned once for all the callers that saw the same version."""
-        version = exc.problem.get("version") if exc.status == 421 else None
-        if not isinstance(version, int) or version <= (routed or 0):
-            return False
+    def refreshed(self, exc: StatehouseError, routed: int | None, url: str | None = None) -> bool:
+        """Whether the request that failed with ``exc``, routed under topology version ``routed``
+        (None before any was learned) and sent to ``url``, may be routed again and re-sent, once,
+        because the layout changed: a 421 naming a newer version, or ``url`` unreachable and gone
+        from the layout the other replicas now report (a rescale removed it). The layout is
+        learned once for all the callers that saw the same change."""
+        if exc.status == 421:
+            version = exc.problem.get("version")
+            if not isinstance(version, int) or version <= (routed or 0):
+                return False
+            with self._layout_lock:
+                if self.version is None or self.version < version:
+                    self._learn(strict=False)
+                return self.version is not None and self.version >= version
+        if not isinstance(exc, Unavailable) or exc.status is not None or url is None:
+            return False  # only a replica that did not answer at all may have been removed
         with self._layout_lock:
-            if self.version is None or self.version < version:
-                self._learn(strict=False)
-            return self.version is not None and self.version >= version
+            if self.version == routed:
+                try:
+                    self._learn(strict=False)
+                except StatehouseError:
+                    return False  # no complete newer layout: the replica is down, not removed
+            return self.version != routed and url not in self.urls
 
     def _learn(self, *, strict: bool) -> list[Shown]:
         """``strict``: every known URL must answer, at one version. Otherwise (a refresh after a
