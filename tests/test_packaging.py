@@ -114,6 +114,16 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
     site = sum(f.stat().st_size for f in (env_dir / "lib").rglob("*") if f.is_file()) // (1 << 20)
     print(f"client wheel {wheel_kib} KiB; executor venv with its dependencies, pytest and httpx {site} MiB")
 
+    # The wheel puts the operator's command on PATH; `serve` says in one line that it needs the server.
+    statehouse = str(env_dir / "bin" / "statehouse")
+    shown = run([statehouse, "status", "--urls", ",".join(s.url for s in two_replicas[::-1])], 60, cwd=tmp_path)
+    assert "2 replicas, topology version 1" in shown.stdout, shown.stdout
+    serve = subprocess.run([statehouse, "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (serve.returncode, serve.stderr) == (
+        1,
+        "statehouse serve: serve runs the Statehouse server, which is not installed here: pip install statehouse\n",
+    )
+
     env = {**os.environ, "STATEHOUSE_TEST_REPLICAS": ",".join(s.url for s in two_replicas)}
     result = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", "tests/client", "tests/client"],

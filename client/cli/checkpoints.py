@@ -1,0 +1,45 @@
+"""``statehouse checkpoints JOB``: the job's global checkpoints and savepoints (complete on every
+replica), oldest first, with their metadata (a micro-batch's id and epoch, a rescale's plan)."""
+
+from __future__ import annotations
+
+import argparse
+
+from statehouse.client.cli.common import connection_options, emit, job_client, open_client
+from statehouse.client.coordinator import CheckpointCoordinator
+
+
+def add(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "checkpoints",
+        help="a job's global checkpoints and savepoints",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("job", help="the job's name")
+    connection_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_client(args) as sh:
+        coordinator = CheckpointCoordinator(job_client(sh, args.job, sh.topology()))
+        done = coordinator.completed()
+    items = [
+        {
+            "checkpoint_id": c.checkpoint_id,
+            "kind": c.kind,
+            "bytes_uploaded": c.bytes_uploaded,
+            "metadata": c.metadata,
+            "locations": [part.get("location") for part in c.parts],
+        }
+        for c in done
+    ]
+    lines = [f"job {args.job}: {len(items)} global checkpoints" if items else f"job {args.job}: no global checkpoint"]
+    lines += [
+        f"  {i['checkpoint_id']:>6} {i['kind']:<10} {i['bytes_uploaded']:>12} bytes  {i['metadata'] or ''}"
+        for i in items
+    ]
+    emit(args, {"job": args.job, "checkpoints": items}, lines)
+    return 0

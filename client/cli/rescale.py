@@ -1,0 +1,276 @@
+"""``statehouse rescale JOB|--all --to M``: the offline rescale (docs/operations.md, Rescaling) as one
+command. For each job: refuse while a micro-batch commit is under way, fence the writers (a
+running Spark query's next write is refused), count its keys, take a savepoint; then the set
+restarts with M replicas adopting the new layout — by itself when ``statehouse serve`` runs it,
+otherwise the command prints what to do and exits 4, to be run again with ``--resume`` — and every
+job is restored on the new set and verified: each replica's key-group range, and every state's key
+count (default namespace) equal to the savepoint's. The plan (savepoint id, counts) is kept in the
+--plan file until the rescale is verified, so a resumed or repeated run picks up where it stopped.
+Restart the writers with the new URLs afterwards."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from statehouse.client.cli.common import (
+    EXIT_OPERATOR,
+    CommandError,
+    connection_options,
+    emit,
+    job_client,
+    job_names,
+    note,
+    open_client,
+    waiting,
+)
+from statehouse.client.cli.serve import read_state, state_path
+from statehouse.client.client import StatehouseClient
+from statehouse.client.coordinator import CheckpointCoordinator
+from statehouse.client.job import JobClient
+from statehouse.keygroups import KeyGroupRange
+
+
+def add(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "rescale",
+        help="offline rescale of jobs to another replica count",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("job", nargs="?", help="the job to move (or --all)")
+    parser.add_argument("--all", action="store_true", help="every job of the replica set")
+    parser.add_argument("--to", type=int, metavar="M", help="the new replica count")
+    parser.add_argument(
+        "--plan", default="statehouse-rescale.json", help="where the plan is kept (default ./statehouse-rescale.json)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the plan once the set runs with M replicas: restore, verify"
+    )
+    parser.add_argument(
+        "--serve-dir",
+        help="the --dir of the `statehouse serve` running the set: restart it with M replicas (default: . when "
+        "its statehouse-serve.json lists the same URLs)",
+    )
+    parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for savepoints and restarts")
+    connection_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan_path = Path(args.plan)
+    if args.resume:
+        resumed = _read_plan(plan_path)
+        return _finish(args, resumed, plan_path, resumed["urls_hint"])
+    if args.to is None or args.to < 1:
+        raise CommandError("give the new replica count with --to M", 2)
+    if bool(args.job) == bool(args.all):
+        raise CommandError("name one job, or give --all", 2)
+    with open_client(args) as sh:
+        shown = sh.topology()
+        count, version = shown[0]["replica_count"], shown[0]["version"]
+        if args.to == count:
+            raise CommandError(f"the replica set already has {count} replicas")
+        names = job_names(shown) if args.all else [args.job]
+        jobs = {name: job_client(sh, name, shown) for name in names}
+        for name, job in jobs.items():
+            if job.max_parallelism < args.to:
+                raise CommandError(f"job {name!r} has max_parallelism {job.max_parallelism} < {args.to} replicas")
+        checkpoint_id = max(CheckpointCoordinator(job).next_id() for job in jobs.values()) if jobs else 1
+        plan: dict[str, Any] = {
+            "set_id": shown[0]["set_id"],
+            "from": count,
+            "to": args.to,
+            "version": version,
+            "savepoint": checkpoint_id,
+            "jobs": {},
+            "urls_hint": sh.replicas.urls,
+        }
+        for name, job in jobs.items():
+            plan["jobs"][name] = _savepoint(args, job, checkpoint_id)
+    _write_plan(plan_path, plan)
+    serve_dir = _managed(args, plan["urls_hint"])
+    if serve_dir is None:
+        version = plan["version"] + 1
+        steps = (
+            f"restart the replica set with STATEHOUSE_REPLICA_COUNT={args.to} STATEHOUSE_ADOPT_TOPOLOGY=1 "
+            f"STATEHOUSE_TOPOLOGY_VERSION={version} (Helm: helm upgrade ... --reuse-values "
+            f"--set replicaCount={args.to} "
+            f"--set adoptTopology=true --set topologyVersion={version} --wait), then run: statehouse rescale --resume "
+            f"--plan {plan_path} --urls <the new replicas' URLs>"
+        )
+        emit(
+            args, {"status": "restart_needed", "plan": plan, "next": steps}, [f"savepoint {checkpoint_id} taken", steps]
+        )
+        return EXIT_OPERATOR
+    urls = waiting(
+        args, f"restarting the set with {args.to} replicas", lambda: _restart(args, serve_dir, plan["version"] + 1)
+    )
+    args.urls = ",".join(urls)
+    return _finish(args, plan, plan_path, urls)
+
+
+def _savepoint(args: argparse.Namespace, job: JobClient, checkpoint_id: int) -> dict[str, Any]:
+    """Fence the job's writers and take its savepoint; what the restore is checked against."""
+    committed = job.committed_epochs()
+    if len(set(committed)) > 1:
+        raise CommandError(
+            f"job {job.name!r}: a micro-batch commit is under way (committed epochs per replica: {committed}); "
+            f"let it finish (or stop the query), then run again"
+        )
+    epoch = job.fence(job.epoch() + 1)
+    after = job.committed_epochs()
+    if after != committed:  # a commit landed between the check and the fence on some replicas
+        raise CommandError(f"job {job.name!r}: a micro-batch committed while fencing ({after}); run again")
+    keys = _key_counts(job)
+    note(args, f"job {job.name}: writers fenced at epoch {epoch}; {sum(keys.values())} keys in {len(keys)} states")
+    coordinator = CheckpointCoordinator(job, timeout=args.wait)
+    metadata = {"rescale_to": args.to, "epoch": max(after)}  # what the micro-batch coordinator anchors on
+    waiting(
+        args,
+        f"savepoint {checkpoint_id} of job {job.name}",
+        lambda: coordinator.savepoint(checkpoint_id, metadata=metadata),
+    )
+    return {"max_parallelism": job.max_parallelism, "keys": keys}
+
+
+def _key_counts(job: JobClient) -> dict[str, int]:
+    """Per keyed state, its keys in the default namespace over every replica."""
+    states = sorted({state for info in job.infos() for state in info["states"]})
+    counts = dict.fromkeys(states, 0)
+    for state in states:
+        for replica in job.replicas:
+            cursor = None
+            while True:
+                params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+                page = json.loads(
+                    replica.request(
+                        "GET", f"/v1/jobs/{job.name}/states/{state}/keys", idempotent=True, params=params
+                    ).content
+                )
+                counts[state] += len(page["items"])
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+    return counts
+
+
+def _managed(args: argparse.Namespace, urls: list[str]) -> Path | None:
+    """The directory of the ``statehouse serve`` running this set, if one does."""
+    directory = Path(args.serve_dir or ".")
+    state = read_state(directory)
+    if state is None or state.get("status") != "ready":
+        if args.serve_dir:
+            raise CommandError(f"no running `statehouse serve` in {directory} ({state_path(directory)} is missing)")
+        return None
+    if not args.serve_dir and sorted(state["urls"]) != sorted(urls):
+        return None
+    return directory
+
+
+def _restart(args: argparse.Namespace, directory: Path, version: int) -> list[str]:
+    """Ask the ``serve`` in ``directory`` to restart the set with ``args.to`` replicas at topology
+    ``version`` (SIGHUP), and wait until it reports them ready."""
+    state = read_state(directory) or {}
+    path = state_path(directory)
+    temporary = path.with_suffix(".request")
+    request = {"requested_replicas": args.to, "requested_version": version, "status": "requested"}
+    temporary.write_text(json.dumps({**state, **request}))
+    os.replace(temporary, path)
+    os.kill(int(state["pid"]), signal.SIGHUP)
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        now = read_state(directory)
+        if now is None:
+            raise CommandError(f"`statehouse serve` in {directory} stopped while restarting the set")
+        if now.get("status") == "ready" and now.get("replicas") == args.to:
+            return list(now["urls"])
+        time.sleep(0.2)
+    raise CommandError(
+        f"the set did not restart with {args.to} replicas within {args.wait:.0f}s: see the replicas' logs"
+    )
+
+
+def _finish(args: argparse.Namespace, plan: dict[str, Any], plan_path: Path, urls: list[str]) -> int:
+    """Restore every job of the plan on the new set, verify it, and drop the plan."""
+    if not args.urls:
+        args.urls = ",".join(urls)
+    with open_client(args) as sh:
+        shown = sh.topology()
+        first = shown[0]
+        if (
+            first["set_id"] != plan["set_id"]
+            or first["replica_count"] != plan["to"]
+            or first["version"] <= plan["version"]
+        ):
+            raise CommandError(
+                f"the replicas are {first['replica_count']} of set {first['set_id']!r} at topology version "
+                f"{first['version']}; the plan needs {plan['to']} of {plan['set_id']!r} above version "
+                f"{plan['version']}: "
+                f"restart them with STATEHOUSE_REPLICA_COUNT={plan['to']} STATEHOUSE_ADOPT_TOPOLOGY=1 "
+                f"STATEHOUSE_TOPOLOGY_VERSION={plan['version'] + 1}",
+                EXIT_OPERATOR,
+            )
+        results = {}
+        for name, expected in plan["jobs"].items():
+            job = JobClient(sh.replicas, name, expected["max_parallelism"])
+            restore = functools.partial(CheckpointCoordinator(job, timeout=args.wait).restore, plan["savepoint"])
+            waiting(args, f"restore of job {name}", restore)
+            results[name] = _verify(sh, job, expected)
+    plan_path.unlink(missing_ok=True)
+    document = {
+        "status": "done",
+        "from": plan["from"],
+        "to": plan["to"],
+        "savepoint": plan["savepoint"],
+        "jobs": results,
+    }
+    document["urls"] = sh.replicas.urls
+    lines = [f"rescaled {plan['from']} -> {plan['to']} replicas from savepoint {plan['savepoint']}, verified:"]
+    lines += [f"  {name}: ranges {r['key_group_ranges']}, keys {r['keys']}" for name, r in results.items()]
+    lines.append(f"restart the writers with STATEHOUSE_URLS={','.join(sh.replicas.urls)}")
+    emit(args, document, lines)
+    return 0
+
+
+def _verify(sh: StatehouseClient, job: JobClient, expected: dict[str, Any]) -> dict[str, Any]:
+    """Each replica holds exactly its range of the new layout, and the key counts are the savepoint's."""
+    count = len(sh.replicas)
+    ranges = []
+    for index, info in enumerate(job.infos()):
+        owned = KeyGroupRange.for_operator(job.max_parallelism, count, index)
+        got = info["key_group_range"]
+        if (info["replica_index"], info["replica_count"], got) != (index, count, [owned.start, owned.end]):
+            raise CommandError(
+                f"job {job.name!r} on {sh.replicas[index].url} is replica {info['replica_index']} of "
+                f"{info['replica_count']} with key groups {got}, not {index} of {count} with {[owned.start, owned.end]}"
+            )
+        ranges.append(got)
+    keys = _key_counts(job)
+    if keys != expected["keys"]:
+        raise CommandError(
+            f"job {job.name!r}: key counts {keys} after the restore, {expected['keys']} in the savepoint"
+        )
+    return {"key_group_ranges": ranges, "keys": keys}
+
+
+def _write_plan(path: Path, plan: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(plan, indent=1))
+    os.replace(temporary, path)
+
+
+def _read_plan(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CommandError(f"no rescale plan at {path}: start the rescale without --resume", 2) from None
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"the rescale plan {path} cannot be read: {exc}") from None

@@ -1,0 +1,51 @@
+"""``statehouse restore JOB --checkpoint N | --latest``: every replica replaces the job's state with its
+own key groups of global checkpoint or savepoint N (written under any replica count). Stop the
+job's writers first."""
+
+from __future__ import annotations
+
+import argparse
+
+from statehouse.client.cli.common import CommandError, connection_options, emit, job_client, open_client, waiting
+from statehouse.client.coordinator import CheckpointCoordinator
+
+
+def add(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "restore",
+        help="restore a job on every replica from a global checkpoint or savepoint",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("job", help="the job's name")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", type=int, metavar="N", help="the checkpoint or savepoint id")
+    which.add_argument("--latest", action="store_true", help="the latest global checkpoint or savepoint")
+    connection_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_client(args) as sh:
+        coordinator = CheckpointCoordinator(job_client(sh, args.job, sh.topology()))
+        checkpoint_id = args.checkpoint
+        if args.latest:
+            latest = coordinator.latest()
+            if latest is None:
+                raise CommandError(f"job {args.job!r} has no global checkpoint: take one with statehouse savepoint")
+            checkpoint_id = latest.checkpoint_id
+        restored = waiting(args, f"restore of job {args.job}", lambda: coordinator.restore(checkpoint_id))
+    replicas = [
+        {"key_group_range": r["key_group_range"], "entries_restored": r["entries_restored"], "parts": r["parts"]}
+        for r in restored
+    ]
+    document = {"job": args.job, "checkpoint_id": checkpoint_id, "replicas": replicas}
+    lines = [f"job {args.job} restored from {restored[0]['kind']} {checkpoint_id} on {len(replicas)} replicas"]
+    lines += [
+        f"  replica {i}: key groups {r['key_group_range'][0]}-{r['key_group_range'][1]}, "
+        f"{r['entries_restored']} entries"
+        for i, r in enumerate(replicas)
+    ]
+    emit(args, document, lines)
+    return 0

@@ -1,0 +1,75 @@
+"""``statehouse status``: the replica set, its topology version, every job's ranges, and each
+job's latest global checkpoint (complete on every replica)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from statehouse.client.cli.common import connection_options, emit, job_client, job_names, open_client
+from statehouse.client.coordinator import CheckpointCoordinator
+from statehouse.client.errors import StatehouseError
+
+
+def add(commands: argparse._SubParsersAction, epilog: str) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="replicas, topology version, jobs, ranges, latest global checkpoint",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    connection_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_client(args) as sh:
+        shown = sh.topology()
+        first = shown[0]
+        jobs = [_job(sh, name, shown) for name in job_names(shown)]
+    replicas = [{"index": s["replica_index"], "url": sh.replicas[i].url} for i, s in enumerate(shown)]
+    document = {
+        "set_id": first["set_id"],
+        "version": first["version"],
+        "replica_count": first["replica_count"],
+        "replicas": replicas,
+        "jobs": jobs,
+    }
+    lines = [
+        f"replica set {first['set_id']}: {first['replica_count']} replicas, topology version {first['version']}",
+        *(f"  replica {r['index']}: {r['url']}" for r in replicas),
+        f"jobs: {len(jobs)}" if jobs else "jobs: none",
+    ]
+    for job in jobs:
+        ranges = " ".join(f"{start}-{end}" for start, end in job["key_group_ranges"])
+        latest = job["latest_checkpoint"]
+        checkpoint = f"{latest['kind']} {latest['checkpoint_id']}" if latest else job.get("checkpoint_error", "none")
+        serving = "" if job["serving"] else "  NOT SERVING (restore it: statehouse restore)"
+        lines.append(
+            f"  {job['job']}: max_parallelism {job['max_parallelism']}, key groups {ranges}, "
+            f"latest global checkpoint: {checkpoint}{serving}"
+        )
+    emit(args, document, lines)
+    return 0
+
+
+def _job(sh: Any, name: str, shown: list[dict[str, Any]]) -> dict[str, Any]:
+    """One job across the replicas: its range on each (``None`` where a replica lacks it)."""
+    records = [next((j for j in info["jobs"] if j["job"] == name), None) for info in shown]
+    job: dict[str, Any] = {
+        "job": name,
+        "max_parallelism": next(r["max_parallelism"] for r in records if r is not None),
+        "key_group_ranges": [r["key_group_range"] if r else None for r in records],
+        "serving": all(r is not None and r["serving"] for r in records),
+        "latest_checkpoint": None,
+    }
+    if job["serving"]:
+        try:
+            latest = CheckpointCoordinator(job_client(sh, name, shown)).latest()
+        except StatehouseError as exc:
+            job["checkpoint_error"] = f"unknown ({exc})"
+        else:
+            if latest is not None:
+                job["latest_checkpoint"] = {"checkpoint_id": latest.checkpoint_id, "kind": latest.kind}
+    return job
