@@ -8,7 +8,7 @@ SERVER := $(VENV)/.server-installed
 DEV := $(VENV)/.dev-installed
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: setup run test lint typecheck clean
+.PHONY: setup run test test-fast lint typecheck clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(DEV)
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python -m pytest -q
+
+# For iteration: no Spark, no browser, none of the slow tests (markers in pyproject.toml).
+test-fast: $(DEV)
+	$(BIN)/python -m pytest -q -m "not spark and not slow and not browser"
 
 lint: $(DEV)
 	$(BIN)/ruff check .

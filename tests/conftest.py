@@ -5,6 +5,41 @@ import pytest
 from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
 from statehouse.checkpointing.manager import CheckpointManager
 
+# The markers (pyproject.toml) of what a test needs, from the fixtures it requests or the
+# harness its module imports: every file sets them (``pytestmark``); this adds any it forgot,
+# so ``-m "not spark and not slow and not browser"`` never runs a Spark or browser test by mistake.
+_MARKER_OF_FIXTURE = {
+    "server": "http",
+    "http": "http",
+    "two_replicas": "http",
+    "own_replicas": "http",
+    "spark": "spark",
+    "s3_server": "s3",
+    "s3_location": "s3",
+    "chromium": "browser",
+}
+_MARKER_OF_NAME = {
+    "start_server": "http",
+    "start_two_replicas": "http",
+    "ServerProcess": "http",
+    "local_spark": "spark",
+    "SeaweedS3": "s3",
+}
+
+
+def needed_markers(item: pytest.Item) -> set[str]:
+    fixtures = getattr(item, "fixturenames", ())
+    needs = {marker for fixture, marker in _MARKER_OF_FIXTURE.items() if fixture in fixtures}
+    module = getattr(item, "module", None)
+    names = vars(module) if module is not None else {}
+    return needs | {marker for name, marker in _MARKER_OF_NAME.items() if name in names}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in needed_markers(item) - {m.name for m in item.iter_markers()}:
+            item.add_marker(marker)
+
 
 @pytest.fixture(params=["heap", "rocksdb"])
 def backend(request):

@@ -12,6 +12,8 @@ import urllib3
 from harness.server import start_server
 from statehouse.app.access_log import QuietDataPlane
 
+pytestmark = [pytest.mark.http]
+
 ARROW = {"content-type": "application/vnd.apache.arrow.stream"}
 
 

@@ -13,6 +13,8 @@ from harness.server import start_server
 from tests.test_columns_hostile import MB, arrow, peak_growth, post, problem
 from tests.test_columns_hostile import fresh_server as fresh_server  # a fixture: used by name
 
+pytestmark = [pytest.mark.http]
+
 ELEMENT = "x" * 1_000_000  # one list element: 1 MB (the value limit is 1 MiB)
 BIG_LIST = [ELEMENT] * 16  # 16 MB stored: just under STATEHOUSE_MAX_LIST_BYTES
 

@@ -7,6 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = [pytest.mark.http]
+
 MSGPACK = "application/msgpack"
 
 

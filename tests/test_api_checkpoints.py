@@ -9,6 +9,8 @@ import pytest
 
 from harness.server import start_server
 
+pytestmark = [pytest.mark.http]
+
 
 def wait_status(http, job, checkpoint_id, statuses=("uploaded", "completed"), timeout=20):
     deadline = time.monotonic() + timeout

@@ -6,6 +6,8 @@ import math
 import pyarrow as pa
 import pytest
 
+pytestmark = [pytest.mark.http]
+
 ARROW = "application/vnd.apache.arrow.stream"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from harness.server import start_server
 
+pytestmark = [pytest.mark.http]
+
 ADD = {"op": "add", "state": "total", "key": "u"}
 
 

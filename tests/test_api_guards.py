@@ -8,6 +8,8 @@ import pytest
 from harness.server import start_server
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 
+pytestmark = [pytest.mark.http]
+
 TOKEN = "s3cret-token"
 LIMITS = {
     "STATEHOUSE_MAX_VALUE_BYTES": "1000",

@@ -5,6 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+pytestmark = [pytest.mark.http]
+
 
 @pytest.fixture
 def job(http, job_name):

@@ -17,6 +17,8 @@ import pytest
 from harness.server import start_server
 from tests.test_columns_hostile import peak_growth
 
+pytestmark = [pytest.mark.http]
+
 ADMIN, ALL, JOB_A = "admin-token", "every-job-token", "job-a-token"
 FROM_FILE = "file-token-of-b"
 ARROW = "application/vnd.apache.arrow.stream"

@@ -24,6 +24,8 @@ from bench import (
     timers,
 )
 
+pytestmark = [pytest.mark.s3, pytest.mark.spark, pytest.mark.slow]
+
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
 TINY_BATCH = ["--runs", "1", "--count", "200", "--keys", "200", "--batch-sizes", "100", "--clients", "1,2"]

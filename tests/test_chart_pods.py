@@ -32,6 +32,8 @@ from harness.s3server import ACCESS_KEY, SECRET_KEY
 from harness.server import free_port, stop_process
 from tests.test_shipping import render as render_with
 
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "statehouse"
 README = CHART / "README.md"

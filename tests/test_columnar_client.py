@@ -21,6 +21,8 @@ from statehouse.client.columns import Columns
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import BatchContext, exactly_once, with_state_arrow, with_state_pandas
 
+pytestmark = [pytest.mark.http]
+
 STATES = {
     "total": {"kind": "reducing", "function": "sum", "value_type": "float64"},
     "count": {"kind": "reducing", "function": "count"},
@@ -390,6 +392,7 @@ def test_a_replay_reads_and_refuses_to_write(job):
 # -- Spark: mapInPandas and mapInArrow under exactly_once ---------------------------------------
 
 
+@pytest.mark.spark
 def test_map_in_pandas_and_map_in_arrow_update_state_exactly_once(spark, client, job):
     config = ClientConfig.of([r.url for r in job.replicas])
     events = [(f"user-{i % 30}", float(i)) for i in range(300)]

@@ -49,6 +49,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
 ARROW = "application/vnd.apache.arrow.stream"
 MSGPACK = "application/msgpack"
 EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "25"))

@@ -25,6 +25,8 @@ import pytest
 
 from harness.server import start_server
 
+pytestmark = [pytest.mark.http]
+
 ARROW = "application/vnd.apache.arrow.stream"
 MB = 1 << 20
 INT64_MAX = 2**63 - 1

@@ -26,6 +26,8 @@ import pytest
 from harness.server import ServerProcess, start_server
 from tests.test_api_checkpoints import wait_status
 
+pytestmark = [pytest.mark.http]
+
 VOLUME_MB = 48
 RESERVE = 8 << 20
 JOB = "/v1/jobs/j"

@@ -37,6 +37,8 @@ import pytest
 
 from harness.server import REPO, free_port, start_server, start_two_replicas
 
+pytestmark = [pytest.mark.http]
+
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUN = {"sh": "bash", "bash": "bash", "python": "python"}
 NOT_CODE = {"json", "mermaid", "yaml", ""}  # data, diagrams and layouts: shown, not run

@@ -2,7 +2,11 @@
 
 import re
 
+import pytest
+
 from harness.server import REPO
+
+pytestmark = [pytest.mark.http]
 
 
 def first_example() -> str:

@@ -23,6 +23,8 @@ import pytest
 
 from harness.server import start_server
 
+pytestmark = [pytest.mark.http]
+
 TOKEN = "docs-test-token"
 BROWSER_TIMEOUT = 90  # seconds for one page; a render takes a few
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -164,6 +166,7 @@ def test_swagger_ui_keeps_authorization(server):
 # -- a real browser without the internet -------------------------------------------------------------
 
 
+@pytest.mark.browser
 def test_swagger_ui_renders_offline(server, openapi, chromium, tmp_path):
     dom, requests = render(chromium, server.url + "/docs", tmp_path / "docs")
     ops = operations(openapi)
@@ -181,6 +184,7 @@ def test_swagger_ui_renders_offline(server, openapi, chromium, tmp_path):
     )
 
 
+@pytest.mark.browser
 def test_redoc_renders_offline(server, openapi, chromium, tmp_path):
     dom, requests = render(chromium, server.url + "/redoc", tmp_path / "redoc")
     ops = operations(openapi)

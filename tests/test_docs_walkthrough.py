@@ -9,6 +9,8 @@ import pytest
 
 from harness.server import REPO, start_server
 
+pytestmark = [pytest.mark.http]
+
 
 def walkthrough() -> str:
     text = (REPO / "docs/checkpoints.md").read_text()

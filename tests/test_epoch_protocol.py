@@ -10,6 +10,8 @@ from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH
 from statehouse.backends.names import NAME_PATTERN
 from tests.test_columns_hostile import arrow, post, problem
 
+pytestmark = [pytest.mark.http]
+
 
 @pytest.fixture
 def job(http, job_name):

@@ -25,6 +25,8 @@ import pytest
 from harness.server import REPO
 from statehouse.client import StatehouseClient
 
+pytestmark = [pytest.mark.http]
+
 SPARK_DOC = REPO / "docs/spark.md"
 
 
@@ -150,6 +152,8 @@ def documented_job() -> tuple[str, str]:
     return job, command.strip()
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_spark_job_written_from_the_docs_runs_first_time(own_replicas, tmp_path):
     job, command = documented_job()
     urls = re.findall(r'"(http://statehouse-\d:8000)"', job)

@@ -37,6 +37,8 @@ from statehouse.keygroups import (
     operator_index,
 )
 
+pytestmark = [pytest.mark.http]
+
 
 @pytest.fixture(scope="module")
 def vectors() -> dict[str, Any]:

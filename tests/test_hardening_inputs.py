@@ -20,6 +20,8 @@ from harness.server import free_port, start_server
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.snapshots.handles import StreamHandle
 
+pytestmark = [pytest.mark.http]
+
 JSON = {"content-type": "application/json"}
 MSGPACK = {"content-type": "application/msgpack"}
 

@@ -29,6 +29,8 @@ from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
 from statehouse.backends.codec import MAX_DEPTH
 from tests.test_columns_hostile import memory, peak_growth
 
+pytestmark = [pytest.mark.http]
+
 MB = 1 << 20
 SMALL_BODY = 1 * MB  # STATEHOUSE_MAX_BODY_BYTES of the property test's server
 PEAK_MULTIPLE = 8  # docs/operations.md (STATEHOUSE_MAX_BODY_BYTES): peak RSS growth per request <= 8 x max body

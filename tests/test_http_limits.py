@@ -26,6 +26,8 @@ import pytest
 from harness.server import REPO, ServerProcess, free_port, start_server
 from tests.test_columns_hostile import peak_growth
 
+pytestmark = [pytest.mark.http]
+
 LIMITS = {
     "STATEHOUSE_BACKEND": "heap",
     "STATEHOUSE_MAX_HEADER_BYTES": str(16 << 10),

@@ -12,6 +12,8 @@ import pytest
 
 from harness.server import start_server
 
+pytestmark = [pytest.mark.http]
+
 MAX_JOBS, MAX_STATES, MAX_OPEN = 4, 3, 2
 
 

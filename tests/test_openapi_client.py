@@ -24,6 +24,8 @@ from statehouse.app.openapi import OPERATION_IDS
 from statehouse.app.problems import DEFAULT_PROBLEM_DOCS_URL, STATUS_BY_CODE
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 
+pytestmark = [pytest.mark.http]
+
 PACKAGE = "statehouse_openapi_client"  # the generated package's import name
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 TOKEN = "generated-client-token"

@@ -20,6 +20,8 @@ import pytest
 from harness.server import REPO
 from tests.test_import_graph import CLIENT_FOLDERS, SERVER_FOLDERS
 
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
 SERVER_ONLY = ("fastapi", "uvicorn", "rocksdict", "boto3", "pydantic", "starlette")
 
 

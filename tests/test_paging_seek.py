@@ -24,6 +24,8 @@ from statehouse.backends.job import Job
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 
+pytestmark = [pytest.mark.http]
+
 MSGPACK = "application/msgpack"
 PAGE = 1000
 

@@ -17,6 +17,8 @@ import pytest
 from harness.server import start_server
 from tests.test_api_checkpoints import wait_status
 
+pytestmark = [pytest.mark.http]
+
 KEYS = 400
 VALUE_BYTES = 20_000  # ~8 MB of incompressible values: the restore downloads them for a while
 

@@ -21,6 +21,8 @@ from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
 from tests.test_snapshot_support import dump
 
+pytestmark = [pytest.mark.s3]
+
 BIG = 20 << 20  # three 8 MiB parts
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from harness.server import REPO, start_server
 
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("STATEHOUSE_FUZZ_SEED", "20261123"))

@@ -21,6 +21,8 @@ from statehouse.app.settings import (
     unknown_variables,
 )
 
+pytestmark = [pytest.mark.http]
+
 START_TIMEOUT = 60  # seconds for uvicorn to import the app and give up
 
 BAD = {

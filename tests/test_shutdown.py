@@ -18,8 +18,11 @@ import os
 import signal
 
 import httpx
+import pytest
 
 from harness.server import start_server
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 JOBS = int(os.environ.get("STATEHOUSE_SHUTDOWN_JOBS", "300"))
 

@@ -11,6 +11,8 @@ from statehouse.snapshots.storage.s3 import S3Storage
 from tests.gated import data_sections, gated
 from tests.test_snapshot_support import dump, operator_dump, populate
 
+pytestmark = [pytest.mark.s3]
+
 
 @pytest.mark.parametrize("incremental", [True, False])
 def test_round_trip_on_s3(make_catalog, make_manager, s3_server, s3_location, incremental):
@@ -56,6 +58,7 @@ def test_ranged_reads_and_multipart(s3_server, s3_location):
         storage.read_verified(handle)
 
 
+@pytest.mark.slow
 def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(make_manager, s3_server, s3_location, tmp_path):
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
     job, _ = catalog.create("orders", 128)

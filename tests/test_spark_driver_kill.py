@@ -24,6 +24,8 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from tests.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
 
+pytestmark = [pytest.mark.http, pytest.mark.spark, pytest.mark.slow]
+
 CASES = [("rows", step) for step in STEPS] + [("columnar", s) for s in ("mid-task", "before-commit", "mid-commit")]
 KILL_BATCH = 1  # >= 1: batch 0's begin takes the baseline checkpoint, which before-checkpoint must not hit
 RUN_TIMEOUT = 240.0

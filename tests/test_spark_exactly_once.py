@@ -27,6 +27,8 @@ from tests.test_spark_pipeline import (
     write_files,
 )
 
+pytestmark = [pytest.mark.http, pytest.mark.spark]
+
 FEATURES_SCHEMA = (
     "user_id STRING, batch_id LONG, total_spent DOUBLE, avg_amount DOUBLE, "
     "recent_items ARRAY<STRING>, item_counts MAP<STRING, LONG>"

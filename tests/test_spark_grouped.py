@@ -14,6 +14,8 @@ from statehouse.client.spark import exactly_once, with_state_grouped
 from tests.test_spark_exactly_once import marker_once
 from tests.test_spark_pipeline import event_stream, make_events, write_files
 
+pytestmark = [pytest.mark.http, pytest.mark.spark]
+
 OUTPUT_SCHEMA = "user_id STRING, batch_id LONG, spent DOUBLE, events LONG"
 
 

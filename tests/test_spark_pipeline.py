@@ -15,6 +15,8 @@ from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.pipelines import user_features
 from statehouse.pipelines.streaming import start_json_stream
 
+pytestmark = [pytest.mark.http, pytest.mark.spark]
+
 
 def make_events(seed, files, per_file, users=25):
     rng = random.Random(seed)

@@ -26,6 +26,8 @@ from tests.test_spark_pipeline import (
     write_files,
 )
 
+pytestmark = [pytest.mark.http, pytest.mark.spark]
+
 
 def start_columnar(spark, tmp_path, config, job, **kwargs):
     """The columnar query over ``tmp_path/input`` (the row-wise job's input), to its own

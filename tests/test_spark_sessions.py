@@ -8,9 +8,13 @@ import os
 import random
 from collections import defaultdict
 
+import pytest
+
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once
 from statehouse.pipelines import sessions
+
+pytestmark = [pytest.mark.http, pytest.mark.spark]
 
 GAP = 10_000
 TICK = 10**12  # a last event far ahead: the watermark passes every session's timer

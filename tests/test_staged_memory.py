@@ -12,6 +12,8 @@ import pytest
 from harness.server import start_server
 from tests.test_columns_hostile import MB, memory, problem
 
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
 TIMERS = 10_000
 KEY = "k" * 4000  # 4 KB keys: each fired timer holds ~4 KB three times over
 

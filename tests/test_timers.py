@@ -18,6 +18,8 @@ from statehouse.backends.timers import count_timers, list_timers
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage import open_storage
 
+pytestmark = [pytest.mark.http]
+
 
 def fire(job, to, domain="event", **kwargs):
     """Advance directly; the fired timers as (timestamp, key, ns)."""

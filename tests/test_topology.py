@@ -21,6 +21,8 @@ import pytest
 
 from harness.server import REPO, ServerProcess, free_port, start_server
 
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
 JOB = "orders"
 KEYS = [f"user-{i}" for i in range(40)]
 

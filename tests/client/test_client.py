@@ -14,6 +14,8 @@ from statehouse.client import (
 )
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 
+pytestmark = [pytest.mark.http]
+
 
 @pytest.fixture
 def sh(two_replicas):

@@ -8,6 +8,8 @@ from statehouse.client.attempts import CommitMessage, TaskAttempt, commit_bodies
 from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost, StateBehind
 from statehouse.client.spark import CommitMessages
 
+pytestmark = [pytest.mark.http]
+
 
 @pytest.fixture
 def setup(two_replicas, job_name):

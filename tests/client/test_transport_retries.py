@@ -13,6 +13,8 @@ import pytest
 from statehouse.client import InvalidRequest, StatehouseError, Unavailable
 from statehouse.client.transport import ReplicaConnection
 
+pytestmark = [pytest.mark.http]
+
 PROBLEM = {"code": "not_ready", "status": 503, "detail": "the replica is starting"}
 DROP = "drop"
 
