@@ -2,7 +2,10 @@ import os
 
 import pytest
 
-from statehouse.backends import HeapStore, JobCatalog, ManualClock, RocksDBStore
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import HeapStore
+from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.backends.ttl import ManualClock
 from statehouse.checkpointing.manager import CheckpointManager
 
 # The markers (pyproject.toml) of what a test needs, from the fixtures it requests or the

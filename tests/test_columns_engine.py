@@ -4,9 +4,10 @@ operations one after the other (duplicate keys, TTL expiry and refresh, errors n
 import pyarrow as pa
 import pytest
 
-from statehouse.backends import StateDescriptor, TtlConfig
 from statehouse.backends.columns import ColumnOp, apply_columns
+from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue, KeyNotOwned
+from statehouse.backends.ttl import TtlConfig
 
 EXPIRED_VISIBLE = TtlConfig(100, visibility="return_expired_if_not_cleaned_up", cleanup_incremental_size=0)
 

@@ -8,11 +8,12 @@ import random
 import pyarrow as pa
 import pytest
 
-from statehouse.backends import StateDescriptor, TtlConfig
 from statehouse.backends.codec import decode_value, pack_value
 from statehouse.backends.columnar_codec import pack_column, unpack_column
 from statehouse.backends.columns import ColumnOp, apply_columns
+from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue, StateError
+from statehouse.backends.ttl import TtlConfig
 
 ROWS = 300  # above the size where a put packs the column at once
 LENGTHS = (0, 1, 31, 32, 100, 255, 256, 65_535, 65_536, 70_000)

@@ -5,10 +5,12 @@ result and for the path it took."""
 import pyarrow as pa
 import pytest
 
-from statehouse.backends import StateDescriptor, TtlConfig, attempts
+from statehouse.backends import attempts
 from statehouse.backends.attempts import commit, prepare, run_batch, run_columns
 from statehouse.backends.columns import ColumnOp
+from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.staging import AttemptRef, Winner
+from statehouse.backends.ttl import TtlConfig
 
 
 @pytest.fixture

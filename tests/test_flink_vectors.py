@@ -24,8 +24,9 @@ from harness.flink_vectors import (
     operator_input,
     spread,
 )
-from statehouse.backends import HeapStore, JobCatalog
+from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.codec import encode_value, iter_values
+from statehouse.backends.heap import HeapStore
 from statehouse.backends.operator_state import encode_names, operator_names_row, operator_subtasks_row
 from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, redistribute
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica

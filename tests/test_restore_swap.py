@@ -10,9 +10,12 @@ import time
 
 import pytest
 
-from statehouse.backends import HeapStore, JobCatalog, RocksDBStore, StateDescriptor
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import JobReplaced
+from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits, TooManyStates
+from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage

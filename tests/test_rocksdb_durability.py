@@ -1,6 +1,9 @@
 """RocksDB state survives closing and reopening the backend from its directory."""
 
-from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor, TtlConfig
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.backends.ttl import TtlConfig
 
 
 def test_state_survives_reopen(tmp_path):

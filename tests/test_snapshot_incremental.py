@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from statehouse.backends import JobCatalog, RocksDBStore, StateDescriptor
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.checkpointing.registry import SharedStateRegistry
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.storage import open_storage

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import HeapStore
+from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.local import LocalStorage

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.ttl import TtlConfig
 from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
 from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import dump, operator_dump, populate

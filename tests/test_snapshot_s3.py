@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from statehouse.backends import HeapStore, JobCatalog, RocksDBStore
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import HeapStore
+from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage

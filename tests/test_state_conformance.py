@@ -8,7 +8,7 @@ that the columnar door refused exactly those steps, each with a message, and not
 
 import pytest
 
-from statehouse.backends import StateDescriptor, TtlConfig
+from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
     IncompatibleState,
     InvalidArgument,
@@ -21,6 +21,7 @@ from statehouse.backends.errors import (
     StateNotFound,
     WrongStateKind,
 )
+from statehouse.backends.ttl import TtlConfig
 from statehouse.keygroups import assign_to_key_group
 from tests.doors import DOORS, through
 

@@ -196,7 +196,7 @@ def test_timers_are_not_states(make_catalog):
     job.limits = Limits(max_states_per_job=1)
     register(job, (1, "a"))
     register(job, (1, "a"), domain="processing")
-    from statehouse.backends import StateDescriptor
+    from statehouse.backends.descriptors import StateDescriptor
 
     job.register_state(StateDescriptor("only", "value"))  # the timer tables do not count
     assert set(job.descriptors) == {"only"}
