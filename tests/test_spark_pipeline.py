@@ -12,7 +12,7 @@ import pytest
 from harness.server import start_server
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
-from statehouse.pipelines import user_features
+from statehouse.pipelines import user_features, user_features_columnar
 from statehouse.pipelines.streaming import start_json_stream
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
@@ -101,14 +101,24 @@ def event_stream(spark, tmp_path, for_each_batch):
     )
 
 
-def start_query(spark, tmp_path, config, job, **kwargs):
-    """The user-features query over ``tmp_path/input``, started (not awaited)."""
-    user_features.setup(config, job)
-    return user_features.start(
+# The user-features jobs, row-wise and columnar (mapInPandas), over the same ``tmp_path/input``:
+# each with its own output and Spark checkpoint directories.
+JOBS = {
+    "rows": (user_features, "output", "spark-checkpoint"),
+    "columnar": (user_features_columnar, "columnar-output", "columnar-checkpoint"),
+}
+
+
+def start_query(spark, tmp_path, config, job, path="rows", **kwargs):
+    """The user-features query of ``path`` (``rows`` or ``columnar``) over ``tmp_path/input``,
+    started (not awaited)."""
+    pipeline, output, checkpoint = JOBS[path]
+    pipeline.setup(config, job)
+    return pipeline.start(
         spark,
         input_dir=str(tmp_path / "input"),
-        output_dir=str(tmp_path / "output"),
-        checkpoint_dir=str(tmp_path / "spark-checkpoint"),
+        output_dir=str(tmp_path / output),
+        checkpoint_dir=str(tmp_path / checkpoint),
         config=config,
         job=job,
         **kwargs,
@@ -116,6 +126,7 @@ def start_query(spark, tmp_path, config, job, **kwargs):
 
 
 def run(spark, tmp_path, urls, job, **kwargs):
+    """:func:`start_query`, run until it has caught up."""
     query = start_query(spark, tmp_path, ClientConfig.of(list(urls)), job, **kwargs)
     with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
         query.awaitTermination(240)

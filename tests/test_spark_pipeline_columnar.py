@@ -5,7 +5,6 @@ task failing after its writes and retried, two concurrent attempts of every part
 speculation makes), a replica killed mid-batch. (The driver killed at each step is
 ``test_spark_driver_kill.py``'s, on the protocol both jobs share.)"""
 
-import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -22,34 +21,12 @@ from tests.test_spark_pipeline import (
     make_events,
     reference,
     run,
+    start_query,
     state_of,
     write_files,
 )
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
-
-
-def start_columnar(spark, tmp_path, config, job, **kwargs):
-    """The columnar query over ``tmp_path/input`` (the row-wise job's input), to its own
-    output and Spark checkpoint, started (not awaited)."""
-    user_features_columnar.setup(config, job)
-    return user_features_columnar.start(
-        spark,
-        input_dir=str(tmp_path / "input"),
-        output_dir=str(tmp_path / "columnar-output"),
-        checkpoint_dir=str(tmp_path / "columnar-checkpoint"),
-        config=config,
-        job=job,
-        **kwargs,
-    )
-
-
-def run_columnar(spark, tmp_path, urls, job, **kwargs):
-    """:func:`start_columnar`, run until it has caught up."""
-    query = start_columnar(spark, tmp_path, ClientConfig.of(list(urls)), job, **kwargs)
-    with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
-        query.awaitTermination(240)
-    return query
 
 
 def sink(output):
@@ -100,7 +77,7 @@ def test_columnar_job_equals_the_row_wise_job_and_the_oracle(spark, tmp_path, tw
     # Arrow batches of 16 rows: a user's events span batches, yet the user gets one row.
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
     try:
-        assert run_columnar(spark, tmp_path, urls, columnar_job).exception() is None
+        assert run(spark, tmp_path, urls, columnar_job, path="columnar").exception() is None
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
@@ -125,7 +102,7 @@ def test_a_columnar_task_failing_after_its_writes_is_retried_and_counted_once(sp
         if ctx.batch_id == 1 and ctx.attempt.partition == 0 and marker_once(marker):
             raise RuntimeError("injected task failure after its columnar writes")
 
-    query = run_columnar(spark, tmp_path, urls, job_name, on_partition=fail_first_attempt)
+    query = run(spark, tmp_path, urls, job_name, path="columnar", on_partition=fail_first_attempt)
     assert query.exception() is None and os.path.exists(marker)  # Spark retried the task
     check_against_oracle(urls, job_name, batches)
     assert_same_rows(sink(tmp_path / "columnar-output"), oracle_sink(batches))
@@ -165,7 +142,7 @@ def test_a_replica_killed_mid_columnar_batch_fails_the_batch_loudly_and_it_is_re
     spark, tmp_path, tmp_path_factory, own_replicas, job_name, restore, caplog
 ):
     def start(config, on_partition):
-        return start_columnar(spark, tmp_path, config, job_name, on_partition=on_partition)
+        return start_query(spark, tmp_path, config, job_name, path="columnar", on_partition=on_partition)
 
     batches = make_events(24 + restore, files=3, per_file=120, users=20)
     kill_a_replica_mid_batch(start, own_replicas, tmp_path, tmp_path_factory, job_name, batches, restore, caplog)

@@ -13,6 +13,7 @@ import pytest
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once
 from statehouse.pipelines import sessions
+from tests.test_spark_exactly_once import marker_once
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -54,14 +55,6 @@ def reference(batches):
                 count = 1
         found.add((user, start, end, count))
     return found
-
-
-def marker_once(path):
-    try:
-        with open(path, "x"):
-            return True
-    except FileExistsError:
-        return False
 
 
 def run(spark, tmp_path, urls, job, batches, **options):
