@@ -51,14 +51,18 @@ class ServerProcess:
 def start_server(
     workdir: Path,
     env: dict[str, str] | None = None,
-    timeout: float = 20,
+    timeout: float = 120,
     port: int | None = None,
     probe: str = "/readyz",
 ) -> ServerProcess:
     """Run the server (``python -m statehouse.app.serve``: uvicorn with the HTTP limits) with
     ``STATEHOUSE_*`` settings from ``env``, on ``port`` (a free one by default; pass a stopped
     server's port to restart it in place); returns once ``probe`` answers 200 (``/healthz`` for a
-    server expected to start not ready)."""
+    server expected to start not ready).
+
+    ``timeout`` is a ceiling for a process that is still starting: on a loaded machine (a whole
+    suite on 2 cores, three replicas at once) a start took over 20 s; a process that exits
+    fails at once, with its log."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     full_env = {
@@ -83,9 +87,9 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(server.url + probe, timeout=1).status_code == 200:
+            if httpx.get(server.url + probe, timeout=5).status_code == 200:
                 return server
-        except httpx.TransportError:
+        except httpx.TransportError:  # not listening yet, or too busy to answer in time
             pass
         time.sleep(0.1)
     server.stop(signal.SIGKILL)
