@@ -22,7 +22,7 @@ from harness.server import REPO, start_server
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
-EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "10"))
 SEED = int(os.environ.get("STATEHOUSE_FUZZ_SEED", "20261123"))
 TOKEN = "fuzz-token"
 # Every check schemathesis has but one: positive_data_acceptance expects 2xx for any schema-valid
