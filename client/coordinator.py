@@ -209,11 +209,17 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
+        infos = self.recover(anchor)
+        return BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
+
+    def recover(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
+        """Undo a commit a dead driver left half done (a replica committed an epoch other than the
+        anchor's): every replica is restored to the anchor. Returns every replica's job info."""
         infos = self.job.infos()  # one read for both epochs (a round trip per micro-batch)
         if any(info["committed_epoch"] != anchor.metadata["epoch"] for info in infos):
             self.restore(anchor.checkpoint_id)
             infos = self.job.infos()  # the restore moved the writer epochs
-        return BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
+        return infos
 
     def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
         """Commit the winning attempts on every replica, then checkpoint the batch."""

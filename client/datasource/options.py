@@ -1,0 +1,61 @@
+"""The data source's options, read once on the driver (and pickled to executors with the reader or
+writer), and the one error type every refusal surfaces as."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from statehouse.client.config import ClientConfig
+from statehouse.client.errors import StatehouseError
+
+WRITE_OPS = ("put", "add", "map_put", "clear")
+
+
+class SourceError(Exception):
+    """What Spark shows when the data source refuses: one line, saying what to fix."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    config: ClientConfig
+    job: str
+    state: str
+    op: str | None  # writes only
+    partitions_per_replica: int  # reads: input partitions per replica (its key groups, split evenly)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
+        given = {k.lower(): v for k, v in options.items()}
+        missing = [name for name in ("urls", "job", "state") if not given.get(name)]
+        if missing:
+            raise SourceError(
+                f"format('statehouse') needs .option({missing[0]!r}, ...): urls (the replicas' URLs, comma-separated, "
+                "in replica-index order), job and state"
+            )
+        if "checkpoint" in given:
+            raise SourceError(
+                "option('checkpoint') (reading a checkpoint from checkpoint storage) is not supported yet: read the "
+                "live replicas, or restore the checkpoint into a deployment and read that"
+            )
+        for unsupported in ("timers", "operator", "what"):
+            if unsupported in given:
+                raise SourceError(f"option({unsupported!r}) is not supported yet: the source reads keyed states")
+        op = given.get("op")
+        if writing and op not in WRITE_OPS:
+            raise SourceError(f"writing needs .option('op', ...), one of {', '.join(WRITE_OPS)}; got {op!r}")
+        try:
+            splits = int(given.get("partitions_per_replica", "1"))
+            config = ClientConfig.of(
+                given["urls"], token=given.get("token") or None, timeout=float(given.get("timeout", "60"))
+            )
+        except ValueError as exc:
+            raise SourceError(f"bad option: {exc}") from None
+        if splits < 1:
+            raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
+        return cls(config, given["job"], given["state"], op, splits)
+
+
+def refusal(exc: StatehouseError, doing: str) -> SourceError:
+    """A Statehouse problem as the data source's error: its detail, and what was being done."""
+    return SourceError(f"statehouse: {doing}: {exc}")

@@ -1,0 +1,214 @@
+"""The ``statehouse`` data source and its reader: a keyed state as a DataFrame, read from the live
+replicas through their scan endpoint (``GET /v1/jobs/{job}/states/{state}/scan``, Arrow pages).
+
+One input partition per replica and key-group sub-range; each reads its pages one after the other
+(bounded by the server), so no task holds more than a page. Filters on ``key`` (``=``, ``IN``)
+become point reads on the keys' owners; filters on ``key_group`` narrow the partitions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from statehouse.client.client import StatehouseClient
+from statehouse.client.datasource.options import SourceError, SourceOptions, refusal
+from statehouse.client.errors import StatehouseError
+from statehouse.client.transport import ReplicaConnection
+from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+
+NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
+PAGE_ROWS = 10_000
+MAX_KEYS = 1_000  # keys per point-read request (the server's limit)
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """What the driver learns of the job once: enough to plan partitions and route keys."""
+
+    max_parallelism: int
+    replica_count: int
+    key_type: str
+    schema: pa.Schema
+
+
+def connect(options: SourceOptions, replica: int) -> ReplicaConnection:
+    config = options.config
+    return ReplicaConnection(
+        config.urls[replica], token=config.token, timeout=config.timeout, retries=config.retries, backoff=config.backoff
+    )
+
+
+def scan_path(options: SourceOptions) -> str:
+    return f"/v1/jobs/{options.job}/states/{options.state}/scan"
+
+
+def read_pages(connection: ReplicaConnection, path: str, params: dict[str, Any]) -> Iterator[pa.Table]:
+    """Every page of one scan, following its cursor; the pages without their metadata."""
+    cursor = None
+    while True:
+        query = {**params, **({"cursor": cursor} if cursor else {})}
+        answer = connection.request("GET", path, idempotent=True, params=query)
+        table = pa.ipc.open_stream(answer.content).read_all()
+        following = (table.schema.metadata or {}).get(NEXT_CURSOR)
+        yield table.replace_schema_metadata(None)
+        if following is None:
+            return
+        cursor = following.decode()
+
+
+def describe(options: SourceOptions) -> StateLayout:
+    """The job's layout and the state's Arrow schema (a one-row page of replica 0 has it)."""
+    try:
+        with StatehouseClient(options.config) as client:
+            job = client.job(options.job)
+            key_type = job.key_type(options.state)
+            connection = client.replicas[0]
+            page = next(read_pages(connection, scan_path(options), {"limit": 1}))
+            return StateLayout(job.max_parallelism, len(job.replicas), key_type, page.schema)
+    except StatehouseError as exc:
+        raise refusal(exc, f"reading state {options.state!r} of job {options.job!r}") from None
+
+
+class StatehouseDataSource(DataSource):
+    """``spark.dataSource.register(StatehouseDataSource)``, then ``format("statehouse")`` with the
+    options ``urls``, ``job``, ``state`` (and ``op`` to write). See docs/spark.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "statehouse"
+
+    def _layout(self) -> StateLayout:
+        layout = getattr(self, "_known", None)
+        if layout is None:
+            layout = self._known = describe(SourceOptions.parse(self.options))
+        return layout
+
+    def schema(self) -> StructType:
+        return from_arrow_schema(self._layout().schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StatehouseReader(SourceOptions.parse(self.options), self._layout())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from statehouse.client.datasource.writer import BatchWriter
+
+        return BatchWriter(SourceOptions.parse(self.options, writing=True), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from statehouse.client.datasource.writer import StreamWriter
+
+        return StreamWriter(SourceOptions.parse(self.options, writing=True), schema)
+
+
+class ScanPartition(InputPartition):
+    """Replica ``replica``'s key groups ``start``..``end``; with ``keys``, only those keys' rows."""
+
+    def __init__(self, replica: int, start: int, end: int, keys: list[Any] | None = None) -> None:
+        super().__init__((replica, start, end))
+        self.replica, self.start, self.end, self.keys = replica, start, end, keys
+
+
+class StatehouseReader(DataSourceReader):
+    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
+        self.options, self.layout = options, layout
+        self.first, self.last = 0, layout.max_parallelism - 1  # the key groups filters leave
+        self.keys: set[Any] | None = None  # the keys filters leave (None: every key)
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            column = getattr(f, "attribute", None)  # every filter but Not names its column
+            if column == ("key",) and isinstance(f, EqualTo | In):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                self.keys = wanted if self.keys is None else self.keys & wanted
+            elif column == ("key_group",) and isinstance(f, EqualTo | GreaterThan | GreaterThanOrEqual):
+                low = f.value + 1 if isinstance(f, GreaterThan) else f.value
+                self.first = max(self.first, low)
+                if isinstance(f, EqualTo):
+                    self.last = min(self.last, f.value)
+            elif column == ("key_group",) and isinstance(f, LessThan | LessThanOrEqual):
+                self.last = min(self.last, f.value - 1 if isinstance(f, LessThan) else f.value)
+            else:
+                yield f
+
+    def partitions(self) -> Sequence[InputPartition]:
+        layout = self.layout
+        if self.keys is not None:
+            return self._key_partitions(sorted(self.keys, key=repr))
+        found: list[InputPartition] = []
+        for replica in range(layout.replica_count):
+            owned = KeyGroupRange.for_operator(layout.max_parallelism, layout.replica_count, replica)
+            start, end = max(owned.start, self.first), min(owned.end, self.last)
+            if start > end:
+                continue
+            splits = min(self.options.partitions_per_replica, end - start + 1)
+            for part in range(splits):
+                sub = KeyGroupRange.for_operator(end - start + 1, splits, part)
+                found.append(ScanPartition(replica, start + sub.start, start + sub.end))
+        return found or [ScanPartition(0, 0, -1, [])]
+
+    def _key_partitions(self, keys: list[Any]) -> list[InputPartition]:
+        """One partition per owner of the keys (those in the key-group range filters leave)."""
+        layout = self.layout
+        by_owner: dict[int, list[Any]] = {}
+        for key in keys:
+            try:
+                group = assign_to_key_group(key, layout.key_type, layout.max_parallelism)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue  # no key of this state's type: no row
+            if self.first <= group <= self.last:
+                owner = operator_index(layout.max_parallelism, layout.replica_count, group)
+                by_owner.setdefault(owner, []).append(key)
+        found: list[InputPartition] = [
+            ScanPartition(owner, self.first, self.last, owned) for owner, owned in sorted(by_owner.items())
+        ]
+        return found or [ScanPartition(0, 0, -1, [])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScanPartition)
+        if partition.start > partition.end:
+            return
+        connection = connect(self.options, partition.replica)
+        owned = KeyGroupRange.for_operator(self.layout.max_parallelism, self.layout.replica_count, partition.replica)
+        base = {
+            "key_group_start": max(partition.start, owned.start),
+            "key_group_end": min(partition.end, owned.end),
+            "limit": PAGE_ROWS,
+        }
+        requests = (
+            [base]
+            if partition.keys is None
+            else [
+                {**base, "key": [str(k) for k in partition.keys[i : i + MAX_KEYS]]}
+                for i in range(0, len(partition.keys), MAX_KEYS)
+            ]
+        )
+        try:
+            for params in requests:
+                for page in read_pages(connection, scan_path(self.options), params):
+                    yield from page.to_batches()
+        except StatehouseError as exc:
+            raise refusal(exc, f"reading state {self.options.state!r} from {connection.url}") from None
+        finally:
+            connection.close()
+
+
+__all__ = ["SourceError", "StatehouseDataSource"]
