@@ -21,7 +21,7 @@ from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
 from statehouse.client.datasource.writer import BatchWriter
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.http, pytest.mark.spark]
 
 KEYS = 300
 

@@ -6,6 +6,8 @@ import json
 import pyarrow as pa
 import pytest
 
+pytestmark = [pytest.mark.http]
+
 ARROW = "application/vnd.apache.arrow.stream"
 NEXT = b"statehouse.next_cursor"
 

@@ -25,7 +25,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from tests.test_spark_driver_kill import replicas  # noqa: F401  # the fixture: two fresh RocksDB replicas
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.http, pytest.mark.spark, pytest.mark.slow]
 
 KILL_BATCH = 1
 RUN_TIMEOUT = 240.0

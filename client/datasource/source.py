@@ -45,15 +45,19 @@ class StateLayout:
     """What the driver learns of the job once: enough to plan partitions and route keys."""
 
     max_parallelism: int
-    replica_count: int
+    urls: tuple[str, ...]  # urls[i] is replica i, as the client learned them
     key_type: str
     schema: pa.Schema
 
+    @property
+    def replica_count(self) -> int:
+        return len(self.urls)
 
-def connect(options: SourceOptions, replica: int) -> ReplicaConnection:
+
+def connect(options: SourceOptions, url: str) -> ReplicaConnection:
     config = options.config
     return ReplicaConnection(
-        config.urls[replica], token=config.token, timeout=config.timeout, retries=config.retries, backoff=config.backoff
+        url, token=config.token, timeout=config.timeout, retries=config.retries, backoff=config.backoff
     )
 
 
@@ -83,7 +87,7 @@ def describe(options: SourceOptions) -> StateLayout:
             key_type = job.key_type(options.state)
             connection = client.replicas[0]
             page = next(read_pages(connection, scan_path(options), {"limit": 1}))
-            return StateLayout(job.max_parallelism, len(job.replicas), key_type, page.schema)
+            return StateLayout(job.max_parallelism, tuple(client.replicas.urls), key_type, page.schema)
     except StatehouseError as exc:
         raise refusal(exc, f"reading state {options.state!r} of job {options.job!r}") from None
 
@@ -186,7 +190,7 @@ class StatehouseReader(DataSourceReader):
         assert isinstance(partition, ScanPartition)
         if partition.start > partition.end:
             return
-        connection = connect(self.options, partition.replica)
+        connection = connect(self.options, self.layout.urls[partition.replica])
         owned = KeyGroupRange.for_operator(self.layout.max_parallelism, self.layout.replica_count, partition.replica)
         base = {
             "key_group_start": max(partition.start, owned.start),
