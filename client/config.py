@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """``urls[i]`` must be replica ``i`` (e.g. the StatefulSet's pod ``i``)."""
+    """The replicas' URLs, in any order: the client asks each its index (``GET /v1/topology``)
+    before its first job, and learns the others from one URL when the replicas advertise them."""
 
     urls: tuple[str, ...]
     token: str | None = None

@@ -87,6 +87,8 @@ def served(tmp_path_factory):
         assert process.poll() is None, (directory / "serve.out").read_text()
         assert time.monotonic() < deadline, "the set did not start: " + (directory / "serve.out").read_text()
         time.sleep(0.1)
+    announced = json.loads((directory / "serve.out").read_text())  # --json: the set's one document
+    assert announced["urls"] == state["urls"] and announced["replicas"] == 3
     yield Served(directory, process, state["urls"])
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 0, (directory / "serve.out").read_text()
@@ -198,3 +200,24 @@ def test_serve_status_savepoint_restore_rescale(served):
     with StatehouseClient(urls[1]) as sh:
         assert sh.topology()[0]["version"] == 3
         assert values(sh) == oracle
+
+
+def test_rescale_of_a_set_it_does_not_run_says_what_to_do(served, tmp_path):
+    """Without a `statehouse serve` to restart, rescale savepoints, keeps its plan and exits 4
+    with the restart to do; resumed before that restart, it says the set is not there yet."""
+    plan = tmp_path / "plan.json"
+    asked = cli(
+        "rescale", "--all", "--to", "2", "--plan", str(plan), "--json", urls=served.urls[0], code=4, cwd=tmp_path
+    )
+    told = json.loads(asked.stdout)
+    assert told["status"] == "restart_needed" and plan.exists()
+    version = told["plan"]["version"] + 1
+    assert (
+        f"STATEHOUSE_REPLICA_COUNT=2 STATEHOUSE_ADOPT_TOPOLOGY=1 STATEHOUSE_TOPOLOGY_VERSION={version}" in told["next"]
+    )
+    assert f"--set topologyVersion={version}" in told["next"] and "statehouse rescale --resume" in told["next"]
+    early = cli("rescale", "--resume", "--plan", str(plan), urls=served.urls[0], code=4, cwd=tmp_path)
+    assert early.stderr.startswith("statehouse rescale: the replicas are 3 of set ")
+    restart = f"STATEHOUSE_REPLICA_COUNT=2 STATEHOUSE_ADOPT_TOPOLOGY=1 STATEHOUSE_TOPOLOGY_VERSION={version}"
+    assert f"restart them with {restart}" in early.stderr
+    assert plan.exists()  # kept until a resumed run verifies the rescale
