@@ -4,6 +4,7 @@ abort gives the memory back. Over real HTTP on both backends; peak and held RSS 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import httpx
@@ -18,23 +19,39 @@ TIMERS = 10_000
 KEY = "k" * 4000  # 4 KB keys: each fired timer holds ~4 KB three times over
 
 
-@pytest.fixture
-def staged(server, tmp_path):
-    """A server of the session's backend to itself (RSS measured), with 1,000 timers per key
-    prefix registered, and epoch 1 fenced."""
+@contextlib.contextmanager
+def own_server(server, tmp_path, timers: int):
+    """A server of the session's backend to itself (RSS measured), with job ``t``, ``timers``
+    event timers of 4 KB keys registered, and epoch 1 fenced."""
     backend = server.settings["STATEHOUSE_BACKEND"]
     srv = start_server(tmp_path / "staged", {"STATEHOUSE_BACKEND": backend})
-    with httpx.Client(base_url=srv.url + "/v1", timeout=120) as client:
-        client.put("/jobs/t", json={"max_parallelism": 128}).raise_for_status()
-        for start in range(0, TIMERS, 2_000):
-            ops = [
-                {"op": "register_timer", "domain": "event", "key": f"{KEY}{i}", "timestamp": 10}
-                for i in range(start, start + 2_000)
-            ]
-            client.post("/jobs/t/batch", json={"ops": ops}).raise_for_status()
-        client.post("/jobs/t/fence", json={"epoch": 1}).raise_for_status()
-        yield srv, client
-    srv.stop(signal.SIGKILL)
+    try:
+        with httpx.Client(base_url=srv.url + "/v1", timeout=120) as client:
+            client.put("/jobs/t", json={"max_parallelism": 128}).raise_for_status()
+            for start in range(0, timers, 2_000):
+                ops = [
+                    {"op": "register_timer", "domain": "event", "key": f"{KEY}{i}", "timestamp": 10}
+                    for i in range(start, min(start + 2_000, timers))
+                ]
+                client.post("/jobs/t/batch", json={"ops": ops}).raise_for_status()
+            client.post("/jobs/t/fence", json={"epoch": 1}).raise_for_status()
+            yield srv, client
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def staged(server, tmp_path):
+    """:func:`own_server` with 10,000 timers: each advance fires ~120 MB."""
+    with own_server(server, tmp_path, TIMERS) as served:
+        yield served
+
+
+@pytest.fixture
+def fenced(server, tmp_path):
+    """:func:`own_server` without timers (registering 10,000 costs seconds a read test needs not)."""
+    with own_server(server, tmp_path, 0) as served:
+        yield served
 
 
 def advance(client, attempt: str, seq: int = 0):
@@ -78,10 +95,10 @@ def test_staged_advances_are_charged_and_freed_on_abort(staged):
     assert kept < max(0.25 * grown, 64 * MB), (kept, grown)
 
 
-def test_kept_answers_are_charged(staged):
+def test_kept_answers_are_charged(fenced):
     """A task attempt's reads keep their answer for a re-sent request: charged too, and
     replaced (not added) by the attempt's next request."""
-    _srv, client = staged
+    _srv, client = fenced
     client.put("/jobs/t/states/v", json={"kind": "value"}).raise_for_status()
     client.put("/jobs/t/states/v/keys/big", json={"value": "x" * 1_000_000}).raise_for_status()
     read = {"ops": [{"op": "get", "state": "v", "key": "big"}] * 10, "epoch": 1, "partition": 0, "attempt": "r"}
