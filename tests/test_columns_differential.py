@@ -28,7 +28,7 @@ CI runs a few examples per backend (well under a minute for the file). For a lon
 
     STATEHOUSE_FUZZ_EXAMPLES=500 .venv/bin/python -m pytest -q tests/test_columns_differential.py
 
-``STATEHOUSE_FUZZ_EXAMPLES`` sets the number of Hypothesis examples per backend (default 25).
+``STATEHOUSE_FUZZ_EXAMPLES`` sets the number of Hypothesis examples per backend (default 12).
 Examples are derandomized (the same sequences every run); ``STATEHOUSE_FUZZ_SEED`` (an integer)
 mixes another seed into the row contents, to look at other data with the same shapes.
 """
@@ -53,7 +53,7 @@ pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 ARROW = "application/vnd.apache.arrow.stream"
 MSGPACK = "application/msgpack"
-EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("STATEHOUSE_FUZZ_EXAMPLES", "12"))
 SEED_SALT = int(os.environ.get("STATEHOUSE_FUZZ_SEED", "0"))
 
 # -- the states both jobs declare -----------------------------------------------------------
