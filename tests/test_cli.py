@@ -25,6 +25,8 @@ from statehouse.client import StatehouseClient
 from statehouse.client.cli import COMMANDS
 from statehouse.client.cli.serve import read_state
 
+pytestmark = [pytest.mark.http]
+
 CLI = [sys.executable, "-m", "statehouse.client"]
 JOB = "shop"
 KEYS = [f"user-{i}" for i in range(300)]
@@ -120,6 +122,7 @@ def values(sh: StatehouseClient) -> dict[str, Any]:
     return {k: v for k, v in zip(KEYS, sh.job(JOB).value_state("total").get_many(KEYS), strict=True)}
 
 
+@pytest.mark.slow  # two restarts of the set: about a minute
 def test_serve_status_savepoint_restore_rescale(served):
     urls = served.urls
     oracle = {key: i for i, key in enumerate(KEYS)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +283,27 @@ def test_a_rescale_brings_new_and_adopting_replicas_to_one_version(tmp_path):
         server.stop()
     code, lines = run_refused(tmp_path, replica(0, 2, STATEHOUSE_TOPOLOGY_VERSION="2"))
     assert code == 2 and "holds topology version 3, newer than STATEHOUSE_TOPOLOGY_VERSION=2" in lines[0]
+
+
+def test_replica_urls_expand_from_a_template_or_list_each_replica(monkeypatch):
+    from pydantic import ValidationError
+
+    from statehouse.app.settings import Settings
+
+    for name in [k for k in os.environ if k.upper().startswith("STATEHOUSE_")]:
+        monkeypatch.delenv(name)
+    template = Settings(replica_count=3, replica_urls="http://sh-{index}.sh-headless:8000")
+    assert template.replica_url_list == tuple(f"http://sh-{i}.sh-headless:8000" for i in range(3))
+    listed = Settings(replica_count=2, replica_urls="http://a:1/, http://b:2")
+    assert listed.replica_url_list == ("http://a:1", "http://b:2")
+    assert Settings().replica_url_list == ()
+    for value, message in [
+        ("http://a:1,http://b:2", "lists 2 URLs for STATEHOUSE_REPLICA_COUNT=3 replicas: list each one"),
+        (
+            "http://a-{index}:1,http://b:2,http://c:3",
+            "give one URL template with {index}, or a list of URLs without it",
+        ),
+        ("a-{index}:8000", "'a-0:8000' is not http(s)://host[:port]"),
+    ]:
+        with pytest.raises(ValidationError, match=re.escape(f"STATEHOUSE_REPLICA_URLS={value!r}: {message}")):
+            Settings(replica_count=3, replica_urls=value)
