@@ -55,7 +55,9 @@ def source(spark):
 
 def read(spark, urls, job, state, **options):
     reader = spark.read.format(options.pop("format", "statehouse")).option("urls", ",".join(urls))
-    reader = reader.option("job", job).option("state", state)
+    reader = reader.option("job", job)
+    if state is not None:
+        reader = reader.option("state", state)
     for name, value in options.items():
         reader = reader.option(name, value)
     return reader.load()
@@ -310,3 +312,18 @@ def test_the_documented_example_runs_as_written(source, replicas, capsys):
     code = block.code.replace("http://sh-0:8000,http://sh-1:8000", ",".join(replicas))
     exec(compile(code, block.id, "exec"), {"__name__": "__main__"})
     check_output(block, capsys.readouterr().out)
+
+
+def test_timers_read_as_a_table(source, replicas):
+    job = "timed"
+    expected = {(f"k{i}", "string", "w" if i % 2 else "", 1_000 + i) for i in range(60)} | {("-7", "long", "", 5)}
+    with StatehouseClient(replicas) as client:
+        timers = client.create_job(job, 32).timers("event")
+        for key, key_type, ns, timestamp in expected:
+            timers.register(int(key) if key_type == "long" else key, timestamp, ns=ns, key_type=key_type)
+        client.job(job).timers("processing").register("other", 1)
+    rows = read(source, replicas, job, None, timers="event").collect()
+    assert {(r["key"], r["key_type"], r["ns"], r["timestamp"]) for r in rows} == expected
+    assert len(rows) == len(expected)
+    with pytest.raises(Exception, match="one of event, processing; got 'later'"):
+        read(source, replicas, job, None, timers="later").collect()

@@ -10,6 +10,7 @@ from statehouse.client.config import ClientConfig
 from statehouse.client.errors import StatehouseError
 
 WRITE_OPS = ("put", "add", "map_put", "clear")
+TIME_DOMAINS = ("event", "processing")
 
 
 class SourceError(Exception):
@@ -23,22 +24,30 @@ class SourceOptions:
     state: str
     op: str | None  # writes only
     partitions_per_replica: int  # reads: input partitions per replica (its key groups, split evenly)
+    timers: str | None = None  # reads: a time domain's timers instead of a state
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
         given = {k.lower(): v for k, v in options.items()}
-        missing = [name for name in ("urls", "job", "state") if not given.get(name)]
+        timers = given.get("timers")
+        if timers is not None and (writing or timers not in TIME_DOMAINS):
+            raise SourceError(
+                f"option('timers', ...) reads a time domain's timers, one of {', '.join(TIME_DOMAINS)}; got {timers!r}"
+                + (" (timers are read, not written)" if writing else "")
+            )
+        needed = ("urls", "job") if timers is not None else ("urls", "job", "state")
+        missing = [name for name in needed if not given.get(name)]
         if missing:
             raise SourceError(
-                f"format('statehouse') needs .option({missing[0]!r}, ...): urls (the replicas' URLs, comma-separated, "
-                "in replica-index order), job and state"
+                f"format('statehouse') needs .option({missing[0]!r}, ...): urls (the replicas' URLs, comma-separated), "
+                "job, and state (or timers)"
             )
         if "checkpoint" in given:
             raise SourceError(
                 "option('checkpoint') (reading a checkpoint from checkpoint storage) is not supported yet: read the "
                 "live replicas, or restore the checkpoint into a deployment and read that"
             )
-        for unsupported in ("timers", "operator", "what"):
+        for unsupported in ("operator", "what"):
             if unsupported in given:
                 raise SourceError(f"option({unsupported!r}) is not supported yet: the source reads keyed states")
         op = given.get("op")
@@ -53,7 +62,7 @@ class SourceOptions:
             raise SourceError(f"bad option: {exc}") from None
         if splits < 1:
             raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
-        return cls(config, given["job"], given["state"], op, splits)
+        return cls(config, given["job"], given.get("state", ""), op, splits, timers)
 
 
 def refusal(exc: StatehouseError, doing: str) -> SourceError:

@@ -7,6 +7,7 @@ become point reads on the keys' owners; filters on ``key_group`` narrow the part
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,11 +80,25 @@ def read_pages(connection: ReplicaConnection, path: str, params: dict[str, Any])
         cursor = following.decode()
 
 
+TIMERS_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string()),  # int and long keys in decimal: one domain holds every key type
+        pa.field("key_type", pa.string()),
+        pa.field("ns", pa.string()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("key_group", pa.int32()),
+    ]
+)
+TIMER_PAGE = 1_000  # the server's default STATEHOUSE_MAX_PAGE_SIZE
+
+
 def describe(options: SourceOptions) -> StateLayout:
     """The job's layout and the state's Arrow schema (a one-row page of replica 0 has it)."""
     try:
         with StatehouseClient(options.config) as client:
             job = client.job(options.job)
+            if options.timers is not None:
+                return StateLayout(job.max_parallelism, tuple(client.replicas.urls), "string", TIMERS_SCHEMA)
             key_type = job.key_type(options.state)
             connection = client.replicas[0]
             page = next(read_pages(connection, scan_path(options), {"limit": 1}))
@@ -110,7 +125,10 @@ class StatehouseDataSource(DataSource):
         return from_arrow_schema(self._layout().schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return StatehouseReader(SourceOptions.parse(self.options), self._layout())
+        options = SourceOptions.parse(self.options)
+        if options.timers is not None:
+            return TimerReader(options, self._layout())
+        return StatehouseReader(options, self._layout())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from statehouse.client.datasource.writer import BatchWriter
@@ -211,6 +229,40 @@ class StatehouseReader(DataSourceReader):
                     yield from page.to_batches()
         except StatehouseError as exc:
             raise refusal(exc, f"reading state {self.options.state!r} from {connection.url}") from None
+        finally:
+            connection.close()
+
+
+class TimerReader(DataSourceReader):
+    """``option("timers", domain)``: the domain's timers, one partition per replica (its listing)."""
+
+    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
+        self.options, self.layout = options, layout
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(replica) for replica in range(self.layout.replica_count)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        url = self.layout.urls[partition.value]
+        connection = connect(self.options, url)
+        path = f"/v1/jobs/{self.options.job}/timers/{self.options.timers}"
+        cursor = None
+        try:
+            while True:
+                params = {"limit": TIMER_PAGE, **({"cursor": cursor} if cursor else {})}
+                page = json.loads(connection.request("GET", path, idempotent=True, params=params).content)
+                items = page["items"]
+                if items:
+                    columns = {name: [item[name] for item in items] for name in TIMERS_SCHEMA.names}
+                    columns["key"] = [str(k) for k in columns["key"]]
+                    yield pa.RecordBatch.from_pydict(columns, schema=TIMERS_SCHEMA)
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    return
+        except StatehouseError as exc:
+            raise refusal(
+                exc, f"reading the {self.options.timers} timers of job {self.options.job!r} from {url}"
+            ) from None
         finally:
             connection.close()
 
