@@ -42,10 +42,11 @@ AFTER_KILL: dict[str, tuple[int, list[str], list[str] | None]] = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two fresh RocksDB replicas sharing one checkpoint storage, keeping every checkpoint (so the test
-    sees each batch's)."""
+    """Two RocksDB replicas sharing one checkpoint storage, keeping every checkpoint (so the test
+    sees each batch's), for every case: each case has a job of its own (checkpoints, epochs,
+    attempts and retention are per job), and two server starts per case cost ~10% of the file."""
     shared = str(tmp_path_factory.mktemp("checkpoints"))
     servers: list[ServerProcess] = []
     try:
