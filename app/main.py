@@ -29,6 +29,7 @@ from statehouse.app.routers import (
     jobs,
     keyed,
     operators,
+    raw,
     scan,
     timers,
     topology,
@@ -101,6 +102,7 @@ def open_catalog(settings: Settings, layout: ReplicaLayout | None = None) -> Job
             max_states_per_job=settings.max_states_per_job,
             max_map_read_entries=settings.max_map_read_entries,
             max_list_bytes=settings.max_list_bytes,
+            max_raw_stream_bytes=settings.max_raw_stream_bytes,
             max_answer_bytes=settings.max_answer_bytes,
         ),
     )
@@ -231,6 +233,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scan.router,
         timers.router,
         operators.router,
+        raw.router,
         epochs.router,
         checkpoints.router,
         topology.router,

@@ -98,6 +98,14 @@ OPERATION_IDS: dict[str, str] = {
     "get_broadcast": "getBroadcastEntry",
     "put_broadcast": "putBroadcastEntry",
     "remove_broadcast": "removeBroadcastEntry",
+    # raw state
+    "get_raw_stream": "getRawKeyedStream",
+    "put_raw_stream": "putRawKeyedStream",
+    "append_raw_stream": "appendRawKeyedStream",
+    "clear_raw_stream": "clearRawKeyedStream",
+    "get_raw_partitions": "getRawOperatorPartitions",
+    "add_raw_partition": "addRawOperatorPartition",
+    "clear_raw_partitions": "clearRawOperatorPartitions",
     # checkpoints
     "trigger": "triggerCheckpoint",
     "list_checkpoints": "listCheckpoints",
@@ -231,6 +239,16 @@ BROADCAST_LIST = {**errors(*OPERATOR, *PAGED), **msgpack_reply()}
 BROADCAST_READ = {**errors(*OPERATOR, "key_not_found"), **msgpack_reply()}
 BROADCAST_WRITE = errors(*OPERATOR, *VALUES, "key_too_large")
 BROADCAST_REMOVE = errors(*OPERATOR)
+
+OCTET_SCHEMA = {"type": "string", "format": "binary"}
+RAW_KEYED = (*JOB, "invalid_argument", "key_not_owned")  # one key group, this replica's
+RAW_KEYED_READ = errors(*RAW_KEYED, "answer_too_large")
+RAW_KEYED_WRITE = errors(*RAW_KEYED, "raw_stream_too_large")
+RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}
+RAW_KEYED_CLEAR = errors(*RAW_KEYED)
+RAW_OPERATOR_READ = {**errors(*OPERATOR, "answer_too_large"), **msgpack_reply()}
+RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large")
+RAW_OPERATOR_CLEAR = errors(*OPERATOR)
 
 TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)
 LIST_CHECKPOINTS = errors(*PAGED, *CHECKPOINT_STORAGE)

@@ -59,6 +59,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "too_many_states": 422,
     "map_too_large": 413,
     "list_too_large": 413,
+    "raw_stream_too_large": 413,
     "answer_too_large": 413,
     "not_ready": 503,
     "checkpoint_not_found": 404,

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )
     max_list_bytes: int = Field(16 << 20, ge=1, description="largest stored list state of one key, in bytes")
+    max_raw_stream_bytes: int = Field(
+        16 << 20,
+        ge=1,
+        description="largest raw keyed stream of one key group, and largest raw operator state of one subtask "
+        "(its partitions together), in bytes",
+    )
     disk_reserve_bytes: int = Field(
         256 << 20,
         ge=0,

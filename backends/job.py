@@ -35,6 +35,7 @@ from statehouse.backends.keyed import (
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.memory import released
 from statehouse.backends.operator_state import OperatorState
+from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
     COMMITTED_EPOCH_META,
@@ -370,6 +371,15 @@ class JobTransaction:
     def timers(self) -> TimerService:
         """The job's timers in this transaction (made on first use: most transactions have none)."""
         return TimerService(self.job, self._tx)
+
+    @cached_property
+    def raw_keyed(self) -> RawKeyedState:
+        """The job's raw keyed streams in this transaction (``backends/raw_state.py``)."""
+        return RawKeyedState(self.job, self._tx, self.job.limits, self.answer)
+
+    @cached_property
+    def raw_operator(self) -> RawOperatorState:
+        return RawOperatorState(self._tx, self.job.limits, self.answer)
 
     def state(self, name: str) -> KeyedState:
         state = self._states.get(name)

@@ -53,6 +53,10 @@ class ListTooLarge(LimitRefused):
     code = "list_too_large"
 
 
+class RawStreamTooLarge(LimitRefused):
+    code = "raw_stream_too_large"
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_key_bytes: int = 4096
@@ -71,6 +75,9 @@ class Limits:
     # A list is one record that every add appends to (and every read decodes whole), so its
     # stored size is what a write and a read cost; known without decoding, unlike its length.
     max_list_bytes: int = 16 << 20
+    # Raw state (``backends/raw_state.py``) is one record per key group (keyed) or per operator
+    # subtask (operator partitions) that every append rewrites and every read returns whole.
+    max_raw_stream_bytes: int = 16 << 20
     # What one request may read back: the stored bytes of the values its answer carries (a
     # rendered answer is about that size; decoded, a few times more). Counted as rows are read.
     max_answer_bytes: int = 64 << 20
@@ -107,6 +114,15 @@ class Limits:
             f"the list would be {stored_bytes} bytes stored; the limit is {self.max_list_bytes} "
             "(STATEHOUSE_MAX_LIST_BYTES): clear it, keep fewer elements, or spread it over keys"
         )
+
+    def check_raw_stream(self, stored_bytes: int, what: str) -> None:
+        """A raw-state write that would store more than ``max_raw_stream_bytes`` in one record."""
+        if stored_bytes > self.max_raw_stream_bytes:
+            raise RawStreamTooLarge(
+                f"{what} would be {stored_bytes} bytes; the limit is {self.max_raw_stream_bytes} "
+                "(STATEHOUSE_MAX_RAW_STREAM_BYTES): clear it and write less, or keep the data in keyed state",
+                limit=self.max_raw_stream_bytes,
+            )
 
     def check_jobs(self, jobs: int) -> None:
         """Before a replica holding ``jobs`` jobs takes one more."""

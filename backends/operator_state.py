@@ -53,6 +53,18 @@ def decode_names(raw: bytes) -> list[str]:
     return raw.decode().split("/") if raw else []
 
 
+def count_subtask(tx: PartitionTransaction, operator: str, subtask: int, name: str) -> None:
+    """Record that ``subtask`` wrote ``name``: the subtask count, and the subtask's name order."""
+    row = operator_subtasks_row(operator)
+    known = tx.get(META_TABLE, NO_KEY_GROUP, row)
+    if known is None or int(known) <= subtask:
+        tx.put(META_TABLE, NO_KEY_GROUP, row, str(subtask + 1).encode())
+    row = operator_names_row(operator, subtask)
+    names = decode_names(tx.get(META_TABLE, NO_KEY_GROUP, row) or b"")
+    if name not in names:
+        tx.put(META_TABLE, NO_KEY_GROUP, row, encode_names([*names, name]))
+
+
 class OperatorState:
     """Operator state of one job, bound to one transaction."""
 
@@ -92,15 +104,7 @@ class OperatorState:
             )
 
     def _count_subtask(self, operator: str, subtask: int, name: str) -> None:
-        """Record that ``subtask`` wrote ``name``: the subtask count, and the subtask's name order."""
-        row = operator_subtasks_row(operator)
-        known = self._tx.get(META_TABLE, NO_KEY_GROUP, row)
-        if known is None or int(known) <= subtask:
-            self._tx.put(META_TABLE, NO_KEY_GROUP, row, str(subtask + 1).encode())
-        row = operator_names_row(operator, subtask)
-        names = decode_names(self._tx.get(META_TABLE, NO_KEY_GROUP, row) or b"")
-        if name not in names:
-            self._tx.put(META_TABLE, NO_KEY_GROUP, row, encode_names([*names, name]))
+        count_subtask(self._tx, operator, subtask, name)
 
     def name_order(self, operator: str, subtask: int) -> list[str]:
         """The names of ``operator``'s lists ``subtask`` wrote, in the order it first did."""

@@ -20,6 +20,13 @@ TIMER_TABLES = frozenset({EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE})
 # state, as in Flink (timers are, the watermark is not): no snapshot holds it, a restore starts
 # without it, and it is neither a keyed table nor part of the operator-state snapshot.
 TIMER_CLOCK_TABLE = "$timer-clocks"
+# Raw keyed state (``backends/raw_state.py``): one opaque stream per key group, a flat keyed table
+# (so snapshots carry it per key group and restores move it with its key group, as timers).
+RAW_KEYED_TABLE = "$raw-keyed"
+# Raw operator state: rows of LIST_TABLE under this prefix + the operator's name (no user operator
+# name holds "$"), so snapshots carry it with operator state and restores repartition it on its
+# own, as Flink repartitions an operator's raw state apart from its managed state.
+RAW_OPERATOR_PREFIX = "$raw/"
 NON_KEYED_TABLES = frozenset({META_TABLE, LIST_TABLE, BROADCAST_TABLE, TIMER_CLOCK_TABLE})
 NO_KEY_GROUP = 0  # the key group non-keyed tables are stored under
 

@@ -51,6 +51,7 @@ PARAMETERS = {
     "domain": "event",
     "epoch": "1",
     "checkpoint_id": "1",
+    "key_group": "0",
 }
 OPS = {"states": "put", "timers": "register"}  # the columnar routes' {op}
 

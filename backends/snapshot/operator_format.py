@@ -22,6 +22,7 @@ from statehouse.backends.operator_state import (
     operator_names_row,
     operator_subtasks_row,
 )
+from statehouse.backends.raw_state import operator_of
 from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
@@ -144,9 +145,15 @@ def merge_for_replica(
         stored[operator] = max(stored.get(operator, 0), subtask + 1)
     for operator, _name in merged.modes:
         stored.setdefault(operator, 0)
-    for operator in sorted(stored.keys() | recorded.keys()):
-        old = max(stored.get(operator, 0), recorded.get(operator, 0))
-        new = operator_parallelism.get(operator, old)
+    # An operator's raw partitions (a pseudo-operator, ``raw_state``) share its parallelism, as in Flink.
+    counted = stored.keys() | recorded.keys()
+    olds: dict[str, int] = {}
+    for operator in counted:
+        base = operator_of(operator)
+        olds[base] = max(olds.get(base, 0), stored.get(operator, 0), recorded.get(operator, 0))
+    for operator in sorted(counted):
+        old = olds[operator_of(operator)]
+        new = operator_parallelism.get(operator_of(operator), old)
         order = orders.get(operator, {})
         if old:
             merged.lists, order = _redistributed(merged, operator, old, new, order, replica_index, replica_count)

@@ -1,0 +1,100 @@
+"""Raw state: a byte stream per key group (raw keyed state) and byte partitions per operator
+subtask (raw operator state), as ``application/octet-stream`` (``backends/raw_state.py``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Path, Request, Response
+from pydantic import BeforeValidator
+
+from statehouse.app import openapi as doc
+from statehouse.app.dependencies import JobDep
+from statehouse.app.models import canonical_index
+from statehouse.app.offload import OFF_LOOP, in_transaction
+from statehouse.app.routing import api_router
+from statehouse.app.wire import render
+from statehouse.backends.redistribution import MAX_SUBTASKS
+
+router = api_router(prefix="/v1", tags=["raw state"])
+
+OCTETS = "application/octet-stream"
+KEY_GROUP = "/jobs/{job}/raw/key-groups/{key_group}"
+PARTITIONS = "/jobs/{job}/operators/{operator}/subtasks/{index}/raw"
+KeyGroup = Annotated[
+    int,
+    Path(ge=0, le=MAX_SUBTASKS - 1, description="key group, below the job's max_parallelism"),
+    BeforeValidator(canonical_index),
+]
+Index = Annotated[
+    int,
+    Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
+    BeforeValidator(canonical_index),
+]
+
+
+def _body(what: str) -> dict[str, object]:
+    return {"requestBody": {"required": True, "content": {OCTETS: {"schema": doc.OCTET_SCHEMA, "description": what}}}}
+
+
+@router.get(
+    KEY_GROUP,
+    response_class=Response,
+    responses={200: {"content": {OCTETS: {"schema": doc.OCTET_SCHEMA}}}, **doc.RAW_KEYED_READ},
+)
+async def get_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
+    """The key group's raw stream, whole (empty when nothing was written, as Flink's raw keyed
+    input of a key group is)."""
+    stream = await in_transaction(job, lambda tx: tx.raw_keyed.get(key_group), OFF_LOOP)
+    return Response(stream, media_type=OCTETS)
+
+
+@router.put(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_WRITE, openapi_extra=_body("the whole stream"))
+async def put_raw_stream(request: Request, job: JobDep, key_group: KeyGroup) -> Response:
+    """Replace the key group's raw stream (an empty body clears it)."""
+    data = await request.body()
+    await in_transaction(job, lambda tx: tx.raw_keyed.replace(key_group, data), OFF_LOOP)
+    return Response(status_code=204)
+
+
+@router.post(
+    KEY_GROUP + "/append", responses=doc.RAW_KEYED_APPEND, openapi_extra=_body("the part to append to the stream")
+)
+async def append_raw_stream(request: Request, job: JobDep, key_group: KeyGroup) -> Response:
+    """Append a part to the key group's raw stream; answers the stream's new `length`."""
+    data = await request.body()
+    length = await in_transaction(job, lambda tx: tx.raw_keyed.append(key_group, data), OFF_LOOP)
+    return render(request, {"length": length})
+
+
+@router.delete(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_CLEAR)
+async def clear_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
+    await in_transaction(job, lambda tx: tx.raw_keyed.clear(key_group))
+    return Response(status_code=204)
+
+
+@router.get(PARTITIONS, responses=doc.RAW_OPERATOR_READ)
+async def get_raw_partitions(request: Request, job: JobDep, operator: str, index: Index) -> Response:
+    """The subtask's raw partitions in order, `{"partitions": [...]}`: bytes in msgpack
+    (`Accept: application/msgpack`), base64 in JSON."""
+    partitions = await in_transaction(job, lambda tx: tx.raw_operator.partitions(operator, index), OFF_LOOP)
+    return render(request, {"partitions": partitions})
+
+
+@router.post(
+    PARTITIONS + "/partitions",
+    status_code=204,
+    responses=doc.RAW_OPERATOR_WRITE,
+    openapi_extra=_body("one partition, appended after the subtask's others"),
+)
+async def add_raw_partition(request: Request, job: JobDep, operator: str, index: Index) -> Response:
+    """Append one partition (the body) to the subtask's raw operator state."""
+    data = await request.body()
+    await in_transaction(job, lambda tx: tx.raw_operator.add(operator, index, [data]), OFF_LOOP)
+    return Response(status_code=204)
+
+
+@router.delete(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_CLEAR)
+async def clear_raw_partitions(job: JobDep, operator: str, index: Index) -> Response:
+    await in_transaction(job, lambda tx: tx.raw_operator.clear(operator, index))
+    return Response(status_code=204)

@@ -1,0 +1,117 @@
+"""Raw state from the client: a job's byte stream per key group, and byte partitions per
+operator subtask (Flink's raw keyed and raw operator state; ``docs/state-model.md``)::
+
+    from statehouse.client.raw import RawKeyedState, RawOperatorState
+
+    raw = RawKeyedState(job)                      # job: a JobClient
+    raw.update(kg, bloom_filter_bytes)            # on the replica that owns key group kg
+    raw.append(kg, more_bytes)
+    data = raw.get(kg)                            # b"" when nothing was written
+
+    RawOperatorState(job).add("source", subtask, b"partition")
+
+A key group's requests go to the replica owning it (the client's routing, the server's owner
+check); a 421 naming a newer topology makes the client learn the layout and send once more.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from statehouse.client.errors import InvalidRequest, StatehouseError
+from statehouse.keygroups import operator_index
+
+if TYPE_CHECKING:
+    from statehouse.client.job import JobClient
+    from statehouse.client.transport import ReplicaConnection
+
+OCTETS = {"content-type": "application/octet-stream"}
+MSGPACK_ANSWER = {"accept": "application/msgpack"}
+
+
+class RawKeyedState:
+    """The raw keyed streams of one job: one opaque byte stream per key group."""
+
+    def __init__(self, job: JobClient) -> None:
+        self._job = job
+
+    def _send(self, method: str, key_group: int, suffix: str = "", content: bytes | None = None) -> bytes:
+        """One request to the key group's owner, its answer's body; once more after a layout change
+        (a 421 naming a newer topology, or a replica a rescale removed)."""
+        job = self._job
+        if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < job.max_parallelism:
+            raise InvalidRequest(f"key group must be an integer in [0, {job.max_parallelism - 1}]; got {key_group!r}")
+        path = f"/v1/jobs/{job.name}/raw/key-groups/{key_group}{suffix}"
+        replicas = job.replicas
+        for last in (False, True):
+            routed = replicas.version
+            connection = replicas[operator_index(job.max_parallelism, len(replicas), key_group)]
+            try:
+                # An append is not idempotent: re-sent after a lost answer, it would append twice.
+                headers = {**OCTETS, **MSGPACK_ANSWER} if content is not None else None
+                answer = connection.request(
+                    method, path, idempotent=suffix != "/append", content=content, headers=headers
+                )
+                return answer.content
+            except StatehouseError as exc:
+                if last or not replicas.refreshed(exc, routed, connection.url):
+                    raise
+        raise AssertionError("unreachable")
+
+    def get(self, key_group: int) -> bytes:
+        """The key group's stream, whole (``b""`` when nothing was written)."""
+        return self._send("GET", key_group)
+
+    def update(self, key_group: int, data: bytes) -> None:
+        """Replace the key group's stream (``b""`` clears it)."""
+        self._send("PUT", key_group, content=bytes(data))
+
+    def append(self, key_group: int, data: bytes) -> int:
+        """Append a part; returns the stream's new length."""
+        return int(msgpack.unpackb(self._send("POST", key_group, "/append", content=bytes(data)))["length"])
+
+    def clear(self, key_group: int) -> None:
+        self._send("DELETE", key_group)
+
+
+class RawOperatorState:
+    """Raw operator state of one job: per operator and subtask, a list of byte partitions, on the
+    replica the client keeps that subtask's operator state on (``subtask % replicas``)."""
+
+    def __init__(self, job: JobClient) -> None:
+        self._job = job
+
+    def _path(self, operator: str, subtask: int) -> str:
+        return f"/v1/jobs/{self._job.name}/operators/{operator}/subtasks/{subtask}/raw"
+
+    def _replica(self, subtask: int) -> ReplicaConnection:
+        replicas = self._job.replicas
+        return replicas[subtask % len(replicas)]
+
+    def get(self, operator: str, subtask: int) -> list[bytes]:
+        """The subtask's partitions, in order."""
+        answer = self._replica(subtask).request(
+            "GET", self._path(operator, subtask), idempotent=True, headers=MSGPACK_ANSWER
+        )
+        return list(msgpack.unpackb(answer.content, raw=False)["partitions"])
+
+    def add(self, operator: str, subtask: int, partition: bytes) -> None:
+        """Append one partition (not idempotent: not re-sent after a lost answer)."""
+        self._replica(subtask).request(
+            "POST",
+            self._path(operator, subtask) + "/partitions",
+            idempotent=False,
+            content=bytes(partition),
+            headers=OCTETS,
+        )
+
+    def clear(self, operator: str, subtask: int) -> None:
+        self._replica(subtask).request("DELETE", self._path(operator, subtask), idempotent=True)
+
+    def update(self, operator: str, subtask: int, partitions: list[bytes]) -> None:
+        """Replace the subtask's partitions: a clear, then one add each (not one atomic write)."""
+        self.clear(operator, subtask)
+        for partition in partitions:
+            self.add(operator, subtask, partition)
