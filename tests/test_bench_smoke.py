@@ -21,6 +21,7 @@ from bench import (
     map_paging,
     restore,
     spark_columnar,
+    spark_source,
     timers,
 )
 
@@ -143,6 +144,17 @@ def _spark_columnar_quick(spark, paths: list[str]) -> dict:
 def test_spark_columnar_state_apis(spark):
     """Spark 4's transformWithStateInPandas and transformWithState on the RocksDB state store."""
     _spark_columnar_quick(spark, ["tws-pandas", "tws-row"])
+
+
+def test_spark_source(spark):
+    """The data source's bootstrap and full read beside Parquet; the script checks every read."""
+    out = spark_source.main(["--quick"], spark=spark)
+    assert {name: len(r["runs"]) for name, r in out["results"].items()} == {
+        "write": 1,
+        "read": 1,
+        "parquet_write": 1,
+        "parquet_read": 1,
+    }
 
 
 @needs_redis
