@@ -242,11 +242,11 @@ BROADCAST_REMOVE = errors(*OPERATOR)
 
 OCTET_SCHEMA = {"type": "string", "format": "binary"}
 RAW_KEYED = (*JOB, "invalid_argument", "key_not_owned")  # one key group, this replica's
-RAW_KEYED_READ = errors(*RAW_KEYED, "answer_too_large")
+RAW_KEYED_READ = errors(*RAW_KEYED, "key_not_found", "answer_too_large")
 RAW_KEYED_WRITE = errors(*RAW_KEYED, "raw_stream_too_large")
 RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}
 RAW_KEYED_CLEAR = errors(*RAW_KEYED)
-RAW_OPERATOR_READ = {**errors(*OPERATOR, "answer_too_large"), **msgpack_reply()}
+RAW_OPERATOR_READ = {**errors(*OPERATOR, "key_not_found", "answer_too_large"), **msgpack_reply()}
 RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large")
 RAW_OPERATOR_CLEAR = errors(*OPERATOR)
 

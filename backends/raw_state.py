@@ -86,13 +86,14 @@ class RawKeyedState:
             partition.create_table(RAW_KEYED_TABLE, nested=False)  # an empty table: harmless if this rolls back
         return create
 
-    def get(self, key_group: int) -> bytes:
-        """The key group's stream (empty when nothing was written, as Flink's input for it is)."""
+    def get(self, key_group: int) -> bytes | None:
+        """The key group's stream, or ``None`` when nothing was written (Flink's input for it is empty)."""
         key_group = self._key_group(key_group)
         if not self._table(create=False):
-            return b""
-        stream = self._tx.get(RAW_KEYED_TABLE, key_group, _STREAM) or b""
-        self._answer.charge(len(stream))
+            return None
+        stream = self._tx.get(RAW_KEYED_TABLE, key_group, _STREAM)
+        if stream is not None:
+            self._answer.charge(len(stream))
         return stream
 
     def replace(self, key_group: int, data: bytes) -> None:
@@ -137,7 +138,7 @@ class RawOperatorState:
         return encode_fields(raw_operator(operator), DEFAULT_NAME, str(check_subtask(subtask)))
 
     def partitions(self, operator: str, subtask: int) -> list[bytes]:
-        """The subtask's partitions in order (none when nothing was written)."""
+        """The subtask's partitions in order (``[]`` when it holds none)."""
         raw = self._tx.get(LIST_TABLE, NO_KEY_GROUP, self._primary(operator, subtask))
         if raw is None:
             return []

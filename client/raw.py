@@ -62,7 +62,12 @@ class RawKeyedState:
 
     def get(self, key_group: int) -> bytes:
         """The key group's stream, whole (``b""`` when nothing was written)."""
-        return self._send("GET", key_group)
+        try:
+            return self._send("GET", key_group)
+        except StatehouseError as exc:
+            if _absent(exc):
+                return b""
+            raise
 
     def update(self, key_group: int, data: bytes) -> None:
         """Replace the key group's stream (``b""`` clears it)."""
@@ -74,6 +79,10 @@ class RawKeyedState:
 
     def clear(self, key_group: int) -> None:
         self._send("DELETE", key_group)
+
+
+def _absent(exc: StatehouseError) -> bool:
+    return exc.status == 404 and exc.code == "key_not_found"
 
 
 class RawOperatorState:
@@ -91,10 +100,15 @@ class RawOperatorState:
         return replicas[subtask % len(replicas)]
 
     def get(self, operator: str, subtask: int) -> list[bytes]:
-        """The subtask's partitions, in order."""
-        answer = self._replica(subtask).request(
-            "GET", self._path(operator, subtask), idempotent=True, headers=MSGPACK_ANSWER
-        )
+        """The subtask's partitions, in order (``[]`` when it holds none)."""
+        try:
+            answer = self._replica(subtask).request(
+                "GET", self._path(operator, subtask), idempotent=True, headers=MSGPACK_ANSWER
+            )
+        except StatehouseError as exc:
+            if _absent(exc):
+                return []
+            raise
         return list(msgpack.unpackb(answer.content, raw=False)["partitions"])
 
     def add(self, operator: str, subtask: int, partition: bytes) -> None:

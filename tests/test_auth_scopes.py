@@ -121,6 +121,7 @@ def every_family(job: str) -> list[tuple[str, str, dict]]:
     attempts = {"json": {"attempts": []}}
     put_ops = {"json": {"ops": [{"op": "put", "state": "v", "key": "k", "value": "stolen"}]}}
     columns_body = {"content": arrow(key=["k"], value=["stolen"]), "headers": {"content-type": ARROW}}
+    octets = {"content": b"stolen", "headers": {"content-type": "application/octet-stream"}}
     return [
         # jobs
         ("GET", base, {}),
@@ -154,6 +155,14 @@ def every_family(job: str) -> list[tuple[str, str, dict]]:
         ("GET", f"{broadcast}/x", {}),
         ("PUT", f"{broadcast}/x", {"json": {"value": 2}}),
         ("DELETE", f"{broadcast}/x", {}),
+        # raw state, keyed (per key group) and operator (per subtask)
+        ("GET", f"{base}/raw/key-groups/0", {}),
+        ("PUT", f"{base}/raw/key-groups/0", octets),
+        ("POST", f"{base}/raw/key-groups/0/append", octets),
+        ("DELETE", f"{base}/raw/key-groups/0", {}),
+        ("GET", f"{base}/operators/o/subtasks/0/raw", {}),
+        ("POST", f"{base}/operators/o/subtasks/0/raw/partitions", octets),
+        ("DELETE", f"{base}/operators/o/subtasks/0/raw", {}),
         # checkpoints and restore
         ("POST", f"{base}/checkpoints", {"json": {"checkpoint_id": 50}}),
         ("GET", f"{base}/checkpoints", {}),
@@ -180,6 +189,7 @@ def test_a_token_reaches_only_its_jobs_and_a_refusal_changes_nothing(server, adm
     assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "a-1"}
     assert job_a.post("/jobs/a/batch", json={"ops": [{"op": "get", "state": "v", "key": "k"}]}).status_code == 200
     assert job_a.get("/jobs/a/operators/o/subtasks/0/lists/l").status_code == 200
+    assert job_a.get("/jobs/a/raw/key-groups/0").status_code == 200  # raw state: the job's scope, as keyed
 
 
 def test_a_refusal_says_nothing_about_whether_the_job_exists(job_a, admin):

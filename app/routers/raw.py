@@ -12,6 +12,7 @@ from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
 from statehouse.app.models import canonical_index
 from statehouse.app.offload import OFF_LOOP, in_transaction
+from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends.redistribution import MAX_SUBTASKS
@@ -43,9 +44,11 @@ def _body(what: str) -> dict[str, object]:
     responses={200: {"content": {OCTETS: {"schema": doc.OCTET_SCHEMA}}}, **doc.RAW_KEYED_READ},
 )
 async def get_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
-    """The key group's raw stream, whole (empty when nothing was written, as Flink's raw keyed
-    input of a key group is)."""
+    """The key group's raw stream, whole; 404 `key_not_found` when it holds none (the client reads
+    that as an empty stream, as Flink's raw keyed input of such a key group is)."""
     stream = await in_transaction(job, lambda tx: tx.raw_keyed.get(key_group), OFF_LOOP)
+    if stream is None:
+        raise ApiError("key_not_found", f"key group {key_group} of job {job.name!r} holds no raw stream")
     return Response(stream, media_type=OCTETS)
 
 
@@ -76,8 +79,10 @@ async def clear_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
 @router.get(PARTITIONS, responses=doc.RAW_OPERATOR_READ)
 async def get_raw_partitions(request: Request, job: JobDep, operator: str, index: Index) -> Response:
     """The subtask's raw partitions in order, `{"partitions": [...]}`: bytes in msgpack
-    (`Accept: application/msgpack`), base64 in JSON."""
+    (`Accept: application/msgpack`), base64 in JSON; 404 `key_not_found` when it holds none."""
     partitions = await in_transaction(job, lambda tx: tx.raw_operator.partitions(operator, index), OFF_LOOP)
+    if not partitions:
+        raise ApiError("key_not_found", f"operator {operator!r} subtask {index} holds no raw partitions")
     return render(request, {"partitions": partitions})
 
 

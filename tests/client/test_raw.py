@@ -46,4 +46,6 @@ def test_operator_partitions_route_by_subtask(job, two_replicas):
     assert [raw.get("source", s) for s in range(3)] == [[b"0-0"], [b"1-0", b"1-1"], [b"2-0", b"2-1", b"2-2"]]
     path = f"/v1/jobs/{job.name}/operators/source/subtasks/1/raw"
     assert httpx.get(two_replicas[1].url + path).json() == {"partitions": ["MS0w", "MS0x"]}
-    assert httpx.get(two_replicas[0].url + path).json() == {"partitions": []}
+    assert httpx.get(two_replicas[0].url + path).status_code == 404
+    raw.clear("source", 2)
+    assert raw.get("source", 2) == []
