@@ -189,7 +189,9 @@ def test_a_token_reaches_only_its_jobs_and_a_refusal_changes_nothing(server, adm
     assert job_a.get("/jobs/a/states/v/keys/k").json() == {"value": "a-1"}
     assert job_a.post("/jobs/a/batch", json={"ops": [{"op": "get", "state": "v", "key": "k"}]}).status_code == 200
     assert job_a.get("/jobs/a/operators/o/subtasks/0/lists/l").status_code == 200
-    assert job_a.get("/jobs/a/raw/key-groups/0").status_code == 200  # raw state: the job's scope, as keyed
+    raw = {"content": b"own", "headers": {"content-type": "application/octet-stream"}}
+    assert job_a.put("/jobs/a/raw/key-groups/0", **raw).status_code == 204  # raw state: the job's scope, as keyed
+    assert job_a.get("/jobs/a/raw/key-groups/0").content == b"own"
 
 
 def test_a_refusal_says_nothing_about_whether_the_job_exists(job_a, admin):
