@@ -327,3 +327,44 @@ def test_timers_read_as_a_table(source, replicas):
     assert len(rows) == len(expected)
     with pytest.raises(Exception, match="one of event, processing; got 'later'"):
         read(source, replicas, job, None, timers="later").collect()
+
+
+def test_the_sink_writes_past_an_epoch_a_dead_driver_sealed(source, replicas, tmp_path):
+    """A commit that sealed its epoch and died before applying it: the next query's tasks stage
+    under the next epoch, and every micro-batch applies once (a plain-Python oracle)."""
+    job = "sealed"
+    with StatehouseClient(replicas) as client:
+        j = client.create_job(job, 32)
+        j.register("spent", "reducing", function="sum", value_type="float64")
+        MicroBatchCoordinator(j).anchor()  # the baseline checkpoint
+        epoch = j.fence(j.epoch() + 1)
+        j.replicas.on_all("POST", f"/v1/jobs/{job}/epochs/{epoch}/prepare", {"attempts": []})
+    events = [[(f"u{(f + i) % 13}", float(i)) for i in range(40)] for f in range(2)]
+    (tmp_path / "in").mkdir()
+    for n, rows in enumerate(events):
+        lines = "".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in rows)
+        (tmp_path / "in" / f"{n}.json").write_text(lines)
+    stream = (
+        source.readStream.schema("key STRING, value DOUBLE").option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    )
+    query = (
+        stream.writeStream.format("statehouse")
+        .option("urls", ",".join(replicas))
+        .option("job", job)
+        .option("state", "spent")
+        .option("op", "add")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    oracle: dict[str, float] = defaultdict(float)
+    for rows in events:
+        for key, value in rows:
+            oracle[key] += value
+    got = read(source, replicas, job, "spent").collect()
+    assert {r["key"]: r["value"] for r in got} == pytest.approx(dict(oracle))
+    with StatehouseClient(replicas) as client:
+        done = [c.metadata.get("batch_id") for c in MicroBatchCoordinator(client.job(job)).completed()]
+    assert done == [-1, 0, 1]

@@ -222,8 +222,13 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
 
     def epoch_for_task(self, job: JobClient) -> int:
         infos = job.infos()
-        committed = max(info["committed_epoch"] for info in infos)
-        return job.fence(max(committed + 1, max(info["epoch"] for info in infos)))
+        target = max(max(i["committed_epoch"] for i in infos) + 1, max(i["epoch"] for i in infos))
+        # A driver that died between sealing an epoch (prepare) and committing it left it closed to
+        # writes: the batch Spark runs again stages under the next one (every task sees the same).
+        reports = job.replicas.on_all("GET", f"/v1/jobs/{job.name}/epochs/{target}")
+        if any(report["status"] == "sealed" for report in reports):
+            target += 1
+        return job.fence(target)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         epochs, staged = _messages(messages)
