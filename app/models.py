@@ -17,14 +17,14 @@ from statehouse.backends.codec import parse_decimal
 from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
-from statehouse.backends.ops import OpName
 from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
-from statehouse.backends.timers import TimeDomain, TimerOpName
+from statehouse.backends.timers import TimeDomain
 from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
 from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
+from statehouse.protocol.ops import StateOpName, TimerOpName
 
 Name = Field(pattern=NAME_PATTERN)
 
@@ -233,7 +233,7 @@ class DescriptorPage(Page):
 class BatchOp(BaseModel):
     """One operation of a batch (documentation only: batches are decoded without models)."""
 
-    op: Literal[OpName, TimerOpName]  # one enum (nested Literals flatten)
+    op: Literal[StateOpName, TimerOpName]  # one enum (nested Literals flatten)
     state: str | None = Field(None, description="the state (every operation but the timer ones)")
     key: str | int
     ns: str = ""

@@ -27,10 +27,11 @@ from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
-from statehouse.backends.staging import READ_OPS, AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
+from statehouse.backends.staging import AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
 from statehouse.backends.timer_columns import TimerColumns, apply_timer_columns
 from statehouse.backends.timers import Advanced, FiredTimers, TimeDomain, double_firings
 from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.ops import READ_OPS
 
 # Memory a staged write takes beyond its bytes in the request: the decoded operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so

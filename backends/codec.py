@@ -27,6 +27,7 @@ from statehouse.backends.errors import InvalidKey, InvalidValue
 from statehouse.keygroups import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, KeyType
 
 _LEN = struct.Struct(">I")
+FIELD_HEADER_BYTES = _LEN.size  # a stored field: its length, then its bytes
 _TS = struct.Struct(">q")
 _I32 = struct.Struct(">I")
 _I64 = struct.Struct(">Q")

@@ -5,18 +5,9 @@ names one state and one operation for a whole table of rows (what a Spark execut
 an Arrow record batch). It runs through the same state kinds and rules — their ``*_many``
 methods — inside one transaction: rows apply in order, all or nothing.
 
-Columns, by operation (``ns`` is optional everywhere, null meaning ""):
-
-=============  ==========================================================================
-``get``        ``key`` → value / list / whole map / reduced or aggregated result
-``put``        ``key``, ``value``: value update (null clears); list: replace (a list
-               column); map: replace the whole map (a map or struct column)
-``add``        ``key``, ``value``: list add (one element, or a list column: addAll);
-               reducing / aggregating add
-``clear``      ``key``
-``map_get``    ``key``, ``user_key``; ``map_put`` and ``map_add`` also ``value``;
-``map_remove`` ``key``, ``user_key``
-=============  ==========================================================================
+The operations and the columns each takes: ``protocol/ops.py`` (``COLUMN_OPS``; ``ns`` is
+optional everywhere, null meaning ""). A list state's ``add`` takes one element per row, or a
+list column (addAll); ``put`` on a map takes a map or struct column.
 
 Reads answer a ``value`` column typed by the state's ``value_type`` (see ``value_types``),
 or as Arrow infers it from the values of an untyped state.
@@ -27,35 +18,21 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from statehouse.backends.codec import decode_many
-from statehouse.backends.columnar_codec import encode_primaries, pack_column, unpack_column
+from statehouse.backends.columnar_codec import pack_column, unpack_column
 from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, InvalidKey, StateError
-from statehouse.backends.job import Job, JobTransaction
+from statehouse.backends.errors import InvalidArgument, StateError
+from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import RunArgs, apply_run
 from statehouse.backends.value_types import result_type
-from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
+from statehouse.protocol.ops import COLUMN_OPS, OPS
 
-ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
-COLUMN_OPS: tuple[str, ...] = get_args(ColumnOpName)
-READ_COLUMN_OPS = frozenset({"get", "map_get"})
-# Per operation: the columns it needs, beside the optional ``ns``.
-_COLUMNS: dict[str, tuple[str, ...]] = {
-    "get": ("key",),
-    "put": ("key", "value"),
-    "add": ("key", "value"),
-    "clear": ("key",),
-    "map_get": ("key", "user_key"),
-    "map_put": ("key", "user_key", "value"),
-    "map_add": ("key", "user_key", "value"),
-    "map_remove": ("key", "user_key"),
-}
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
     "float64": pa.float64(),
@@ -86,12 +63,12 @@ class ColumnOp:
 
     @property
     def writes(self) -> bool:
-        return self.op not in READ_COLUMN_OPS
+        return OPS[self.op].writes
 
     @classmethod
     def parse(cls, state: str, op: str, columns: pa.Table) -> ColumnOp:
         """Check the operation and its columns' names (types are checked against the state)."""
-        needed = _COLUMNS.get(op)
+        needed = COLUMN_OPS.get(op)
         if needed is None:
             raise InvalidArgument(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
         names = columns.column_names
@@ -104,43 +81,15 @@ class ColumnOp:
         return cls(state, op, columns.combine_chunks())
 
 
-def locate(job: Job, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
-    """``Job.locate`` for every row: key groups and stored keys at once, the same checks."""
-    keys: pa.Array | Utf8Column = columns.column("key").combine_chunks()
-    try:
-        if descriptor.key_type == "string":  # checked and taken apart once, for key groups and stored keys
-            keys = utf8_column(keys)
-            # before hashing: Java's hash of a long key caches powers of 31 as long as the key
-            _refuse_too_long(job, np.diff(keys.offsets), "key")
-        groups = key_groups(keys, descriptor.key_type, job.max_parallelism)
-    except (TypeError, ValueError) as exc:
-        where = {"row": exc.row} if isinstance(exc, BadRow) else {}
-        raise InvalidKey(
-            f"column 'key' of state {descriptor.name!r} ({descriptor.key_type} keys): {exc}", **where
-        ) from None
-    owned = job.key_group_range
-    foreign = np.flatnonzero((groups < owned.start) | (groups > owned.end))
-    if foreign.size:
-        row = int(foreign[0])
-        try:
-            job.check_owned(int(groups[row]))
-        except StateError as exc:
-            raise exc.within(f"row {row}", row=row) from None
-    namespaces = _strings(columns, "ns", "") if "ns" in columns.column_names else ""
-    encoded = encode_primaries(keys, descriptor.key_type, namespaces)
-    if descriptor.key_type != "string":  # 4 or 8 bytes: over a limit set below 12 bytes
-        _refuse_too_long(job, encoded.key_bytes, "key")
-    _refuse_too_long(job, encoded.namespace_bytes, "namespace")
-    return Rows(groups.tolist(), encoded.primaries)
+def locate(tx: JobTransaction, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
+    """The rows' key groups and stored keys (``KeySpace.locate_column``)."""
+    keys = columns.column("key").combine_chunks()
+    return tx.job.keyspace.locate_column(keys, descriptor.key_type, namespaces(columns), f"state {descriptor.name!r}")
 
 
-def _refuse_too_long(job: Job, lengths: np.ndarray, what: str) -> None:
-    """``key_too_large`` (413) naming the first row whose stored ``what`` (a 4-byte length, then
-    the bytes) is over STATEHOUSE_MAX_KEY_BYTES."""
-    too_long = np.flatnonzero(lengths + 4 > job.limits.max_key_bytes)
-    if too_long.size:
-        row = int(too_long[0])
-        raise job.limits.key_error(int(lengths[row]) + 4, what).within(f"row {row}", row=row)
+def namespaces(columns: pa.Table) -> pa.Array | str:
+    """The ``ns`` column (null meaning ""), or "" for every row when there is none."""
+    return _strings(columns, "ns", "") if "ns" in columns.column_names else ""
 
 
 def _strings(columns: pa.Table, name: str, null: str | None) -> pa.Array:
@@ -194,14 +143,15 @@ _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_
 def _args(state: KeyedState, op: str, columns: pa.Table) -> RunArgs:
     """What the rows carry for ``op``, as the runs take it. A list state's ``add`` takes a
     list column as addAll (one list per row); any other ``add`` adds one value per row."""
-    user_keys = _strings(columns, "user_key", None).to_pylist() if op.startswith("map_") else None
+    spec = OPS[op]
+    user_keys = _strings(columns, "user_key", None).to_pylist() if "user_key" in COLUMN_OPS[op] else None
     values = _values(columns) if "value" in columns.column_names else None
-    if op not in ("add", "map_add") or values is None:
+    if not spec.takes_values or values is None:
         return RunArgs(user_keys=user_keys, values=values)
     kind = columns.column("value").type
     if isinstance(state, ListState) and any(test(kind) for test in _LIST_TYPES):
-        return RunArgs(user_keys=user_keys, adds=_lists(values))
-    return RunArgs(user_keys=user_keys, added=values)
+        return RunArgs(user_keys=user_keys, add_lists=_lists(values))
+    return RunArgs(user_keys=user_keys, add_values=values)
 
 
 def _lists(values: list[Any]) -> list[Any]:
@@ -217,7 +167,7 @@ def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
     state = tx.state(op.state)
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
-    rows = state.accessed(locate(tx.job, state.descriptor, op.columns))
+    rows = state.accessed(locate(tx, state.descriptor, op.columns))
     if isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:
         if op.op == "put" and _put_packed(state, op, rows):
             return None

@@ -13,12 +13,11 @@ from typing import Any, NamedTuple
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
 from statehouse.backends.bounds import MAX_EPOCH, check_range
-from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
+from statehouse.backends.codec import decode_primary
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
     EpochSealed,
     JobReplaced,
-    KeyNotOwned,
     StaleEpoch,
     StateNotFound,
     WrongStateKind,
@@ -32,6 +31,7 @@ from statehouse.backends.keyed import (
     ReducingState,
     ValueState,
 )
+from statehouse.backends.keyspace import KeySpace
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.memory import released
 from statehouse.backends.operator_state import OperatorState
@@ -48,7 +48,7 @@ from statehouse.backends.staging import EpochStaging
 from statehouse.backends.timers import TimerFloors, TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.keygroups import KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
+from statehouse.keygroups import KeyGroupRange
 
 
 class StoredKey(NamedTuple):
@@ -81,14 +81,12 @@ class Job:
         layout_version: int = 0,
     ) -> None:
         self.name = name
-        self.layout_version = layout_version  # the replica's topology version, named in 421s
         self.limits = limits or Limits()
         self.partition = partition
-        self.max_parallelism = partition.max_parallelism
-        self.replica_index = replica_index
-        self.replica_count = replica_count
-        self.key_group_range = KeyGroupRange.for_operator(self.max_parallelism, replica_count, replica_index)
-        self._assign = KeyGroupAssigner(self.max_parallelism)
+        # Where keys live (key groups, the owned range, stored keys): one value, swapped whole.
+        self.keyspace = KeySpace(
+            name, partition.max_parallelism, replica_index, replica_count, self.limits, layout_version
+        )
         self.clock: Clock = clock or SystemClock()
         partition.create_table(LIST_TABLE, nested=False)
         partition.create_table(BROADCAST_TABLE, nested=True)
@@ -261,42 +259,28 @@ class Job:
                 epoch=current,
             )
 
-    # -- keys ----------------------------------------------------------------------------
+    # -- keys: where they live is the keyspace's ---------------------------------------------
 
-    def key_group(self, descriptor: StateDescriptor, key: str | int) -> int:
-        return self._assign(key, descriptor.key_type)
+    @property
+    def max_parallelism(self) -> int:
+        return self.keyspace.max_parallelism
 
-    def owner_of(self, key_group: int) -> int:
-        return operator_index(self.max_parallelism, self.replica_count, key_group)
+    @property
+    def replica_index(self) -> int:
+        return self.keyspace.replica_index
 
-    def check_owned(self, key_group: int) -> None:
-        if key_group not in self.key_group_range:
-            owner = self.owner_of(key_group)
-            raise KeyNotOwned(
-                f"key group {key_group} of job {self.name!r} belongs to replica {owner}, not to replica "
-                f"{self.replica_index} (which owns key groups {self.key_group_range.start}-{self.key_group_range.end})",
-                key_group=key_group,
-                owner=owner,
-                version=self.layout_version,
-            )
+    @property
+    def replica_count(self) -> int:
+        return self.keyspace.replica_count
 
-    def owned_key_group(self, key: str | int, key_type: KeyType) -> int:
-        """The key group of a key already encoded (so well typed); refuses keys of other replicas."""
-        key_group = self._assign(key, key_type)
-        self.check_owned(key_group)
-        return key_group
+    @property
+    def layout_version(self) -> int:
+        """The replica's topology version, named in 421s."""
+        return self.keyspace.layout_version
 
-    def locate(self, descriptor: StateDescriptor, key: str | int, namespace: str) -> tuple[int, bytes]:
-        """Key group and stored primary key of (key, namespace); refuses keys of other replicas."""
-        key_bytes = encode_key(key, descriptor.key_type)  # validates the key's type first
-        self.limits.check_key(key_bytes)
-        key_group = self.key_group(descriptor, key)
-        owned = self.key_group_range
-        if not owned.start <= key_group <= owned.end:
-            self.check_owned(key_group)  # raises key_not_owned
-        ns_bytes = encode_namespace(namespace)
-        self.limits.check_key(ns_bytes, "namespace")
-        return key_group, key_bytes + ns_bytes
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return self.keyspace.owned
 
     def keys(
         self,
@@ -311,13 +295,11 @@ class Job:
         ``position`` (for paging). Expired-but-uncleaned entries are included, as in Flink's
         ``getKeys``.
         """
+        if key_group is not None:
+            self.keyspace.check_key_group(key_group)
         self._check_live()
         descriptor = self.descriptor(state)
-        if key_group is not None:
-            self.check_owned(key_group)
-            groups = [key_group]
-        else:
-            groups = list(self.key_group_range)
+        groups = [key_group] if key_group is not None else list(self.key_group_range)
         for kg in groups:
             if start_after is not None and kg < start_after[0]:
                 continue

@@ -2,37 +2,22 @@
 
 ``apply_all(tx, ops)`` runs operations given as plain dicts (decoded straight from JSON or
 msgpack, no model per operation) and returns their results: ``{"value": ...}`` for reads
-(``None`` when absent) and ``{}`` for writes. What each generic operation means per kind
-(``runs`` applies them):
-
-=============  ==========================================================================
-``get``        value / list / whole map / reduced / aggregated result
-``put``        value: update; list: replace (``value`` is a list); map: replace all (object)
-``add``        list: add (``value``) or addAll (``values``); reducing/aggregating: add
-``clear``      any kind
-``map_get``    ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_key``)
-``map_add``    fold ``value`` (or each of ``values``) into one map entry with the map's
-               ``function``; a map registered without one refuses it
-=============  ==========================================================================
-
-Timer operations name no state: ``register_timer`` and ``delete_timer`` take ``domain``
-(``event`` | ``processing``), ``key``, ``key_type`` (default ``string``), ``ns`` and
-``timestamp`` (see ``backends/timers.py``).
+(``None`` when absent) and ``{}`` for writes. The operations, what each carries and what it
+means per state kind: the one table, ``protocol/ops.py`` (``runs`` applies them; timer
+operations go to ``backends/timers.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any
 
 from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed.base import each_row
 from statehouse.backends.runs import RunArgs, apply_run
-from statehouse.backends.timers import TIMER_OPS
+from statehouse.protocol.ops import OP_NAMES, OPS, TIMER_OPS
 
-OpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
-OPS: tuple[str, ...] = get_args(OpName) + TIMER_OPS
 # Where a batch's timer operations run, in order among themselves (a name no state can have).
 _TIMERS = "$timers"
 _EMPTY: dict[str, Any] = {}
@@ -69,11 +54,12 @@ def _user_key(op: Mapping[str, Any]) -> str:
 
 
 def _args(name: str, ops: list[Mapping[str, Any]]) -> RunArgs:
-    """What a run of operations named ``name`` carries, row by row."""
+    """What a run of operations named ``name`` carries, row by row (as the op table says)."""
+    spec = OPS[name]
     return RunArgs(
-        user_keys=each_row(ops, _user_key) if name.startswith("map_") else None,
-        values=each_row(ops, _value) if name in ("put", "map_put") else None,
-        adds=each_row(ops, _add_values) if name in ("add", "map_add") else None,
+        user_keys=each_row(ops, _user_key) if "user_key" in spec.fields else None,
+        values=each_row(ops, _value) if "value" in spec.fields and not spec.takes_values else None,
+        add_lists=each_row(ops, _add_values) if spec.takes_values else None,
     )
 
 
@@ -83,7 +69,7 @@ def _checked(op: Any) -> tuple[str, str, str]:
         raise InvalidArgument(f"an operation must be an object; got {type(op).__name__}")
     name = op.get("op")
     if not isinstance(name, str) or name not in OPS:
-        raise InvalidArgument(f"'op' must be one of {', '.join(OPS)}; got {name!r}")
+        raise InvalidArgument(f"'op' must be one of {', '.join(OP_NAMES)}; got {name!r}")
     if name in TIMER_OPS:
         return name, _TIMERS, ""
     state = _field(op, "state", str, "a state name")

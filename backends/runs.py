@@ -1,16 +1,7 @@
-"""One named operation over many located rows of one state: what the batch endpoint
-(``ops``, a run of operations) and the columnar endpoint (``columns``, a table of rows) both
-apply. It maps the generic operation to the state kind's ``*_many`` method; the kinds hold
-the rules.
-
-=============  ==========================================================================
-``get``        value / list / whole map / reduced / aggregated result
-``put``        value: update (``None`` clears); list: replace (a list); map: replace all (a dict)
-``add``        list: append the row's values; reducing/aggregating: add each, in order
-``clear``      any kind
-``map_get``    ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_keys``)
-``map_add``    fold each of the row's values into one map entry with the map's ``function``
-=============  ==========================================================================
+"""One named operation over many located rows of one state: what every door (the batch's
+operations, the columnar endpoint's table of rows, the one-key routes) applies. It maps the
+generic operation (``protocol/ops.py``: the table of names, their fields and the state kinds
+that take them) to the state kind's ``*_many`` method; the kinds hold the rules.
 """
 
 from __future__ import annotations
@@ -21,6 +12,7 @@ from typing import Any
 
 from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.protocol.ops import OPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,19 +21,23 @@ class RunArgs:
 
     user_keys: list[str] | None = None  # map entry operations
     values: list[Any] | None = None  # put, map_put
-    adds: list[list[Any]] | None = None  # add, map_add: the values each row adds, in order
-    added: list[Any] | None = None  # add, map_add when every row adds one value (a column)
+    # add, map_add: either the values each row adds, in order (a batch's ``values``, a columnar
+    # addAll), or one value per row (a column)
+    add_lists: list[list[Any]] | None = None
+    add_values: list[Any] | None = None
 
     def per_row(self) -> list[list[Any]]:
         """The values each row adds, whichever way they were given."""
-        if self.adds is not None:
-            return self.adds
-        return [[v] for v in self.added or []]
+        if self.add_lists is not None:
+            return self.add_lists
+        return [[v] for v in self.add_values or []]
 
 
 def apply_run(state: KeyedState, name: str, rows: Rows, args: RunArgs) -> list[Any] | None:
     """Apply operation ``name`` to every row, in order; a read returns one value per row.
     An error names its row (``row N:``, and ``row`` in its extra)."""
+    if state.descriptor.kind not in OPS[name].kinds:
+        raise wrong_kind(state, name)
     return _RUNS[name](state, rows, args)
 
 
@@ -78,8 +74,8 @@ def _add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
     if isinstance(state, ListState):
         state.add_many(rows, args.per_row())
     elif isinstance(state, ReducingState):
-        if args.added is not None:
-            state.add_many(rows, args.added)
+        if args.add_values is not None:
+            state.add_many(rows, args.add_values)
             return
         many, values, origin = _one_row_per_value(rows, args.per_row())
         _named_by_origin(origin, lambda: state.add_many(many, values))
@@ -117,8 +113,8 @@ def _map(state: KeyedState, name: str) -> MapState:
 
 def _map_add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
     map_state, user_keys = _map(state, "map_add"), args.user_keys or []
-    if args.added is not None:
-        map_state.add_entries_many(rows, user_keys, args.added)
+    if args.add_values is not None:
+        map_state.add_entries_many(rows, user_keys, args.add_values)
         return
     many, values, origin = _one_row_per_value(rows, args.per_row())
     _named_by_origin(origin, lambda: map_state.add_entries_many(many, [user_keys[i] for i in origin], values))
@@ -140,4 +136,3 @@ _RUNS: dict[str, Callable[[KeyedState, Rows, RunArgs], list[Any] | None]] = {
     "map_remove": lambda s, r, a: _map(s, "map_remove").remove_many(r, a.user_keys or []),
     "map_contains": _map_contains,
 }
-RUN_NAMES = tuple(_RUNS)

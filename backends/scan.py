@@ -29,7 +29,6 @@ from statehouse.backends.codec import (
     decode_primary,
     decode_user_key,
     decode_value,
-    encode_key,
     iter_timestamped,
     iter_values,
     split_timestamped,
@@ -136,9 +135,8 @@ class _Reader:
 
     def keys(self, groups: KeyGroupRange, keys: Sequence[str | int], after: Position | None) -> Iterator[Stored]:
         """The rows of ``keys`` (each key's namespaces are the primaries it prefixes), in stored order."""
-        located = sorted(
-            {(self.job.key_group(self.descriptor, k), encode_key(k, self.descriptor.key_type)) for k in keys}
-        )
+        keyspace, key_type = self.job.keyspace, self.descriptor.key_type
+        located = sorted({keyspace.key_prefix(k, key_type) for k in keys})
         for kg, prefix in located:
             if kg not in groups:
                 continue

@@ -42,8 +42,6 @@ class StagedColumns(Protocol):
 # (``timers.FiredTimers``, which also counts as ``rows``).
 StagedWrite = Mapping[str, Any] | StagedColumns
 
-# Operations that only read: everything else an attempt sends is a write and is staged.
-READ_OPS = frozenset({"get", "map_get", "map_contains"})
 ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 _ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline
 UNIT_PATTERN = r"^[A-Za-z0-9._:-]{0,128}$"

@@ -8,23 +8,17 @@ null meaning ""). Rows apply in order, all or nothing; a row's error names it.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.columns import locate, refuse_nulls
-from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.columns import namespaces, refuse_nulls
 from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.timers import TimeDomain, check_domain, check_key_type
-from statehouse.keygroups import KEY_TYPES, KeyType
-
-TimerColumnOpName = Literal["register", "delete"]
-TIMER_COLUMN_OPS: tuple[str, ...] = get_args(TimerColumnOpName)
-_SIGN = np.uint64(1 << 63)
+from statehouse.keygroups import KeyType
+from statehouse.protocol.ops import TIMER_COLUMN_OPS, TIMER_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +40,10 @@ class TimerColumns:
         if op not in TIMER_COLUMN_OPS:
             raise InvalidArgument(f"columnar timer operation must be one of {', '.join(TIMER_COLUMN_OPS)}; got {op!r}")
         names = columns.column_names
-        if sorted(set(names) - {"ns"}) != ["key", "timestamp"] or len(set(names)) != len(names):
-            raise InvalidArgument(f"timers take the columns key, timestamp (and optionally ns); got {', '.join(names)}")
+        if sorted(set(names) - {"ns"}) != sorted(TIMER_COLUMNS) or len(set(names)) != len(names):
+            raise InvalidArgument(
+                f"timers take the columns {', '.join(TIMER_COLUMNS)} (and optionally ns); got {', '.join(names)}"
+            )
         return cls(op, check_domain(domain), check_key_type(key_type), columns.combine_chunks())
 
 
@@ -68,9 +64,7 @@ def apply_timer_columns(tx: JobTransaction, op: TimerColumns) -> None:
     if op.rows == 0:
         return
     timestamps = _timestamps(op.columns)
-    # The rows' key groups and stored keys, checked as a state of this key type checks them.
-    rows = locate(tx.job, StateDescriptor("timers", "value", key_type=op.key_type), op.columns)
-    stamps = (timestamps.view(np.uint64) ^ _SIGN).astype(">u8").view("V8").tolist()  # the sort-ordered prefix
-    tag = bytes([KEY_TYPES.index(op.key_type)])
-    primaries = list(map(operator.add, (s + tag for s in stamps), rows.primaries))
-    tx.timers.write_many(op.domain, rows.key_groups, primaries, delete=op.op == "delete")
+    rows = tx.job.keyspace.locate_timer_column(
+        op.columns.column("key").combine_chunks(), op.key_type, namespaces(op.columns), timestamps
+    )
+    tx.timers.write_many(op.domain, rows.key_groups, rows.primaries, delete=op.op == "delete")

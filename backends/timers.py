@@ -35,7 +35,6 @@ records exactly the timers it fired, so the epoch commit removes those and no ot
 
 from __future__ import annotations
 
-import struct
 from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -43,31 +42,16 @@ from typing import Any, Literal, Protocol, get_args
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.codec import decode_primary, encode_key, encode_namespace
-from statehouse.backends.errors import InvalidArgument, InvalidKey
-from statehouse.backends.limits import Limits
+from statehouse.backends.codec import decode_primary
+from statehouse.backends.errors import InvalidArgument
+from statehouse.backends.keyspace import TIMESTAMP_BYTES, KeySpace, decode_timestamp, encode_timestamp, timer_key_type
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
+from statehouse.protocol.ops import TIMER_OPS
 
 TimeDomain = Literal["event", "processing"]
 TIME_DOMAINS: tuple[TimeDomain, ...] = get_args(TimeDomain)
 TABLES: dict[TimeDomain, str] = {"event": EVENT_TIMERS_TABLE, "processing": PROCESSING_TIMERS_TABLE}
-
-# Batch operations on timers (``backends/ops.py`` hands them here): writes, staged like any.
-TimerOpName = Literal["register_timer", "delete_timer"]
-TIMER_OPS: tuple[str, ...] = get_args(TimerOpName)
-
-_TS = struct.Struct(">Q")
-_TS_BYTES = _TS.size
-_SIGN = 1 << 63
-
-
-def encode_timestamp(timestamp: int) -> bytes:
-    return _TS.pack(timestamp + _SIGN)
-
-
-def decode_timestamp(data: bytes) -> int:
-    return _TS.unpack_from(data)[0] - _SIGN
 
 
 def check_timestamp(value: Any, what: str = "timestamp") -> int:
@@ -107,8 +91,8 @@ class Timer:
 
 
 def decode_timer(key_group: int, primary: bytes) -> Timer:
-    key_type = KEY_TYPES[primary[_TS_BYTES]]
-    key, namespace = decode_primary(primary[_TS_BYTES + 1 :], key_type)
+    key_type = timer_key_type(primary)
+    key, namespace = decode_primary(primary[TIMESTAMP_BYTES + 1 :], key_type)
     return Timer(decode_timestamp(primary), key, key_type, namespace, key_group)
 
 
@@ -184,14 +168,14 @@ class TimerFloors:
 class TimerContext(Protocol):
     """What timers need of their job (a ``Job``)."""
 
-    key_group_range: KeyGroupRange
-    limits: Limits
+    keyspace: KeySpace
     timer_floors: TimerFloors
 
     @property
-    def partition(self) -> StorePartition: ...
+    def key_group_range(self) -> KeyGroupRange: ...
 
-    def owned_key_group(self, key: str | int, key_type: KeyType) -> int: ...
+    @property
+    def partition(self) -> StorePartition: ...
 
 
 class TimerService:
@@ -212,16 +196,7 @@ class TimerService:
         return table
 
     def _locate(self, key: str | int, key_type: KeyType, namespace: str, timestamp: int) -> tuple[int, bytes]:
-        key_type = check_key_type(key_type)
-        key_bytes = encode_key(key, key_type)
-        if not isinstance(namespace, str):
-            raise InvalidKey(f"a namespace is a string; got {type(namespace).__name__}")
-        ns_bytes = encode_namespace(namespace)
-        self._job.limits.check_key(key_bytes)
-        self._job.limits.check_key(ns_bytes, "namespace")
-        key_group = self._job.owned_key_group(key, key_type)
-        primary = encode_timestamp(check_timestamp(timestamp)) + bytes([KEY_TYPES.index(key_type)])
-        return key_group, primary + key_bytes + ns_bytes
+        return self._job.keyspace.locate_timer(key, check_key_type(key_type), namespace, check_timestamp(timestamp))
 
     def register(
         self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
@@ -303,7 +278,7 @@ class TimerService:
         floors = self._job.timer_floors
         for kg in groups:
             for primary in self._tx.primaries_from(table, kg, floors.seek_after(domain, kg)):
-                row = (primary[:_TS_BYTES], kg, primary)
+                row = (primary[:TIMESTAMP_BYTES], kg, primary)
                 if row[0] > bound:
                     break
                 if limit is None:

@@ -9,12 +9,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Literal, Protocol
 
+from statehouse.keygroups import INT64_MAX
+
 UpdateType = Literal["on_create_and_write", "on_read_and_write"]
 Visibility = Literal["never_return_expired", "return_expired_if_not_cleaned_up"]
 UPDATE_TYPES: tuple[UpdateType, ...] = ("on_create_and_write", "on_read_and_write")
 VISIBILITIES: tuple[Visibility, ...] = ("never_return_expired", "return_expired_if_not_cleaned_up")
 
-MAX_LONG = (1 << 63) - 1
+MAX_LONG = INT64_MAX  # Java's Long.MAX_VALUE
 
 
 class Clock(Protocol):

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from statehouse.backends.errors import InvalidArgument, InvalidValue
+from statehouse.keygroups import INT64_MAX, INT64_MIN
 
 ValueType = Literal["int64", "float64", "string", "binary", "bool"]
 VALUE_TYPES: tuple[ValueType, ...] = ("int64", "float64", "string", "binary", "bool")
 NUMERIC: tuple[ValueType, ...] = ("int64", "float64")
 
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Functions that add numbers, and those whose result is always a count.
 _NUMERIC_FUNCTIONS = frozenset({"sum", "avg", "summary"})
 _COUNTING_FUNCTIONS = frozenset({"count"})
@@ -31,7 +31,7 @@ _COUNTING_FUNCTIONS = frozenset({"count"})
 def _int64(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidValue(f"this state holds int64 values; got {type(value).__name__} {value!r}")
-    if not _INT64_MIN <= value <= _INT64_MAX:
+    if not INT64_MIN <= value <= INT64_MAX:
         raise InvalidValue(f"{value} does not fit int64")
     return value
 
@@ -97,7 +97,7 @@ def coerce_many(value_type: ValueType, values: list[Any]) -> list[Any] | None:
         return None
     if kinds and value_type in NUMERIC:
         present = [v for v in values if v is not None] if _NONE in set(map(type, values)) else values
-        if value_type == "int64" and not _INT64_MIN <= min(present) <= max(present) <= _INT64_MAX:
+        if value_type == "int64" and not INT64_MIN <= min(present) <= max(present) <= INT64_MAX:
             return None
         if value_type == "float64" and not all(map(math.isfinite, present)):
             return None

@@ -7,18 +7,14 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
+from statehouse.protocol.ops import IDEMPOTENT_OPS, READ_OPS, TIMER_OPS
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
     from statehouse.client.replicas import Replicas
 
-# Operations whose repetition cannot change the outcome: a batch made only of these may be
-# retried after a timeout. ``add`` is not among them.
-IDEMPOTENT_OPS = frozenset(
-    {"get", "put", "clear", "map_get", "map_put", "map_remove", "map_contains", "register_timer", "delete_timer"}
-)
-TIMER_OPS = frozenset({"register_timer", "delete_timer"})  # routed by key and key type (they name no state)
-READ_OPS = frozenset({"get", "map_get", "map_contains"})  # the server stages everything else of an attempt
+# A batch made only of idempotent operations may be retried after a timeout (``add`` is not
+# one); the server stages everything but the reads of an attempt: ``protocol/ops.py`` says which.
 _UNSET = object()
 
 

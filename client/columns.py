@@ -44,10 +44,10 @@ from statehouse.client.arrow import (
     string_column,
     value_column,
 )
-from statehouse.client.batch import IDEMPOTENT_OPS
 from statehouse.client.errors import Conflict, InvalidRequest, StatehouseError
 from statehouse.keygroups import KeyType
 from statehouse.keygroups.columnar import key_groups, operator_indexes
+from statehouse.protocol.ops import COLUMN_OPS, IDEMPOTENT_OPS, READ_COLUMN_OPS
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -56,9 +56,6 @@ if TYPE_CHECKING:
     from statehouse.client.replicas import Replicas
 
 __all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]
-
-COLUMN_OPS = ("get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove")
-READ_COLUMN_OPS = frozenset({"get", "map_get"})
 
 
 class ColumnarJob(Protocol):

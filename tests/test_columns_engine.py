@@ -84,5 +84,5 @@ def test_keys_of_another_replica_are_refused_with_the_row(make_catalog):
     with pytest.raises(KeyNotOwned) as caught:
         columns(job, "v", "put", key=keys, value=list(range(50)))
     row = caught.value.extra["row"]
-    assert job.key_group(job.descriptor("v"), keys[row]) not in job.key_group_range
-    assert all(job.key_group(job.descriptor("v"), k) in job.key_group_range for k in keys[:row])
+    assert job.keyspace.key_group(keys[row], job.descriptor("v").key_type) not in job.key_group_range
+    assert all(job.keyspace.key_group(k, job.descriptor("v").key_type) in job.key_group_range for k in keys[:row])

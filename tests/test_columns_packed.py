@@ -161,7 +161,7 @@ def test_a_typed_get_of_values_stored_untyped_decodes_them_one_by_one(job):
     columns(job, "v", "put", key=keys, value=pa.array([b"x"] * (ROWS - 1) + [b"y"]))
     with job.transaction() as tx:  # a value the type does not allow (say, restored from an older state)
         state = tx.value("v")
-        tx._tx.put("v", *job.locate(state.descriptor, keys[0], ""), pack_value(7))
+        tx._tx.put("v", *job.keyspace.locate(keys[0], state.descriptor.key_type, ""), pack_value(7))
     with pytest.raises(UntypedValues):  # as any read of such values answers
         columns(job, "v", "get", key=keys)
     assert columns(job, "v", "get", key=keys[1:])[-1] == b"y"

@@ -33,7 +33,7 @@ def test_write_after_freeze_copies_only_the_touched_key_group():
     job = make_job()
     view = job.partition.freeze()
     before = group_dicts(job, "v")
-    touched = job.key_group(job.descriptor("v"), "k1")
+    touched = job.keyspace.key_group("k1", job.descriptor("v").key_type)
     with job.transaction() as tx:
         tx.value("v").update("k1", -1)
     after = group_dicts(job, "v")
@@ -46,7 +46,7 @@ def test_write_after_freeze_copies_only_the_touched_key_group():
 def test_nested_map_entries_are_copied_before_mutation():
     job = make_job()
     view = job.partition.freeze()
-    kg = job.key_group(job.descriptor("m"), "k7")
+    kg = job.keyspace.key_group("k7", job.descriptor("m").key_type)
     frozen = list(view.scan("m", kg))
     with job.transaction() as tx:
         tx.map("m").put("k7", "b", 1)

@@ -12,9 +12,10 @@ from harness.server import REPO
 
 # The layers, bottom to top, one chain per distribution; a folder imports only folders below
 # it in a chain holding both. The client distribution (what a Spark executor installs) is its
-# own chain: nothing of the server's in it, and the server takes only its bottom (key groups).
-SERVER_LAYERS = ("keygroups", "errors", "snapshots", "backends", "checkpointing", "app")
-CLIENT_LAYERS = ("keygroups", "client", "pipelines")
+# own chain: nothing of the server's in it, and the server takes only its bottom (key groups,
+# and the protocol: the op table and bounds both sides share).
+SERVER_LAYERS = ("keygroups", "protocol", "errors", "snapshots", "backends", "checkpointing", "app")
+CLIENT_LAYERS = ("keygroups", "protocol", "client", "pipelines")
 CHAINS = (SERVER_LAYERS, CLIENT_LAYERS)
 FOLDERS = tuple(dict.fromkeys(SERVER_LAYERS + CLIENT_LAYERS))
 CLIENT_FOLDERS = CLIENT_LAYERS  # packaging/client/pyproject.toml

@@ -380,7 +380,7 @@ def test_the_heap_index_keeps_frozen_views_intact():
         tx.map("m").put_all("k", {uk(i): i for i in range(3000)})
     with job.transaction() as tx:
         tx.map("m").entries_page("k", "", None, 10)  # builds the map's index
-    kg = job.key_group(job.descriptor("m"), "k")
+    kg = job.keyspace.key_group("k", job.descriptor("m").key_type)
     view = partition.freeze()
     frozen = list(view.scan("m", kg))
     with job.transaction() as tx:
@@ -424,7 +424,7 @@ def test_heap_pages_sort_a_map_once_not_per_page():
     job.register_state(StateDescriptor("m", "map"))
     with job.transaction() as tx:
         tx.map("m").put_all("k", {uk(i): i for i in range(5000)})
-    kg, primary = job.locate(job.descriptor("m"), "k", "")
+    kg, primary = job.keyspace.locate("k", job.descriptor("m").key_type, "")
     entries = partition._tables["m"].groups[kg].data[primary]
     entries.data = watched = Watched(entries.data)
 

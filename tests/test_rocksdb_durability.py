@@ -46,7 +46,7 @@ def test_key_layout_is_key_group_prefixed(tmp_path):
         job.register_state(StateDescriptor("v", "value"))
         with job.transaction() as tx:
             tx.value("v").update("hello", 1)
-        kg = job.key_group(job.descriptor("v"), "hello")
+        kg = job.keyspace.key_group("hello", job.descriptor("v").key_type)
         catalog.close()
         path = str(data / "j")
         families = {cf: Options(raw_mode=True) for cf in Rdict.list_cf(path) if cf != "default"}

@@ -459,11 +459,14 @@ def test_ttl_value_expires_at_boundary(job, clock):
     assert run(job, lambda tx: tx.value("v").get("k")) == "x"
     clock.now = 1100
     assert run(job, lambda tx: tx.value("v").get("k")) is None
-    assert job.partition.get("v", job.key_group(job.descriptor("v"), "k"), _primary(job, "v", "k")) is None
+    assert (
+        job.partition.get("v", job.keyspace.key_group("k", job.descriptor("v").key_type), _primary(job, "v", "k"))
+        is None
+    )
 
 
 def _primary(job, state, key, ns=""):
-    return job.locate(job.descriptor(state), key, ns)[1]
+    return job.keyspace.locate(key, job.descriptor(state).key_type, ns)[1]
 
 
 def test_ttl_on_read_and_write_refreshes(job, clock):
@@ -508,7 +511,7 @@ def test_ttl_list_elements_expire_individually(job, clock):
     add_a_at_0_and_b_at_50(job, clock)
     clock.now = 120
     assert run(job, lambda tx: tx.list("l").get("k")) == ["b"]
-    kg = job.key_group(job.descriptor("l"), "k")
+    kg = job.keyspace.key_group("k", job.descriptor("l").key_type)
     assert job.partition.get("l", kg, _primary(job, "l", "k")) is not None  # a is still stored
     clock.now = 150
     assert run(job, lambda tx: tx.list("l").get("k")) is None
@@ -536,7 +539,7 @@ def test_ttl_map_entries_expire_individually(job, clock):
     assert run(job, lambda tx: tx.map("m").get_all("k")) == {"new": 2}
     clock.now = 160
     assert run(job, lambda tx: tx.map("m").is_empty("k"))
-    kg = job.key_group(job.descriptor("m"), "k")
+    kg = job.keyspace.key_group("k", job.descriptor("m").key_type)
     assert list(job.partition.items("m", kg, _primary(job, "m", "k"))) == []  # iteration removed them
 
 
@@ -559,7 +562,7 @@ def test_ttl_map_add_writes_a_new_timestamp_and_never_folds_into_expired(job, cl
     clock.now = 1180
     run(job, lambda tx: m(tx).add("k", "a", 1))  # expired at 1180: starts over
     assert run(job, lambda tx: m(tx).get("k", "a")) == 1
-    kg = job.key_group(job.descriptor("m"), "k")
+    kg = job.keyspace.key_group("k", job.descriptor("m").key_type)
     clock.now = 1280
     assert run(job, lambda tx: m(tx).get_all("k")) == {"a": 1}  # returned once, and cleared
     assert list(job.partition.items("m", kg, _primary(job, "m", "k"))) == []
@@ -593,7 +596,7 @@ def test_ttl_cleaner_for_full_snapshots(job, clock):
 
     register(job, "l", "list", ttl=ttl())
     add_a_at_0_and_b_at_50(job, clock)
-    kg = job.key_group(job.descriptor("l"), "k")
+    kg = job.keyspace.key_group("k", job.descriptor("l").key_type)
     raw = job.partition.get("l", kg, _primary(job, "l", "k"))
     clean = ttl_cleaner(job.descriptor("l"))
     assert clean(raw, 10) is raw

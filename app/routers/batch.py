@@ -17,7 +17,7 @@ from statehouse.app.wire import read_body, render
 from statehouse.backends.attempts import run_batch
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
-from statehouse.backends.timers import TIMER_OPS
+from statehouse.protocol.ops import TIMER_OPS
 
 router = api_router(prefix="/v1", tags=["batch"])
 

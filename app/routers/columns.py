@@ -23,10 +23,11 @@ from statehouse.app.wire import JSON, arrow_response, read_arrow
 from statehouse.backends.attempts import run_columns
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 from statehouse.backends.codec import parse_decimal
-from statehouse.backends.columns import COLUMN_OPS, ColumnOp, ColumnOpName
+from statehouse.backends.columns import ColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
+from statehouse.protocol.ops import COLUMN_OPS, ColumnOpName
 
 router = api_router(prefix="/v1", tags=["batch"])
 W = TypeVar("W")

@@ -23,7 +23,6 @@ from statehouse.app.models import (
 )
 from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
 from statehouse.app.paging import PageDep
-from statehouse.app.problems import ApiError
 from statehouse.app.routers.columns import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
@@ -32,9 +31,10 @@ from statehouse.backends import timers as timer_service
 from statehouse.backends.attempts import run_advance, run_timer_columns
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
-from statehouse.backends.timer_columns import TimerColumnOpName, TimerColumns
+from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import TimeDomain
-from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyGroupRange, KeyType
+from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
+from statehouse.protocol.ops import TimerColumnOpName
 
 router = api_router(prefix="/v1", tags=["timers"])
 
@@ -48,25 +48,6 @@ Timestamp = Annotated[
 KeyTypeQuery = Annotated[KeyType, Query(description="the key's type: string (default), int or long")]
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
 KeyGroupQuery = Annotated[int | None, Query(ge=0, description="only this key group")]
-
-
-def _owned(job: Job, key_group: int | None) -> None:
-    if key_group is not None:
-        if key_group >= job.max_parallelism:
-            raise ApiError("invalid_argument", f"key_group must be < max_parallelism ({job.max_parallelism})")
-        job.check_owned(key_group)
-
-
-def _key_groups(job: Job, given: list[int] | None) -> KeyGroupRange | None:
-    if given is None:
-        return None
-    start, end = given
-    if not 0 <= start <= end < job.max_parallelism:
-        raise ApiError(
-            "invalid_argument",
-            f"key_groups must be [start, end] with 0 <= start <= end < max_parallelism ({job.max_parallelism})",
-        )
-    return KeyGroupRange(start, end)
 
 
 async def _write(
@@ -155,7 +136,7 @@ async def advance_timers(
     attempt = None
     if body.attempt is not None or body.partition is not None or body.seq is not None:
         attempt = AttemptRef(body.partition, body.attempt, body.seq)  # type: ignore[arg-type]
-    groups = _key_groups(job, body.key_groups)
+    groups = job.keyspace.key_group_range(body.key_groups) if body.key_groups is not None else None
     cap = service.settings.max_batch_ops
     limit = min(body.limit or cap, cap)
     result = await run_engine(
@@ -173,7 +154,8 @@ async def list_timers(
 ) -> Response:
     """This replica's stored timers of a domain, in key-group then firing order, paged; optionally one key
     group only."""
-    _owned(job, key_group)
+    if key_group is not None:
+        job.keyspace.check_key_group(key_group)
     after = paging.after
     start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
 
@@ -191,7 +173,8 @@ async def list_timers(
 @router.get(TIMERS + "/counts", response_model=TimerCounts, responses=doc.COUNT_TIMERS)
 async def count_timers(job: JobDep, domain: Domain, key_group: KeyGroupQuery = None) -> TimerCounts:
     """How many timers of a domain this replica holds per key group, and the domain's current time here."""
-    _owned(job, key_group)
+    if key_group is not None:
+        job.keyspace.check_key_group(key_group)
 
     def count() -> TimerCounts:
         with job.exclusive(), job.transaction() as tx:

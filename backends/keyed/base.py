@@ -4,7 +4,6 @@ its job, and the single-record rules (Flink's read rule with TTL, encoding, limi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +23,7 @@ from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidValue, StateError
 from statehouse.backends.functions import StateFunction
 from statehouse.backends.keyed.cleaner import ttl_cleaner
+from statehouse.backends.keyspace import KeySpace, Rows
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.ttl import Clock, TtlConfig, is_expired
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
@@ -32,19 +32,6 @@ from statehouse.backends.value_types import COERCE, coerce_many
 Key = str | int
 T = TypeVar("T")
 NONE_TYPE = type(None)
-
-
-@dataclass(frozen=True, slots=True)
-class Rows:
-    """Many rows of one request, located: each row's key group and stored primary key (see
-    ``Job.locate_many``). The ``*_many`` methods of the states take them, apply the same rules
-    as the one-key methods, and read and write the transaction once per request."""
-
-    key_groups: list[int]
-    primaries: list[bytes]
-
-    def __len__(self) -> int:
-        return len(self.primaries)
 
 
 def one_key(run: Callable[[], T]) -> T:
@@ -75,8 +62,7 @@ class KeyedContext(Protocol):
 
     clock: Clock
     limits: Limits
-
-    def locate(self, descriptor: StateDescriptor, key: Key, namespace: str) -> tuple[int, bytes]: ...
+    keyspace: KeySpace
 
     @property
     def ttl_cleanup(self) -> IncrementalCleanup: ...
@@ -101,6 +87,8 @@ class KeyedState:
         self._ttl: TtlConfig | None = descriptor.ttl
         self._clock = job.clock
         self._limits = job.limits
+        self._keyspace = job.keyspace  # the layout this transaction runs under, fixed for it
+        self._key_type = descriptor.key_type
         # Incremental TTL cleanup: what each access checks, fixed for the descriptor.
         self._cleanup_budget = self._ttl.cleanup_incremental_size if self._ttl is not None else 0
         self._cleaner = ttl_cleaner(descriptor) if self._cleanup_budget else None
@@ -119,7 +107,7 @@ class KeyedState:
         return checked if checked is not None else each_row(values, self._input)
 
     def _locate(self, key: Key, namespace: str) -> tuple[int, bytes]:
-        located = self._job.locate(self.descriptor, key, namespace)
+        located = self._keyspace.locate(key, self._key_type, namespace)
         if self._cleaner is not None:
             self._job.ttl_cleanup.step(self._table, self._cleaner, self._cleanup_budget, self._tx, self._clock.now_ms())
         return located
@@ -135,7 +123,7 @@ class KeyedState:
         return self.accessed(Rows([kg for kg, _p in located], [p for _kg, p in located]))
 
     def _locate_key(self, key_and_namespace: tuple[Key, str]) -> tuple[int, bytes]:
-        return self._job.locate(self.descriptor, *key_and_namespace)
+        return self._keyspace.locate(key_and_namespace[0], self._key_type, key_and_namespace[1])
 
     def accessed(self, rows: Rows) -> Rows:
         """Rows located for a request: as many TTL cleanup steps as one access per row takes."""

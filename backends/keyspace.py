@@ -1,0 +1,202 @@
+"""Where a key lives: the one place that turns a key (of a state or a timer) into its key group,
+checks that this replica owns it and that it fits the limits, and builds its stored key.
+
+A :class:`KeySpace` is an immutable value held by the job (``Job.keyspace``): built from the
+max parallelism, the replica's place among its replicas (so its owned ``KeyGroupRange``) and
+the limits. It locates keys one at a time (a batch's operations, the one-key routes) and as
+whole Arrow columns (the columnar doors), with the same rules and the same errors. A layout
+that changes at run time replaces the job's value; requests that hold the old one finish with it.
+
+Stored keys (the primary key of a row; a map entry adds its user key as the secondary)::
+
+    state:  key field + namespace field              (``codec.encode_primary``)
+    timer:  timestamp (8 bytes big-endian, sign bit flipped) + key type (1 byte) + the same
+
+A field is a 4-byte big-endian length and the bytes (``codec.FIELD_HEADER_BYTES``); the
+limits apply to whole fields, header included.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import numpy as np
+import pyarrow as pa
+
+from statehouse.backends.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
+from statehouse.backends.columnar_codec import encode_primaries
+from statehouse.backends.errors import InvalidArgument, InvalidKey, KeyNotOwned, StateError
+from statehouse.backends.limits import Limits
+from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
+from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
+
+Key: TypeAlias = str | int
+_TS = struct.Struct(">Q")
+TIMESTAMP_BYTES = _TS.size
+_SIGN = 1 << 63
+_SIGN_U64 = np.uint64(_SIGN)
+# One tag byte per key type: a timer's identity includes its key's type ("7" and 7 are two timers).
+_KEY_TYPE_TAGS = {kt: bytes([i]) for i, kt in enumerate(KEY_TYPES)}
+
+
+def encode_timestamp(timestamp: int) -> bytes:
+    """8 bytes whose byte order is the timestamps' numeric order (the sign bit flipped)."""
+    return _TS.pack(timestamp + _SIGN)
+
+
+def decode_timestamp(data: bytes) -> int:
+    return _TS.unpack_from(data)[0] - _SIGN
+
+
+def timer_key_type(primary: bytes) -> KeyType:
+    """The key type a stored timer's primary names (after its timestamp)."""
+    return KEY_TYPES[primary[TIMESTAMP_BYTES]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Many rows of one request, located: each row's key group and stored primary key. The
+    ``*_many`` methods of the states take them, apply the same rules as the one-key methods,
+    and read and write the transaction once per request."""
+
+    key_groups: list[int]
+    primaries: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.primaries)
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """The key groups ``max_parallelism`` splits keys into, the ones replica ``replica_index`` of
+    ``replica_count`` owns, and the limits a stored key must fit. ``job`` and ``layout_version``
+    only name the job and the topology in errors (a ``key_not_owned`` tells the client where to go)."""
+
+    job: str
+    max_parallelism: int
+    replica_index: int = 0
+    replica_count: int = 1
+    limits: Limits = field(default_factory=Limits)
+    layout_version: int = 0
+    owned: KeyGroupRange = field(init=False)
+    # Memoized key groups (keys repeat in streams); part of the value, not of its identity.
+    _assign: KeyGroupAssigner = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owned = KeyGroupRange.for_operator(self.max_parallelism, self.replica_count, self.replica_index)
+        object.__setattr__(self, "owned", owned)
+        object.__setattr__(self, "_assign", KeyGroupAssigner(self.max_parallelism))
+
+    # -- key groups and owners -----------------------------------------------------------------
+
+    def key_group(self, key: Key, key_type: KeyType) -> int:
+        """Flink's key group of a key already well typed (``codec.encode_key`` checks that)."""
+        return self._assign(key, key_type)
+
+    def owner_of(self, key_group: int) -> int:
+        return operator_index(self.max_parallelism, self.replica_count, key_group)
+
+    def check_owned(self, key_group: int) -> None:
+        """``key_not_owned`` (naming the owner) unless this replica owns ``key_group``."""
+        owned = self.owned
+        if not owned.start <= key_group <= owned.end:
+            owner = self.owner_of(key_group)
+            raise KeyNotOwned(
+                f"key group {key_group} of job {self.job!r} belongs to replica {owner}, not to replica "
+                f"{self.replica_index} (which owns key groups {owned.start}-{owned.end})",
+                key_group=key_group,
+                owner=owner,
+                version=self.layout_version,
+            )
+
+    def check_key_group(self, key_group: int, what: str = "key_group") -> None:
+        """A key group a caller names (a listing's filter): in range, and owned here."""
+        if not 0 <= key_group < self.max_parallelism:
+            raise InvalidArgument(f"{what} must be < max_parallelism ({self.max_parallelism})")
+        self.check_owned(key_group)
+
+    def key_group_range(self, given: tuple[int, int] | list[int]) -> KeyGroupRange:
+        """A range of key groups a caller names, ``[start, end]`` within the max parallelism."""
+        start, end = given
+        if not 0 <= start <= end < self.max_parallelism:
+            raise InvalidArgument(
+                f"key_groups must be [start, end] with 0 <= start <= end < max_parallelism ({self.max_parallelism})"
+            )
+        return KeyGroupRange(start, end)
+
+    # -- one key -------------------------------------------------------------------------------
+
+    def locate(self, key: Key, key_type: KeyType, namespace: str) -> tuple[int, bytes]:
+        """Key group and stored primary key of (key, namespace); refuses a key of the wrong type,
+        over the limits, or of another replica."""
+        key_bytes = encode_key(key, key_type)  # validates the key's type first
+        self.limits.check_key(key_bytes)
+        if type(namespace) is not str:
+            raise InvalidKey(f"a namespace is a string; got {type(namespace).__name__}")
+        key_group = self._assign(key, key_type)
+        owned = self.owned
+        if not owned.start <= key_group <= owned.end:
+            self.check_owned(key_group)  # raises key_not_owned
+        ns_bytes = encode_namespace(namespace)
+        self.limits.check_key(ns_bytes, "namespace")
+        return key_group, key_bytes + ns_bytes
+
+    def key_prefix(self, key: Key, key_type: KeyType) -> tuple[int, bytes]:
+        """Key group and the start every stored key of ``key`` shares, whatever its namespace
+        (a scan's point reads; no owner check: a scan keeps to the key groups it reads)."""
+        key_bytes = encode_key(key, key_type)
+        return self._assign(key, key_type), key_bytes
+
+    def locate_timer(self, key: Key, key_type: KeyType, namespace: str, timestamp: int) -> tuple[int, bytes]:
+        """:meth:`locate` for a timer (its ``timestamp`` already checked): the timer's stored key."""
+        key_group, primary = self.locate(key, key_type, namespace)
+        return key_group, encode_timestamp(timestamp) + _KEY_TYPE_TAGS[key_type] + primary
+
+    # -- Arrow columns -------------------------------------------------------------------------
+
+    def locate_column(self, keys: pa.Array, key_type: KeyType, namespaces: pa.Array | str, subject: str) -> Rows:
+        """:meth:`locate` for every row: key groups and stored keys at once, the same checks; an
+        error names its row. ``subject`` names what the keys are of in errors (``state 'v'``)."""
+        column: pa.Array | Utf8Column = keys
+        try:
+            if key_type == "string":  # checked and taken apart once, for key groups and stored keys
+                column = utf8_column(keys)
+                # before hashing: Java's hash of a long key caches powers of 31 as long as the key
+                self._refuse_too_long(np.diff(column.offsets), "key")
+            groups = key_groups(column, key_type, self.max_parallelism)
+        except (TypeError, ValueError) as exc:
+            where = {"row": exc.row} if isinstance(exc, BadRow) else {}
+            raise InvalidKey(f"column 'key' of {subject} ({key_type} keys): {exc}", **where) from None
+        owned = self.owned
+        foreign = np.flatnonzero((groups < owned.start) | (groups > owned.end))
+        if foreign.size:
+            row = int(foreign[0])
+            try:
+                self.check_owned(int(groups[row]))
+            except StateError as exc:
+                raise exc.within(f"row {row}", row=row) from None
+        encoded = encode_primaries(column, key_type, namespaces)
+        if key_type != "string":  # 4 or 8 bytes: over a limit set below 12 bytes
+            self._refuse_too_long(encoded.key_bytes, "key")
+        self._refuse_too_long(encoded.namespace_bytes, "namespace")
+        return Rows(groups.tolist(), encoded.primaries)
+
+    def locate_timer_column(
+        self, keys: pa.Array, key_type: KeyType, namespaces: pa.Array | str, timestamps: np.ndarray
+    ) -> Rows:
+        """:meth:`locate_timer` for every row (``timestamps``: int64, one per row)."""
+        rows = self.locate_column(keys, key_type, namespaces, "the timers")
+        stamps = (timestamps.astype(np.int64).view(np.uint64) ^ _SIGN_U64).astype(">u8").view("V8").tolist()
+        tag = _KEY_TYPE_TAGS[key_type]
+        return Rows(rows.key_groups, list(map(operator.add, (s + tag for s in stamps), rows.primaries)))
+
+    def _refuse_too_long(self, lengths: np.ndarray, what: str) -> None:
+        """``key_too_large`` (413) naming the first row whose stored ``what`` (its field: the
+        header and the bytes) is over the limit."""
+        too_long = np.flatnonzero(lengths + FIELD_HEADER_BYTES > self.limits.max_key_bytes)
+        if too_long.size:
+            row = int(too_long[0])
+            raise self.limits.key_error(int(lengths[row]) + FIELD_HEADER_BYTES, what).within(f"row {row}", row=row)

@@ -1,0 +1,123 @@
+"""The operations of the API by name: one table, shared by the server (which runs them) and the
+client (which batches, retries and counts them). Every door takes them: the one-key routes, the
+batch (``{"op": ..., "state": ..., "key": ...}``), the columnar endpoint (one operation over a
+table of rows) and the timer endpoints. What each means per state kind:
+
+=================  ======================================================================
+``get``            value / list / whole map / reduced / aggregated result
+``put``            value: update (``None`` clears); list: replace (a list); map: replace
+                   all (an object)
+``add``            list: add (``value``) or addAll (``values``); reducing/aggregating: add
+``clear``          any kind
+``map_get``        ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_key``)
+``map_add``        fold ``value`` (or each of ``values``) into one map entry with the map's
+                   ``function``; a map registered without one refuses it
+``register_timer`` ``delete_timer``: a timer (``domain``: event | processing, ``key``,
+                   ``key_type`` (default string), ``ns``, ``timestamp``); they name no state
+=================  ======================================================================
+
+Columnar form: the same names, with the fields as columns (``ns`` optional everywhere, null
+meaning ""); timers' columnar form is ``register`` / ``delete`` over ``key`` and ``timestamp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
+_ALL_KINDS: frozenset[str] = frozenset(get_args(StateKind))
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation: whether it writes (a task attempt stages its writes), whether repeating it
+    cannot change the outcome (a batch of only these may be retried after a timeout), what it
+    carries besides ``state``, ``key`` and ``ns``, its columns when it has a columnar form, and
+    the state kinds that take it (none: a timer operation)."""
+
+    name: str
+    writes: bool
+    idempotent: bool
+    fields: tuple[str, ...] = ()  # required fields of a batch operation
+    takes_values: bool = False  # ``values`` (a list) may stand for ``value``: add them in order
+    columns: tuple[str, ...] | None = None  # columns of its columnar form (besides ``ns``)
+    kinds: frozenset[str] = frozenset()
+
+    @property
+    def timer(self) -> bool:
+        return not self.kinds
+
+
+_MAP = frozenset({"map"})
+_TABLE = (
+    Op("get", writes=False, idempotent=True, columns=("key",), kinds=_ALL_KINDS),
+    Op(
+        "put",
+        writes=True,
+        idempotent=True,
+        fields=("value",),
+        columns=("key", "value"),
+        kinds=frozenset({"value", "list", "map"}),
+    ),
+    Op(
+        "add",
+        writes=True,
+        idempotent=False,
+        fields=("value",),
+        takes_values=True,
+        columns=("key", "value"),
+        kinds=frozenset({"list", "reducing", "aggregating"}),
+    ),
+    Op("clear", writes=True, idempotent=True, columns=("key",), kinds=_ALL_KINDS),
+    Op("map_get", writes=False, idempotent=True, fields=("user_key",), columns=("key", "user_key"), kinds=_MAP),
+    Op(
+        "map_put",
+        writes=True,
+        idempotent=True,
+        fields=("user_key", "value"),
+        columns=("key", "user_key", "value"),
+        kinds=_MAP,
+    ),
+    Op(
+        "map_add",
+        writes=True,
+        idempotent=False,
+        fields=("user_key", "value"),
+        takes_values=True,
+        columns=("key", "user_key", "value"),
+        kinds=_MAP,
+    ),
+    Op("map_remove", writes=True, idempotent=True, fields=("user_key",), columns=("key", "user_key"), kinds=_MAP),
+    Op("map_contains", writes=False, idempotent=True, fields=("user_key",), kinds=_MAP),
+    Op("register_timer", writes=True, idempotent=True, fields=("timestamp",)),
+    Op("delete_timer", writes=True, idempotent=True, fields=("timestamp",)),
+)
+OPS: dict[str, Op] = {op.name: op for op in _TABLE}
+
+# The names as types (the HTTP models' enums, the engine's signatures); checked below against
+# the table, so the two cannot drift.
+StateOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
+TimerOpName = Literal["register_timer", "delete_timer"]
+ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
+TimerColumnOpName = Literal["register", "delete"]
+
+STATE_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if not op.timer)
+TIMER_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.timer)
+OP_NAMES: tuple[str, ...] = tuple(OPS)
+READ_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if not op.writes)
+IDEMPOTENT_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if op.idempotent)
+COLUMN_OPS: dict[str, tuple[str, ...]] = {op.name: op.columns for op in _TABLE if op.columns is not None}
+READ_COLUMN_OPS: frozenset[str] = frozenset(COLUMN_OPS) & READ_OPS
+# A timer's columnar form names its batch operation's verb; its columns are these.
+TIMER_COLUMN_OPS: dict[str, str] = {"register": "register_timer", "delete": "delete_timer"}
+TIMER_COLUMNS: tuple[str, ...] = ("key", "timestamp")
+
+for _names, _type in (
+    (STATE_OPS, StateOpName),
+    (TIMER_OPS, TimerOpName),
+    (tuple(COLUMN_OPS), ColumnOpName),
+    (tuple(TIMER_COLUMN_OPS), TimerColumnOpName),
+):
+    if _names != get_args(_type):  # pragma: no cover - a table edited without its type
+        raise AssertionError(f"protocol.ops: {_type} lists {get_args(_type)}, the table {_names}")
