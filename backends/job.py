@@ -31,7 +31,7 @@ from statehouse.backends.keyed import (
     ReducingState,
     ValueState,
 )
-from statehouse.backends.keyspace import KeySpace
+from statehouse.backends.keyspace import KeySpace, first_page, position_of
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.memory import released
 from statehouse.backends.operator_state import OperatorState
@@ -310,6 +310,14 @@ class Job:
                 if namespace is None or ns == namespace:
                     yield StoredKey(kg, key, ns, (kg, primary))
 
+    def keys_page(
+        self, state: str, namespace: str | None, key_group: int | None, after: bytes | None, limit: int
+    ) -> tuple[list[StoredKey], bytes | None]:
+        """One page of :meth:`keys`: up to ``limit`` after the position ``after`` (a previous
+        page's), and where the next page starts (``None``: the last page)."""
+        with self.exclusive():  # the iteration seeks in the live partition: no write in between
+            return first_page(self.keys(state, namespace, key_group, position_of(after)), limit, _position)
+
     # -- transactions --------------------------------------------------------------------
 
     @contextmanager
@@ -337,6 +345,10 @@ class Job:
         self._staging = None
         self.ttl_cleanup.clear()
         self.partition.close()
+
+
+def _position(key: StoredKey) -> tuple[int, bytes]:
+    return key.position
 
 
 class JobTransaction:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from itertools import islice
+from typing import TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +36,7 @@ from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, Key
 from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
 
 Key: TypeAlias = str | int
+T = TypeVar("T")
 _TS = struct.Struct(">Q")
 TIMESTAMP_BYTES = _TS.size
 _SIGN = 1 << 63
@@ -54,6 +57,29 @@ def decode_timestamp(data: bytes) -> int:
 def timer_key_type(primary: bytes) -> KeyType:
     """The key type a stored timer's primary names (after its timestamp)."""
     return KEY_TYPES[primary[TIMESTAMP_BYTES]]
+
+
+def position_bytes(position: tuple[int, bytes]) -> bytes:
+    """A listing's position (key group, stored key) as bytes that sort as the positions do: a
+    paged listing's cursor (2 bytes hold any key group: max parallelism is at most 2**15)."""
+    key_group, primary = position
+    return key_group.to_bytes(2, "big") + primary
+
+
+def position_of(data: bytes | None) -> tuple[int, bytes] | None:
+    """The position :func:`position_bytes` gave (``None``: the listing's start)."""
+    return (int.from_bytes(data[:2], "big"), data[2:]) if data else None
+
+
+def first_page(
+    items: Iterable[T], limit: int, position: Callable[[T], tuple[int, bytes]]
+) -> tuple[list[T], bytes | None]:
+    """Up to ``limit`` of ``items``, and the position (bytes) the next page starts after when
+    more follow (``None``: this page ends the listing)."""
+    page = list(islice(items, limit + 1))
+    if len(page) <= limit:
+        return page, None
+    return page[:limit], position_bytes(position(page[limit - 1]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,14 +91,15 @@ class OperatorState:
         return raw.decode() if raw is not None else None  # type: ignore[return-value]
 
     def _declare(self, operator: str, name: str, mode: ListMode | None) -> None:
-        if mode is None:
-            return
-        if mode not in LIST_MODES:
+        """Fix the list's mode on its first write; ``None`` takes the stored one (``split`` when
+        there is none yet, as Flink's ``getListState``), another than the stored one is refused."""
+        if mode is not None and mode not in LIST_MODES:
             raise InvalidArgument(f"mode must be one of {', '.join(LIST_MODES)}; got {mode!r}")
         existing = self.list_mode(operator, name)
         if existing is None:
-            self._tx.put(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name), mode.encode())
-        elif existing != mode:
+            declared: ListMode = mode or "split"
+            self._tx.put(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name), declared.encode())
+        elif mode is not None and existing != mode:
             raise OperatorStateConflict(
                 f"operator list state {operator}/{name} exists with mode {existing!r}; it cannot become {mode!r}"
             )
@@ -132,7 +133,7 @@ class OperatorState:
         return primary, b"".join(self._encode(v) for v in elements)
 
     def list_update(
-        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = None
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
         self._count_subtask(operator, subtask, name)
@@ -142,7 +143,7 @@ class OperatorState:
             self._tx.clear(LIST_TABLE, NO_KEY_GROUP, primary)
 
     def list_add(
-        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = "split"
+        self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = None
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
         self._count_subtask(operator, subtask, name)

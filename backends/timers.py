@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
@@ -44,7 +45,15 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import decode_primary
 from statehouse.backends.errors import InvalidArgument
-from statehouse.backends.keyspace import TIMESTAMP_BYTES, KeySpace, decode_timestamp, encode_timestamp, timer_key_type
+from statehouse.backends.keyspace import (
+    TIMESTAMP_BYTES,
+    KeySpace,
+    decode_timestamp,
+    encode_timestamp,
+    first_page,
+    position_of,
+    timer_key_type,
+)
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
 from statehouse.protocol.ops import TIMER_OPS
@@ -170,6 +179,8 @@ class TimerContext(Protocol):
 
     keyspace: KeySpace
     timer_floors: TimerFloors
+
+    def exclusive(self) -> AbstractContextManager[None]: ...
 
     @property
     def key_group_range(self) -> KeyGroupRange: ...
@@ -346,8 +357,26 @@ def list_timers(
             yield decode_timer(kg, primary), (kg, primary)
 
 
+def timers_page(
+    job: TimerContext, domain: TimeDomain, key_group: int | None, after: bytes | None, limit: int
+) -> tuple[list[Timer], bytes | None]:
+    """One page of :func:`list_timers`: up to ``limit`` after the position ``after`` (a previous
+    page's), and where the next page starts (``None``: the last page)."""
+    if key_group is not None:
+        job.keyspace.check_key_group(key_group)
+    with job.exclusive():  # the iteration seeks in the live partition: no write in between
+        found, next_after = first_page(list_timers(job, domain, key_group, position_of(after)), limit, _position)
+    return [timer for timer, _position in found], next_after
+
+
+def _position(listed: tuple[Timer, tuple[int, bytes]]) -> tuple[int, bytes]:
+    return listed[1]
+
+
 def count_timers(job: TimerContext, domain: TimeDomain, key_group: int | None = None) -> dict[int, int]:
     """Stored timers per key group of this replica (key groups without timers left out)."""
+    if key_group is not None:
+        job.keyspace.check_key_group(key_group)
     counts: dict[int, int] = {}
     table = TABLES[check_domain(domain)]
     partition = job.partition

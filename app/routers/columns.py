@@ -4,75 +4,25 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
 
-import orjson
-import pyarrow as pa
 from fastapi import Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import openapi as doc
+from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, require_token, service_of
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import run_engine
-from statehouse.app.problems import ApiError, state_error
+from statehouse.app.problems import state_error
 from statehouse.app.routing import api_router, check_target, route_path
-from statehouse.app.wire import JSON, arrow_response, read_arrow
+from statehouse.app.wire import arrow_response
 from statehouse.backends.attempts import run_columns
-from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
-from statehouse.backends.codec import parse_decimal
 from statehouse.backends.columns import ColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
-from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 from statehouse.protocol.ops import COLUMN_OPS, ColumnOpName
 
 router = api_router(prefix="/v1", tags=["batch"])
-W = TypeVar("W")
-
-
-def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
-
-
-# Declared here and read by hand (below): FastAPI's per-parameter validation costs more than the
-# rest of a small columnar request, and these four are optional integers and one id.
-ATTEMPT_PARAMETERS = [
-    _query(
-        "epoch", "the writer epoch (fencing), as in a batch", {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH}
-    ),
-    _query(
-        "partition", "Spark partition of the task attempt", {"type": "integer", "minimum": 0, "maximum": MAX_PARTITION}
-    ),
-    _query("attempt", "task attempt id", {"type": "string", "pattern": ATTEMPT_PATTERN}),
-    _query(
-        "seq", "the attempt's request number to this replica", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}
-    ),
-]
-
-
-def query_count(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    number = parse_decimal(raw)
-    if number is None or number < 0:
-        raise ApiError(
-            "invalid_argument",
-            f"query parameter {name!r} must be a non-negative integer (ASCII digits); got {raw!r}",
-        )
-    return number
-
-
-def request_attempt(request: Request) -> AttemptRef | None:
-    """The task attempt a request comes from, if it names one (see the batch endpoint)."""
-    partition, seq = query_count(request, "partition"), query_count(request, "seq")
-    attempt = request.query_params.get("attempt")
-    if attempt is None and partition is None and seq is None:
-        return None
-    return AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]  # validates all three
 
 
 @router.post(
@@ -88,32 +38,6 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
     (`value_type`) answer that Arrow type. `epoch` fences; `partition`, `attempt` and `seq` stage
     the rows for a Spark task attempt, as the batch endpoint's body fields do."""
     return await serve(service, job, state, op, request)
-
-
-@dataclass(frozen=True, slots=True)
-class ColumnarRequest(Generic[W]):
-    """A columnar request, read: its operation parsed from the Arrow body, the body's size (what
-    staging counts), and the task attempt and writer epoch its query parameters name."""
-
-    work: W
-    size: int
-    attempt: AttemptRef | None
-    epoch: int | None
-
-    def written(self, op: str, rows: int) -> Response:
-        """The answer to a write: how many rows were applied, or staged for the task attempt."""
-        return Response(orjson.dumps({"op": op, "rows": rows, "staged": self.attempt is not None}), media_type=JSON)
-
-
-async def read_columnar(service: Service, request: Request, parse: Callable[[pa.Table], W]) -> ColumnarRequest[W]:
-    """Read an Arrow IPC body (at most STATEHOUSE_MAX_BATCH_OPS rows) into ``parse``'s operation,
-    then the attempt parameters: what every columnar endpoint does first."""
-    raw = await request.body()
-    settings = service.settings
-    table = read_arrow(raw, settings.max_body_bytes, settings.max_batch_ops)
-    service.check_batch_size(table.num_rows, "rows")
-    work = parse(table)
-    return ColumnarRequest(work, len(raw), request_attempt(request), query_count(request, "epoch"))
 
 
 async def serve(service: Service, job: Job, state: str, op: str, request: Request) -> Response:

@@ -162,14 +162,10 @@ async def list_keys(
     key_group: Annotated[int | None, Query(ge=0, description="only this key group")] = None,
 ) -> KeyPage:
     """Keys of a state in one namespace, in key-group order, paged; optionally one key group only."""
-    after = paging.after
-    start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
 
     def page() -> KeyPage:
-        with job.exclusive():  # the iteration seeks in the live partition: no write in between
-            keys = job.keys(state, ns, key_group, start_after)
-            found, next_cursor = paging.take(keys, lambda k: k.position[0].to_bytes(2, "big") + k.position[1])
+        found, next_after = job.keys_page(state, ns, key_group, paging.after, paging.limit)
         items = [KeyItem(key=k.key, key_group=k.key_group, ns=k.namespace) for k in found]
-        return KeyPage(items=items, next_cursor=next_cursor)
+        return KeyPage(items=items, next_cursor=paging.cursor_at(next_after))
 
     return await run_in_threadpool(page)

@@ -58,9 +58,7 @@ async def put_list(job: JobDep, operator: str, index: Index, name: str, body: Va
     values = body.value
     await in_transaction(
         job,
-        lambda tx: tx.operator.list_update(
-            operator, index, name, values, mode or _existing_or_split(tx, operator, name)
-        ),
+        lambda tx: tx.operator.list_update(operator, index, name, values, mode),
         len(values),
     )
     return Response(status_code=204)
@@ -74,7 +72,7 @@ async def add_to_list(
     values = body.values if body.values is not None else [body.value]
     await in_transaction(
         job,
-        lambda tx: tx.operator.list_add(operator, index, name, values, mode or _existing_or_split(tx, operator, name)),
+        lambda tx: tx.operator.list_add(operator, index, name, values, mode),
         len(values),
     )
     return Response(status_code=204)
@@ -84,10 +82,6 @@ async def add_to_list(
 async def clear_list(job: JobDep, operator: str, index: Index, name: str) -> Response:
     await in_transaction(job, lambda tx: tx.operator.list_clear(operator, index, name))
     return Response(status_code=204)
-
-
-def _existing_or_split(tx, operator: str, name: str) -> str:
-    return tx.operator.list_mode(operator, name) or "split"
 
 
 @router.get(BROADCAST, response_model=EntryPage, responses=doc.BROADCAST_LIST)

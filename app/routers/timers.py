@@ -11,6 +11,7 @@ from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
+from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import (
     AdvanceBody,
@@ -23,7 +24,6 @@ from statehouse.app.models import (
 )
 from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
 from statehouse.app.paging import PageDep
-from statehouse.app.routers.columns import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends import codec
@@ -154,18 +154,10 @@ async def list_timers(
 ) -> Response:
     """This replica's stored timers of a domain, in key-group then firing order, paged; optionally one key
     group only."""
-    if key_group is not None:
-        job.keyspace.check_key_group(key_group)
-    after = paging.after
-    start_after = (int.from_bytes(after[:2], "big"), after[2:]) if after else None
 
     def page() -> Response:
-        with job.exclusive():  # the iteration seeks in the live partition: no write in between
-            found, next_cursor = paging.take(
-                timer_service.list_timers(job, domain, key_group, start_after),
-                lambda t: t[1][0].to_bytes(2, "big") + t[1][1],
-            )
-        return render(request, {"items": [t.to_dict() for t, _pos in found], "next_cursor": next_cursor})
+        found, next_after = timer_service.timers_page(job, domain, key_group, paging.after, paging.limit)
+        return render(request, {"items": [t.to_dict() for t in found], "next_cursor": paging.cursor_at(next_after)})
 
     return await run_in_threadpool(page)
 
@@ -173,8 +165,6 @@ async def list_timers(
 @router.get(TIMERS + "/counts", response_model=TimerCounts, responses=doc.COUNT_TIMERS)
 async def count_timers(job: JobDep, domain: Domain, key_group: KeyGroupQuery = None) -> TimerCounts:
     """How many timers of a domain this replica holds per key group, and the domain's current time here."""
-    if key_group is not None:
-        job.keyspace.check_key_group(key_group)
 
     def count() -> TimerCounts:
         with job.exclusive(), job.transaction() as tx:
