@@ -16,74 +16,66 @@ exactly-once per Spark task attempt (the driver's side is ``client/coordinator.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from itertools import groupby
+from typing import Any, ClassVar, Protocol, TypeVar
 
-import pyarrow as pa
-
-from statehouse.backends import ops
 from statehouse.backends.base.transaction import StagedView
-from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
-from statehouse.backends.staging import AttemptRef, EpochStaging, StagedAttempt, StagedWrite, Winner
-from statehouse.backends.timer_columns import TimerColumns, apply_timer_columns
-from statehouse.backends.timers import Advanced, FiredTimers, TimeDomain, double_firings
+from statehouse.backends.staging import (
+    STAGED_OP_OVERHEAD,
+    AttemptRef,
+    EpochStaging,
+    StagedAttempt,
+    StagedWrite,
+    Winner,
+)
+from statehouse.backends.timers import Advanced, TimeDomain, double_firings
 from statehouse.keygroups import KeyGroupRange
-from statehouse.protocol.ops import READ_OPS
 
-# Memory a staged write takes beyond its bytes in the request: the decoded operation (~370 B,
-# measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
-# that STATEHOUSE_MAX_STAGED_BYTES bounds memory, not just request bytes.
-STAGED_OP_OVERHEAD = 512
-# A staged columnar row costs less: its view entry (~200 B measured with tracemalloc); its
-# values stay in the request's Arrow table, counted as request bytes.
-STAGED_ROW_OVERHEAD = 256
-# A timer an attempt's advance fired stays in memory until the epoch ends three times over: in
-# the attempt's log (``FiredTimers``), as a delete in its view, and decoded in the answer kept
-# for a re-sent request. Charged as twice its stored primary (the bytes, and the key and
-# namespace decoded from them) plus the objects around them (~400 B, measured with tracemalloc).
-STAGED_TIMER_OVERHEAD = 512
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
-def run_batch(
-    job: Job, operations: list[Any], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
-) -> list[dict[str, Any]]:
-    """Apply a batch atomically: directly, or staged for ``attempt`` under ``epoch``.
+class Work(Protocol[R_co]):
+    """What a request asks, parsed from its wire format: a batch's operations
+    (``ops.BatchOps``), one columnar operation (``columns.ColumnOp``), timers' columns
+    (``timer_columns.TimerColumns``), an advance. One entry point, :func:`run`, applies any."""
 
-    ``size`` is the request's size in bytes: with a per-write overhead, what staging it costs."""
+    STAGED_OVERHEAD: ClassVar[int]  # memory each staged write operation holds (``staging``)
 
-    def staged() -> tuple[list[StagedWrite], int]:
-        writes = [op for op in operations if op["op"] not in READ_OPS]
-        return writes, len(writes)
+    def apply(self, tx: JobTransaction) -> R_co:
+        """Apply it inside ``tx`` and answer it."""
+        ...
 
-    return _run(job, epoch, attempt, size, lambda tx: ops.apply_all(tx, operations), staged, STAGED_OP_OVERHEAD)
-
-
-def run_columns(
-    job: Job, op: ColumnOp, *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
-) -> pa.Array | None:
-    """:func:`run_batch` for one columnar operation: its rows count as write operations."""
-    return _run(
-        job,
-        epoch,
-        attempt,
-        size,
-        lambda tx: apply_columns(tx, op),
-        lambda: ([op], op.rows) if op.writes else ([], 0),
-        STAGED_ROW_OVERHEAD,
-    )
+    def staged(self) -> list[StagedWrite]:
+        """What a task attempt's log keeps of it once applied (nothing for reads)."""
+        ...
 
 
-def run_timer_columns(
-    job: Job, op: TimerColumns, *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
-) -> None:
-    """:func:`run_batch` for timers of a whole Arrow batch: its rows count as write operations."""
-    _run(
-        job, epoch, attempt, size, lambda tx: apply_timer_columns(tx, op), lambda: ([op], op.rows), STAGED_ROW_OVERHEAD
-    )
+def run(job: Job, work: Work[R], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0) -> R:
+    """Apply ``work`` atomically: directly, or staged for ``attempt`` under ``epoch``. ``size`` is
+    the request's size in bytes: with the per-write overhead, what staging it costs."""
+    return _run(job, epoch, attempt, size, work)
+
+
+class _Advance:
+    """An advance as :class:`Work`: its staged record is exactly the timers it fired."""
+
+    STAGED_OVERHEAD: ClassVar[int] = STAGED_OP_OVERHEAD
+
+    def __init__(self, domain: TimeDomain, to: int, key_groups: KeyGroupRange | None, limit: int | None) -> None:
+        self.domain, self.to, self.key_groups, self.limit = domain, to, key_groups, limit
+        self.done: Advanced | None = None
+
+    def apply(self, tx: JobTransaction) -> Advanced:
+        self.done = tx.timers.advance(self.domain, self.to, self.key_groups, self.limit)
+        return self.done
+
+    def staged(self) -> list[StagedWrite]:
+        return [self.done.record] if self.done is not None else []
 
 
 def run_advance(
@@ -99,35 +91,19 @@ def run_advance(
     """Advance a time domain and fire its due timers (``TimerService.advance``): directly, or
     staged for ``attempt`` under ``epoch`` as one write operation that records exactly the
     timers it fired (a re-sent request answers the same timers again)."""
-    done: list[Advanced] = []
-
-    def advance(tx: JobTransaction) -> Advanced:
-        done.append(tx.timers.advance(domain, to, key_groups, limit))
-        return done[-1]
-
-    def run() -> Advanced:
-        return _run(job, epoch, attempt, 0, advance, lambda: ([done[-1].record], 1), STAGED_OP_OVERHEAD)
-
+    work = _Advance(domain, to, key_groups, limit)
     if attempt is not None:
-        return run()
+        return _run(job, epoch, attempt, 0, work)
     with job.exclusive():  # no registration between the commit and the floors' rise
-        result = run()
+        result = _run(job, epoch, attempt, 0, work)
         job.drained_timers(domain, result.drained, result.time)
     return result
 
 
-def _run(
-    job: Job,
-    epoch: int | None,
-    attempt: AttemptRef | None,
-    size: int,
-    apply: Callable[[JobTransaction], R],
-    writes_of: Callable[[], tuple[list[StagedWrite], int]],
-    overhead: int,
-) -> R:
+def _run(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int, work: Work[R]) -> R:
     if attempt is None:
         with job.transaction(epoch=epoch) as tx:
-            return apply(tx)
+            return work.apply(tx)
     if epoch is None:
         raise AttemptConflict("a task attempt's batch must carry the micro-batch's 'epoch'")
     with job.exclusive():
@@ -144,11 +120,13 @@ def _run(
                 "an attempt must send its requests to a replica one after the other"
             )
         with job.transaction(source=staged.view) as tx:
-            results = apply(tx)
-            writes, count = writes_of()
+            results = work.apply(tx)
+            writes = work.staged()
+            count = sum(w.rows for w in writes)
             # What staging holds from now on: the writes, and the answer kept for a re-sent
             # request in place of the previous one.
-            added = (size + overhead * count + sum(map(_fired_cost, writes)) if count else 0) + tx.answer.used
+            held = sum(w.held_bytes for w in writes)
+            added = (size + work.STAGED_OVERHEAD * count + held if count else 0) + tx.answer.used
             added -= staged.answer_bytes
             if added > 0:
                 job.limits.check_staging(len(staging.attempts), staging.bytes + added)
@@ -161,34 +139,15 @@ def _run(
         return results
 
 
-def _fired_cost(write: StagedWrite) -> int:
-    """Memory a staged advance holds beyond its operation: its fired timers (see STAGED_TIMER_OVERHEAD)."""
-    if not isinstance(write, FiredTimers):
-        return 0
-    return sum(2 * len(primary) for _kg, primary in write.fired) + STAGED_TIMER_OVERHEAD * len(write.fired)
-
-
 def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
-    """Apply an attempt's staged writes again, in order, inside the epoch's commit: its batch
-    operations together (one run per state and operation), its columnar writes as they came."""
-    where = f"attempt {staged.attempt!r} (partition {staged.partition})"
-    batch: list[Mapping[str, Any]] = []
-    for write in [*staged.writes, None]:
-        if isinstance(write, Mapping):
-            batch.append(write)
-            continue
-        try:
-            if batch:
-                ops.apply_all(tx, batch)
-            if isinstance(write, FiredTimers):
-                tx.timers.apply_fired(write)  # what the attempt fired, not a new advance
-            elif isinstance(write, TimerColumns):
-                apply_timer_columns(tx, write)
-            elif write is not None:
-                apply_columns(tx, write)  # type: ignore[arg-type]  # a ColumnOp: see StagedColumns
-        except StateError as exc:
-            raise exc.within(where) from None
-        batch = []
+    """Apply an attempt's staged writes again, in order, inside the epoch's commit: each run of
+    records of one kind together (a run of batches as one batch: one run per state and operation)."""
+    try:
+        for _kind, records in groupby(staged.writes, key=type):
+            run_of_kind = list(records)
+            type(run_of_kind[0]).replay(tx, run_of_kind)
+    except StateError as exc:
+        raise exc.within(f"attempt {staged.attempt!r} (partition {staged.partition})") from None
 
 
 def _attempt(job: Job, staging: EpochStaging, ref: AttemptRef) -> StagedAttempt:

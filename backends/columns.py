@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import RunArgs, apply_run
+from statehouse.backends.staging import STAGED_ROW_OVERHEAD, StagedWrite
 from statehouse.backends.value_types import result_type
 from statehouse.protocol.ops import COLUMN_OPS, OPS
 
@@ -53,6 +55,8 @@ class ColumnOp:
     """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
     what a columnar request asks, and what a task attempt's staged log replays."""
 
+    STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
+
     state: str
     op: str
     columns: pa.Table
@@ -60,6 +64,21 @@ class ColumnOp:
     @property
     def rows(self) -> int:
         return self.columns.num_rows
+
+    @property
+    def held_bytes(self) -> int:
+        return 0  # its values stay in the request's Arrow table, counted as request bytes
+
+    def apply(self, tx: JobTransaction) -> pa.Array | None:
+        return apply_columns(tx, self)
+
+    def staged(self) -> list[StagedWrite]:
+        return [self] if self.writes else []
+
+    @classmethod
+    def replay(cls, tx: JobTransaction, writes: Sequence[ColumnOp]) -> None:
+        for write in writes:
+            apply_columns(tx, write)
 
     @property
     def writes(self) -> bool:

@@ -9,14 +9,16 @@ operations go to ``backends/timers.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed.base import each_row
 from statehouse.backends.runs import RunArgs, apply_run
-from statehouse.protocol.ops import OP_NAMES, OPS, TIMER_OPS
+from statehouse.backends.staging import STAGED_OP_OVERHEAD, StagedWrite
+from statehouse.protocol.ops import OP_NAMES, OPS, READ_OPS, TIMER_OPS
 
 # Where a batch's timer operations run, in order among themselves (a name no state can have).
 _TIMERS = "$timers"
@@ -147,6 +149,39 @@ def _apply_runs(
             for i, value in zip(run, values, strict=True):
                 results[i] = {"value": value}
         start = end
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOps:
+    """A batch's operations (decoded dicts, checked when applied): what a batch request asks
+    (``attempts.Work``), and, its write operations only, what a task attempt's log keeps."""
+
+    STAGED_OVERHEAD: ClassVar[int] = STAGED_OP_OVERHEAD
+
+    ops: list[Any]
+
+    @property
+    def rows(self) -> int:
+        return len(self.ops)
+
+    @property
+    def held_bytes(self) -> int:
+        return 0  # the decoded operations are counted by the overhead per write
+
+    def apply(self, tx: JobTransaction) -> list[dict[str, Any]]:
+        return apply_all(tx, self.ops)
+
+    def staged(self) -> list[StagedWrite]:
+        writes = [op for op in self.ops if not _reads(op)]
+        return [BatchOps(writes)] if writes else []
+
+    @classmethod
+    def replay(cls, tx: JobTransaction, writes: Sequence[BatchOps]) -> None:
+        apply_all(tx, [op for write in writes for op in write.ops])
+
+
+def _reads(op: Mapping[str, Any]) -> bool:
+    return op["op"] in READ_OPS
 
 
 def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ instead of committing part of a batch.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,19 +28,41 @@ from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
 from statehouse.backends.errors import AttemptConflict, InvalidArgument
 
+# Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,
+# measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
+# that STATEHOUSE_MAX_STAGED_BYTES bounds memory, not just request bytes.
+STAGED_OP_OVERHEAD = 512
+# A staged columnar row costs less: its view entry (~200 B measured with tracemalloc); its
+# values stay in the request's Arrow table, counted as request bytes.
+STAGED_ROW_OVERHEAD = 256
+# A timer an attempt's advance fired stays in memory until the epoch ends three times over: in
+# the attempt's log (``FiredTimers``), as a delete in its view, and decoded in the answer kept
+# for a re-sent request. Charged as twice its stored primary (the bytes, and the key and
+# namespace decoded from them) plus the objects around them (~400 B, measured with tracemalloc).
+STAGED_TIMER_OVERHEAD = 512
 
-class StagedColumns(Protocol):
-    """A staged columnar write (a ``backends.columns.ColumnOp``, which this module cannot
-    import: the columns need the job, which needs this module)."""
+
+class StagedWrite(Protocol):
+    """One record of a task attempt's log: what one of its requests wrote (a batch's write
+    operations, a columnar operation of a state or of timers) or what one of its advances fired.
+    The epoch commit replays each run of records of one kind together (``replay``)."""
 
     @property
-    def rows(self) -> int: ...
+    def rows(self) -> int:
+        """The write operations it counts as (what the driver's winners name)."""
+        ...
 
+    @property
+    def held_bytes(self) -> int:
+        """Memory it holds beyond the request's bytes and the per-write overhead."""
+        ...
 
-# What a task attempt's log holds: batch operations (decoded dicts), columnar operations (of
-# states, and of timers: ``timer_columns.TimerColumns``), and the timers its advances fired
-# (``timers.FiredTimers``, which also counts as ``rows``).
-StagedWrite = Mapping[str, Any] | StagedColumns
+    @classmethod
+    def replay(cls, tx: Any, writes: Sequence[Any]) -> None:
+        """Apply ``writes`` (records of this kind, in order) again inside the commit's transaction
+        (a ``JobTransaction``: this module is below the job)."""
+        ...
+
 
 ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 _ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline

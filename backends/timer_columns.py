@@ -8,7 +8,9 @@ null meaning ""). Rows apply in order, all or nothing; a row's error names it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +18,7 @@ import pyarrow as pa
 from statehouse.backends.columns import namespaces, refuse_nulls
 from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import JobTransaction
+from statehouse.backends.staging import STAGED_ROW_OVERHEAD, StagedWrite
 from statehouse.backends.timers import TimeDomain, check_domain, check_key_type
 from statehouse.keygroups import KeyType
 from statehouse.protocol.ops import TIMER_COLUMN_OPS, TIMER_COLUMNS
@@ -26,6 +29,8 @@ class TimerColumns:
     """One timer operation over the rows of ``columns`` (checked by :meth:`parse`): what a
     columnar timer request asks, and what a task attempt's staged log replays."""
 
+    STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
+
     op: str
     domain: TimeDomain
     key_type: KeyType
@@ -34,6 +39,21 @@ class TimerColumns:
     @property
     def rows(self) -> int:
         return self.columns.num_rows
+
+    @property
+    def held_bytes(self) -> int:
+        return 0  # its rows stay in the request's Arrow table, counted as request bytes
+
+    def apply(self, tx: JobTransaction) -> None:
+        apply_timer_columns(tx, self)
+
+    def staged(self) -> list[StagedWrite]:
+        return [self]
+
+    @classmethod
+    def replay(cls, tx: JobTransaction, writes: Sequence[TimerColumns]) -> None:
+        for write in writes:
+            apply_timer_columns(tx, write)
 
     @classmethod
     def parse(cls, op: str, domain: str, key_type: str, columns: pa.Table) -> TimerColumns:

@@ -36,7 +36,7 @@ records exactly the timers it fired, so the epoch commit removes those and no ot
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
@@ -55,6 +55,7 @@ from statehouse.backends.keyspace import (
     timer_key_type,
 )
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
+from statehouse.backends.staging import STAGED_TIMER_OVERHEAD
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
 from statehouse.protocol.ops import TIMER_OPS
 
@@ -119,6 +120,17 @@ class FiredTimers:
     @property
     def rows(self) -> int:
         return 1  # one write operation of the attempt, whatever it fired
+
+    @property
+    def held_bytes(self) -> int:
+        """The fired timers it holds (see ``staging.STAGED_TIMER_OVERHEAD``)."""
+        return sum(2 * len(primary) for _kg, primary in self.fired) + STAGED_TIMER_OVERHEAD * len(self.fired)
+
+    @classmethod
+    def replay(cls, tx: Any, writes: Sequence[FiredTimers]) -> None:
+        """What the attempt fired, not a new advance (``tx`` is a ``JobTransaction``)."""
+        for write in writes:
+            tx.timers.apply_fired(write)
 
 
 @dataclass(frozen=True, slots=True)

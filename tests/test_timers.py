@@ -12,6 +12,7 @@ import pytest
 from harness.server import start_server
 from statehouse.backends import attempts
 from statehouse.backends.errors import AttemptConflict, InvalidArgument, KeyNotOwned, StaleEpoch
+from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import TIMER_TABLES, keyed_tables
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timers import count_timers, list_timers
@@ -107,8 +108,11 @@ def test_floors_never_hide_a_timer(job):
     register(job, (50, same[1]))  # late, below the floor: it lowers it
     assert fire(job, 100) == [(50, same[1], "")]
     job.fence(1)
-    attempts.run_batch(
-        job, [{"op": "register_timer", "key": same[2], "timestamp": 60}], epoch=1, attempt=AttemptRef(0, "a", 0)
+    attempts.run(
+        job,
+        BatchOps([{"op": "register_timer", "key": same[2], "timestamp": 60}]),
+        epoch=1,
+        attempt=AttemptRef(0, "a", 0),
     )
     assert fire(job, 200) == []  # plain: the staged timer is not the job's yet, and the floor stays down
     staged = attempts.run_advance(job, "event", 200, epoch=1, attempt=AttemptRef(0, "a", 1))
@@ -250,9 +254,9 @@ def test_attempt_firing_is_staged_and_only_the_winner_sticks(job):
     # within the attempt, what it fired is gone, and what it registers fires on its next advance
     with pytest.raises(AttemptConflict):
         attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 5))
-    attempts.run_batch(
+    attempts.run(
         job,
-        [{"op": "register_timer", "domain": "event", "key": "d", "timestamp": 5}],
+        BatchOps([{"op": "register_timer", "domain": "event", "key": "d", "timestamp": 5}]),
         epoch=1,
         attempt=AttemptRef(0, "a1", 1),
     )
@@ -271,8 +275,8 @@ def test_commit_replays_exactly_what_was_fired(job):
     register(job, (1, "a"))
     job.fence(1)
     attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
-    attempts.run_batch(
-        job, [{"op": "register_timer", "key": "b", "timestamp": 3}], epoch=1, attempt=AttemptRef(1, "p1", 0)
+    attempts.run(
+        job, BatchOps([{"op": "register_timer", "key": "b", "timestamp": 3}]), epoch=1, attempt=AttemptRef(1, "p1", 0)
     )
     attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
     assert [(t.key, t.timestamp) for t, _p in list_timers(job, "event")] == [("b", 3)]
@@ -588,26 +592,24 @@ def test_columnar_timers_are_the_same_timers(job):
 
     keys = [f"k{i}" for i in range(50)]
     table = pa.table({"key": keys, "timestamp": pa.array([i % 7 for i in range(50)], pa.int64()), "ns": ["w"] * 50})
-    attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "string", table))
+    attempts.run(job, TimerColumns.parse("register", "event", "string", table))
     register(job, (3, "k3", "w"))  # the same timer, registered row-wise: one timer
     longs = pa.table({"key": pa.array([5, -(2**40)], pa.int64()), "timestamp": pa.array([1, 2], pa.int64())})
-    attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "long", longs))
+    attempts.run(job, TimerColumns.parse("register", "event", "long", longs))
     assert sum(count_timers(job, "event").values()) == 52
     gone = pa.table({"key": keys[:10], "timestamp": pa.array([i % 7 for i in range(10)], pa.int64()), "ns": ["w"] * 10})
-    attempts.run_timer_columns(job, TimerColumns.parse("delete", "event", "string", gone))
+    attempts.run(job, TimerColumns.parse("delete", "event", "string", gone))
     fired = fire(job, 100)
     assert len(fired) == 42
     assert set(fired) == {(i % 7, f"k{i}", "w") for i in range(10, 50)} | {(1, 5, ""), (2, -(2**40), "")}
 
     with pytest.raises(InvalidArgument, match="row 1: timestamp is null"):
         bad = pa.table({"key": ["a", "b"], "timestamp": pa.array([1, None], pa.int64())})
-        attempts.run_timer_columns(job, TimerColumns.parse("register", "event", "string", bad))
+        attempts.run(job, TimerColumns.parse("register", "event", "string", bad))
     with pytest.raises(InvalidArgument, match="columns"):
         TimerColumns.parse("register", "event", "string", pa.table({"key": ["a"]}))
     with pytest.raises(Exception, match="key"):
-        attempts.run_timer_columns(
-            job, TimerColumns.parse("register", "event", "int", pa.table({"key": ["a"], "timestamp": [1]}))
-        )
+        attempts.run(job, TimerColumns.parse("register", "event", "int", pa.table({"key": ["a"], "timestamp": [1]})))
     assert count_timers(job, "event") == {}  # nothing of the refused requests
 
 
@@ -619,7 +621,7 @@ def test_columnar_timers_staged_for_an_attempt(job):
     job.fence(1)
     table = pa.table({"key": ["a", "b", "c"], "timestamp": pa.array([1, 2, 3], pa.int64())})
     op = TimerColumns.parse("register", "processing", "string", table)
-    attempts.run_timer_columns(job, op, epoch=1, attempt=AttemptRef(0, "x", 0))
+    attempts.run(job, op, epoch=1, attempt=AttemptRef(0, "x", 0))
     assert count_timers(job, "processing") == {}  # staged
     fired = attempts.run_advance(job, "processing", 2, epoch=1, attempt=AttemptRef(0, "x", 1))
     assert [t.key for t in fired.timers] == ["a", "b"]  # the attempt sees its own timers

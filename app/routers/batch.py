@@ -14,8 +14,9 @@ from statehouse.app.offload import run_engine
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import read_body, render
-from statehouse.backends.attempts import run_batch
+from statehouse.backends.attempts import run
 from statehouse.backends.job import Job
+from statehouse.backends.ops import BatchOps
 from statehouse.backends.staging import AttemptRef
 from statehouse.protocol.ops import TIMER_OPS
 
@@ -48,7 +49,7 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     size = len(await request.body())
     results = await run_engine(
         job,
-        lambda: run_batch(job, operations, epoch=body.get("epoch"), attempt=attempt, size=size),
+        lambda: run(job, BatchOps(operations), epoch=body.get("epoch"), attempt=attempt, size=size),
         len(operations),
     )
     service.metrics.count_ops(_tally(job, operations))

@@ -16,7 +16,7 @@ from statehouse.app.offload import run_engine
 from statehouse.app.problems import state_error
 from statehouse.app.routing import api_router, check_target, route_path
 from statehouse.app.wire import arrow_response
-from statehouse.backends.attempts import run_columns
+from statehouse.backends.attempts import run
 from statehouse.backends.columns import ColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
@@ -45,7 +45,7 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
     read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
     work = read.work
     values = await run_engine(
-        job, lambda: run_columns(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
+        job, lambda: run(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
     )
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:

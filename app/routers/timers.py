@@ -28,7 +28,7 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends import codec
 from statehouse.backends import timers as timer_service
-from statehouse.backends.attempts import run_advance, run_timer_columns
+from statehouse.backends.attempts import run, run_advance
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
@@ -117,9 +117,7 @@ async def timer_columns(
     row one write), as on the columnar state endpoint."""
     read = await read_columnar(service, request, lambda table: TimerColumns.parse(op, domain, key_type, table))
     work = read.work
-    await run_engine(
-        job, lambda: run_timer_columns(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
-    )
+    await run_engine(job, lambda: run(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows)
     service.metrics.count_ops(Counter({("timer", f"{op}_timer"): work.rows}))
     return read.written(op, work.rows)
 
