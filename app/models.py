@@ -231,7 +231,10 @@ class DescriptorPage(Page):
 
 
 class BatchOp(BaseModel):
-    """One operation of a batch (documentation only: batches are decoded without models)."""
+    """One operation of a batch, for the API's document: batches are decoded without models (what
+    pydantic would cost per operation is most of a small batch's CPU) and the engine checks them
+    (``backends/ops.py``) by the op table (``protocol/ops.py``), from which these enums come;
+    tests/test_protocol.py holds both to the table."""
 
     op: Literal[StateOpName, TimerOpName]  # one enum (nested Literals flatten)
     state: str | None = Field(None, description="the state (every operation but the timer ones)")
