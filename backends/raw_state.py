@@ -30,6 +30,7 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import encode_fields, iter_values
 from statehouse.backends.errors import InvalidArgument, InvalidValue
+from statehouse.backends.keyspace import KeySpace
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.names import validate_name
 from statehouse.backends.operator_state import count_subtask
@@ -51,13 +52,13 @@ def operator_of(stored: str) -> str:
 
 
 class RawKeyedOwner(Protocol):
-    """What raw keyed state needs of a job (``backends.job.Job`` is one): its key groups, its
-    partition, and the one owner check keyed requests use (421 ``key_not_owned``)."""
+    """What raw keyed state needs of a job (``backends.job.Job`` is one): its key space (the key
+    groups, and the one owner check keyed requests use: 421 ``key_not_owned``) and its partition."""
 
-    max_parallelism: int
-    partition: StorePartition
+    keyspace: KeySpace
 
-    def check_owned(self, key_group: int) -> None: ...
+    @property
+    def partition(self) -> StorePartition: ...
 
 
 class RawKeyedState:
@@ -71,10 +72,11 @@ class RawKeyedState:
 
     def _key_group(self, key_group: int) -> int:
         """A key group of the job this replica owns (422 out of range, 421 another replica's)."""
-        maximum = self._job.max_parallelism
+        keyspace = self._job.keyspace
+        maximum = keyspace.max_parallelism
         if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < maximum:
             raise InvalidArgument(f"key group must be an integer in [0, {maximum - 1}]; got {key_group!r}")
-        self._job.check_owned(key_group)
+        keyspace.check_owned(key_group)
         return key_group
 
     def _table(self, create: bool) -> bool:

@@ -101,7 +101,7 @@ def test_raw_state_travels_with_snapshots(backend, make_catalog, make_manager, t
             outside = (job.key_group_range.end + 1) % MAX_PARALLELISM
             with pytest.raises(KeyNotOwned) as refused:
                 tx.raw_keyed.get(outside)
-            assert refused.value.owner == job.owner_of(outside)
+            assert refused.value.owner == job.keyspace.owner_of(outside)
             for subtask in range(catalog.replica_index, new, new):
                 raw_lists[subtask] = tx.raw_operator.partitions("src", subtask)
                 managed[subtask] = tx.operator.list_get("src", subtask, "offsets") or []
