@@ -104,6 +104,7 @@ OPERATION_IDS: dict[str, str] = {
     "append_raw_stream": "appendRawKeyedStream",
     "clear_raw_stream": "clearRawKeyedStream",
     "get_raw_partitions": "getRawOperatorPartitions",
+    "put_raw_partitions": "putRawOperatorPartitions",
     "add_raw_partition": "addRawOperatorPartition",
     "clear_raw_partitions": "clearRawOperatorPartitions",
     # checkpoints
@@ -248,6 +249,26 @@ RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}
 RAW_KEYED_CLEAR = errors(*RAW_KEYED)
 RAW_OPERATOR_READ = {**errors(*OPERATOR, "key_not_found", "answer_too_large"), **msgpack_reply()}
 RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large")
+BASE64_LIST = {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}
+RAW_PARTITIONS_BODY = {
+    "requestBody": {
+        "required": False,  # several media types: see BATCH_BODY (no body: 400 malformed_body)
+        "content": {
+            JSON: {
+                "schema": {
+                    "type": "object",
+                    "required": ["partitions"],
+                    "properties": {
+                        "partitions": {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}
+                    },
+                    "additionalProperties": False,
+                }
+            },
+            MSGPACK: binary('{"partitions": [bin, ...]} encoded as msgpack'),
+        },
+    }
+}
+RAW_OPERATOR_REPLACE = errors(*OPERATOR, "raw_stream_too_large", "invalid_argument", "invalid_value")
 RAW_OPERATOR_CLEAR = errors(*OPERATOR)
 
 TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)

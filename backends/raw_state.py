@@ -160,7 +160,7 @@ class RawOperatorState:
     def _write(self, operator: str, subtask: int, partitions: list[bytes], replace: bool) -> None:
         primary = self._primary(operator, subtask)
         if any(not isinstance(p, bytes) for p in partitions):
-            raise InvalidValue("raw operator partitions are bytes")
+            raise InvalidValue("raw operator partitions must be bytes (msgpack bin values)")
         records = b"".join(msgpack.packb(p, use_bin_type=True) for p in partitions)
         existing = b"" if replace else self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
         stored = existing + records

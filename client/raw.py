@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 OCTETS = {"content-type": "application/octet-stream"}
 MSGPACK_ANSWER = {"accept": "application/msgpack"}
+MSGPACK_BODY = {"content-type": "application/msgpack"}
 
 
 class RawKeyedState:
@@ -125,7 +126,8 @@ class RawOperatorState:
         self._replica(subtask).request("DELETE", self._path(operator, subtask), idempotent=True)
 
     def update(self, operator: str, subtask: int, partitions: list[bytes]) -> None:
-        """Replace the subtask's partitions: a clear, then one add each (not one atomic write)."""
-        self.clear(operator, subtask)
-        for partition in partitions:
-            self.add(operator, subtask, partition)
+        """Replace the subtask's partitions, atomically (``[]`` clears them)."""
+        body = msgpack.packb({"partitions": [bytes(p) for p in partitions]}, use_bin_type=True)
+        self._replica(subtask).request(
+            "PUT", self._path(operator, subtask), idempotent=True, content=body, headers=MSGPACK_BODY
+        )

@@ -122,6 +122,7 @@ def every_family(job: str) -> list[tuple[str, str, dict]]:
     put_ops = {"json": {"ops": [{"op": "put", "state": "v", "key": "k", "value": "stolen"}]}}
     columns_body = {"content": arrow(key=["k"], value=["stolen"]), "headers": {"content-type": ARROW}}
     octets = {"content": b"stolen", "headers": {"content-type": "application/octet-stream"}}
+    msgpack = {"content-type": "application/msgpack"}
     return [
         # jobs
         ("GET", base, {}),
@@ -162,6 +163,7 @@ def every_family(job: str) -> list[tuple[str, str, dict]]:
         ("DELETE", f"{base}/raw/key-groups/0", {}),
         ("GET", f"{base}/operators/o/subtasks/0/raw", {}),
         ("POST", f"{base}/operators/o/subtasks/0/raw/partitions", octets),
+        ("PUT", f"{base}/operators/o/subtasks/0/raw", {"content": b"\x81\xaapartitions\x90", "headers": msgpack}),
         ("DELETE", f"{base}/operators/o/subtasks/0/raw", {}),
         # checkpoints and restore
         ("POST", f"{base}/checkpoints", {"json": {"checkpoint_id": 50}}),

@@ -211,6 +211,7 @@ def test_refusals_change_nothing():
 # -- over HTTP ----------------------------------------------------------------------------------
 
 OCTETS = {"Content-Type": "application/octet-stream"}
+MSGPACK = {"Content-Type": "application/msgpack"}
 
 
 def test_http_contract(http: httpx.Client, job_name: str):
@@ -232,8 +233,21 @@ def test_http_contract(http: httpx.Client, job_name: str):
     got = http.get(sub, headers={"Accept": "application/msgpack"})
     assert msgpack.unpackb(got.content) == {"partitions": [b"\x00a", b"b\xff"]}
     assert http.get(sub).json() == {"partitions": ["AGE=", "Yv8="]}  # JSON: base64
+    replaced = msgpack.packb({"partitions": [b"x", b""]}, use_bin_type=True)
+    assert http.put(sub, content=replaced, headers=MSGPACK).status_code == 204
+    assert msgpack.unpackb(http.get(sub, headers={"Accept": "application/msgpack"}).content) == {
+        "partitions": [b"x", b""]
+    }
+    assert http.put(sub, json={"partitions": ["AGE=", ""]}).status_code == 204  # JSON: base64, as read
+    assert http.get(sub).json() == {"partitions": ["AGE=", ""]}
     assert http.delete(sub).status_code == 204
     _problem(http.get(sub), 404, "key_not_found")
+    for bad, code in (([b"x"], "invalid_argument"), ({"partitions": ["text"]}, "invalid_value")):
+        _problem(http.put(sub, content=msgpack.packb(bad), headers=MSGPACK), 422, code)
+    _problem(http.put(sub, json={"partitions": ["not base64!"]}), 422, "invalid_value")
+    _problem(http.put(sub, json={"partitions": [b"x".hex()], "more": 1}), 422, "invalid_argument")
+    _problem(http.put(sub, content=b"\xc1", headers=MSGPACK), 400, "malformed_body")
+    _problem(http.get(sub), 404, "key_not_found")  # nothing of a refused write
 
 
 def test_http_limit(http: httpx.Client, job_name: str):

@@ -3,6 +3,8 @@ subtask (raw operator state), as ``application/octet-stream`` (``backends/raw_st
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated
 
 from fastapi import Path, Request, Response
@@ -14,7 +16,7 @@ from statehouse.app.models import canonical_index
 from statehouse.app.offload import OFF_LOOP, in_transaction
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
-from statehouse.app.wire import render
+from statehouse.app.wire import is_msgpack, read_body, render
 from statehouse.backends.redistribution import MAX_SUBTASKS
 
 router = api_router(prefix="/v1", tags=["raw state"])
@@ -84,6 +86,30 @@ async def get_raw_partitions(request: Request, job: JobDep, operator: str, index
     if not partitions:
         raise ApiError("key_not_found", f"operator {operator!r} subtask {index} holds no raw partitions")
     return render(request, {"partitions": partitions})
+
+
+@router.put(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_REPLACE, openapi_extra=doc.RAW_PARTITIONS_BODY)
+async def put_raw_partitions(request: Request, job: JobDep, operator: str, index: Index) -> Response:
+    """Replace the subtask's raw partitions, atomically: `{"partitions": [...]}`, bin values in
+    msgpack, base64 strings in JSON (as the reads answer them); an empty list clears them."""
+    body = await read_body(request)
+    partitions = body.get("partitions") if isinstance(body, dict) else None
+    if not isinstance(partitions, list) or set(body) != {"partitions"}:
+        raise ApiError("invalid_argument", 'the body must be {"partitions": [...]}, nothing else')
+    if not is_msgpack(request.headers.get("content-type")):
+        partitions = [_from_base64(p, i) for i, p in enumerate(partitions)]
+    await in_transaction(job, lambda tx: tx.raw_operator.replace(operator, index, partitions), OFF_LOOP)
+    return Response(status_code=204)
+
+
+def _from_base64(text: object, index: int) -> bytes:
+    """A partition of a JSON body: JSON has no bytes, so base64 (RFC 4648, with padding)."""
+    try:
+        if isinstance(text, str):
+            return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    raise ApiError("invalid_value", f"partition {index} must be a base64 string in a JSON body; got {text!r:.40}")
 
 
 @router.post(
