@@ -75,6 +75,7 @@ OPERATION_IDS: dict[str, str] = {
     "list_entries": "listMapEntries",
     "list_keys": "listKeys",
     "scan_state": "scanState",
+    "state_sizes": "getStateSizes",
     "batch": "applyBatch",
     "columns": "applyColumns",
     # task attempts' epochs

@@ -117,6 +117,31 @@ def scan(
 Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, record
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSize:
+    key_group: int
+    entries: int  # stored rows (a map's entries), expired ones not yet cleaned up included
+    bytes: int  # their stored keys and records
+
+
+def sizes(job: Job, state: str, key_groups: KeyGroupRange) -> list[GroupSize]:
+    """What ``state`` stores per key group of ``key_groups`` this replica owns (groups holding
+    nothing left out). One key group at a time under the job's lock, so writes wait for one
+    group's count, never the whole state's."""
+    job.descriptor(state)  # state_not_found first
+    owned = job.key_group_range
+    found = []
+    for kg in range(max(key_groups.start, owned.start), min(key_groups.end, owned.end) + 1):
+        with job.exclusive():
+            entries = stored = 0
+            for primary, secondary, record in job.partition.scan(state, kg):
+                entries += 1
+                stored += len(primary) + len(secondary) + len(record)
+        if entries:
+            found.append(GroupSize(kg, entries, stored))
+    return found
+
+
 class _Reader:
     def __init__(self, job: Job, descriptor: StateDescriptor) -> None:
         self.job, self.descriptor = job, descriptor

@@ -368,3 +368,20 @@ def test_the_sink_writes_past_an_epoch_a_dead_driver_sealed(source, replicas, tm
     with StatehouseClient(replicas) as client:
         done = [c.metadata.get("batch_id") for c in MicroBatchCoordinator(client.job(job)).completed()]
     assert done == [-1, 0, 1]
+
+
+def test_the_states_view(source, replicas, filled):
+    job, expected = filled
+    rows = read(source, replicas, job, None, what="states").collect()
+    by_state: dict[str, list] = defaultdict(list)
+    for r in rows:
+        by_state[r["state"]].append(r)
+    assert set(by_state) == set(STATES)
+    for name, body in STATES.items():
+        listed = by_state[name]
+        assert {(r["kind"], r["key_type"], r["value_type"], r["function"]) for r in listed} == {
+            (body["kind"], body.get("key_type", "string"), body.get("value_type"), body.get("function"))
+        }
+        assert sum(r["entries"] for r in listed) == len(expected[name])  # one stored row per table row
+        assert {r["replica"] for r in listed} == {0, 1}
+    assert {r["ttl_ms"] for r in by_state["recent"]} == {3_600_000}

@@ -181,3 +181,19 @@ def test_unknown_state_and_bad_key(http, job):
     assert r.status_code == 404 and r.json()["code"] == "state_not_found"
     r = http.get(f"/jobs/{job}/states/by_id/scan", params={"key": "x"})
     assert r.status_code == 422 and r.json()["code"] == "invalid_key"
+
+
+def test_sizes_per_key_group(http, job):
+    tags = http.get(f"/jobs/{job}/states/tags/sizes").json()
+    whole, _ = scan(http, job, "tags")
+    assert tags["state"] == "tags"
+    groups = tags["key_groups"]
+    assert [g["key_group"] for g in groups] == sorted(set(whole["key_group"].to_pylist()))
+    assert sum(g["entries"] for g in groups) == whole.num_rows  # a map's entries count one each
+    assert all(g["bytes"] > 0 for g in groups)
+    part = http.get(f"/jobs/{job}/states/tags/sizes", params={"key_group_start": 3, "key_group_end": 9}).json()
+    assert part["key_groups"] == [g for g in groups if 3 <= g["key_group"] <= 9]
+    r = http.get(f"/jobs/{job}/states/nope/sizes")
+    assert r.status_code == 404 and r.json()["code"] == "state_not_found"
+    r = http.get(f"/jobs/{job}/states/tags/sizes", params={"key_group_end": 99})
+    assert r.status_code == 422 and r.json()["code"] == "invalid_argument"

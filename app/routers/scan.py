@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Annotated
 
 from fastapi import Query, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
@@ -16,7 +17,7 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import arrow_response
 from statehouse.backends import codec
 from statehouse.backends.job import Job
-from statehouse.backends.scan import Position, scan
+from statehouse.backends.scan import Position, scan, sizes
 from statehouse.keygroups import KeyGroupRange
 
 router = api_router(prefix="/v1", tags=["keyed state"])
@@ -35,6 +36,17 @@ SCAN = {
     },
     **doc.errors(*doc.JOB, "state_not_found", "invalid_argument", "invalid_key", "untyped_values"),
 }
+
+
+class KeyGroupSize(BaseModel):
+    key_group: int
+    entries: int
+    bytes: int
+
+
+class StateSizes(BaseModel):
+    state: str
+    key_groups: list[KeyGroupSize]
 
 
 def _range(job: Job, start: int | None, end: int | None) -> KeyGroupRange:
@@ -97,3 +109,27 @@ async def scan_state(
         return arrow_response(table)
 
     return await run_in_threadpool(page)
+
+
+SIZES = doc.errors(*doc.JOB, "state_not_found", "invalid_argument")
+
+
+@router.get("/jobs/{job}/states/{state}/sizes", response_model=StateSizes, responses=SIZES)
+async def state_sizes(
+    job: JobDep,
+    state: str,
+    key_group_start: Annotated[
+        int | None, Query(ge=0, description="first key group (default: this replica's first)")
+    ] = None,
+    key_group_end: Annotated[
+        int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
+    ] = None,
+) -> StateSizes:
+    """What a keyed state stores per key group this replica owns: entries (a map's entries count one
+    each; expired ones not yet cleaned up included) and their stored bytes. Groups holding nothing
+    are left out. It reads the whole range (one key group at a time under the job's lock)."""
+    groups = _range(job, key_group_start, key_group_end)
+    found = await run_in_threadpool(sizes, job, state, groups)
+    return StateSizes(
+        state=state, key_groups=[KeyGroupSize(key_group=g.key_group, entries=g.entries, bytes=g.bytes) for g in found]
+    )

@@ -25,6 +25,7 @@ class SourceOptions:
     op: str | None  # writes only
     partitions_per_replica: int  # reads: input partitions per replica (its key groups, split evenly)
     timers: str | None = None  # reads: a time domain's timers instead of a state
+    what: str | None = None  # reads: "states", the job's states and their sizes per key group
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
@@ -35,7 +36,10 @@ class SourceOptions:
                 f"option('timers', ...) reads a time domain's timers, one of {', '.join(TIME_DOMAINS)}; got {timers!r}"
                 + (" (timers are read, not written)" if writing else "")
             )
-        needed = ("urls", "job") if timers is not None else ("urls", "job", "state")
+        what = given.get("what")
+        if what is not None and (writing or what != "states"):
+            raise SourceError(f"option('what', ...) names a view to read: 'states'; got {what!r}")
+        needed = ("urls", "job") if timers is not None or what is not None else ("urls", "job", "state")
         missing = [name for name in needed if not given.get(name)]
         if missing:
             raise SourceError(
@@ -47,7 +51,7 @@ class SourceOptions:
                 "option('checkpoint') (reading a checkpoint from checkpoint storage) is not supported yet: read the "
                 "live replicas, or restore the checkpoint into a deployment and read that"
             )
-        for unsupported in ("operator", "what"):
+        for unsupported in ("operator",):
             if unsupported in given:
                 raise SourceError(f"option({unsupported!r}) is not supported yet: the source reads keyed states")
         op = given.get("op")
@@ -62,7 +66,7 @@ class SourceOptions:
             raise SourceError(f"bad option: {exc}") from None
         if splits < 1:
             raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
-        return cls(config, given["job"], given.get("state", ""), op, splits, timers)
+        return cls(config, given["job"], given.get("state", ""), op, splits, timers, what)
 
 
 def refusal(exc: StatehouseError, doing: str) -> SourceError:

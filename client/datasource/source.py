@@ -89,7 +89,21 @@ TIMERS_SCHEMA = pa.schema(
         pa.field("key_group", pa.int32()),
     ]
 )
-TIMER_PAGE = 1_000  # the server's default STATEHOUSE_MAX_PAGE_SIZE
+LISTING_PAGE = 1_000  # the server's default STATEHOUSE_MAX_PAGE_SIZE
+STATES_SCHEMA = pa.schema(
+    [
+        pa.field("state", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("key_type", pa.string()),
+        pa.field("value_type", pa.string()),
+        pa.field("function", pa.string()),
+        pa.field("ttl_ms", pa.int64()),
+        pa.field("replica", pa.int32()),
+        pa.field("key_group", pa.int32()),  # null: the state holds nothing on this replica
+        pa.field("entries", pa.int64()),
+        pa.field("bytes", pa.int64()),
+    ]
+)
 
 
 def describe(options: SourceOptions) -> StateLayout:
@@ -97,8 +111,9 @@ def describe(options: SourceOptions) -> StateLayout:
     try:
         with StatehouseClient(options.config) as client:
             job = client.job(options.job)
-            if options.timers is not None:
-                return StateLayout(job.max_parallelism, tuple(client.replicas.urls), "string", TIMERS_SCHEMA)
+            if options.timers is not None or options.what is not None:
+                view = TIMERS_SCHEMA if options.timers is not None else STATES_SCHEMA
+                return StateLayout(job.max_parallelism, tuple(client.replicas.urls), "string", view)
             key_type = job.key_type(options.state)
             connection = client.replicas[0]
             page = next(read_pages(connection, scan_path(options), {"limit": 1}))
@@ -128,6 +143,8 @@ class StatehouseDataSource(DataSource):
         options = SourceOptions.parse(self.options)
         if options.timers is not None:
             return TimerReader(options, self._layout())
+        if options.what is not None:
+            return StatesReader(options, self._layout())
         return StatehouseReader(options, self._layout())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -233,6 +250,19 @@ class StatehouseReader(DataSourceReader):
             connection.close()
 
 
+def listing_pages(connection: ReplicaConnection, path: str) -> Iterator[list[dict[str, Any]]]:
+    """The non-empty pages of a paged JSON listing (``items``, ``next_cursor``)."""
+    cursor = None
+    while True:
+        params = {"limit": LISTING_PAGE, **({"cursor": cursor} if cursor else {})}
+        page = json.loads(connection.request("GET", path, idempotent=True, params=params).content)
+        if page["items"]:
+            yield page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return
+
+
 class TimerReader(DataSourceReader):
     """``option("timers", domain)``: the domain's timers, one partition per replica (its listing)."""
 
@@ -246,23 +276,56 @@ class TimerReader(DataSourceReader):
         url = self.layout.urls[partition.value]
         connection = connect(self.options, url)
         path = f"/v1/jobs/{self.options.job}/timers/{self.options.timers}"
-        cursor = None
         try:
-            while True:
-                params = {"limit": TIMER_PAGE, **({"cursor": cursor} if cursor else {})}
-                page = json.loads(connection.request("GET", path, idempotent=True, params=params).content)
-                items = page["items"]
-                if items:
-                    columns = {name: [item[name] for item in items] for name in TIMERS_SCHEMA.names}
-                    columns["key"] = [str(k) for k in columns["key"]]
-                    yield pa.RecordBatch.from_pydict(columns, schema=TIMERS_SCHEMA)
-                cursor = page["next_cursor"]
-                if cursor is None:
-                    return
+            for items in listing_pages(connection, path):
+                columns = {name: [item[name] for item in items] for name in TIMERS_SCHEMA.names}
+                columns["key"] = [str(k) for k in columns["key"]]
+                yield pa.RecordBatch.from_pydict(columns, schema=TIMERS_SCHEMA)
         except StatehouseError as exc:
             raise refusal(
                 exc, f"reading the {self.options.timers} timers of job {self.options.job!r} from {url}"
             ) from None
+        finally:
+            connection.close()
+
+
+class StatesReader(DataSourceReader):
+    """``option("what", "states")``: every state's descriptor and what it stores per key group,
+    one partition per replica (its key groups)."""
+
+    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
+        self.options, self.layout = options, layout
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(replica) for replica in range(self.layout.replica_count)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        replica: int = partition.value
+        url = self.layout.urls[replica]
+        connection = connect(self.options, url)
+        base = f"/v1/jobs/{self.options.job}/states"
+        try:
+            for states in listing_pages(connection, base):
+                rows: list[dict[str, Any]] = []
+                for state in states:
+                    ttl = state.get("ttl") or {}
+                    described = {
+                        "state": state["name"],
+                        "kind": state["kind"],
+                        "key_type": state["key_type"],
+                        "value_type": state.get("value_type"),
+                        "function": state.get("function"),
+                        "ttl_ms": ttl.get("ttl_ms"),
+                        "replica": replica,
+                    }
+                    answer = connection.request("GET", f"{base}/{state['name']}/sizes", idempotent=True)
+                    groups = json.loads(answer.content)["key_groups"]
+                    rows += [
+                        {**described, **group} for group in groups or [{"key_group": None, "entries": 0, "bytes": 0}]
+                    ]
+                yield pa.RecordBatch.from_pylist(rows, schema=STATES_SCHEMA)
+        except StatehouseError as exc:
+            raise refusal(exc, f"reading the states of job {self.options.job!r} from {url}") from None
         finally:
             connection.close()
 
