@@ -44,9 +44,9 @@ class IncrementalCleanup:
                 continue
             cleaned = clean(raw, now_ms)
             if cleaned is None:
-                tx.delete(state, kg, primary, secondary)
+                tx.delete_expired(state, kg, primary, secondary)
             elif cleaned is not raw:
-                tx.put(state, kg, primary, cleaned, secondary)
+                tx.put_cleaned(state, kg, primary, cleaned, secondary)
 
     def _all_entries(self, state: str) -> Iterator[tuple[int, bytes, bytes]]:
         for kg in self._range:

@@ -25,6 +25,7 @@ import pytest
 
 from harness.server import ServerProcess, start_server
 from tests.test_api_checkpoints import wait_status
+from tests.test_api_columns import ARROW, arrow, values
 
 pytestmark = [pytest.mark.http]
 
@@ -179,6 +180,71 @@ def test_a_full_volume_refuses_writes_reports_not_ready_and_recovers_without_res
         for _ in range(5):
             assert writer.batch().status_code == 200
         writer.check_all()
+        assert "Traceback" not in server.log()
+    finally:
+        server.stop()
+
+
+TTL_MS = 1500
+
+
+def test_reads_of_expired_entries_answer_below_the_reserve_and_clean_up_once_space_returns(tmp_path, volume):
+    """Flink's cleanup on read writes a deletion in the read's transaction; below the reserve
+    that write is refused, and the read used to answer 507. Now a transaction whose only changes
+    are TTL cleanups is dropped there: the one-key, batch and columnar reads answer as TTL says
+    (absent, or the value not cleaned up yet), a real write is still 507, and the entries are
+    cleaned by the reads once space is back."""
+    filler = volume / "filler"
+    server = start(tmp_path, volume, RESERVE)
+    try:
+        http = httpx.Client(base_url=server.url, timeout=30)
+        http.put(JOB, json={"max_parallelism": 128}).raise_for_status()
+        ttl = {"ttl_ms": TTL_MS}
+        states = {
+            "t": {"kind": "value", "value_type": "int64", "ttl": ttl},  # incremental cleanup on too
+            "l": {"kind": "list", "ttl": ttl},
+            "m": {"kind": "map", "ttl": ttl},
+            # Returns what is not cleaned up yet: whether a read cleaned shows in its answer.
+            "r": {
+                "kind": "value",
+                "ttl": {**ttl, "visibility": "return_expired_if_not_cleaned_up", "cleanup_incremental_size": 0},
+            },
+            "v": {"kind": "value"},
+        }
+        for name, body in states.items():
+            http.put(f"{JOB}/states/{name}", json=body).raise_for_status()
+        keys = [f"k{i}" for i in range(20)]
+        written = time.monotonic()
+        ops = [{"op": "put", "state": "t", "key": k, "value": i} for i, k in enumerate(keys)]
+        ops += [{"op": "add", "state": "l", "key": k, "value": 1} for k in keys]
+        ops += [{"op": "map_put", "state": "m", "key": k, "user_key": "u", "value": 1} for k in keys]
+        ops += [{"op": "put", "state": "r", "key": k, "value": "old"} for k in keys]
+        http.post(f"{JOB}/batch", json={"ops": ops}).raise_for_status()
+
+        fill(filler, leave=1 << 20)
+        time.sleep(max(0.0, written + TTL_MS / 1000 + 0.2 - time.monotonic()))  # until they expired
+        assert readyz(server) == 503  # below the reserve
+        assert http.get(f"{JOB}/states/t/keys/k0").status_code == 404
+        assert http.get(f"{JOB}/states/l/keys/k0").status_code == 404
+        assert http.get(f"{JOB}/states/m/keys/k0/entries/u").status_code == 404
+        got = http.post(f"{JOB}/batch", json={"ops": [{"op": "get", "state": "t", "key": k} for k in keys]})
+        assert got.status_code == 200, got.text
+        assert [r["value"] for r in got.json()["results"]] == [None] * len(keys)
+        columnar = http.post(f"{JOB}/states/t/columns/get", content=arrow(key=keys), headers={"content-type": ARROW})
+        assert values(columnar) == [None] * len(keys)
+        for _ in range(2):  # not cleaned up: the cleanup was dropped, each time
+            assert http.get(f"{JOB}/states/r/keys/k0").json() == {"value": "old"}
+        assert len(http.get(f"{JOB}/states/t/keys", params={"limit": 100}).json()["items"]) == len(keys)
+        refused(http.put(f"{JOB}/states/v/keys/k0", json={"value": 1}))  # a real write still is
+        refused(http.post(f"{JOB}/batch", json={"ops": [ops[0], {"op": "get", "state": "t", "key": "k1"}]}))
+
+        filler.unlink()
+        wait_readyz(server, 200)
+        assert http.get(f"{JOB}/states/r/keys/k0").json() == {"value": "old"}  # returned once, and cleaned
+        assert http.get(f"{JOB}/states/r/keys/k0").status_code == 404
+        got = http.post(f"{JOB}/batch", json={"ops": [{"op": "get", "state": "t", "key": k} for k in keys]})
+        assert got.status_code == 200, got.text
+        assert http.get(f"{JOB}/states/t/keys", params={"limit": 100}).json()["items"] == []
         assert "Traceback" not in server.log()
     finally:
         server.stop()

@@ -13,6 +13,7 @@ from operator import itemgetter
 from typing import Protocol
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
+from statehouse.backends.errors import InsufficientStorage
 
 _DELETED = None
 _ABSENT: object = object()
@@ -69,6 +70,7 @@ class PartitionTransaction:
         self._flat: dict[str, dict[tuple[int, bytes], bytes | None] | RowChanges] = {}
         self._pending: dict[tuple[str, int, bytes], _PendingKey] = {}
         self._pending_tables: set[str] = set()
+        self._written = False  # a change other than a TTL cleanup is pending (see commit)
 
     def _is_nested(self, table: str) -> bool:
         nested = self._nested.get(table)
@@ -189,6 +191,7 @@ class PartitionTransaction:
         return heapq.merge(kept, sorted(p for p, v in mine.items() if v is not _DELETED))
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
+        self._written = True
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = value
         else:
@@ -206,6 +209,7 @@ class PartitionTransaction:
     ) -> None:
         """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value).
         ``deletes``: whether some value is ``None``, when the caller knows (else it is looked for)."""
+        self._written = True
         if not self._is_nested(table):
             if self._flat.get(table):
                 self._changes(table).update(zip(zip(key_groups, primaries, strict=True), values, strict=True))
@@ -217,12 +221,14 @@ class PartitionTransaction:
             self._slot(table, kg, primary).values[secondary] = value
 
     def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
+        self._written = True
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = _DELETED
         else:
             self._changes(table)[(key_group, primary)] = _DELETED
 
     def clear(self, table: str, key_group: int, primary: bytes) -> None:
+        self._written = True
         if not self._is_nested(table):
             self._changes(table)[(key_group, primary)] = _DELETED
             return
@@ -231,15 +237,33 @@ class PartitionTransaction:
         slot.values.clear()
 
     def clear_many(self, table: str, key_groups: Sequence[int], primaries: Sequence[bytes]) -> None:
+        self._written = True
         if not self._is_nested(table):
             self._changes(table).update(zip(zip(key_groups, primaries, strict=True), repeat(_DELETED)))
             return
         for kg, primary in zip(key_groups, primaries, strict=True):
             self.clear(table, kg, primary)
 
+    # -- TTL cleanup: Flink's cleanup on read and incremental cleanup, not the caller's writes --
+
+    def delete_expired(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
+        """:meth:`delete` of an expired record (or, in a flat table, the whole row): a cleanup,
+        which :meth:`commit` may drop (an expired record is invisible whether or not it is gone)."""
+        written = self._written
+        self.delete(table, key_group, primary, secondary)
+        self._written = written
+
+    def put_cleaned(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
+        """:meth:`put` of a record with its expired elements dropped: a cleanup, as
+        :meth:`delete_expired` is."""
+        written = self._written
+        self.put(table, key_group, primary, value, secondary)
+        self._written = written
+
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         """Take another transaction's changes as this one's (a request's into its attempt's view;
         the winning views into the epoch's commit)."""
+        self._written = True
         for table, changes in flat.items():
             if isinstance(changes, RowChanges):
                 if not self._flat.get(table):
@@ -270,12 +294,25 @@ class PartitionTransaction:
         return ops
 
     def commit(self) -> bool:
-        """Write the changes atomically; whether there were any."""
+        """Write the changes atomically; whether they were written.
+
+        A transaction whose only changes are TTL cleanups (a read's) is dropped, not refused,
+        when the volume takes no writes (507 below the disk reserve, or a degraded job): a read
+        must answer on a full disk. What it would have removed is expired, so it stays invisible
+        (Flink's ``NeverReturnExpired``), or is still returned as not cleaned up; a later access
+        cleans it once the volume takes writes again."""
         flat, ops = self.changes()
+        cleanup_only = not self._written
         self.rollback()
-        if flat or ops:
+        if not (flat or ops):
+            return False
+        try:
             self.partition.write_changes(flat, ops)
-        return bool(flat or ops)
+        except InsufficientStorage:
+            if not cleanup_only:
+                raise
+            return False
+        return True
 
     def changes(self) -> tuple[dict[str, FlatChanges], list[WriteOp]]:
         """What this transaction would write: flat tables' changes, and nested tables' ops."""
@@ -297,6 +334,7 @@ class PartitionTransaction:
         self._flat = {}
         self._pending = {}
         self._pending_tables = set()
+        self._written = False
 
 
 class StagedView(PartitionTransaction):

@@ -193,7 +193,7 @@ class KeyedState:
         timestamp, payload = split_timestamped(raw)
         now = self._clock.now_ms()
         if is_expired(timestamp, ttl.ttl_ms, now):
-            self._tx.delete(self._table, kg, primary, secondary)
+            self._tx.delete_expired(self._table, kg, primary, secondary)
             return payload if ttl.return_expired and not for_update else None
         if ttl.refresh_on_read and not for_update:
             self._tx.put(self._table, kg, primary, encode_timestamped(now, payload), secondary)

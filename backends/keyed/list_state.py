@@ -59,7 +59,7 @@ class ListState(KeyedState):
         stored = list(iter_timestamped(raw))
         unexpired = [v for ts, v in stored if not is_expired(ts, ttl.ttl_ms, now)]
         if not unexpired:
-            self._tx.clear(self._table, kg, primary)
+            self._tx.delete_expired(self._table, kg, primary)
         elif ttl.refresh_on_read:
             self._tx.put(self._table, kg, primary, self._records(unexpired))
         if ttl.return_expired:

@@ -176,7 +176,7 @@ class MapState(KeyedState):
         for secondary, raw in stored:
             timestamp, payload = split_timestamped(raw)
             if is_expired(timestamp, ttl.ttl_ms, now):
-                self._tx.delete(self._table, kg, primary, secondary)
+                self._tx.delete_expired(self._table, kg, primary, secondary)
                 if not ttl.return_expired:
                     continue
             elif ttl.refresh_on_read:
