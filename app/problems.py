@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_argument": 422,
     "invalid_key": 422,
     "invalid_value": 422,
+    "value_too_deep": 422,
     "validation_error": 422,
     "key_too_large": 413,
     "value_too_large": 413,

@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from statehouse.app.arrow_body import OBJECT_BYTES, read_stream
 from statehouse.app.problems import ApiError
+from statehouse.backends.codec import too_deep
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -183,13 +184,25 @@ def wants_msgpack(request: Request) -> bool:
 
 
 def render(request: Request, content: Any, status_code: int = 200) -> Response:
+    # Values are depth-checked on the way in, but one stored before (an older data directory or
+    # snapshot) may nest deeper than a format writes: a problem that says so, not a 500.
     if wants_msgpack(request):
-        return Response(msgpack.packb(content, use_bin_type=True), status_code=status_code, media_type=MSGPACK)
-    return Response(
-        orjson.dumps(content, default=_json_default, option=orjson.OPT_NON_STR_KEYS),
-        status_code=status_code,
-        media_type=JSON,
-    )
+        try:
+            body = msgpack.packb(content, use_bin_type=True)
+        except ValueError as exc:
+            if "recursion limit" not in str(exc):
+                raise
+            raise too_deep("msgpack can write (about 1000 levels): clear or overwrite the key") from None
+        return Response(body, status_code=status_code, media_type=MSGPACK)
+    try:
+        body = orjson.dumps(content, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError as exc:
+        if "Recursion limit" not in str(exc):
+            raise
+        raise too_deep(
+            "JSON can write (254 levels): read it in msgpack (Accept: application/msgpack), then store it flatter"
+        ) from None
+    return Response(body, status_code=status_code, media_type=JSON)
 
 
 def read_arrow(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:

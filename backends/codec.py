@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from statehouse.backends.errors import InvalidKey, InvalidValue
+from statehouse.backends.errors import InvalidKey, InvalidValue, ValueTooDeep
 from statehouse.keygroups import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, KeyType
 
 _LEN = struct.Struct(">I")
@@ -118,8 +118,23 @@ def pack_value(value: Any) -> bytes:
         raise InvalidValue(f"value cannot be stored: {exc} (integers must be in [-2**63, 2**64))") from None
 
 
+def too_deep(answer: str) -> ValueTooDeep:
+    """The problem of a stored value nested deeper than ``answer`` can carry."""
+    return ValueTooDeep(
+        f"a stored value nests lists or objects deeper than {answer} (it was stored before values "
+        f"were limited to {MAX_DEPTH} levels, or restored from such a snapshot)"
+    )
+
+
+def _undecodable() -> ValueTooDeep:
+    return too_deep("msgpack can be decoded here (1024 levels): no format can answer it; clear or overwrite the key")
+
+
 def decode_value(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except msgpack.StackError:
+        raise _undecodable() from None
 
 
 def decode_many(raws: list[bytes | None]) -> list[Any]:
@@ -130,7 +145,10 @@ def decode_many(raws: list[bytes | None]) -> list[Any]:
     data = b"".join(present)
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data))
     unpacker.feed(data)
-    values = list(unpacker)
+    try:
+        values = list(unpacker)
+    except msgpack.StackError:
+        raise _undecodable() from None
     if len(values) != len(present):  # a stored value is one msgpack object; never trust it blindly
         values = [decode_value(raw) for raw in present]
     if len(present) == len(raws):
@@ -143,7 +161,10 @@ def iter_values(data: bytes) -> Iterator[Any]:
     """Decode a concatenation of msgpack values (a stored list)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
     unpacker.feed(data)
-    return iter(unpacker)
+    try:
+        yield from unpacker
+    except msgpack.StackError:
+        raise _undecodable() from None
 
 
 def encode_timestamped(timestamp: int, payload: bytes) -> bytes:
@@ -165,7 +186,11 @@ def iter_timestamped(data: bytes) -> Iterator[tuple[int, Any]]:
             return
         if len(head) < 8:
             return
-        yield _TS.unpack(head)[0], unpacker.unpack()
+        try:
+            value = unpacker.unpack()
+        except msgpack.StackError:
+            raise _undecodable() from None
+        yield _TS.unpack(head)[0], value
 
 
 def _field(data: bytes) -> bytes:

@@ -25,6 +25,13 @@ class InvalidValue(StateError):
     code = "invalid_value"
 
 
+class ValueTooDeep(StateError):
+    """A stored value (from before values were limited to ``codec.MAX_DEPTH`` levels: an older
+    data directory or snapshot) nests deeper than an answer's format can write."""
+
+    code = "value_too_deep"
+
+
 class JobNotFound(StateError):
     code = "job_not_found"
 

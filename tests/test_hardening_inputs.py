@@ -299,3 +299,65 @@ def test_columnar_values_json_cannot_carry_are_refused_and_the_row_named(client)
     )
     assert problem(r, 422, "invalid_value")["row"] == 1
     assert stored(client, "v", "c0") is None  # nothing of the request was applied
+
+
+def nested(levels: int) -> bytes:
+    """The msgpack of ``[[...[1]...]]``: ``levels`` arrays, one inside the other."""
+    return b"\x91" * levels + b"\x01"
+
+
+def test_a_stored_value_nested_deeper_than_an_answer_format_is_a_problem_not_a_500(tmp_path):
+    """Values are depth-checked on the way in; one stored before that (an older data directory,
+    a restore of an older snapshot) is written here below the HTTP layer, as such a restore
+    would. JSON writes 254 levels, msgpack about 1000 and decodes 1024: beyond what a format
+    carries the read is a 422 ``value_too_deep`` that says what to do, never a 500."""
+    from statehouse.backends.base.partition import WriteOp
+    from statehouse.backends.catalog import JobCatalog
+    from statehouse.backends.rocksdb.store import RocksDBStore
+
+    env = {"STATEHOUSE_BACKEND": "rocksdb"}
+    server = start_server(tmp_path / "server", env)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.put("/v1/jobs/old", json={"max_parallelism": 128}).status_code == 201
+            assert c.put("/v1/jobs/old/states/v", json={"kind": "value"}).status_code == 201
+    finally:
+        server.stop()
+    levels = {"msgpack-only": 300, "too-deep-to-write": 1024, "too-deep-to-decode": 1100}
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "server" / "data")))
+    try:
+        job = catalog.get("old")
+        key_type = job.descriptor("v").key_type
+        writes = []
+        for key, depth in levels.items():
+            kg, primary = job.keyspace.locate(key, key_type, "")
+            writes.append(WriteOp("put", "v", kg, primary, b"", nested(depth)))
+        job.partition.write(writes)
+    finally:
+        catalog.close()
+
+    server = start_server(tmp_path / "server", env, port=int(server.url.rsplit(":", 1)[1]))
+    try:
+        with httpx.Client(base_url=server.url + "/v1/jobs/old", timeout=30) as c:
+            accept_msgpack = {"accept": "application/msgpack"}
+            get = {"op": "get", "state": "v", "key": "msgpack-only"}
+            for r in (c.get("/states/v/keys/msgpack-only"), c.post("/batch", json={"ops": [get]})):
+                assert "Accept: application/msgpack" in problem(r, 422, "value_too_deep")["detail"]
+            r = c.get("/states/v/keys/msgpack-only", headers=accept_msgpack)
+            assert r.status_code == 200
+            value = msgpack.unpackb(r.content)["value"]
+            for _ in range(levels["msgpack-only"] - 1):
+                (value,) = value
+            assert value == [1]
+            r = c.post("/batch", content=msgpack.packb({"ops": [get]}), headers=MSGPACK)
+            assert r.status_code == 200
+            for key in ("too-deep-to-write", "too-deep-to-decode"):
+                for headers in ({}, accept_msgpack):
+                    detail = problem(c.get(f"/states/v/keys/{key}", headers=headers), 422, "value_too_deep")["detail"]
+                    assert "clear or overwrite" in detail or "Accept: application/msgpack" in detail
+            # What to do about it works: the value is overwritten, and reads back.
+            assert c.put("/states/v/keys/too-deep-to-decode", json={"value": [[1]]}).status_code == 204
+            assert c.get("/states/v/keys/too-deep-to-decode").json() == {"value": [[1]]}
+        assert "Traceback" not in server.log()
+    finally:
+        server.stop()
