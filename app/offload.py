@@ -33,11 +33,12 @@ async def run_engine(job: Job, work: Callable[[], T], ops: int = 1) -> T:
     return await run_in_threadpool(work)
 
 
-async def in_transaction(job: Job, use: Callable[[JobTransaction], T], ops: int = 1) -> T:
-    """``use(tx)`` in one transaction of ``job``, run as :func:`run_engine` runs work."""
+async def in_transaction(job: Job, use: Callable[[JobTransaction], T], ops: int = 1, epoch: int | None = None) -> T:
+    """``use(tx)`` in one transaction of ``job``, run as :func:`run_engine` runs work; with
+    ``epoch``, fenced by the job's writer epoch (409 ``stale_epoch`` unless it is the current one)."""
 
     def work() -> T:
-        with job.transaction() as tx:
+        with job.transaction(epoch) as tx:
             return use(tx)
 
     return await run_engine(job, work, ops)

@@ -245,11 +245,11 @@ BROADCAST_REMOVE = errors(*OPERATOR)
 OCTET_SCHEMA = {"type": "string", "format": "binary"}
 RAW_KEYED = (*JOB, "invalid_argument", "key_not_owned")  # one key group, this replica's
 RAW_KEYED_READ = errors(*RAW_KEYED, "key_not_found", "answer_too_large")
-RAW_KEYED_WRITE = errors(*RAW_KEYED, "raw_stream_too_large")
+RAW_KEYED_WRITE = errors(*RAW_KEYED, "raw_stream_too_large", "stale_epoch")
 RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}
-RAW_KEYED_CLEAR = errors(*RAW_KEYED)
+RAW_KEYED_CLEAR = errors(*RAW_KEYED, "stale_epoch")
 RAW_OPERATOR_READ = {**errors(*OPERATOR, "key_not_found", "answer_too_large"), **msgpack_reply()}
-RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large")
+RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large", "stale_epoch")
 BASE64_LIST = {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}
 RAW_PARTITIONS_BODY = {
     "requestBody": {
@@ -269,8 +269,8 @@ RAW_PARTITIONS_BODY = {
         },
     }
 }
-RAW_OPERATOR_REPLACE = errors(*OPERATOR, "raw_stream_too_large", "invalid_argument", "invalid_value")
-RAW_OPERATOR_CLEAR = errors(*OPERATOR)
+RAW_OPERATOR_REPLACE = errors(*OPERATOR, "raw_stream_too_large", "invalid_argument", "invalid_value", "stale_epoch")
+RAW_OPERATOR_CLEAR = errors(*OPERATOR, "stale_epoch")
 
 TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)
 LIST_CHECKPOINTS = errors(*PAGED, *CHECKPOINT_STORAGE)

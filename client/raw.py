@@ -32,11 +32,18 @@ MSGPACK_ANSWER = {"accept": "application/msgpack"}
 MSGPACK_BODY = {"content-type": "application/msgpack"}
 
 
-class RawKeyedState:
-    """The raw keyed streams of one job: one opaque byte stream per key group."""
+def _fenced(epoch: int | None) -> dict[str, int] | None:
+    """The query of a write fenced by the job's writer epoch (409 stale_epoch once it moved on)."""
+    return None if epoch is None else {"epoch": epoch}
 
-    def __init__(self, job: JobClient) -> None:
+
+class RawKeyedState:
+    """The raw keyed streams of one job: one opaque byte stream per key group. With ``epoch``,
+    every write names that writer epoch and is refused (``StaleEpoch``) once the job was fenced past it."""
+
+    def __init__(self, job: JobClient, epoch: int | None = None) -> None:
         self._job = job
+        self._params = _fenced(epoch)
 
     def _send(self, method: str, key_group: int, suffix: str = "", content: bytes | None = None) -> bytes:
         """One request to the key group's owner, its answer's body; once more after a layout change
@@ -52,8 +59,9 @@ class RawKeyedState:
             try:
                 # An append is not idempotent: re-sent after a lost answer, it would append twice.
                 headers = {**OCTETS, **MSGPACK_ANSWER} if content is not None else None
+                params = self._params if method != "GET" else None
                 answer = connection.request(
-                    method, path, idempotent=suffix != "/append", content=content, headers=headers
+                    method, path, idempotent=suffix != "/append", content=content, headers=headers, params=params
                 )
                 return answer.content
             except StatehouseError as exc:
@@ -88,10 +96,12 @@ def _absent(exc: StatehouseError) -> bool:
 
 class RawOperatorState:
     """Raw operator state of one job: per operator and subtask, a list of byte partitions, on the
-    replica the client keeps that subtask's operator state on (``subtask % replicas``)."""
+    replica the client keeps that subtask's operator state on (``subtask % replicas``); ``epoch``
+    as for :class:`RawKeyedState`."""
 
-    def __init__(self, job: JobClient) -> None:
+    def __init__(self, job: JobClient, epoch: int | None = None) -> None:
         self._job = job
+        self._params = _fenced(epoch)
 
     def _path(self, operator: str, subtask: int) -> str:
         return f"/v1/jobs/{self._job.name}/operators/{operator}/subtasks/{subtask}/raw"
@@ -120,14 +130,20 @@ class RawOperatorState:
             idempotent=False,
             content=bytes(partition),
             headers=OCTETS,
+            params=self._params,
         )
 
     def clear(self, operator: str, subtask: int) -> None:
-        self._replica(subtask).request("DELETE", self._path(operator, subtask), idempotent=True)
+        self._replica(subtask).request("DELETE", self._path(operator, subtask), idempotent=True, params=self._params)
 
     def update(self, operator: str, subtask: int, partitions: list[bytes]) -> None:
         """Replace the subtask's partitions, atomically (``[]`` clears them)."""
         body = msgpack.packb({"partitions": [bytes(p) for p in partitions]}, use_bin_type=True)
         self._replica(subtask).request(
-            "PUT", self._path(operator, subtask), idempotent=True, content=body, headers=MSGPACK_BODY
+            "PUT",
+            self._path(operator, subtask),
+            idempotent=True,
+            content=body,
+            headers=MSGPACK_BODY,
+            params=self._params,
         )

@@ -272,6 +272,9 @@ def _problem(r: httpx.Response, status: int, code: str) -> None:
 def test_http_bad_input(http: httpx.Client, job_name: str):
     job = f"/jobs/{job_name}"
     http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    http.post(f"{job}/fence", json={"epoch": 2}).raise_for_status()
+    _problem(http.put(f"{job}/raw/key-groups/1", params={"epoch": 1}, content=b"x", headers=OCTETS), 409, "stale_epoch")
+    assert http.put(f"{job}/raw/key-groups/1", params={"epoch": 2}, content=b"x", headers=OCTETS).status_code == 204
     base = f"{job}/raw/key-groups"
     _problem(http.get(f"{base}/16"), 422, "invalid_argument")  # not below max_parallelism
     _problem(http.get(f"{base}/-1"), 422, "validation_error")

@@ -7,7 +7,7 @@ import base64
 import binascii
 from typing import Annotated
 
-from fastapi import Path, Request, Response
+from fastapi import Path, Query, Request, Response
 from pydantic import BeforeValidator
 
 from statehouse.app import openapi as doc
@@ -17,6 +17,7 @@ from statehouse.app.offload import OFF_LOOP, in_transaction
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import is_msgpack, read_body, render
+from statehouse.backends.bounds import MAX_EPOCH
 from statehouse.backends.redistribution import MAX_SUBTASKS
 
 router = api_router(prefix="/v1", tags=["raw state"])
@@ -33,6 +34,16 @@ Index = Annotated[
     int,
     Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
     BeforeValidator(canonical_index),
+]
+
+Epoch = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=MAX_EPOCH,
+        description="the writer epoch (fencing, as in a batch): a write naming another epoch than the job's "
+        "current one is refused with 409 stale_epoch",
+    ),
 ]
 
 
@@ -55,26 +66,26 @@ async def get_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
 
 
 @router.put(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_WRITE, openapi_extra=_body("the whole stream"))
-async def put_raw_stream(request: Request, job: JobDep, key_group: KeyGroup) -> Response:
+async def put_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
     """Replace the key group's raw stream (an empty body clears it)."""
     data = await request.body()
-    await in_transaction(job, lambda tx: tx.raw_keyed.replace(key_group, data), OFF_LOOP)
+    await in_transaction(job, lambda tx: tx.raw_keyed.replace(key_group, data), OFF_LOOP, epoch)
     return Response(status_code=204)
 
 
 @router.post(
     KEY_GROUP + "/append", responses=doc.RAW_KEYED_APPEND, openapi_extra=_body("the part to append to the stream")
 )
-async def append_raw_stream(request: Request, job: JobDep, key_group: KeyGroup) -> Response:
+async def append_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
     """Append a part to the key group's raw stream; answers the stream's new `length`."""
     data = await request.body()
-    length = await in_transaction(job, lambda tx: tx.raw_keyed.append(key_group, data), OFF_LOOP)
+    length = await in_transaction(job, lambda tx: tx.raw_keyed.append(key_group, data), OFF_LOOP, epoch)
     return render(request, {"length": length})
 
 
 @router.delete(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_CLEAR)
-async def clear_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
-    await in_transaction(job, lambda tx: tx.raw_keyed.clear(key_group))
+async def clear_raw_stream(job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
+    await in_transaction(job, lambda tx: tx.raw_keyed.clear(key_group), epoch=epoch)
     return Response(status_code=204)
 
 
@@ -89,7 +100,9 @@ async def get_raw_partitions(request: Request, job: JobDep, operator: str, index
 
 
 @router.put(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_REPLACE, openapi_extra=doc.RAW_PARTITIONS_BODY)
-async def put_raw_partitions(request: Request, job: JobDep, operator: str, index: Index) -> Response:
+async def put_raw_partitions(
+    request: Request, job: JobDep, operator: str, index: Index, epoch: Epoch = None
+) -> Response:
     """Replace the subtask's raw partitions, atomically: `{"partitions": [...]}`, bin values in
     msgpack, base64 strings in JSON (as the reads answer them); an empty list clears them."""
     body = await read_body(request)
@@ -98,7 +111,7 @@ async def put_raw_partitions(request: Request, job: JobDep, operator: str, index
         raise ApiError("invalid_argument", 'the body must be {"partitions": [...]}, nothing else')
     if not is_msgpack(request.headers.get("content-type")):
         partitions = [_from_base64(p, i) for i, p in enumerate(partitions)]
-    await in_transaction(job, lambda tx: tx.raw_operator.replace(operator, index, partitions), OFF_LOOP)
+    await in_transaction(job, lambda tx: tx.raw_operator.replace(operator, index, partitions), OFF_LOOP, epoch)
     return Response(status_code=204)
 
 
@@ -118,14 +131,16 @@ def _from_base64(text: object, index: int) -> bytes:
     responses=doc.RAW_OPERATOR_WRITE,
     openapi_extra=_body("one partition, appended after the subtask's others"),
 )
-async def add_raw_partition(request: Request, job: JobDep, operator: str, index: Index) -> Response:
+async def add_raw_partition(
+    request: Request, job: JobDep, operator: str, index: Index, epoch: Epoch = None
+) -> Response:
     """Append one partition (the body) to the subtask's raw operator state."""
     data = await request.body()
-    await in_transaction(job, lambda tx: tx.raw_operator.add(operator, index, [data]), OFF_LOOP)
+    await in_transaction(job, lambda tx: tx.raw_operator.add(operator, index, [data]), OFF_LOOP, epoch)
     return Response(status_code=204)
 
 
 @router.delete(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_CLEAR)
-async def clear_raw_partitions(job: JobDep, operator: str, index: Index) -> Response:
-    await in_transaction(job, lambda tx: tx.raw_operator.clear(operator, index))
+async def clear_raw_partitions(job: JobDep, operator: str, index: Index, epoch: Epoch = None) -> Response:
+    await in_transaction(job, lambda tx: tx.raw_operator.clear(operator, index), epoch=epoch)
     return Response(status_code=204)

@@ -4,7 +4,7 @@ stream on its owner, a 421 from the other, operator partitions by subtask."""
 import httpx
 import pytest
 
-from statehouse.client import InvalidRequest, StatehouseClient
+from statehouse.client import InvalidRequest, StaleEpoch, StatehouseClient
 from statehouse.client.raw import RawKeyedState, RawOperatorState
 from statehouse.keygroups import KeyGroupRange
 
@@ -49,3 +49,15 @@ def test_operator_partitions_route_by_subtask(job, two_replicas):
     assert httpx.get(two_replicas[0].url + path).status_code == 404
     raw.clear("source", 2)
     assert raw.get("source", 2) == []
+
+
+def test_writes_fenced_by_an_epoch(job):
+    """With an epoch, writes name it: once the job is fenced past it they are refused, unapplied."""
+    job.fence(4)
+    writer, zombie = RawKeyedState(job, epoch=4), RawKeyedState(job, epoch=3)
+    writer.update(1, b"current")
+    with pytest.raises(StaleEpoch):
+        zombie.update(1, b"stale")
+    with pytest.raises(StaleEpoch):
+        RawOperatorState(job, epoch=3).update("source", 0, [b"stale"])
+    assert writer.get(1) == b"current" and RawOperatorState(job).get("source", 0) == []
