@@ -120,7 +120,8 @@ class Settings(BaseSettings):
         64 << 20,
         ge=1,
         description="most stored bytes of values one request reads back (batch, columnar, whole maps, listings, "
-        "operator lists); larger answers are refused with 413 answer_too_large",
+        "operator lists); larger answers are refused with 413 answer_too_large. Stored (msgpack) bytes: a JSON "
+        "answer is up to 6x larger (docs/operations.md, Limits)",
     )
     max_header_bytes: int = Field(
         64 << 10,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 
 import httpx
+import msgpack
 import pytest
 
 from harness.server import start_server
@@ -97,3 +98,28 @@ def test_every_read_path_counts_its_answer(small):
     problem(client.get("/jobs/j/operators/op/broadcast/b/entries"), 413, "answer_too_large")
     metrics = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics").text
     assert 'statehouse_errors_total{code="answer_too_large"}' in metrics
+
+
+# The most one stored byte becomes in a JSON answer: the bound docs/operations.md (Limits) gives
+# for a JSON answer of STATEHOUSE_MAX_ANSWER_BYTES stored bytes (msgpack answers stay ~1x).
+JSON_INFLATION = 6
+INFLATING = {
+    "false": [False] * 20_000,  # 1 byte stored, "false," sent: the worst measured, 6.0x
+    "control-characters": "\x01" * 20_000,  # "\u0001": 6.0x
+    "null": [None] * 20_000,  # 5.0x
+    "small-negative-ints": [-17] * 20_000,  # 3.7x
+    "tiny-floats": [-1.2345678901234567e-300] * 5_000,  # 2.7x
+    "bytes-as-base64": b"\xff" * 20_000,  # 1.33x
+}
+
+
+@pytest.mark.parametrize("value", INFLATING.values(), ids=INFLATING.keys())
+def test_a_json_answer_is_at_most_six_times_the_stored_bytes(small, value):
+    put = {"ops": [{"op": "put", "state": "v", "key": "inflating", "value": value}]}
+    msgpack_body = {"content-type": "application/msgpack"}
+    small.post("/jobs/j/batch", content=msgpack.packb(put), headers=msgpack_body).raise_for_status()
+    stored = len(msgpack.packb(value))
+    answer = small.post("/jobs/j/batch", json={"ops": [{"op": "get", "state": "v", "key": "inflating"}]})
+    assert answer.status_code == 200, answer.text
+    envelope = len(b'{"results":[{"value":}]}')
+    assert len(answer.content) - envelope <= JSON_INFLATION * stored
