@@ -158,6 +158,7 @@ VALUES = ("invalid_argument", "invalid_value", "value_too_large")  # a value or 
 KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned")  # one key of a keyed state
 OPERATOR = (*JOB,)  # operator and state names are validated like job names
 CHECKPOINT_STORAGE = ("storage_unavailable", "snapshot_corrupt")
+STORED = ("value_too_deep",)  # stored values are answered: one from before the depth limit may not fit the format
 
 PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict", "too_many_jobs")
 LIST_JOBS = errors(*PAGED)
@@ -167,12 +168,12 @@ PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state", "too_many_sta
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
 
-KEYED_READ = {**errors(*KEYED, "key_not_found", "map_too_large"), **msgpack_reply()}
+KEYED_READ = {**errors(*KEYED, *STORED, "key_not_found", "map_too_large"), **msgpack_reply()}
 KEYED_WRITE = errors(*KEYED, *VALUES, "wrong_state_kind", "list_too_large")
 KEYED_CLEAR = errors(*KEYED)
-MAP_READ = {**errors(*KEYED, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
+MAP_READ = {**errors(*KEYED, *STORED, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
 MAP_REMOVE = errors(*KEYED, "wrong_state_kind")
-MAP_LIST = {**errors(*KEYED, *PAGED, "wrong_state_kind"), **msgpack_reply()}
+MAP_LIST = {**errors(*KEYED, *PAGED, *STORED, "wrong_state_kind"), **msgpack_reply()}
 LIST_KEYS = errors(*JOB, *PAGED, "state_not_found", "key_not_owned")
 
 BATCH_BODY = {
@@ -190,7 +191,7 @@ BATCH_BODY = {
 STAGED = ("stale_epoch", "attempt_lost", "attempt_conflict", "epoch_sealed", "staging_too_large")
 # What reading a batch or columnar body can answer.
 MANY = ("batch_too_large", "malformed_body", "unsupported_media_type")
-MANY_KEYED = (*KEYED, *VALUES, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
+MANY_KEYED = (*KEYED, *VALUES, *STORED, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
 BATCH = {**errors(*MANY_KEYED), **msgpack_reply()}
 ARROW_SCHEMA = {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}
 
@@ -234,11 +235,11 @@ TIMER_COLUMNS = errors(*JOB, "invalid_argument", "invalid_key", "key_too_large",
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
-OPERATOR_LIST_READ = {**errors(*OPERATOR, "invalid_argument", "key_not_found"), **msgpack_reply()}
+OPERATOR_LIST_READ = {**errors(*OPERATOR, *STORED, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")
 OPERATOR_CLEAR = errors(*OPERATOR, "invalid_argument")
-BROADCAST_LIST = {**errors(*OPERATOR, *PAGED), **msgpack_reply()}
-BROADCAST_READ = {**errors(*OPERATOR, "key_not_found"), **msgpack_reply()}
+BROADCAST_LIST = {**errors(*OPERATOR, *PAGED, *STORED), **msgpack_reply()}
+BROADCAST_READ = {**errors(*OPERATOR, *STORED, "key_not_found"), **msgpack_reply()}
 BROADCAST_WRITE = errors(*OPERATOR, *VALUES, "key_too_large")
 BROADCAST_REMOVE = errors(*OPERATOR)
 
