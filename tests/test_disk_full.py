@@ -210,6 +210,8 @@ def test_reads_of_expired_entries_answer_below_the_reserve_and_clean_up_once_spa
                 "ttl": {**ttl, "visibility": "return_expired_if_not_cleaned_up", "cleanup_incremental_size": 0},
             },
             "v": {"kind": "value"},
+            # A read that renews the time to live writes: dropping it would shorten the TTL.
+            "renewed": {"kind": "value", "ttl": {"ttl_ms": 3_600_000, "update_type": "on_read_and_write"}},
         }
         for name, body in states.items():
             http.put(f"{JOB}/states/{name}", json=body).raise_for_status()
@@ -219,6 +221,7 @@ def test_reads_of_expired_entries_answer_below_the_reserve_and_clean_up_once_spa
         ops += [{"op": "add", "state": "l", "key": k, "value": 1} for k in keys]
         ops += [{"op": "map_put", "state": "m", "key": k, "user_key": "u", "value": 1} for k in keys]
         ops += [{"op": "put", "state": "r", "key": k, "value": "old"} for k in keys]
+        ops.append({"op": "put", "state": "renewed", "key": "k0", "value": 1})
         http.post(f"{JOB}/batch", json={"ops": ops}).raise_for_status()
 
         fill(filler, leave=1 << 20)
@@ -236,6 +239,7 @@ def test_reads_of_expired_entries_answer_below_the_reserve_and_clean_up_once_spa
             assert http.get(f"{JOB}/states/r/keys/k0").json() == {"value": "old"}
         assert len(http.get(f"{JOB}/states/t/keys", params={"limit": 100}).json()["items"]) == len(keys)
         refused(http.put(f"{JOB}/states/v/keys/k0", json={"value": 1}))  # a real write still is
+        refused(http.get(f"{JOB}/states/renewed/keys/k0"))
         refused(http.post(f"{JOB}/batch", json={"ops": [ops[0], {"op": "get", "state": "t", "key": "k1"}]}))
 
         filler.unlink()
