@@ -1,7 +1,10 @@
 """RocksDB state survives closing and reopening the backend from its directory."""
 
+import pytest
+
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.ttl import TtlConfig
 
@@ -69,3 +72,38 @@ def test_every_column_family_is_written_with_bloom_filters(tmp_path):
     options = max(data.rglob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1])).read_text()
     families = options.count("[CFOptions ")
     assert families >= 2 and options.count("filter_policy=bloomfilter\n") == families
+
+
+def test_a_read_of_expired_entries_answers_below_the_disk_reserve(tmp_path, clock):
+    """In process, where tests/test_disk_full.py's tmpfs cannot be mounted (it needs root): with a
+    reserve above the volume's size every write is refused, and a read whose only changes are
+    TTL cleanups answers all the same, its cleanup dropped until space is back."""
+    data = str(tmp_path / "data")
+    catalog = JobCatalog(RocksDBStore(data), clock=clock)
+    job, _ = catalog.create("j", 128)
+    job.register_state(StateDescriptor("t", "value", ttl=TtlConfig(100)))
+    with job.transaction() as tx:
+        tx.value("t").update("k", 1)
+    catalog.close()
+    clock.advance(200)
+
+    full = JobCatalog(RocksDBStore(data, disk_reserve_bytes=1 << 62), clock=clock)
+    try:
+        job = full.get("j")
+        with job.transaction() as tx:
+            assert tx.value("t").get("k") is None
+        with pytest.raises(InsufficientStorage), job.transaction() as tx:
+            tx.value("t").get("k")
+            tx.value("t").update("other", 2)  # a write in the same transaction: refused, as before
+        assert [stored.key for stored in job.keys("t")] == ["k"]  # still there, invisible
+    finally:
+        full.close()
+
+    roomy = JobCatalog(RocksDBStore(data), clock=clock)
+    try:
+        job = roomy.get("j")
+        with job.transaction() as tx:
+            assert tx.value("t").get("k") is None
+        assert list(job.keys("t")) == []  # cleaned up once writes are taken
+    finally:
+        roomy.close()
