@@ -256,6 +256,7 @@ NOT_SERVER_SETTINGS = frozenset(
         "STATEHOUSE_SKIP_BROWSER",  # tests/test_docs_offline.py: no Chromium
         "STATEHOUSE_TEST_REPLICAS",  # tests/client: replicas the client-only venv talks to
         "STATEHOUSE_FLINK_LIB",  # harness/flink_vectors: Flink's jars
+        "STATEHOUSE_SPARK_NO_CDS",  # harness/spark.py: test Spark JVMs without the class-data archive
         "STATEHOUSE_URLS",  # the statehouse command (client/cli): the replicas it talks to
         "STATEHOUSE_TOKEN",  # the statehouse command: its bearer token
     }
