@@ -15,6 +15,7 @@ from statehouse.app.dependencies import JobDep
 from statehouse.app.models import canonical_index
 from statehouse.app.offload import OFF_LOOP, in_transaction
 from statehouse.app.problems import ApiError
+from statehouse.app.routers.operators import Index
 from statehouse.app.routing import api_router
 from statehouse.app.wire import is_msgpack, read_body, render
 from statehouse.backends.bounds import MAX_EPOCH
@@ -28,11 +29,6 @@ PARTITIONS = "/jobs/{job}/operators/{operator}/subtasks/{index}/raw"
 KeyGroup = Annotated[
     int,
     Path(ge=0, le=MAX_SUBTASKS - 1, description="key group, below the job's max_parallelism"),
-    BeforeValidator(canonical_index),
-]
-Index = Annotated[
-    int,
-    Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
     BeforeValidator(canonical_index),
 ]
 

@@ -26,6 +26,10 @@ router = api_router(prefix="/v1", tags=["keyed state"])
 NEXT_CURSOR = b"statehouse.next_cursor"
 MAX_ROWS = 100_000  # rows per page, at most (the stored bytes bound a page too)
 MAX_KEYS = 1_000  # keys of one point read (query parameters: the request head stays small)
+FirstKeyGroup = Annotated[int | None, Query(ge=0, description="first key group (default: this replica's first)")]
+LastKeyGroup = Annotated[
+    int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
+]
 
 SCAN = {
     200: {
@@ -66,12 +70,8 @@ async def scan_state(
     service: ServiceDep,
     job: JobDep,
     state: str,
-    key_group_start: Annotated[
-        int | None, Query(ge=0, description="first key group (default: this replica's first)")
-    ] = None,
-    key_group_end: Annotated[
-        int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
-    ] = None,
+    key_group_start: FirstKeyGroup = None,
+    key_group_end: LastKeyGroup = None,
     key: Annotated[
         list[str] | None,
         Query(description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_KEYS}"),
@@ -118,12 +118,8 @@ SIZES = doc.errors(*doc.JOB, "state_not_found", "invalid_argument")
 async def state_sizes(
     job: JobDep,
     state: str,
-    key_group_start: Annotated[
-        int | None, Query(ge=0, description="first key group (default: this replica's first)")
-    ] = None,
-    key_group_end: Annotated[
-        int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
-    ] = None,
+    key_group_start: FirstKeyGroup = None,
+    key_group_end: LastKeyGroup = None,
 ) -> StateSizes:
     """What a keyed state stores per key group this replica owns: entries (a map's entries count one
     each; expired ones not yet cleaned up included) and their stored bytes. Groups holding nothing
