@@ -30,7 +30,16 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command.add(commands, EXIT_CODES)
+        # One parser shape for every command: its module's docstring is its --help text.
+        sub = commands.add_parser(
+            command.__name__.rsplit(".", 1)[-1],
+            help=command.HELP,
+            description=command.__doc__,
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.configure(sub)
+        sub.set_defaults(run=command.run)
     return top
 
 

@@ -8,18 +8,12 @@ import argparse
 from statehouse.client.cli.common import connection_options, emit, job_client, open_client
 from statehouse.client.coordinator import CheckpointCoordinator
 
+HELP = "a job's global checkpoints and savepoints"
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "checkpoints",
-        help="a job's global checkpoints and savepoints",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="the job's name")
     connection_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

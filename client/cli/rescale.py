@@ -36,15 +36,10 @@ from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.job import JobClient
 from statehouse.keygroups import KeyGroupRange
 
+HELP = "offline rescale of jobs to another replica count"
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "rescale",
-        help="offline rescale of jobs to another replica count",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", nargs="?", help="the job to move (or --all)")
     parser.add_argument("--all", action="store_true", help="every job of the replica set")
     parser.add_argument("--to", type=int, metavar="M", help="the new replica count")
@@ -61,7 +56,6 @@ def add(commands: argparse._SubParsersAction, epilog: str) -> None:
     )
     parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for savepoints and restarts")
     connection_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

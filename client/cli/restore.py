@@ -9,21 +9,15 @@ import argparse
 from statehouse.client.cli.common import CommandError, connection_options, emit, job_client, open_client, waiting
 from statehouse.client.coordinator import CheckpointCoordinator
 
+HELP = "restore a job on every replica from a global checkpoint or savepoint"
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "restore",
-        help="restore a job on every replica from a global checkpoint or savepoint",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="the job's name")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", type=int, metavar="N", help="the checkpoint or savepoint id")
     which.add_argument("--latest", action="store_true", help="the latest global checkpoint or savepoint")
     connection_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,20 +8,14 @@ import argparse
 from statehouse.client.cli.common import connection_options, emit, job_client, open_client, waiting
 from statehouse.client.coordinator import CheckpointCoordinator
 
+HELP = "take a savepoint of a job on every replica"
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "savepoint",
-        help="take a savepoint of a job on every replica",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="the job's name")
     parser.add_argument("--id", type=int, help="the savepoint id (default: above every id any replica has seen)")
     parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the uploads (default 300)")
     connection_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,21 +34,16 @@ _TOPOLOGY_SETTINGS = (
 )
 
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "serve",
-        help="run a local multi-replica set until Ctrl-C",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "run a local multi-replica set until Ctrl-C"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, metavar="N", help="replica count (default 1)")
     parser.add_argument("--port", type=int, default=8000, help="replica 0's port; replica i listens on PORT+i")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--dir", default=".", help="where data-<i>/, checkpoints/ and the logs go (default .)")
     parser.add_argument("--start-timeout", type=float, default=60.0, help="seconds for a replica to be ready")
     output_option(parser)
-    parser.set_defaults(run=run)
 
 
 def state_path(directory: str | Path) -> Path:

@@ -10,17 +10,11 @@ from statehouse.client.cli.common import connection_options, emit, job_client, j
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.errors import StatehouseError
 
+HELP = "replicas, topology version, jobs, ranges, latest global checkpoint"
 
-def add(commands: argparse._SubParsersAction, epilog: str) -> None:
-    parser = commands.add_parser(
-        "status",
-        help="replicas, topology version, jobs, ranges, latest global checkpoint",
-        description=__doc__,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def configure(parser: argparse.ArgumentParser) -> None:
     connection_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
