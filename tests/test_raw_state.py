@@ -23,6 +23,7 @@ from statehouse.backends.raw_state import DEFAULT_NAME, raw_operator
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
 from statehouse.snapshots.storage import open_storage
+from tests.test_snapshot_support import global_checkpoint
 
 MAX_PARALLELISM = 128
 OLD_SUBTASKS = 5  # the operator's parallelism before the restore
@@ -50,12 +51,7 @@ def _snapshot(make_manager, catalogs, storage, kind: str, second: bool):
                     for kg in job.key_group_range:
                         if kg % 5 == 0:
                             tx.raw_keyed.replace(kg, b"".join(_stream(kg, 2)))
-        for m in managers:
-            m.trigger("orders", checkpoint_id, kind=kind)
-        for m in managers:
-            assert m.wait("orders", checkpoint_id, 30).status == "uploaded"
-        for m in managers:
-            m.complete("orders", checkpoint_id)
+        global_checkpoint(managers, "orders", checkpoint_id, kind)
     for m in managers:
         m.close()
     return ids[-1]

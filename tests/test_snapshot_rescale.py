@@ -14,7 +14,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.keygroups import assign_to_key_group
 from statehouse.snapshots.errors import RestoreIncomplete
 from statehouse.snapshots.storage import open_storage
-from tests.test_snapshot_support import dump, operator_dump, owner, populate
+from tests.test_snapshot_support import dump, global_checkpoint, operator_dump, owner, populate
 
 
 def _layout(make_catalog, count, tmp_path, tag):
@@ -23,12 +23,7 @@ def _layout(make_catalog, count, tmp_path, tag):
 
 def _checkpoint(make_manager, catalogs, storage, checkpoint_id, **kwargs):
     managers = [make_manager(c, storage, **kwargs) for c in catalogs]
-    for m in managers:
-        m.trigger("orders", checkpoint_id)
-    for m in managers:  # the coordinator: every replica uploaded, then complete everywhere
-        assert m.wait("orders", checkpoint_id, 30).status == "uploaded"
-    for m in managers:
-        m.complete("orders", checkpoint_id)
+    global_checkpoint(managers, "orders", checkpoint_id)
     return managers
 
 

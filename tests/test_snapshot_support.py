@@ -62,3 +62,14 @@ def operator_dump(job: Job) -> dict:
         for primary, secondary, value in job.partition.scan(table, 0):
             out[(table, primary, secondary)] = value
     return out
+
+
+def global_checkpoint(managers, job: str, checkpoint_id: int, kind: str = "checkpoint") -> None:
+    """What the coordinator does for one global checkpoint: trigger it on every replica, wait until
+    every part is uploaded, then complete it everywhere."""
+    for m in managers:
+        m.trigger(job, checkpoint_id, kind=kind)
+    for m in managers:
+        assert m.wait(job, checkpoint_id, 30).status == "uploaded"
+    for m in managers:
+        m.complete(job, checkpoint_id)

@@ -18,6 +18,7 @@ from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timers import count_timers, list_timers
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage import open_storage
+from tests.test_snapshot_support import global_checkpoint
 
 pytestmark = [pytest.mark.http]
 
@@ -336,12 +337,7 @@ def _timers_everywhere(catalogs, n=300):
 
 def _checkpoint(make_manager, catalogs, storage, checkpoint_id, kind="checkpoint"):
     managers = [make_manager(c, storage) for c in catalogs]
-    for m in managers:
-        m.trigger("t", checkpoint_id, kind=kind)
-    for m in managers:
-        assert m.wait("t", checkpoint_id, 30).status == "uploaded"
-    for m in managers:
-        m.complete("t", checkpoint_id)
+    global_checkpoint(managers, "t", checkpoint_id, kind)
     for m in managers:
         m.close()
 
