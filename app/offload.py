@@ -24,7 +24,7 @@ INLINE_OPS = 1_000
 OFF_LOOP = INLINE_OPS + 1  # the size to give work that always leaves the loop (whole-collection reads)
 
 
-async def run_engine(job: Job, work: Callable[[], T], ops: int = 1) -> T:
+async def dispatch(job: Job, work: Callable[[], T], ops: int = 1) -> T:
     """``work()`` (which uses ``job``): inline if it is short and the job free and open."""
     if ops <= INLINE_OPS:
         with job.held_if_free() as free:
@@ -34,11 +34,11 @@ async def run_engine(job: Job, work: Callable[[], T], ops: int = 1) -> T:
 
 
 async def in_transaction(job: Job, use: Callable[[JobTransaction], T], ops: int = 1, epoch: int | None = None) -> T:
-    """``use(tx)`` in one transaction of ``job``, run as :func:`run_engine` runs work; with
+    """``use(tx)`` in one transaction of ``job``, run as :func:`dispatch` runs work; with
     ``epoch``, fenced by the job's writer epoch (409 ``stale_epoch`` unless it is the current one)."""
 
     def work() -> T:
         with job.transaction(epoch) as tx:
             return use(tx)
 
-    return await run_engine(job, work, ops)
+    return await dispatch(job, work, ops)

@@ -42,7 +42,7 @@ R_co = TypeVar("R_co", covariant=True)
 class Work(Protocol[R_co]):
     """What a request asks, parsed from its wire format: a batch's operations
     (``ops.BatchOps``), one columnar operation (``columns.ColumnOp``), timers' columns
-    (``timer_columns.TimerColumns``), an advance. One entry point, :func:`run`, applies any."""
+    (``timer_columns.TimerColumns``), an advance. One entry point, :func:`perform`, applies any."""
 
     STAGED_OVERHEAD: ClassVar[int]  # memory each staged write operation holds (``staging``)
 
@@ -55,10 +55,12 @@ class Work(Protocol[R_co]):
         ...
 
 
-def run(job: Job, work: Work[R], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0) -> R:
+def perform(
+    job: Job, work: Work[R], *, epoch: int | None = None, attempt: AttemptRef | None = None, size: int = 0
+) -> R:
     """Apply ``work`` atomically: directly, or staged for ``attempt`` under ``epoch``. ``size`` is
     the request's size in bytes: with the per-write overhead, what staging it costs."""
-    return _run(job, epoch, attempt, size, work)
+    return _perform(job, epoch, attempt, size, work)
 
 
 class _Advance:
@@ -78,7 +80,7 @@ class _Advance:
         return [self.done.record] if self.done is not None else []
 
 
-def run_advance(
+def advance(
     job: Job,
     domain: TimeDomain,
     to: int,
@@ -93,14 +95,14 @@ def run_advance(
     timers it fired (a re-sent request answers the same timers again)."""
     work = _Advance(domain, to, key_groups, limit)
     if attempt is not None:
-        return _run(job, epoch, attempt, 0, work)
+        return _perform(job, epoch, attempt, 0, work)
     with job.exclusive():  # no registration between the commit and the floors' rise
-        result = _run(job, epoch, attempt, 0, work)
-        job.drained_timers(domain, result.drained, result.time)
+        result = _perform(job, epoch, attempt, 0, work)
+        job.staging.drained_timers(domain, result.drained, result.time)
     return result
 
 
-def _run(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int, work: Work[R]) -> R:
+def _perform(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int, work: Work[R]) -> R:
     if attempt is None:
         with job.transaction(epoch=epoch) as tx:
             return work.apply(tx)
@@ -108,7 +110,7 @@ def _run(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int, wor
         raise AttemptConflict("a task attempt's batch must carry the micro-batch's 'epoch'")
     with job.exclusive():
         job.check_epoch(epoch)
-        staging = job.staging(epoch)
+        staging = job.staging.open(epoch, job.committed_epoch, job.changes)
         if staging.sealed:
             raise EpochSealed(f"epoch {epoch} of job {job.name!r} was prepared for commit; it takes no more writes")
         staged = _attempt(job, staging, attempt)
@@ -167,7 +169,7 @@ def _attempt(job: Job, staging: EpochStaging, ref: AttemptRef) -> StagedAttempt:
 
 def _verify(job: Job, epoch: int, winners: list[Winner]) -> list[StagedAttempt]:
     """The staged attempts the winners name, each holding exactly the writes its task counted."""
-    staging = job.staged(epoch)
+    staging = job.staging.of(epoch)
     held = staging.attempts if staging is not None else {}
     found, wrong = [], []
     for winner in winners:
@@ -226,7 +228,7 @@ class EpochReport:
 
 def describe(job: Job, epoch: int, ops_done: int = 0) -> EpochReport:
     committed = job.committed_epoch
-    staging = job.staged(epoch)
+    staging = job.staging.of(epoch)
     if epoch == committed:
         status = "committed"
     elif staging is None:
@@ -244,7 +246,7 @@ def prepare(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
             return describe(job, epoch)
         job.check_epoch(epoch)
         found = _verify(job, epoch, winners)
-        job.staging(epoch).sealed = True
+        job.staging.open(epoch, job.committed_epoch, job.changes).sealed = True
         return describe(job, epoch, sum(s.ops for s in found))
 
 
@@ -256,7 +258,7 @@ def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
         job.check_epoch(epoch)
         found = _verify(job, epoch, winners)
         _check_firings(job, epoch, found)
-        views = _views_if_exact(job, job.staging(epoch), found)
+        views = _views_if_exact(job, job.staging.open(epoch, job.committed_epoch, job.changes), found)
         with job.transaction() as tx:
             if views is not None:
                 tx.apply_views(views)
@@ -264,7 +266,7 @@ def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
                 for staged in found:
                     _replay(tx, staged)
             tx.record_commit(epoch)
-        job.drop_staging(epoch)
+        job.staging.drop(epoch)
         return describe(job, epoch, sum(s.ops for s in found))
 
 
@@ -301,5 +303,5 @@ def _disjoint(winners: list[Collection[bytes]]) -> bool:
 
 def abort(job: Job, epoch: int) -> EpochReport:
     """Drop what ``epoch`` staged (the micro-batch failed; it re-runs under a new epoch)."""
-    job.drop_staging(epoch)
+    job.staging.drop(epoch)
     return describe(job, epoch)

@@ -16,7 +16,6 @@ from statehouse.backends.bounds import MAX_EPOCH, check_range
 from statehouse.backends.codec import decode_primary
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
-    EpochSealed,
     JobReplaced,
     StaleEpoch,
     StateNotFound,
@@ -33,7 +32,6 @@ from statehouse.backends.keyed import (
 )
 from statehouse.backends.keyspace import KeySpace, first_page, position_of
 from statehouse.backends.limits import AnswerMeter, Limits
-from statehouse.backends.memory import released
 from statehouse.backends.operator_state import OperatorState
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.reserved import (
@@ -44,8 +42,8 @@ from statehouse.backends.reserved import (
     META_TABLE,
     STATE_META,
 )
-from statehouse.backends.staging import EpochStaging
-from statehouse.backends.timers import TimerFloors, TimerService
+from statehouse.backends.staging import Staging
+from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.keygroups import KeyGroupRange
@@ -96,8 +94,8 @@ class Job:
         # lands either before the swap (and is replaced with the rest) or is refused after it.
         self._lock = threading.RLock()
         self._replaced = False
-        self._staging: EpochStaging | None = None  # task attempts' writes under the current epoch
-        self.timer_floors = TimerFloors()  # where firing seeks to per key group (backends/timers.py)
+        # Task attempts' writes under the current epoch, and the timer floors (backends/staging.py).
+        self.staging = Staging(name, partition, self._lock)
         # Counts every change to the partition made outside the epoch commit (direct writes,
         # registrations): the staged views of an epoch hold exactly its partition as long as
         # this did not move since the epoch's staging began.
@@ -136,7 +134,7 @@ class Job:
         Also drops the TTL cleanup cursors: their iterators would keep the storage open."""
         with self._lock:
             self._replaced = True
-            self._staging = None
+            self.staging.drop()
             self.ttl_cleanup.clear()
 
     def revive(self) -> None:
@@ -205,9 +203,7 @@ class Job:
                 tx.put(META_TABLE, 0, EPOCH_META, str(epoch).encode())
                 tx.commit()
                 current = epoch
-                # What older epochs staged can never commit: freed (no reference left) and trimmed.
-                size, self._staging = self._staging.bytes if self._staging is not None else 0, None
-                released(size)
+                self.staging.drop()  # what older epochs staged can never commit
             return current
 
     @property
@@ -215,39 +211,6 @@ class Job:
         """The last epoch whose staged writes were committed (0: none); restored with a snapshot."""
         raw = self.partition.get_meta(COMMITTED_EPOCH_META)
         return int(raw) if raw is not None else 0
-
-    def staging(self, epoch: int) -> EpochStaging:
-        """The staging of ``epoch``, the current epoch (call under :meth:`exclusive`); refused
-        once ``epoch`` was committed: what it staged then could never commit."""
-        if self._staging is None or self._staging.epoch != epoch:
-            if self.committed_epoch == epoch:
-                raise EpochSealed(
-                    f"epoch {epoch} of job {self.name!r} was committed; it takes no more writes: a late task attempt "
-                    "of a finished micro-batch (its writes are not applied), or the driver must fence a new epoch"
-                )
-            self._staging = EpochStaging(epoch, self.partition, self.changes)
-        return self._staging
-
-    def staged(self, epoch: int) -> EpochStaging | None:
-        """What is staged under ``epoch``, if anything."""
-        staging = self._staging
-        return staging if staging is not None and staging.epoch == epoch else None
-
-    def drained_timers(self, domain: str, key_groups: Iterable[int], time: int) -> None:
-        """A committed firing left nothing at or below ``time`` in these key groups: later
-        firings seek past it, unless an attempt's staged view may hold timers the floors must
-        keep below them (they were lowered for those, and raising would hide them)."""
-        with self._lock:
-            if self._staging is None or not self._staging.attempts:
-                self.timer_floors.raise_to(domain, key_groups, time)
-
-    def drop_staging(self, epoch: int) -> None:
-        """Forget what ``epoch`` staged (after its commit, or an abort)."""
-        with self._lock:
-            staging = self.staged(epoch)
-            if staging is not None:
-                size, self._staging, staging = staging.bytes, None, None  # no reference left: freed now
-                released(size)
 
     def check_epoch(self, epoch: int) -> None:
         check_range(epoch, "epoch", MAX_EPOCH)
@@ -342,7 +305,7 @@ class Job:
                 self.changes += 1
 
     def close(self) -> None:
-        self._staging = None
+        self.staging.drop()
         self.ttl_cleanup.clear()
         self.partition.close()
 

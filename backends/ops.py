@@ -104,18 +104,18 @@ def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]
     results: list[dict[str, Any]] = [_EMPTY] * len(operations)
     try:
         for indexes in by_state.values():
-            _apply_runs(tx, operations, checked, indexes, results)
+            _apply_state_ops(tx, operations, checked, indexes, results)
     except StateError:
         if len(by_state) == 1:
             raise
         tx.rollback()
         for index in range(len(operations)):  # raises for the first failing operation
-            _apply_runs(tx, operations, checked, [index], results)
+            _apply_state_ops(tx, operations, checked, [index], results)
         raise
     return results
 
 
-def _apply_runs(
+def _apply_state_ops(
     tx: JobTransaction,
     operations: list[Any],
     checked: list[tuple[str, str, str]],

@@ -19,14 +19,18 @@ instead of committing part of a batch.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
-from statehouse.backends.errors import AttemptConflict, InvalidArgument
+from statehouse.backends.errors import AttemptConflict, EpochSealed, InvalidArgument
+from statehouse.backends.keyspace import encode_timestamp
+from statehouse.backends.memory import released
+from statehouse.keygroups import INT64_MAX, INT64_MIN
 
 # Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
@@ -178,3 +182,85 @@ class EpochStaging:
 
     def summaries(self) -> list[dict[str, Any]]:
         return [a.summary() for a in sorted(self.attempts.values(), key=lambda a: (a.partition, a.attempt))]
+
+
+class TimerFloors:
+    """Per (time domain, key group), a time below which no timer is stored, in the partition or
+    in any attempt's staged view: where firing seeks to instead of the key group's start. On
+    RocksDB every fired timer leaves a tombstone at the head of its key group, and a seek from
+    the start would step over all the timers ever fired there (Flink's RocksDB timer queues
+    cache their heads for the same reason). In memory only: unknown (a new job object, after a
+    restart or a restore) means the start. Every registration lowers it, staged or not (too low
+    only costs a longer seek); only a committed firing that left nothing due in a key group,
+    with nothing staged, raises it."""
+
+    def __init__(self) -> None:
+        self._floors: dict[tuple[str, int], int] = {}
+
+    def seek_after(self, domain: str, key_group: int) -> bytes | None:
+        """The position a key group's scan starts after (``None``: its start)."""
+        floor = self._floors.get((domain, key_group))
+        if floor is None or floor == INT64_MIN:
+            return None
+        return encode_timestamp(floor - 1) + b"\xff"  # after every timer of floor - 1 (type tags are < 0xff)
+
+    def lower(self, domain: str, key_group: int, timestamp: int) -> None:
+        floor = self._floors.get((domain, key_group))
+        if floor is not None and timestamp < floor:
+            self._floors[(domain, key_group)] = timestamp
+
+    def raise_to(self, domain: str, key_groups: Iterable[int], time: int) -> None:
+        """Nothing at or below ``time`` is left in these key groups (a committed firing)."""
+        if time < INT64_MAX:
+            for kg in key_groups:
+                self._floors[(domain, kg)] = max(self._floors.get((domain, kg), INT64_MIN), time + 1)
+
+
+class Staging:
+    """What task attempts stage on one job's replica: the current writer epoch's staging (one at
+    a time: fencing a newer epoch drops the older one's, which can never commit), and the timer
+    floors, which a committed firing may raise only while nothing is staged. The job holds one;
+    its requests call in under the job's lock (``Job.exclusive``), and what runs outside a
+    request (dropping an epoch, a committed firing's floors) takes that lock itself."""
+
+    def __init__(self, job: str, partition: StorePartition, lock: threading.RLock) -> None:
+        self._job = job
+        self._partition = partition
+        self._lock = lock
+        self._epoch: EpochStaging | None = None
+        self.timer_floors = TimerFloors()  # where firing seeks to per key group
+
+    def of(self, epoch: int) -> EpochStaging | None:
+        """What is staged under ``epoch``, if anything."""
+        staging = self._epoch
+        return staging if staging is not None and staging.epoch == epoch else None
+
+    def open(self, epoch: int, committed_epoch: int, job_changes: int) -> EpochStaging:
+        """The staging of ``epoch``, the job's current epoch (under the job's lock), begun if
+        need be; refused once ``epoch`` was committed: what it staged then could never commit."""
+        staging = self.of(epoch)
+        if staging is None:
+            if committed_epoch == epoch:
+                raise EpochSealed(
+                    f"epoch {epoch} of job {self._job!r} was committed; it takes no more writes: a late task attempt "
+                    "of a finished micro-batch (its writes are not applied), or the driver must fence a new epoch"
+                )
+            staging = self._epoch = EpochStaging(epoch, self._partition, job_changes)
+        return staging
+
+    def drop(self, epoch: int | None = None) -> None:
+        """Forget what ``epoch`` staged (after its commit, or an abort), or whatever is staged
+        (``None``: a newer epoch was fenced, or the job retired)."""
+        with self._lock:
+            staging = self._epoch
+            if staging is not None and (epoch is None or staging.epoch == epoch):
+                size, self._epoch, staging = staging.bytes, None, None  # no reference left: freed now
+                released(size)
+
+    def drained_timers(self, domain: str, key_groups: Iterable[int], time: int) -> None:
+        """A committed firing left nothing at or below ``time`` in these key groups: later
+        firings seek past it, unless an attempt's staged view may hold timers the floors must
+        keep below them (they were lowered for those, and raising would hide them)."""
+        with self._lock:
+            if self._epoch is None or not self._epoch.attempts:
+                self.timer_floors.raise_to(domain, key_groups, time)

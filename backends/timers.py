@@ -55,7 +55,7 @@ from statehouse.backends.keyspace import (
     timer_key_type,
 )
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
-from statehouse.backends.staging import STAGED_TIMER_OVERHEAD
+from statehouse.backends.staging import STAGED_TIMER_OVERHEAD, Staging
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
 from statehouse.protocol.ops import TIMER_OPS
 
@@ -143,7 +143,7 @@ class Advanced:
     timers: list[Timer]
     more: bool
     record: FiredTimers
-    drained: tuple[int, ...] = ()  # key groups left with nothing due (``TimerFloors.raise_to``)
+    drained: tuple[int, ...] = ()  # key groups left with nothing due (``staging.TimerFloors.raise_to``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,43 +154,11 @@ class Advanced:
         }
 
 
-class TimerFloors:
-    """Per (time domain, key group), a time below which no timer is stored, in the partition or
-    in any attempt's staged view: where firing seeks to instead of the key group's start. On
-    RocksDB every fired timer leaves a tombstone at the head of its key group, and a seek from
-    the start would step over all the timers ever fired there (Flink's RocksDB timer queues
-    cache their heads for the same reason). In memory only: unknown (a new job object, after a
-    restart or a restore) means the start. Every registration lowers it, staged or not (too low
-    only costs a longer seek); only a committed firing that left nothing due in a key group,
-    with nothing staged, raises it."""
-
-    def __init__(self) -> None:
-        self._floors: dict[tuple[str, int], int] = {}
-
-    def seek_after(self, domain: str, key_group: int) -> bytes | None:
-        """The position a key group's scan starts after (``None``: its start)."""
-        floor = self._floors.get((domain, key_group))
-        if floor is None or floor == INT64_MIN:
-            return None
-        return encode_timestamp(floor - 1) + b"\xff"  # after every timer of floor - 1 (type tags are < 0xff)
-
-    def lower(self, domain: str, key_group: int, timestamp: int) -> None:
-        floor = self._floors.get((domain, key_group))
-        if floor is not None and timestamp < floor:
-            self._floors[(domain, key_group)] = timestamp
-
-    def raise_to(self, domain: str, key_groups: Iterable[int], time: int) -> None:
-        """Nothing at or below ``time`` is left in these key groups (a committed firing)."""
-        if time < INT64_MAX:
-            for kg in key_groups:
-                self._floors[(domain, kg)] = max(self._floors.get((domain, kg), INT64_MIN), time + 1)
-
-
 class TimerContext(Protocol):
     """What timers need of their job (a ``Job``)."""
 
     keyspace: KeySpace
-    timer_floors: TimerFloors
+    staging: Staging  # its timer floors
 
     def exclusive(self) -> AbstractContextManager[None]: ...
 
@@ -229,7 +197,7 @@ class TimerService:
         assert table is not None
         key_group, primary = self._locate(key, key_type, namespace, timestamp)
         self._tx.put(table, key_group, primary, b"")
-        self._job.timer_floors.lower(domain, key_group, timestamp)
+        self._job.staging.timer_floors.lower(domain, key_group, timestamp)
 
     def delete(
         self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
@@ -247,7 +215,7 @@ class TimerService:
             self._tx.put_many(table, key_groups, primaries, [None if delete else b""] * len(primaries))
         if not delete:
             for kg, primary in zip(key_groups, primaries, strict=True):
-                self._job.timer_floors.lower(domain, kg, decode_timestamp(primary))
+                self._job.staging.timer_floors.lower(domain, kg, decode_timestamp(primary))
 
     def current_time(self, domain: TimeDomain) -> int | None:
         """The domain's time on this replica: ``None`` until the first advance (since a restore)."""
@@ -298,7 +266,7 @@ class TimerService:
         only as far as its timers can still be among the first ``limit``."""
         chosen: list[tuple[bytes, int, bytes]] = []  # (timestamp bytes, key group, primary), sorted
         left: set[int] = set()
-        floors = self._job.timer_floors
+        floors = self._job.staging.timer_floors
         for kg in groups:
             for primary in self._tx.primaries_from(table, kg, floors.seek_after(domain, kg)):
                 row = (primary[:TIMESTAMP_BYTES], kg, primary)
@@ -358,7 +326,7 @@ def list_timers(
     if table not in partition.tables():
         return
     groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
-    floors = job.timer_floors
+    floors = job.staging.timer_floors
     for kg in groups:
         if start_after is not None and kg < start_after[0]:
             continue
@@ -396,7 +364,7 @@ def count_timers(job: TimerContext, domain: TimeDomain, key_group: int | None = 
         return counts
     groups: Iterable[int] = [key_group] if key_group is not None else job.key_group_range
     for kg in groups:
-        n = sum(1 for _ in partition.primaries_from(table, kg, job.timer_floors.seek_after(domain, kg)))
+        n = sum(1 for _ in partition.primaries_from(table, kg, job.staging.timer_floors.seek_after(domain, kg)))
         if n:
             counts[kg] = n
     return counts

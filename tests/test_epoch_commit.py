@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from statehouse.backends import attempts
-from statehouse.backends.attempts import commit, prepare, run
+from statehouse.backends.attempts import commit, perform, prepare
 from statehouse.backends.columns import ColumnOp
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.ops import BatchOps
@@ -30,7 +30,7 @@ def replays(monkeypatch):
 
 def stage(job, epoch, partition, attempt, keys, values, state="s"):
     op = ColumnOp.parse(state, "add", pa.table({"key": keys, "value": values}))
-    run(job, op, epoch=epoch, attempt=AttemptRef(partition, attempt, 0))
+    perform(job, op, epoch=epoch, attempt=AttemptRef(partition, attempt, 0))
     return Winner(partition, attempt, len(keys))
 
 
@@ -47,7 +47,7 @@ def totals(job, *keys, state="s"):
 @pytest.fixture
 def sums(job):
     job.register_state(StateDescriptor("s", "reducing", function="sum"))
-    run(job, BatchOps([{"op": "add", "state": "s", "key": "a", "value": 100}]))
+    perform(job, BatchOps([{"op": "add", "state": "s", "key": "a", "value": 100}]))
     job.fence(1)
     return job
 
@@ -70,7 +70,7 @@ def test_two_winners_on_one_key_are_replayed_and_both_count(sums, replays):
 
 def test_a_direct_write_during_the_epoch_makes_the_commit_replay(sums, replays):
     winners = [stage(sums, 1, 0, "t0", ["a"], [1])]
-    run(sums, BatchOps([{"op": "add", "state": "s", "key": "a", "value": 50}]))  # not fenced, not staged
+    perform(sums, BatchOps([{"op": "add", "state": "s", "key": "a", "value": 50}]))  # not fenced, not staged
     commit_all(sums, 1, winners)
     assert replays["n"] == 1
     assert totals(sums, "a") == [151]  # the view alone would say 101
@@ -95,7 +95,7 @@ def test_ttl_states_are_replayed(job, replays):
 def test_batches_maps_and_lists_commit_their_views(job, replays):
     job.register_state(StateDescriptor("m", "map", function="sum"))
     job.register_state(StateDescriptor("l", "list"))
-    run(job, BatchOps([{"op": "map_put", "state": "m", "key": "u", "user_key": "x", "value": 5}]))
+    perform(job, BatchOps([{"op": "map_put", "state": "m", "key": "u", "user_key": "x", "value": 5}]))
     job.fence(1)
     ops = [
         {"op": "map_add", "state": "m", "key": "u", "user_key": "x", "value": 1},
@@ -103,7 +103,7 @@ def test_batches_maps_and_lists_commit_their_views(job, replays):
         {"op": "add", "state": "l", "key": "u", "values": [1, 2]},
         {"op": "put", "state": "m", "key": "v", "value": {"z": 9}},
     ]
-    run(job, BatchOps(ops), epoch=1, attempt=AttemptRef(0, "t0", 0))
+    perform(job, BatchOps(ops), epoch=1, attempt=AttemptRef(0, "t0", 0))
     commit_all(job, 1, [Winner(0, "t0", 4)])
     assert replays["n"] == 0
     with job.transaction() as tx:
@@ -123,7 +123,7 @@ def test_winners_of_several_requests_commit_their_views_when_disjoint(sums, repl
     # The second request of an attempt makes its view's rows a dict of changes.
     for seq, keys in enumerate((["a", "b"], ["b", "c"])):
         op = ColumnOp.parse("s", "add", pa.table({"key": keys, "value": [1, 1]}))
-        run(sums, op, epoch=1, attempt=AttemptRef(0, "t0", seq))
+        perform(sums, op, epoch=1, attempt=AttemptRef(0, "t0", seq))
     winners = [Winner(0, "t0", 4), stage(sums, 1, 1, "t1", ["d"], [7])]
     commit_all(sums, 1, winners)
     assert replays["n"] == 0
@@ -135,7 +135,7 @@ def test_two_winners_on_one_map_key_are_replayed(job, replays):
     job.fence(1)
     for partition in (0, 1):
         op = {"op": "map_add", "state": "m", "key": "u", "user_key": f"x{partition}", "value": 1}
-        run(job, BatchOps([op]), epoch=1, attempt=AttemptRef(partition, f"t{partition}", 0))
+        perform(job, BatchOps([op]), epoch=1, attempt=AttemptRef(partition, f"t{partition}", 0))
     commit_all(job, 1, [Winner(0, "t0", 1), Winner(1, "t1", 1)])
     assert replays["n"] == 2  # the check is per key (a map), not per entry
     with job.transaction() as tx:

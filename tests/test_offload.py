@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from statehouse.app.offload import INLINE_OPS, OFF_LOOP, in_transaction, run_engine
+from statehouse.app.offload import INLINE_OPS, OFF_LOOP, dispatch, in_transaction
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import HeapStore
@@ -24,11 +24,11 @@ def job():
 
 
 def where(ops: int, job) -> str:
-    """The thread ``run_engine`` ran work of ``ops`` operations on: 'inline' or 'worker'."""
+    """The thread ``dispatch`` ran work of ``ops`` operations on: 'inline' or 'worker'."""
 
     async def main() -> str:
         loop_thread = threading.get_ident()
-        ran_on = await run_engine(job, threading.get_ident, ops)
+        ran_on = await dispatch(job, threading.get_ident, ops)
         return "inline" if ran_on == loop_thread else "worker"
 
     return asyncio.run(main())

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.http]
 
 def fire(job, to, domain="event", **kwargs):
     """Advance directly; the fired timers as (timestamp, key, ns)."""
-    result = attempts.run_advance(job, domain, to, **kwargs)
+    result = attempts.advance(job, domain, to, **kwargs)
     return [(t.timestamp, t.key, t.namespace) for t in result.timers]
 
 
@@ -57,7 +57,7 @@ def test_fire_in_order_deduped(job):
 def test_firing_order_is_timestamp_key_group_key_namespace(job):
     keys = [f"k{i}" for i in range(200)]
     register(job, *[(1_000 - i % 7, k, ns) for i, k in enumerate(keys) for ns in ("x", "a")])
-    result = attempts.run_advance(job, "event", 10_000)
+    result = attempts.advance(job, "event", 10_000)
     order = [(t.timestamp, t.key_group) for t in result.timers]
     assert order == sorted(order) and len(order) == 400
     for t in result.timers:
@@ -91,8 +91,8 @@ def test_domains_are_separate_and_processing_time_fires(job):
 def test_time_never_goes_back_and_late_timers_fire_on_next_advance(job):
     with job.transaction() as tx:
         assert tx.timers.current_time("event") is None
-    assert attempts.run_advance(job, "event", 100).time == 100
-    result = attempts.run_advance(job, "event", 50)  # older: the watermark stays
+    assert attempts.advance(job, "event", 100).time == 100
+    result = attempts.advance(job, "event", 50)  # older: the watermark stays
     assert result.time == 100 and result.timers == []
     register(job, (70, "late"), (100, "at"), (101, "later"))
     assert fire(job, 90) == [(70, "late", ""), (100, "at", "")]  # at or below the watermark: the next advance
@@ -109,14 +109,14 @@ def test_floors_never_hide_a_timer(job):
     register(job, (50, same[1]))  # late, below the floor: it lowers it
     assert fire(job, 100) == [(50, same[1], "")]
     job.fence(1)
-    attempts.run(
+    attempts.perform(
         job,
         BatchOps([{"op": "register_timer", "key": same[2], "timestamp": 60}]),
         epoch=1,
         attempt=AttemptRef(0, "a", 0),
     )
     assert fire(job, 200) == []  # plain: the staged timer is not the job's yet, and the floor stays down
-    staged = attempts.run_advance(job, "event", 200, epoch=1, attempt=AttemptRef(0, "a", 1))
+    staged = attempts.advance(job, "event", 200, epoch=1, attempt=AttemptRef(0, "a", 1))
     assert [(t.key, t.timestamp) for t in staged.timers] == [(same[2], 60)]
     attempts.commit(job, 1, [Winner(0, "a", 2)])
     assert count_timers(job, "event") == {}
@@ -128,7 +128,7 @@ def test_typed_keys(job):
     register(job, (1, 7), (1, -(2**31)), key_type="int")
     register(job, (1, 7), (2, 2**62), key_type="long")
     register(job, (1, "7"))
-    result = attempts.run_advance(job, "event", 5)
+    result = attempts.advance(job, "event", 5)
     got = {(t.key, t.key_type) for t in result.timers}
     assert got == {(7, "int"), (-(2**31), "int"), (7, "long"), (2**62, "long"), ("7", "string")}
     for t in result.timers:
@@ -144,12 +144,12 @@ def test_typed_keys(job):
 def test_limit_and_key_groups(job):
     keys = [f"k{i}" for i in range(50)]
     register(job, *[(i, k) for i, k in enumerate(keys)])
-    first = attempts.run_advance(job, "event", 100, limit=20)
+    first = attempts.advance(job, "event", 100, limit=20)
     assert len(first.timers) == 20 and first.more and [t.timestamp for t in first.timers] == list(range(20))
     groups = KeyGroupRange(0, 63)
-    mine = attempts.run_advance(job, "event", 100, key_groups=groups)
+    mine = attempts.advance(job, "event", 100, key_groups=groups)
     assert mine.timers and all(t.key_group <= 63 for t in mine.timers) and not mine.more
-    rest = attempts.run_advance(job, "event", 100)
+    rest = attempts.advance(job, "event", 100)
     assert all(t.key_group > 63 for t in rest.timers)
     assert len(first.timers) + len(mine.timers) + len(rest.timers) == 50
 
@@ -163,7 +163,7 @@ def test_limited_advances_fire_in_the_same_order_as_one(make_catalog):
     expected = fire(whole, 1_000)
     got: list = []
     while True:
-        result = attempts.run_advance(paged, "event", 1_000, limit=7)
+        result = attempts.advance(paged, "event", 1_000, limit=7)
         got += [(t.timestamp, t.key, t.namespace) for t in result.timers]
         if not result.more:
             break
@@ -221,7 +221,7 @@ def test_timers_survive_a_restart(backend, make_catalog, tmp_path):
     catalog = make_catalog(data_dir=tmp_path / "d")
     job, _ = catalog.create("durable", 128)
     register(job, (10, "a"), (20, "b"))
-    attempts.run_advance(job, "event", 10)
+    attempts.advance(job, "event", 10)
     catalog.close()
     job = make_catalog(data_dir=tmp_path / "d").get("durable")
     with job.transaction() as tx:
@@ -236,7 +236,7 @@ def test_stale_epoch_refused(job):
     register(job, (1, "a"))
     job.fence(3)
     with pytest.raises(StaleEpoch):
-        attempts.run_advance(job, "event", 10, epoch=2)
+        attempts.advance(job, "event", 10, epoch=2)
     assert fire(job, 10, epoch=3) == [(1, "a", "")]
 
 
@@ -244,24 +244,24 @@ def test_attempt_firing_is_staged_and_only_the_winner_sticks(job):
     register(job, (1, "a"), (2, "b"), (50, "c"))
     job.fence(1)
     ref = AttemptRef(0, "a0", 0)
-    first = attempts.run_advance(job, "event", 10, epoch=1, attempt=ref)
+    first = attempts.advance(job, "event", 10, epoch=1, attempt=ref)
     assert [t.key for t in first.timers] == ["a", "b"]
-    again = attempts.run_advance(job, "event", 10, epoch=1, attempt=ref)  # re-sent: answered again
+    again = attempts.advance(job, "event", 10, epoch=1, attempt=ref)  # re-sent: answered again
     assert again is first
     # not committed: the job still has the timers, and a retried attempt fires the same ones
     assert sum(count_timers(job, "event").values()) == 3
-    retry = attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 0))
+    retry = attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 0))
     assert [t.key for t in retry.timers] == ["a", "b"]
     # within the attempt, what it fired is gone, and what it registers fires on its next advance
     with pytest.raises(AttemptConflict):
-        attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 5))
-    attempts.run(
+        attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 5))
+    attempts.perform(
         job,
         BatchOps([{"op": "register_timer", "domain": "event", "key": "d", "timestamp": 5}]),
         epoch=1,
         attempt=AttemptRef(0, "a1", 1),
     )
-    later = attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 2))
+    later = attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "a1", 2))
     assert [t.key for t in later.timers] == ["d"]
     report = attempts.commit(job, 1, [Winner(0, "a1", 3)])
     assert report.ops == 3
@@ -275,8 +275,8 @@ def test_commit_replays_exactly_what_was_fired(job):
     another winner registered meanwhile is not lost."""
     register(job, (1, "a"))
     job.fence(1)
-    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
-    attempts.run(
+    attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
+    attempts.perform(
         job, BatchOps([{"op": "register_timer", "key": "b", "timestamp": 3}]), epoch=1, attempt=AttemptRef(1, "p1", 0)
     )
     attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
@@ -289,8 +289,8 @@ def test_commit_keeps_the_latest_time_of_the_winners(job):
     replay raises it twice; taking the last view's clock row would lower it)."""
     job.fence(1)
     low, high = KeyGroupRange(0, 63), KeyGroupRange(64, 127)
-    attempts.run_advance(job, "event", 50, epoch=1, attempt=AttemptRef(0, "p0", 0), key_groups=low)
-    attempts.run_advance(job, "event", 30, epoch=1, attempt=AttemptRef(1, "p1", 0), key_groups=high)
+    attempts.advance(job, "event", 50, epoch=1, attempt=AttemptRef(0, "p0", 0), key_groups=low)
+    attempts.advance(job, "event", 30, epoch=1, attempt=AttemptRef(1, "p1", 0), key_groups=high)
     attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
     with job.transaction() as tx:
         assert tx.timers.current_time("event") == 50
@@ -299,16 +299,16 @@ def test_commit_keeps_the_latest_time_of_the_winners(job):
 def test_two_winners_firing_one_timer_are_refused(job):
     register(job, (1, "a"))
     job.fence(1)
-    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
-    attempts.run_advance(job, "event", 10, epoch=1, attempt=AttemptRef(1, "p1", 0))
+    attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(0, "p0", 0))
+    attempts.advance(job, "event", 10, epoch=1, attempt=AttemptRef(1, "p1", 0))
     with pytest.raises(AttemptConflict, match="key_groups"):
         attempts.commit(job, 1, [Winner(0, "p0", 1), Winner(1, "p1", 1)])
     assert sum(count_timers(job, "event").values()) == 1  # nothing committed
     job.fence(2)
     half = KeyGroupRange(0, 63)
     other = KeyGroupRange(64, 127)
-    got = attempts.run_advance(job, "event", 10, epoch=2, attempt=AttemptRef(0, "q0", 0), key_groups=half)
-    got2 = attempts.run_advance(job, "event", 10, epoch=2, attempt=AttemptRef(1, "q1", 0), key_groups=other)
+    got = attempts.advance(job, "event", 10, epoch=2, attempt=AttemptRef(0, "q0", 0), key_groups=half)
+    got2 = attempts.advance(job, "event", 10, epoch=2, attempt=AttemptRef(1, "q1", 0), key_groups=other)
     assert len(got.timers) + len(got2.timers) == 1
     attempts.commit(job, 2, [Winner(0, "q0", 1), Winner(1, "q1", 1)])
     assert count_timers(job, "event") == {}
@@ -328,7 +328,7 @@ def _timers_everywhere(catalogs, n=300):
         register(job, *[(int(k[1:]) % 17, k, "ns") for k in mine])
         register(job, *[(k // 7_919_000_001 % 11, k) for k in mine_long], key_type="long")
         register(job, *[(1_000 + int(k[1:]) % 5, k) for k in mine], domain="processing")
-        attempts.run_advance(job, "event", 0)
+        attempts.advance(job, "event", 0)
         expected |= {(k, int(k[1:]) % 17, "event") for k in mine if int(k[1:]) % 17}
         expected |= {(k, k // 7_919_000_001 % 11, "event") for k in mine_long if k // 7_919_000_001 % 11}
         expected |= {(k, 1_000 + int(k[1:]) % 5, "processing") for k in mine}
@@ -351,7 +351,7 @@ def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, t
     expected = _timers_everywhere(before)
     _checkpoint(make_manager, before, storage, 1, kind)
     for catalog in before:  # what fires after the checkpoint is not in it
-        attempts.run_advance(catalog.get("t"), "event", 10**6)
+        attempts.advance(catalog.get("t"), "event", 10**6)
 
     after = [make_catalog(i, new, tmp_path / f"new-{i}") for i in range(new)]
     fired = []
@@ -361,7 +361,7 @@ def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, t
         with job.transaction() as tx:  # the time is not state (Flink: the watermark comes back with the stream)
             assert tx.timers.current_time("event") is None
         for domain in ("event", "processing"):
-            for timer in attempts.run_advance(job, domain, 10**6).timers:
+            for timer in attempts.advance(job, domain, 10**6).timers:
                 assert operator_index(128, new, timer.key_group) == catalog.replica_index
                 assert timer.key_group == assign_to_key_group(timer.key, timer.key_type, 128)
                 fired.append((timer.key, timer.timestamp, domain))
@@ -588,24 +588,25 @@ def test_columnar_timers_are_the_same_timers(job):
 
     keys = [f"k{i}" for i in range(50)]
     table = pa.table({"key": keys, "timestamp": pa.array([i % 7 for i in range(50)], pa.int64()), "ns": ["w"] * 50})
-    attempts.run(job, TimerColumns.parse("register", "event", "string", table))
+    attempts.perform(job, TimerColumns.parse("register", "event", "string", table))
     register(job, (3, "k3", "w"))  # the same timer, registered row-wise: one timer
     longs = pa.table({"key": pa.array([5, -(2**40)], pa.int64()), "timestamp": pa.array([1, 2], pa.int64())})
-    attempts.run(job, TimerColumns.parse("register", "event", "long", longs))
+    attempts.perform(job, TimerColumns.parse("register", "event", "long", longs))
     assert sum(count_timers(job, "event").values()) == 52
     gone = pa.table({"key": keys[:10], "timestamp": pa.array([i % 7 for i in range(10)], pa.int64()), "ns": ["w"] * 10})
-    attempts.run(job, TimerColumns.parse("delete", "event", "string", gone))
+    attempts.perform(job, TimerColumns.parse("delete", "event", "string", gone))
     fired = fire(job, 100)
     assert len(fired) == 42
     assert set(fired) == {(i % 7, f"k{i}", "w") for i in range(10, 50)} | {(1, 5, ""), (2, -(2**40), "")}
 
     with pytest.raises(InvalidArgument, match="row 1: timestamp is null"):
         bad = pa.table({"key": ["a", "b"], "timestamp": pa.array([1, None], pa.int64())})
-        attempts.run(job, TimerColumns.parse("register", "event", "string", bad))
+        attempts.perform(job, TimerColumns.parse("register", "event", "string", bad))
     with pytest.raises(InvalidArgument, match="columns"):
         TimerColumns.parse("register", "event", "string", pa.table({"key": ["a"]}))
     with pytest.raises(Exception, match="key"):
-        attempts.run(job, TimerColumns.parse("register", "event", "int", pa.table({"key": ["a"], "timestamp": [1]})))
+        ints = TimerColumns.parse("register", "event", "int", pa.table({"key": ["a"], "timestamp": [1]}))
+        attempts.perform(job, ints)
     assert count_timers(job, "event") == {}  # nothing of the refused requests
 
 
@@ -617,9 +618,9 @@ def test_columnar_timers_staged_for_an_attempt(job):
     job.fence(1)
     table = pa.table({"key": ["a", "b", "c"], "timestamp": pa.array([1, 2, 3], pa.int64())})
     op = TimerColumns.parse("register", "processing", "string", table)
-    attempts.run(job, op, epoch=1, attempt=AttemptRef(0, "x", 0))
+    attempts.perform(job, op, epoch=1, attempt=AttemptRef(0, "x", 0))
     assert count_timers(job, "processing") == {}  # staged
-    fired = attempts.run_advance(job, "processing", 2, epoch=1, attempt=AttemptRef(0, "x", 1))
+    fired = attempts.advance(job, "processing", 2, epoch=1, attempt=AttemptRef(0, "x", 1))
     assert [t.key for t in fired.timers] == ["a", "b"]  # the attempt sees its own timers
     attempts.commit(job, 1, [Winner(0, "x", 4)])  # 3 rows + 1 advance
     assert [(t.key, t.timestamp) for t, _p in list_timers(job, "processing")] == [("c", 3)]

@@ -10,11 +10,11 @@ from fastapi import Request, Response
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import BatchResponse
-from statehouse.app.offload import run_engine
+from statehouse.app.offload import dispatch
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import read_body, render
-from statehouse.backends.attempts import run
+from statehouse.backends.attempts import perform
 from statehouse.backends.job import Job
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.staging import AttemptRef
@@ -47,9 +47,9 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     if "attempt" in body or "partition" in body or "seq" in body:
         attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]
     size = len(await request.body())
-    results = await run_engine(
+    results = await dispatch(
         job,
-        lambda: run(job, BatchOps(operations), epoch=body.get("epoch"), attempt=attempt, size=size),
+        lambda: perform(job, BatchOps(operations), epoch=body.get("epoch"), attempt=attempt, size=size),
         len(operations),
     )
     service.metrics.count_ops(_tally(job, operations))

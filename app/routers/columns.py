@@ -12,11 +12,11 @@ from statehouse.app import openapi as doc
 from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, read_columnar
 from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, require_token, service_of
 from statehouse.app.models import ColumnsResponse
-from statehouse.app.offload import run_engine
+from statehouse.app.offload import dispatch
 from statehouse.app.problems import state_error
 from statehouse.app.routing import api_router, check_target, route_path
 from statehouse.app.wire import arrow_response
-from statehouse.backends.attempts import run
+from statehouse.backends.attempts import perform
 from statehouse.backends.columns import ColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
@@ -44,8 +44,8 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
     """The endpoint's work once the request is authorized and its job found (both routes)."""
     read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
     work = read.work
-    values = await run_engine(
-        job, lambda: run(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
+    values = await dispatch(
+        job, lambda: perform(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
     )
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:

@@ -19,7 +19,7 @@ from statehouse.app.models import (
     JobInfo,
     JobPage,
 )
-from statehouse.app.offload import run_engine
+from statehouse.app.offload import dispatch
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 
@@ -73,7 +73,7 @@ async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
     """Raise the job's writer epoch (never lowers it). Batches that carry an older epoch are then refused,
     so a stale attempt of a Spark micro-batch cannot overwrite a newer one."""
-    return FenceResponse(epoch=await run_engine(job, lambda: job.fence(body.epoch)))
+    return FenceResponse(epoch=await dispatch(job, lambda: job.fence(body.epoch)))
 
 
 @router.put(

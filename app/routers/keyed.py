@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import AddBody, EntryPage, KeyItem, KeyPage, ValueBody, ValueResponse
-from statehouse.app.offload import OFF_LOOP, run_engine
+from statehouse.app.offload import OFF_LOOP, dispatch
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
@@ -47,8 +47,8 @@ def apply_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any
 
 
 async def run_op(service: ServiceDep, job: Job, op: dict[str, Any]) -> dict[str, Any]:
-    """One operation, off the event loop if the job is busy (see ``run_engine``)."""
-    return await run_engine(job, lambda: apply_op(service, job, op))
+    """One operation, off the event loop if the job is busy (see ``dispatch``)."""
+    return await dispatch(job, lambda: apply_op(service, job, op))
 
 
 def found(request: Request, result: dict[str, Any], what: str) -> Response:
@@ -68,7 +68,7 @@ async def get_key(
         result = apply_op(service, job, {"op": "get", "state": state, "key": key, "ns": ns})
         return found(request, result, f"key {key!r} (namespace {ns!r}) of state {state!r}")
 
-    return await run_engine(job, read, OFF_LOOP if job.descriptor(state).kind in LONG_READS else 1)
+    return await dispatch(job, read, OFF_LOOP if job.descriptor(state).kind in LONG_READS else 1)
 
 
 @router.put(BASE, status_code=204, responses=doc.KEYED_WRITE)

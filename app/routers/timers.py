@@ -22,13 +22,13 @@ from statehouse.app.models import (
     TimerPage,
     canonical_index,
 )
-from statehouse.app.offload import OFF_LOOP, in_transaction, run_engine
+from statehouse.app.offload import OFF_LOOP, dispatch, in_transaction
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends import codec
 from statehouse.backends import timers as timer_service
-from statehouse.backends.attempts import run, run_advance
+from statehouse.backends.attempts import advance, perform
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
@@ -117,7 +117,7 @@ async def timer_columns(
     row one write), as on the columnar state endpoint."""
     read = await read_columnar(service, request, lambda table: TimerColumns.parse(op, domain, key_type, table))
     work = read.work
-    await run_engine(job, lambda: run(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows)
+    await dispatch(job, lambda: perform(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows)
     service.metrics.count_ops(Counter({("timer", f"{op}_timer"): work.rows}))
     return read.written(op, work.rows)
 
@@ -137,9 +137,9 @@ async def advance_timers(
     groups = job.keyspace.key_group_range(body.key_groups) if body.key_groups is not None else None
     cap = service.settings.max_batch_ops
     limit = min(body.limit or cap, cap)
-    result = await run_engine(
+    result = await dispatch(
         job,
-        lambda: run_advance(job, domain, body.to, key_groups=groups, limit=limit, epoch=body.epoch, attempt=attempt),
+        lambda: advance(job, domain, body.to, key_groups=groups, limit=limit, epoch=body.epoch, attempt=attempt),
         OFF_LOOP,
     )
     service.metrics.count_ops(Counter({("timer", "advance"): 1}))
