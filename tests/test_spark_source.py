@@ -179,19 +179,46 @@ def _key_group(urls, job, key):
         return client.job(job).key_group("score", key)
 
 
+def first_line(raised: pytest.ExceptionInfo) -> str:
+    return str(raised.value).splitlines()[0]
+
+
 def test_refusals_are_one_spark_error_with_the_problem(source, replicas, filled):
+    """The problem is on the error's first line (register() hides the Python traceback Spark
+    would show first), and what a query finds when Spark plans it is the driver's error."""
     from pyspark.errors import AnalysisException, PySparkException
 
     job, _ = filled
-    with pytest.raises(AnalysisException, match="job 'filled' has no state 'nope'"):
+    with pytest.raises(AnalysisException, match="job 'filled' has no state 'nope'") as raised:
         read(source, replicas, job, "nope").collect()
+    assert "has no state 'nope'" in first_line(raised) and "Traceback" not in str(raised.value)
     down = [replicas[0], f"http://127.0.0.1:{free_port()}"]
-    with pytest.raises(AnalysisException, match="unreachable"):
+    with pytest.raises(AnalysisException, match="unreachable") as raised:
         read(source, down, job, "score").collect()
+    assert "unreachable" in first_line(raised)
     frame = source.createDataFrame([("u", "not a number")], "key STRING, value STRING")
-    with pytest.raises(PySparkException, match="column 'value' is string, which a value state of value_type int64"):
+    with pytest.raises(
+        PySparkException, match="column 'value' is string, which a value state of value_type int64"
+    ) as raised:
         write(frame, replicas, job, "score", "put")
+    assert "column 'value' is string" in first_line(raised)
     assert read(source, replicas, job, "score").filter("key = 'u'").count() == 0  # nothing applied
+
+
+def test_a_state_dropped_after_load_is_the_plans_error(source, replicas):
+    """Between load() and the action, replica 1 loses the state: Spark plans the read on the
+    driver, which asks every replica it reads, so the refusal is the driver's one line (not a
+    task's, after Spark's retries)."""
+    from pyspark.errors import AnalysisException
+
+    job = "dropped"
+    with StatehouseClient(replicas) as client:
+        client.create_job(job, 32).register("score", "value", value_type="int64")
+    df = read(source, replicas, job, "score")
+    httpx.delete(f"{replicas[1]}/v1/jobs/{job}/states/score").raise_for_status()
+    with pytest.raises(AnalysisException, match="has no state 'score'") as raised:
+        df.collect()
+    assert replicas[1] in first_line(raised)
 
 
 def write(frame, urls, job, state, op, fmt="statehouse", **options):

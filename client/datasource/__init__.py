@@ -16,14 +16,22 @@ from statehouse.client.datasource.source import StatehouseDataSource
 
 # Spark refuses to plan a read whose Python source filters unless the session allows it.
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# Spark shows a Python source's error as the worker's traceback, the problem on its last line;
+# without it, the error is one line naming what to fix (an exception from a task still follows
+# Spark's "An exception was thrown from the Python worker:" line).
+HIDE_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, *, tracebacks: bool = False) -> None:
     """Register ``format("statehouse")`` with the session, and let it push key filters down (Spark's
     ``spark.sql.python.filterPushdown.enabled``, off by default): ``spark.dataSource.register`` plus
-    that setting."""
+    that setting. Unless ``tracebacks``, also ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``,
+    so a refusal reads as one line saying what to fix rather than a Python traceback; the setting is
+    the session's, so pass ``tracebacks=True`` to keep the tracebacks of your own Python UDFs."""
     spark.conf.set(PUSHDOWN_CONF, "true")
+    if not tracebacks:
+        spark.conf.set(HIDE_TRACEBACK_CONF, "true")
     spark.dataSource.register(StatehouseDataSource)
 
 
-__all__ = ["PUSHDOWN_CONF", "SourceError", "StatehouseDataSource", "register"]
+__all__ = ["HIDE_TRACEBACK_CONF", "PUSHDOWN_CONF", "SourceError", "StatehouseDataSource", "register"]

@@ -189,6 +189,25 @@ class StatehouseReader(DataSourceReader):
                 yield f
 
     def partitions(self) -> Sequence[InputPartition]:
+        found = self._partitions()
+        self._preflight({p.replica for p in found if isinstance(p, ScanPartition) and p.start <= p.end})
+        return found
+
+    def _preflight(self, replicas: set[int]) -> None:
+        """Ask each replica the plan reads for the state's descriptor, on the driver when Spark plans
+        the query: a replica down or a state dropped since ``load()`` is then one error saying what to
+        fix, not a task's (Spark puts its own line before a task's error, and retries the task)."""
+        path = f"/v1/jobs/{self.options.job}/states/{self.options.state}"
+        for replica in sorted(replicas):
+            connection = connect(self.options, self.layout.urls[replica])
+            try:
+                connection.request("GET", path, idempotent=True)
+            except StatehouseError as exc:
+                raise refusal(exc, f"reading state {self.options.state!r} from {connection.url}") from None
+            finally:
+                connection.close()
+
+    def _partitions(self) -> list[InputPartition]:
         layout = self.layout
         if self.keys is not None:
             return self._key_partitions(sorted(self.keys, key=repr))
