@@ -13,6 +13,13 @@ directory. Now the directory holds:
   unless the operator adopts the new layout explicitly; jobs whose recorded range then disagrees
   are not served until a restore replaces them (or they are deleted).
 
+A live rescale (RESCALE.md, checkpointing/rescale.py) records its progress here too: ``move``
+(the target layout, the phase this replica reached, the checkpoints it loaded from) while it is
+pending, then the new layout with ``previous`` (the count and version it replaced), so that a
+restart knows where it stands: the durable decision in checkpoint storage says which way a pending
+move goes (:func:`start_action`), and an environment still naming the previous layout serves
+the recorded one with a warning instead of refusing or re-slicing.
+
 "$" cannot occur in a job name, so neither file can collide with a job's directory.
 """
 
@@ -20,17 +27,22 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from statehouse.keygroups import KeyGroupRange
 
 LOCK_FILE = "$lock"
 TOPOLOGY_FILE = "$topology.json"
 FORMAT = 1
+MovePhase = Literal["prepared", "loaded"]
+
+log = logging.getLogger(__name__)
 
 
 class TopologyError(Exception):
@@ -51,8 +63,98 @@ class JobRecord:
 
     @classmethod
     def of(cls, max_parallelism: int, count: int, index: int) -> JobRecord:
-        owned = KeyGroupRange.for_operator(max_parallelism, count, index)
+        owned = owned_range(max_parallelism, count, index)
         return cls(max_parallelism, owned.start, owned.end)
+
+
+def owned_range(max_parallelism: int, count: int, index: int) -> KeyGroupRange:
+    """Replica ``index`` of ``count``'s key groups; none past the count (a replica a rescale
+    removed, or one that was not there before it: ``count`` 0)."""
+    if index >= count:
+        return KeyGroupRange.empty()
+    return KeyGroupRange.for_operator(max_parallelism, count, index)
+
+
+def subtract(a: KeyGroupRange, b: KeyGroupRange) -> list[KeyGroupRange]:
+    """The key groups of ``a`` not in ``b``: at most two contiguous ranges, empty ones left out."""
+    if not len(b) or not len(a.intersection(b)):
+        return [a] if len(a) else []
+    pieces = [KeyGroupRange(a.start, b.start - 1), KeyGroupRange(b.end + 1, a.end)]
+    return [r for r in pieces if len(r)]
+
+
+@dataclass(frozen=True)
+class Move:
+    """A live rescale to ``replica_count`` replicas at topology ``version``, as far as this replica
+    got: ``prepared`` (its moving-out key groups frozen; a ``joining`` replica: recorded, serving
+    nothing) or ``loaded`` (its moving-in key groups loaded from ``checkpoints``, not served until
+    the commit). ``from_count`` is the replica count before the move (0 on a joining replica: it
+    held nothing); ``started`` (Unix seconds) when this replica prepared."""
+
+    version: int
+    replica_count: int
+    from_count: int
+    replica_urls: tuple[str, ...] = ()
+    phase: MovePhase = "prepared"
+    joining: bool = False
+    checkpoints: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def moving_out(self, max_parallelism: int, index: int) -> list[KeyGroupRange]:
+        """What replica ``index`` holds now and gives away: O_i minus W_i."""
+        return subtract(
+            owned_range(max_parallelism, self.from_count, index),
+            owned_range(max_parallelism, self.replica_count, index),
+        )
+
+    def moving_in(self, max_parallelism: int, index: int) -> list[KeyGroupRange]:
+        """What replica ``index`` gains: W_i minus O_i (loaded from the checkpoint)."""
+        return subtract(
+            owned_range(max_parallelism, self.replica_count, index),
+            owned_range(max_parallelism, self.from_count, index),
+        )
+
+    def same_target(self, version: int, replica_count: int) -> bool:
+        return (self.version, self.replica_count) == (version, replica_count)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "replica_count": self.replica_count,
+            "from_count": self.from_count,
+            "replica_urls": list(self.replica_urls),
+            "phase": self.phase,
+            "joining": self.joining,
+            "checkpoints": dict(sorted(self.checkpoints.items())),
+            "started": self.started,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Move:
+        phase = data["phase"]
+        if phase not in ("prepared", "loaded"):
+            raise ValueError(f"unknown move phase {phase!r}")
+        return cls(
+            int(data["version"]),
+            int(data["replica_count"]),
+            int(data["from_count"]),
+            tuple(str(u) for u in data["replica_urls"]),
+            phase,
+            bool(data["joining"]),
+            {str(k): int(v) for k, v in data["checkpoints"].items()},
+            float(data["started"]),
+        )
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The layout a committed live rescale replaced: its replica count and topology version (on a
+    replica the move added: the ones it was started with). ``dropped``: the key groups the move
+    took away from this replica are gone from its storage (else the next start drops them)."""
+
+    count: int
+    version: int
+    dropped: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +166,15 @@ class Topology:
     index: int
     version: int
     jobs: dict[str, JobRecord] = field(default_factory=dict)
+    move: Move | None = None
+    previous: Previous | None = None
+    # Every replica's URL in index order, once a live rescale set them (else the settings').
+    replica_urls: tuple[str, ...] = ()
+
+    @property
+    def retired(self) -> bool:
+        """A live rescale removed this replica: it owns no key group."""
+        return self.index >= self.count
 
     def expected(self, max_parallelism: int) -> JobRecord:
         """The record of a job of that max parallelism whose data matches this topology."""
@@ -87,6 +198,9 @@ class Topology:
                 name: {"max_parallelism": r.max_parallelism, "key_group_range": [r.start, r.end]}
                 for name, r in sorted(self.jobs.items())
             },
+            "move": self.move.to_json() if self.move is not None else None,
+            "previous": vars(self.previous) if self.previous else None,
+            "replica_urls": list(self.replica_urls),
         }
 
     @classmethod
@@ -98,7 +212,12 @@ class Topology:
             for name, r in data["jobs"].items()
         }
         count, index, version = int(data["replica_count"]), int(data["replica_index"]), int(data["version"])
-        return cls(str(data["set_id"]), count, index, version, jobs)
+        # Written before live rescales: no move, no previous layout, no URLs.
+        move = Move.from_json(data["move"]) if data.get("move") else None
+        was = data.get("previous")
+        previous = Previous(int(was["count"]), int(was["version"]), bool(was.get("dropped", False))) if was else None
+        urls = tuple(str(u) for u in data.get("replica_urls", ()))
+        return cls(str(data["set_id"]), count, index, version, jobs, move, previous, urls)
 
 
 class DataDirLock:
@@ -177,6 +296,10 @@ class ReplicaLayout:
                 f"STATEHOUSE_REPLICA_SET_ID"
             )
         layout = cls(data_dir, stored, persist)
+        recorded = _served_as_recorded(stored, count, index, version)
+        if recorded is not None:
+            log.warning("%s", recorded)
+            return layout
         if version is not None and version < stored.version:
             raise TopologyError(
                 f"holds topology version {stored.version}, newer than STATEHOUSE_TOPOLOGY_VERSION={version}: unset it, "
@@ -207,6 +330,55 @@ class ReplicaLayout:
         layout.topology = replace(stored, count=count, index=index, version=version or stored.version + 1)
         layout._write()
         return layout
+
+    # -- a live rescale's progress ------------------------------------------------------------
+
+    def begin_move(self, move: Move) -> None:
+        """Record a prepared move (durably, before the prepare answers)."""
+        self._set(move=move)
+
+    def update_move(self, **changes: Any) -> Move:
+        """The pending move with ``changes`` (e.g. ``phase="loaded"``), recorded."""
+        with self._lock:
+            move = self.topology.move
+            assert move is not None, "no move is pending"
+            move = replace(move, **changes)
+            self.topology = replace(self.topology, move=move)
+            self._write()
+            return move
+
+    def commit_move(self) -> None:
+        """The pending move's layout is this replica's from now on: count, version, URLs, each
+        job's range, and the layout it replaced (``previous``)."""
+        with self._lock:
+            topology = self.topology
+            move = topology.move
+            assert move is not None, "no move is pending"
+            # A joining replica held nothing: nothing of it is left to drop.
+            previous = Previous(topology.count, topology.version, dropped=move.joining)
+            moved = replace(
+                topology,
+                count=move.replica_count,
+                version=move.version,
+                move=None,
+                previous=previous,
+                replica_urls=move.replica_urls or topology.replica_urls,
+            )
+            jobs = {name: moved.expected(r.max_parallelism) for name, r in moved.jobs.items()}
+            self.topology = replace(moved, jobs=jobs)
+            self._write()
+
+    def set_previous(self, previous: Previous) -> None:
+        self._set(previous=previous)
+
+    def clear_move(self) -> None:
+        """Forget the pending move (aborted)."""
+        self._set(move=None)
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            self.topology = replace(self.topology, **changes)
+            self._write()
 
     def record(self, job: str, max_parallelism: int) -> None:
         """The job's data now holds what this topology gives it (created, restored, or found unrecorded)."""
@@ -247,6 +419,65 @@ class ReplicaLayout:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _served_as_recorded(stored: Topology, count: int, index: int, version: int | None) -> str | None:
+    """Why a data directory is served as recorded although the settings name another layout, or
+    None. A live rescale changes the recorded layout while the environment (a StatefulSet's
+    replica count, a container's variables) still names the one before it until someone updates
+    it: a restart then (Kubernetes OnDelete, a container restart) serves what the record says,
+    never re-slicing; one warning line names the settings to set."""
+    if index != stored.index or ((stored.count, version) in ((count, None), (count, stored.version))):
+        return None
+    settings = f"STATEHOUSE_REPLICA_COUNT={count}" + (f" STATEHOUSE_TOPOLOGY_VERSION={version}" if version else "")
+    previous, move = stored.previous, stored.move
+    if previous is not None and count == previous.count and version in (None, previous.version):
+        if stored.retired:
+            return (
+                f"{settings} name the layout before a live rescale, which removed this replica (index {index} of "
+                f"{stored.count}, topology version {stored.version}): it owns nothing; stop it"
+            )
+        return (
+            f"{settings} name the layout before a live rescale; serving the recorded one, replica {index} of "
+            f"{stored.count} at topology version {stored.version}: set STATEHOUSE_REPLICA_COUNT={stored.count} "
+            f"STATEHOUSE_TOPOLOGY_VERSION={stored.version}"
+        )
+    if move is not None and count == move.replica_count and version in (None, move.version):
+        return (
+            f"{settings} name the layout of a live rescale still pending here (recorded: replica {index} of "
+            f"{stored.count} at topology version {stored.version}, moving to {move.replica_count} replicas at version "
+            f"{move.version}); serving the recorded layout until the move commits or aborts (statehouse rescale "
+            "--resume or --abort)"
+        )
+    return None
+
+
+StartAction = Literal["serve", "commit", "abort", "wait"]
+
+
+def start_action(topology: Topology, outcome: str | None) -> tuple[StartAction, str]:
+    """What a replica starting with ``topology`` does about a pending move, given the durable
+    decision's ``outcome`` for it ("commit", "abort", None: undecided or unreadable), and one line
+    saying why. After a commit the move only goes forward (a replica that had loaded commits; one
+    that had not waits, frozen or joining, for the coordinator's load and commit); after an abort
+    only back; undecided, the replica stays frozen (safe) until the coordinator decides."""
+    move = topology.move
+    if move is None:
+        return "serve", ""
+    target = f"the live rescale to {move.replica_count} replicas (topology version {move.version})"
+    if outcome == "abort":
+        return "abort", f"{target} was aborted: undoing it here"
+    if outcome == "commit":
+        if move.phase == "loaded" or topology.index >= move.replica_count:
+            return "commit", f"{target} was decided commit: committing it here"
+        return "wait", (
+            f"{target} was decided commit, but this replica had not loaded its key groups: waiting, frozen, for the "
+            "coordinator's load and commit (statehouse rescale --resume)"
+        )
+    return "wait", (
+        f"{target} is undecided (or its decision cannot be read): this replica stays frozen until the coordinator "
+        "finishes or aborts it (statehouse rescale --resume or --abort)"
+    )
 
 
 def _read(path: str) -> Topology | None:
