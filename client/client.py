@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from statehouse.client.config import ClientConfig
-from statehouse.client.errors import Conflict, NotFound
+from statehouse.client.errors import Conflict, NotFound, StatehouseError
 from statehouse.client.job import JobClient
 from statehouse.client.replicas import Replicas
 
@@ -22,13 +22,27 @@ class StatehouseClient:
         """Create the job on every replica, or confirm it exists there with this ``max_parallelism``
         (a different one is refused with Conflict); then check the replicas agree on it."""
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
-        self._learned()
+        if self.replicas.version is None or self.replicas.cached:  # creating: never on a remembered layout
+            self.replicas.learn()
         return self._checked(name, self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
 
     def job(self, name: str) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
-        backup or a coordinator fails instead of creating an empty job."""
-        self._learned()
+        backup or a coordinator fails instead of creating an empty job.
+
+        The layout may come from the process's cache (no round trip per new client); if the
+        replicas contradict it (a rescale since), it is learned afresh and the job asked again."""
+        if self.replicas.version is None:
+            self.replicas.learn_cached()
+        if not self.replicas.cached:
+            return self._job(name)
+        try:
+            return self._job(name)
+        except StatehouseError:
+            self.replicas.learn()
+            return self._job(name)
+
+    def _job(self, name: str) -> JobClient:
         infos = []
         for replica in self.replicas:
             try:
@@ -48,11 +62,6 @@ class StatehouseClient:
         ``STATEHOUSE_REPLICA_URLS``). LayoutError, naming what to fix, unless they are one complete
         replica set at one topology version."""
         return self.replicas.learn()
-
-    def _learned(self) -> None:
-        """The layout, learned once per client before its first job (see :meth:`topology`)."""
-        if self.replicas.version is None:
-            self.replicas.learn()
 
     def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
         """The job's client, once every replica is where the URL list says and they agree on the job."""

@@ -16,6 +16,9 @@ class ClientConfig:
     timeout: float = 30.0
     retries: int = 3
     backoff: float = 0.1
+    # How long a write refused 503 rescale_in_progress (its key group is being moved by a live
+    # rescale) is retried, obeying Retry-After, before the error is raised.
+    rescale_wait: float = 120.0
     max_batch_ops: int = 5000  # operations per row batch (sent while the next one fills)
     max_columnar_rows: int = 10_000  # rows per columnar request: the server's default STATEHOUSE_MAX_BATCH_OPS
 

@@ -6,13 +6,21 @@ the replicas advertise their peers (``STATEHOUSE_REPLICA_URLS``), and anything t
 complete replica set at one topology version is a :class:`LayoutError` saying what to fix. A 421
 naming a newer version than the client's makes it learn again (:meth:`Replicas.refreshed`), once
 for every caller, so that the refused request can be re-routed instead of failing.
+
+During a live rescale (docs/operations.md, Rescaling) the replicas that are joining the set (empty,
+not yet committed) or retired by it are not part of the serving layout and are skipped. The layout
+learned from a list of seed URLs is kept per process (:data:`_LAYOUTS`), so that every new client of
+the same deployment (each Spark task opens one) routes at once instead of paying a round trip; a
+421 naming a newer version, or a cached layout the replicas contradict, replaces it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from statehouse.client.config import ClientConfig, check_url
@@ -22,6 +30,24 @@ from statehouse.client.transport import ReplicaConnection
 T = TypeVar("T")
 
 Shown = dict[str, Any]  # one replica's GET /v1/topology
+
+
+@dataclass(frozen=True)
+class _Layout:
+    set_id: str
+    version: int
+    urls: tuple[str, ...]  # in replica-index order
+
+
+# The layout last learned from each tuple of seed URLs, for the whole process (see the module's docstring).
+_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
+_LAYOUTS_LOCK = threading.Lock()
+
+
+def serving(shown: Shown) -> bool:
+    """Whether a replica's ``GET /v1/topology`` is part of its set's serving layout: not joining a
+    set through a live rescale that has not committed yet, and not retired by one."""
+    return not shown.get("retired") and not (shown.get("move") or {}).get("joining")
 
 
 class Replicas:
@@ -37,6 +63,7 @@ class Replicas:
         self.config = config
         self.version: int | None = None  # the topology version of the layout in use, once learned
         self.set_id: str | None = None
+        self.cached = False  # the layout in use came from the process's cache, not from asking
         self._by_url: dict[str, ReplicaConnection] = {}
         self._connections = [self._connection(url) for url in config.urls]
         self._layout_lock = threading.Lock()
@@ -48,7 +75,9 @@ class Replicas:
         connection = self._by_url.get(url)
         if connection is None:
             c = self.config
-            connection = ReplicaConnection(url, token=c.token, timeout=c.timeout, retries=c.retries, backoff=c.backoff)
+            connection = ReplicaConnection(
+                url, token=c.token, timeout=c.timeout, retries=c.retries, backoff=c.backoff, rescale_wait=c.rescale_wait
+            )
             self._by_url[url] = connection
         return connection
 
@@ -79,6 +108,27 @@ class Replicas:
         with self._layout_lock:
             return self._learn(strict=True)
 
+    def learn_cached(self) -> None:
+        """The layout this process last learned from the same seed URLs, if any (no round trip);
+        otherwise :meth:`learn`. A stale one is replaced on the first 421 naming a newer version."""
+        with _LAYOUTS_LOCK:
+            layout = _LAYOUTS.get(self._seeds)
+        if layout is None:
+            self.learn()
+            return
+        with self._layout_lock:
+            self._use([self._connection(url) for url in layout.urls])
+            self.set_id, self.version, self.cached = layout.set_id, layout.version, True
+
+    @property
+    def _seeds(self) -> tuple[str, ...]:
+        return tuple(sorted(url.rstrip("/") for url in self.config.urls))
+
+    def _use(self, connections: list[ReplicaConnection]) -> None:
+        for index in range(len(self._senders), len(connections)):
+            self._senders.append(self._sender(index))
+        self._connections = connections
+
     def refreshed(self, exc: StatehouseError, routed: int | None, url: str | None = None) -> bool:
         """Whether the request that failed with ``exc``, routed under topology version ``routed``
         (None before any was learned) and sent to ``url``, may be routed again and re-sent, once,
@@ -91,23 +141,43 @@ class Replicas:
                 return False
             with self._layout_lock:
                 if self.version is None or self.version < version:
-                    self._learn(strict=False)
+                    self._learn_settled()
                 return self.version is not None and self.version >= version
         if not isinstance(exc, Unavailable) or exc.status is not None or url is None:
             return False  # only a replica that did not answer at all may have been removed
         with self._layout_lock:
             if self.version == routed:
                 try:
-                    self._learn(strict=False)
+                    self._learn_settled()
                 except StatehouseError:
                     return False  # no complete newer layout: the replica is down, not removed
             return self.version != routed and url not in self.urls
+
+    def _learn_settled(self) -> list[Shown]:
+        """A refresh's learning; while a live rescale's commit reaches the replicas one after the
+        other (some at the new version, some not yet), the set is incomplete for a moment: asked
+        again, for at most the config's ``rescale_wait``."""
+        deadline = time.monotonic() + self.config.rescale_wait
+        while True:
+            try:
+                return self._learn(strict=False)
+            except LayoutError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _learn(self, *, strict: bool) -> list[Shown]:
         """``strict``: every known URL must answer, at one version. Otherwise (a refresh after a
         421) the replicas that do not answer, or answer an older version, are left out: a rescale
         removed or has not yet restarted them."""
         answered = self._ask(self.urls, strict)
+        skipped = [url for url, shown in answered.items() if not serving(shown)]
+        answered = {url: shown for url, shown in answered.items() if serving(shown)}
+        if not answered and skipped:
+            raise LayoutError(
+                f"{', '.join(skipped)} are joining or retired by a live rescale, not serving: give the URL of a "
+                f"serving replica (statehouse status)"
+            )
         if not answered:
             raise LayoutError(
                 f"no replica answered GET /v1/topology ({', '.join(self.urls)}): start them, or fix the URLs"
@@ -119,14 +189,15 @@ class Replicas:
         known = {shown["replica_index"] for shown in answered.values()}
         peers = [url for i, url in enumerate(advertised) if i not in known and url not in answered]
         if peers:
-            answered.update(self._ask(peers, strict))
+            answered.update({url: shown for url, shown in self._ask(peers, strict).items() if serving(shown)})
         ordered = _ordered(answered)
-        connections = [self._connection(url) for url, _shown in ordered]
-        for index in range(len(self._senders), len(connections)):
-            self._senders.append(self._sender(index))
-        self._connections = connections
+        self._use([self._connection(url) for url, _shown in ordered])
         first = ordered[0][1]
-        self.set_id, self.version = first["set_id"], first["version"]
+        self.set_id, self.version, self.cached = first["set_id"], first["version"], False
+        with _LAYOUTS_LOCK:
+            remembered = _LAYOUTS.get(self._seeds)
+            if remembered is None or remembered.set_id != self.set_id or remembered.version <= self.version:
+                _LAYOUTS[self._seeds] = _Layout(self.set_id, self.version, tuple(url for url, _shown in ordered))
         return [shown for _url, shown in ordered]
 
     def _ask(self, urls: list[str], strict: bool) -> dict[str, Shown]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import ssl
+import time
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlencode
 
@@ -37,8 +38,14 @@ class ReplicaConnection:
     Retries are urllib3's :class:`~urllib3.util.Retry`: transport errors and 502-504, up to
     ``retries`` times with exponential backoff (``backoff`` is its ``backoff_factor``: the first
     retry at once, then 2x, 4x ``backoff`` seconds), and only for requests whose repetition
-    cannot change the outcome (``idempotent``). A ``Retry-After`` header is not obeyed: urllib3
-    would wait up to six hours for one, and retry 413 and 429 answers that carry it."""
+    cannot change the outcome (``idempotent``). urllib3 does not obey ``Retry-After`` here: it
+    would wait up to six hours for one, and retry 413 and 429 answers that carry it.
+
+    A 503 ``rescale_in_progress`` (a write to a key group a live rescale is moving) is retried
+    here instead, for every request, idempotent or not (the refusal applied nothing): after the
+    answer's ``Retry-After`` (or the backoff, if longer), for at most ``rescale_wait`` seconds in
+    all. Once the move commits, the retry is answered 421 naming the new version, which the
+    callers route again (``Replicas.refreshed``)."""
 
     def __init__(
         self,
@@ -48,13 +55,16 @@ class ReplicaConnection:
         timeout: float = 30.0,
         retries: int = 3,
         backoff: float = 0.1,
+        rescale_wait: float = 120.0,
     ) -> None:
         self.url = url.rstrip("/")
+        self._backoff = backoff
+        self._rescale_wait = rescale_wait
         tls = {"ssl_context": _tls_context()} if self.url.startswith("https:") else {}
         self._pool = urllib3.connection_from_url(
             self.url, maxsize=8, block=False, timeout=urllib3.Timeout(total=timeout), retries=False, **tls
         )
-        self._retry = urllib3.Retry(
+        self._retry = _Retry(
             total=retries,
             backoff_factor=backoff,
             status_forcelist=_RETRY_STATUSES,
@@ -73,15 +83,38 @@ class ReplicaConnection:
         self, method: str, path: str, body: bytes | None, headers: dict[str, str], *, idempotent: bool
     ) -> _Answer:
         """One request, retried per :class:`ReplicaConnection`'s policy; errors as exceptions."""
-        try:
-            response = self._pool.urlopen(
-                method, path, body=body, headers=headers, retries=self._retry if idempotent else False, redirect=False
-            )
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"{self.url} unreachable: {exc!r}") from exc
-        if response.status >= 400:
-            raise error_from_response(response.status, response.data, response.reason or "")
-        return _Answer(response.status, response.data, response.reason or "")
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            try:
+                response = self._pool.urlopen(
+                    method,
+                    path,
+                    body=body,
+                    headers=headers,
+                    retries=self._retry if idempotent else False,
+                    redirect=False,
+                )
+            except urllib3.exceptions.HTTPError as exc:
+                raise Unavailable(f"{self.url} unreachable: {exc!r}") from exc
+            if response.status < 400:
+                return _Answer(response.status, response.data, response.reason or "")
+            error = error_from_response(response.status, response.data, response.reason or "")
+            if response.status != 503 or error.code != "rescale_in_progress":
+                raise error
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + self._rescale_wait
+            delay = max(_retry_after(response.headers.get("retry-after")), self._backoff * 2 ** min(attempt, 6))
+            if now + delay > deadline:
+                raise type(error)(
+                    f"{error.detail} (still refused after {self._rescale_wait:.0f}s of retries: finish or abort the "
+                    f"rescale with statehouse rescale --resume|--abort)",
+                    status=error.status,
+                    code=error.code,
+                    problem=error.problem,
+                )
+            time.sleep(delay)
+            attempt += 1
 
     def request(
         self,
@@ -134,6 +167,24 @@ class ReplicaConnection:
 
     def close(self) -> None:
         self._pool.close()
+
+
+class _Retry(urllib3.Retry):
+    """urllib3's policy, except for a 503 carrying ``Retry-After`` (``rescale_in_progress``):
+    :meth:`ReplicaConnection._send` retries those itself, as the header says."""
+
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        if status_code == 503 and has_retry_after:
+            return False
+        return super().is_retry(method, status_code, has_retry_after)
+
+
+def _retry_after(value: str | None) -> float:
+    """A ``Retry-After`` of seconds (the only form the server sends); 0 when absent or another form."""
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 class _Answer(NamedTuple):

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -21,14 +22,14 @@ DROP = "drop"
 
 class ScriptedServer(ThreadingHTTPServer):
     """Answers each request as the next item of ``script`` says (then 200 with ``{"ok": true}``)
-    and records what it was sent. An item is a status, a status with headers, or ``DROP``: the
-    request read, the connection closed without an answer."""
+    and records what it was sent. An item is a status, a status with headers (and a problem
+    body instead of PROBLEM), or ``DROP``: the request read, the connection closed without an answer."""
 
     daemon_threads = True
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.script: list[int | tuple[int, dict[str, str]] | str] = []
+        self.script: list[Any] = []
         self.seen: list[tuple[str, str, bytes]] = []
         self.headers_seen: list[dict[str, str]] = []
 
@@ -48,8 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
         if item == DROP:
             self.close_connection = True
             return
-        status, extra = item if isinstance(item, tuple) else (item, {})
-        payload = json.dumps(PROBLEM if status >= 400 else {"ok": True}).encode()
+        status, extra, problem = (*item, PROBLEM)[:3] if isinstance(item, tuple) else (item, {}, PROBLEM)
+        payload = json.dumps(problem if status >= 400 else {"ok": True}).encode()
         self.send_response(status)
         for name, value in extra.items():
             self.send_header(name, value)
@@ -152,3 +153,22 @@ def test_json_calls_send_the_token_and_refuse_what_json_cannot_say(server):
     with pytest.raises(ValueError):
         token.request("PUT", "/v1/x", idempotent=True, json={"value": float("nan")})
     assert len(server.seen) == 1  # refused before sending
+
+
+MOVING = {"code": "rescale_in_progress", "status": 503, "detail": "key group 3 is being moved", "topology_version": 2}
+
+
+def test_a_write_refused_by_a_live_rescale_is_retried_as_retry_after_says(server):
+    # Not idempotent, yet retried: the refusal applied nothing. By this loop, not urllib3's (which
+    # would spend its three retries at once): each refusal is one request.
+    server.script = [(503, {"retry-after": "0.1"}, MOVING)] * 2
+    assert connection(server, retries=0).json("POST", "/v1/jobs/j/batch", {"ops": []}, idempotent=False) == {"ok": True}
+    assert len(server.seen) == 3
+
+
+def test_a_live_rescale_that_does_not_end_is_waited_for_boundedly(server):
+    server.script = [(503, {"retry-after": "0.1"}, MOVING)] * 100
+    bounded = ReplicaConnection(server.url, retries=3, backoff=0.001, timeout=5, rescale_wait=0.35)
+    with pytest.raises(Unavailable, match="still refused after 0s of retries: finish or abort the rescale") as raised:
+        bounded.json("POST", "/v1/jobs/j/batch", {"ops": []})
+    assert raised.value.code == "rescale_in_progress" and 3 <= len(server.seen) <= 5
