@@ -24,6 +24,9 @@ from statehouse.backends.errors import StateError
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default
 
+# Codes whose answer says when to retry: the client retries them without backing off further.
+RETRY_AFTER_BY_CODE: dict[str, str] = {"rescale_in_progress": "1"}
+
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_name": 422,
     "invalid_argument": 422,
@@ -51,6 +54,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "operator_state_conflict": 409,
     "key_not_owned": 421,
     "layout_mismatch": 409,
+    "rescale_in_progress": 503,
+    "batch_in_flight": 409,
     "stale_epoch": 409,
     "attempt_lost": 409,
     "attempt_conflict": 409,
@@ -140,6 +145,8 @@ def state_error(request: Request, exc: StateError) -> Response:
     _count(request, exc.code)
     status = STATUS_BY_CODE.get(exc.code, 400)
     headers = {"WWW-Authenticate": "Bearer"} if exc.code == "unauthorized" else None
+    if exc.code in RETRY_AFTER_BY_CODE:
+        headers = {"Retry-After": RETRY_AFTER_BY_CODE[exc.code]}
     return problem_response(status, exc.code, exc.detail, request.url.path, headers, **exc.extra)
 
 

@@ -40,6 +40,9 @@ class JobCatalog:
         self.replica_count = replica_count
         self.clock: Clock = clock or SystemClock()
         self.limits = limits or Limits()
+        # False on a replica joining a live rescale: its jobs hold key groups loaded for the move
+        # and own none until the move commits (switch_layout).
+        self.serving = True
         # None: a job found on disk at start, not opened yet (see _open).
         self._jobs: dict[str, Job | None] = dict.fromkeys(store.existing())
         self._lock = threading.Lock()
@@ -63,7 +66,7 @@ class JobCatalog:
                 self.layout.record(name, job.max_parallelism)  # written before ranges were recorded
         return job
 
-    def _job(self, name: str, partition) -> Job:
+    def _job(self, name: str, partition, serving: bool | None = None) -> Job:
         return Job(
             name,
             partition,
@@ -72,7 +75,19 @@ class JobCatalog:
             clock=self.clock,
             limits=self.limits,
             layout_version=self.layout_version,
+            serving=self.serving if serving is None else serving,
         )
+
+    def switch_layout(self, count: int, index: int, version: int) -> None:
+        """Serve replica ``index`` of ``count`` at topology ``version`` from now on: every job (open
+        or opened later) owns that layout's key groups (``Job.switch_layout``); none when the
+        move removed this replica (``index >= count``)."""
+        with self._lock:
+            self.replica_count, self.replica_index, self.layout_version = count, index, version
+            self.serving = index < count
+            for job in self._jobs.values():
+                if job is not None:
+                    job.switch_layout(count, index, version)
 
     def _check_layout(self, name: str) -> None:
         mismatched = self.layout.topology.mismatched(name) if self.layout is not None else None
@@ -87,12 +102,13 @@ class JobCatalog:
                 version=topology.version,
             )
 
-    def create(self, name: str, max_parallelism: int | None = None) -> tuple[Job, bool]:
+    def create(self, name: str, max_parallelism: int | None = None, *, serving: bool | None = None) -> tuple[Job, bool]:
         """Create a job or confirm an existing one; ``(job, created)``.
 
         Without ``max_parallelism`` a new job gets Flink's default for the replica count.
         A different max parallelism for an existing job is refused: key groups are fixed
-        for the life of the state.
+        for the life of the state. ``serving=False``: a new job owns no key group yet (a live
+        rescale loads one on a new replica; see :attr:`serving`).
         """
         validate_name(name, "job")
         if max_parallelism is not None:
@@ -116,7 +132,7 @@ class JobCatalog:
                 return job, False
             self.limits.check_jobs(len(self._jobs))
             partition = self.store.open_partition(name, max_parallelism or default_max_parallelism(self.replica_count))
-            job = self._jobs[name] = self._job(name, partition)
+            job = self._jobs[name] = self._job(name, partition, serving)
             if self.layout is not None:
                 self.layout.record(name, job.max_parallelism)
             return job, True

@@ -68,6 +68,30 @@ class KeyNotOwned(StateError):
         self.version = version
 
 
+class RescaleInProgress(StateError):
+    """A write into a key group a live rescale is moving to another replica (or to operator state
+    while the job's replica is frozen for the move): reads go on, writes wait for the new layout,
+    ``version`` (the target topology version) says which one to retry on."""
+
+    code = "rescale_in_progress"
+
+    def __init__(self, detail: str, *, version: int) -> None:
+        super().__init__(detail, topology_version=version)
+        self.version = version
+
+
+class BatchInFlight(StateError):
+    """A freeze for a live rescale was refused: an open epoch's staged writes (an uncommitted
+    micro-batch) touch a key group that would move. ``epochs`` names them; nothing was frozen."""
+
+    code = "batch_in_flight"
+
+    def __init__(self, detail: str, *, job: str, epochs: list[int]) -> None:
+        super().__init__(detail, job=job, epochs=epochs)
+        self.job = job
+        self.epochs = epochs
+
+
 class LayoutMismatch(StateError):
     """The job's data on this replica holds other key groups than the replica's topology gives it
     (the replica adopted a new replica count): it is not served until a restore replaces it."""

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from statehouse.backends.base.partition import StorePartition
+from statehouse.backends.base.partition import StorePartition, WriteOp
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
 from statehouse.backends.bounds import MAX_EPOCH, check_range
 from statehouse.backends.codec import decode_primary
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
+    BatchInFlight,
     JobReplaced,
     StaleEpoch,
     StateNotFound,
@@ -40,9 +42,12 @@ from statehouse.backends.reserved import (
     EPOCH_META,
     LIST_TABLE,
     META_TABLE,
+    NON_KEYED_TABLES,
+    STAGED_OPERATOR_META,
     STATE_META,
 )
-from statehouse.backends.staging import Staging
+from statehouse.backends.snapshot.operator_format import OperatorSnapshot, replace_ops
+from statehouse.backends.staging import Staging, TimerFloors
 from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
@@ -77,13 +82,15 @@ class Job:
         clock: Clock | None = None,
         limits: Limits | None = None,
         layout_version: int = 0,
+        serving: bool = True,
     ) -> None:
         self.name = name
         self.limits = limits or Limits()
         self.partition = partition
-        # Where keys live (key groups, the owned range, stored keys): one value, swapped whole.
+        # Where keys live (key groups, the owned range, stored keys, what a live rescale froze):
+        # one value, swapped whole under the lock; a request keeps the one it began with.
         self.keyspace = KeySpace(
-            name, partition.max_parallelism, replica_index, replica_count, self.limits, layout_version
+            name, partition.max_parallelism, replica_index, replica_count, self.limits, layout_version, serving=serving
         )
         self.clock: Clock = clock or SystemClock()
         partition.create_table(LIST_TABLE, nested=False)
@@ -141,6 +148,88 @@ class Job:
         """Undo :meth:`retire` (a restore that failed to swap)."""
         with self._lock:
             self._replaced = False
+
+    # -- a live rescale: freeze, switch, drop (RESCALE.md "Engine API") ------------------------
+
+    def staged_epochs_in(self, ranges: Sequence[KeyGroupRange]) -> list[int]:
+        """The open epochs whose staged writes (an uncommitted micro-batch's) touch these key
+        groups: a freeze of them would leave writes that can never commit."""
+        with self._lock:
+            return self.staging.epochs_touching(ranges)
+
+    def freeze(self, ranges: Sequence[KeyGroupRange], version: int) -> None:
+        """Refuse writes into ``ranges`` and to operator state (``rescale_in_progress`` naming
+        ``version``) until :meth:`unfreeze` or :meth:`switch_layout`; reads go on. Refused with
+        ``batch_in_flight`` (nothing frozen) while an open epoch's staged writes touch them;
+        checked under the lock, so no staged write slips in between. Freezing again replaces."""
+        with self.exclusive():
+            epochs = self.staged_epochs_in(ranges)
+            if epochs:
+                spans = ", ".join(f"{r.start}-{r.end}" for r in ranges)
+                raise BatchInFlight(
+                    f"job {self.name!r} has staged writes of epoch {epochs[0]} (an uncommitted micro-batch) in key "
+                    f"groups {spans}, which the rescale moves; retry once the epoch is committed or aborted",
+                    job=self.name,
+                    epochs=epochs,
+                )
+            self.keyspace = replace(self.keyspace, frozen=tuple(ranges), frozen_version=version)
+
+    def unfreeze(self) -> None:
+        """Take writes again everywhere this replica owns (a move aborted)."""
+        with self._lock:
+            self.keyspace = replace(self.keyspace, frozen=(), frozen_version=0)
+
+    def switch_layout(self, count: int, index: int, version: int) -> None:
+        """Own replica ``index`` of ``count``'s key groups at topology ``version`` from now on
+        (unfrozen): requests that began before finish with the old keyspace (they hold it), later
+        ones are located by the new one. The key groups it gains must be loaded first. An index
+        past the count (a replica the move removed) owns none."""
+        with self._lock:
+            keyspace = self.keyspace
+            self.keyspace = KeySpace(
+                self.name, keyspace.max_parallelism, index, count, self.limits, version, serving=index < count
+            )
+            # The incremental TTL cleanup walks the owned range: a new one walks the new range.
+            self.ttl_cleanup.clear()
+            self.ttl_cleanup = IncrementalCleanup(self.partition, self.key_group_range)
+            self.changes += 1  # staged views read the partition as it was: a commit replays, not takes them
+
+    def drop_key_groups(self, ranges: Sequence[KeyGroupRange]) -> None:
+        """Delete everything stored in these key groups, of every keyed table (states, timers, raw
+        keyed streams); never a key group this replica owns. RocksDB deletes each range at once
+        (a range tombstone per table), the heap drops its per-key-group dicts: no entry is read."""
+        with self.exclusive():
+            owned = self.key_group_range
+            for r in ranges:
+                if len(r.intersection(owned)):
+                    raise ValueError(f"key groups {r.start}-{r.end} of job {self.name!r} overlap its owned {owned}")
+            tables = [t for t in self.partition.tables() if t not in NON_KEYED_TABLES]
+            self.partition.drop_key_groups(tables, [r for r in ranges if len(r)])
+            self.staging.timer_floors = TimerFloors()  # where firing seeks from: recomputed, not trusted
+            self.changes += 1
+
+    def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
+        """Keep ``operator`` (this replica's operator state under the layout a move goes to) until
+        :meth:`apply_staged_operator_state`; durably, in the job's metadata. ``None`` forgets it."""
+        with self.exclusive():
+            if operator is None:
+                self.partition.write([WriteOp("delete", META_TABLE, 0, STAGED_OPERATOR_META)])
+            else:
+                self.partition.write([WriteOp("put", META_TABLE, 0, STAGED_OPERATOR_META, value=operator.to_bytes())])
+
+    def apply_staged_operator_state(self) -> bool:
+        """Replace the job's operator state by the staged one, atomically (a move commits);
+        whether one was staged. Applied once: a second call finds nothing staged."""
+        with self.exclusive():
+            raw = self.partition.get_meta(STAGED_OPERATOR_META)
+            if raw is None:
+                return False
+            staged = OperatorSnapshot.from_bytes(raw)
+            current = OperatorSnapshot.from_view(self.partition)
+            ops = [*replace_ops(current, staged), WriteOp("delete", META_TABLE, 0, STAGED_OPERATOR_META)]
+            self.partition.write(ops)
+            self.changes += 1
+            return True
 
     # -- descriptors ---------------------------------------------------------------------
 
@@ -319,7 +408,8 @@ class JobTransaction:
 
     def __init__(self, job: Job, source: TransactionSource | None = None) -> None:
         self.job = job
-        self._tx = PartitionTransaction(source if source is not None else job.partition)
+        # Checked against the keyspace it began with: a live rescale's frozen key groups.
+        self._tx = PartitionTransaction(source if source is not None else job.partition, job.keyspace.write_guard())
         self._states: dict[str, KeyedState] = {}
         self.answer = AnswerMeter(job.limits.max_answer_bytes)  # what this request's reads answer
         self.operator = OperatorState(self._tx, job.limits, self.answer)

@@ -7,6 +7,11 @@ the limits. It locates keys one at a time (a batch's operations, the one-key rou
 whole Arrow columns (the columnar doors), with the same rules and the same errors. A layout
 that changes at run time replaces the job's value; requests that hold the old one finish with it.
 
+A live rescale freezes the key groups it moves away (and the job's operator state): every
+write a transaction makes is checked against the keyspace it began with (:meth:`KeySpace.write_guard`),
+whatever door it came through, and one into a frozen key group is refused with a retryable
+``rescale_in_progress``; reads go on.
+
 Stored keys (the primary key of a row; a map entry adds its user key as the secondary)::
 
     state:  key field + namespace field              (``codec.encode_primary``)
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TypeAlias, TypeVar
@@ -30,8 +35,9 @@ import pyarrow as pa
 
 from statehouse.backends.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
 from statehouse.backends.columnar_codec import encode_primaries
-from statehouse.backends.errors import InvalidArgument, InvalidKey, KeyNotOwned, StateError
+from statehouse.backends.errors import InvalidArgument, InvalidKey, KeyNotOwned, RescaleInProgress, StateError
 from statehouse.backends.limits import Limits
+from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, NON_KEYED_TABLES
 from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
 from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
 
@@ -41,6 +47,10 @@ _TS = struct.Struct(">Q")
 TIMESTAMP_BYTES = _TS.size
 _SIGN = 1 << 63
 _SIGN_U64 = np.uint64(_SIGN)
+# Operator state's tables: frozen whole while a job's replica is frozen for a move (operator state
+# is redistributed when the move commits). The other non-keyed tables (metadata: epochs, state
+# registrations; timer clocks) are not state a move carries, and stay writable.
+_OPERATOR_TABLES = frozenset({LIST_TABLE, BROADCAST_TABLE})
 # One tag byte per key type: a timer's identity includes its key's type ("7" and 7 are two timers).
 _KEY_TYPE_TAGS = {kt: bytes([i]) for i, kt in enumerate(KEY_TYPES)}
 
@@ -99,7 +109,13 @@ class Rows:
 class KeySpace:
     """The key groups ``max_parallelism`` splits keys into, the ones replica ``replica_index`` of
     ``replica_count`` owns, and the limits a stored key must fit. ``job`` and ``layout_version``
-    only name the job and the topology in errors (a ``key_not_owned`` tells the client where to go)."""
+    only name the job and the topology in errors (a ``key_not_owned`` tells the client where to go).
+
+    ``frozen_version`` nonzero: a live rescale to that topology version froze this job here;
+    writes into the ``frozen`` key groups and to operator state are refused until the keyspace is
+    replaced. ``serving=False``: the job owns (serves) no key group: it holds key groups loaded
+    for a move that has not switched to them yet, or its replica was removed by one
+    (``replica_index >= replica_count``); a 421 still names each key group's owner."""
 
     job: str
     max_parallelism: int
@@ -107,14 +123,47 @@ class KeySpace:
     replica_count: int = 1
     limits: Limits = field(default_factory=Limits)
     layout_version: int = 0
+    frozen: tuple[KeyGroupRange, ...] = ()
+    frozen_version: int = 0
+    serving: bool = True
     owned: KeyGroupRange = field(init=False)
     # Memoized key groups (keys repeat in streams); part of the value, not of its identity.
     _assign: KeyGroupAssigner = field(init=False, repr=False, compare=False)
+    _frozen_groups: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        owned = KeyGroupRange.for_operator(self.max_parallelism, self.replica_count, self.replica_index)
+        if self.serving:
+            owned = KeyGroupRange.for_operator(self.max_parallelism, self.replica_count, self.replica_index)
+        else:  # joining a move, or removed by one (its index past the count): owner_of still answers
+            owned = KeyGroupRange.empty()
         object.__setattr__(self, "owned", owned)
         object.__setattr__(self, "_assign", KeyGroupAssigner(self.max_parallelism))
+        object.__setattr__(self, "_frozen_groups", frozenset(kg for r in self.frozen for kg in r))
+
+    # -- a live rescale: frozen key groups -------------------------------------------------------
+
+    def write_guard(self) -> Callable[[str, Collection[int]], None] | None:
+        """What a transaction checks its writes with (``None``: nothing is frozen, nothing to check)."""
+        return self.check_writes if self.frozen_version else None
+
+    def check_writes(self, table: str, key_groups: Collection[int]) -> None:
+        """``rescale_in_progress`` if a write to ``table`` in these key groups must wait for a move."""
+        if table in NON_KEYED_TABLES:
+            if table in _OPERATOR_TABLES and self.frozen_version:
+                raise RescaleInProgress(
+                    f"job {self.job!r} is being rescaled to topology version {self.frozen_version}: its operator "
+                    "state takes writes again once the move commits (it is redistributed then); retry",
+                    version=self.frozen_version,
+                )
+            return
+        frozen = self._frozen_groups
+        if frozen and not frozen.isdisjoint(key_groups):
+            key_group = next(kg for kg in key_groups if kg in frozen)
+            raise RescaleInProgress(
+                f"key group {key_group} of job {self.job!r} is moving to another replica (topology version "
+                f"{self.frozen_version}); reads are served, writes wait for the move to commit: retry",
+                version=self.frozen_version,
+            )
 
     # -- key groups and owners -----------------------------------------------------------------
 
@@ -130,9 +179,10 @@ class KeySpace:
         owned = self.owned
         if not owned.start <= key_group <= owned.end:
             owner = self.owner_of(key_group)
+            holds = f"key groups {owned.start}-{owned.end}" if len(owned) else "none"
             raise KeyNotOwned(
                 f"key group {key_group} of job {self.job!r} belongs to replica {owner}, not to replica "
-                f"{self.replica_index} (which owns key groups {owned.start}-{owned.end})",
+                f"{self.replica_index} (which owns {holds})",
                 key_group=key_group,
                 owner=owner,
                 version=self.layout_version,

@@ -30,7 +30,7 @@ from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
 from statehouse.backends.errors import AttemptConflict, EpochSealed, InvalidArgument
 from statehouse.backends.keyspace import encode_timestamp
 from statehouse.backends.memory import released
-from statehouse.keygroups import INT64_MAX, INT64_MIN
+from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyGroupRange
 
 # Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
@@ -256,6 +256,15 @@ class Staging:
             if staging is not None and (epoch is None or staging.epoch == epoch):
                 size, self._epoch, staging = staging.bytes, None, None  # no reference left: freed now
                 released(size)
+
+    def epochs_touching(self, ranges: Sequence[KeyGroupRange]) -> list[int]:
+        """The open epoch, if its attempts' staged writes touch these key groups (call under
+        the job's lock): a live rescale must not freeze them under an uncommitted micro-batch."""
+        staging = self._epoch
+        if staging is None or not ranges:
+            return []
+        touched = set().union(*(a.view.key_groups() for a in staging.attempts.values()))
+        return [staging.epoch] if any(kg in r for kg in touched for r in ranges) else []
 
     def drained_timers(self, domain: str, key_groups: Iterable[int], time: int) -> None:
         """A committed firing left nothing at or below ``time`` in these key groups: later

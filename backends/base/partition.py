@@ -14,6 +14,7 @@ from itertools import islice
 from typing import Literal, NamedTuple
 
 from statehouse.backends.reserved import META_TABLE
+from statehouse.keygroups import KeyGroupRange
 
 
 class WriteOp(NamedTuple):
@@ -203,6 +204,11 @@ class StorePartition(ABC):
             self.write(batch)
             written += len(batch)
         return written
+
+    @abstractmethod
+    def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
+        """Delete every entry of ``tables`` (keyed tables) in the key groups of ``ranges`` at once,
+        without reading them (a live rescale drops what moved away, or a partial load)."""
 
     @abstractmethod
     def freeze(self) -> FrozenView:

@@ -7,10 +7,10 @@ writes, and if any operation fails nothing reaches the partition.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
 from statehouse.backends.errors import InsufficientStorage
@@ -18,6 +18,10 @@ from statehouse.backends.errors import InsufficientStorage
 _DELETED = None
 _ABSENT: object = object()
 _PRIMARY = itemgetter(1)  # of a flat table's (key group, primary) change
+_KEY_GROUP = itemgetter(0)
+# Checks a write to a table in some key groups before it is taken, raising if it must not be
+# (``KeySpace.check_writes``: a live rescale's frozen key groups).
+WriteGuard: TypeAlias = Callable[[str, Collection[int]], None]
 
 
 class _PendingKey:
@@ -59,8 +63,12 @@ class TransactionSource(Protocol):
 
 
 class PartitionTransaction:
-    def __init__(self, partition: TransactionSource) -> None:
+    def __init__(self, partition: TransactionSource, guard: WriteGuard | None = None) -> None:
         self.partition = partition
+        # Every write the caller makes is checked by it (TTL cleanups are not: they change
+        # nothing visible, and a read must not fail for them; changes taken from another
+        # transaction were checked there).
+        self._guard = guard
         self._nested = partition.tables()
         # Flat tables (one value per primary, the common case) keep per table a plain dict of
         # pending values, which the partition commits as it is (no object per row), or the
@@ -191,6 +199,11 @@ class PartitionTransaction:
         return heapq.merge(kept, sorted(p for p, v in mine.items() if v is not _DELETED))
 
     def put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
+        if self._guard is not None:
+            self._guard(table, (key_group,))
+        self._put(table, key_group, primary, value, secondary)
+
+    def _put(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
         self._written = True
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = value
@@ -209,6 +222,8 @@ class PartitionTransaction:
     ) -> None:
         """:meth:`put` row by row, in order; a ``None`` value deletes (a row without a value).
         ``deletes``: whether some value is ``None``, when the caller knows (else it is looked for)."""
+        if self._guard is not None:
+            self._guard(table, key_groups)
         self._written = True
         if not self._is_nested(table):
             if self._flat.get(table):
@@ -221,6 +236,11 @@ class PartitionTransaction:
             self._slot(table, kg, primary).values[secondary] = value
 
     def delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
+        if self._guard is not None:
+            self._guard(table, (key_group,))
+        self._delete(table, key_group, primary, secondary)
+
+    def _delete(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> None:
         self._written = True
         if self._is_nested(table):
             self._slot(table, key_group, primary).values[secondary] = _DELETED
@@ -228,6 +248,11 @@ class PartitionTransaction:
             self._changes(table)[(key_group, primary)] = _DELETED
 
     def clear(self, table: str, key_group: int, primary: bytes) -> None:
+        if self._guard is not None:
+            self._guard(table, (key_group,))
+        self._clear(table, key_group, primary)
+
+    def _clear(self, table: str, key_group: int, primary: bytes) -> None:
         self._written = True
         if not self._is_nested(table):
             self._changes(table)[(key_group, primary)] = _DELETED
@@ -237,12 +262,14 @@ class PartitionTransaction:
         slot.values.clear()
 
     def clear_many(self, table: str, key_groups: Sequence[int], primaries: Sequence[bytes]) -> None:
+        if self._guard is not None:
+            self._guard(table, key_groups)
         self._written = True
         if not self._is_nested(table):
             self._changes(table).update(zip(zip(key_groups, primaries, strict=True), repeat(_DELETED)))
             return
         for kg, primary in zip(key_groups, primaries, strict=True):
-            self.clear(table, kg, primary)
+            self._clear(table, kg, primary)
 
     # -- TTL cleanup: Flink's cleanup on read and incremental cleanup, not the caller's writes --
 
@@ -250,14 +277,14 @@ class PartitionTransaction:
         """:meth:`delete` of an expired record (or, in a flat table, the whole row): a cleanup,
         which :meth:`commit` may drop (an expired record is invisible whether or not it is gone)."""
         written = self._written
-        self.delete(table, key_group, primary, secondary)
+        self._delete(table, key_group, primary, secondary)
         self._written = written
 
     def put_cleaned(self, table: str, key_group: int, primary: bytes, value: bytes, secondary: bytes = b"") -> None:
         """:meth:`put` of a record with its expired elements dropped: a cleanup, as
         :meth:`delete_expired` is."""
         written = self._written
-        self.put(table, key_group, primary, value, secondary)
+        self._put(table, key_group, primary, value, secondary)
         self._written = written
 
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
@@ -274,11 +301,11 @@ class PartitionTransaction:
         for op in ops:
             if op.kind == "put":
                 assert op.value is not None
-                self.put(op.table, op.key_group, op.primary, op.value, op.secondary)
+                self._put(op.table, op.key_group, op.primary, op.value, op.secondary)
             elif op.kind == "delete":
-                self.delete(op.table, op.key_group, op.primary, op.secondary)
+                self._delete(op.table, op.key_group, op.primary, op.secondary)
             else:
-                self.clear(op.table, op.key_group, op.primary)
+                self._clear(op.table, op.key_group, op.primary)
 
     def _nested_ops(self) -> list[WriteOp]:
         ops = []
@@ -329,6 +356,16 @@ class PartitionTransaction:
         for table, _kg, primary in self._pending:
             nested.setdefault(table, []).append(primary)
         return touched | nested
+
+    def key_groups(self, tables: Collection[str] | None = None) -> set[int]:
+        """The key groups this transaction changes, in every table or in ``tables`` (a live
+        rescale asks which key groups an attempt's staged writes touch)."""
+        found: set[int] = set()
+        for table, changes in self._flat.items():
+            if tables is None or table in tables:
+                found.update(changes.key_groups if isinstance(changes, RowChanges) else map(_KEY_GROUP, changes))
+        found.update(kg for table, kg, _primary in self._pending if tables is None or table in tables)
+        return found
 
     def rollback(self) -> None:
         self._flat = {}

@@ -30,6 +30,7 @@ from itertools import islice, repeat
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
+from statehouse.keygroups import KeyGroupRange
 
 _MISSING = object()
 # A run is a tuple, not a list: the cyclic GC stops tracking a tuple of bytes, where it would
@@ -280,6 +281,14 @@ class HeapPartition(StorePartition):
         for table in tables:
             if table not in self._tables:
                 raise KeyError(f"no table {table!r}")
+
+    def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
+        # A frozen view holds its own references to the dicts: dropping them here leaves it whole.
+        for table in tables:
+            groups = self._tables[table].groups
+            for r in ranges:
+                for kg in r:
+                    groups.pop(kg, None)
 
     def write(self, ops: list[WriteOp]) -> None:
         self._check_tables(op.table for op in ops)

@@ -42,6 +42,7 @@ from statehouse.backends.codec import key_group_prefix_width, prefix_successor, 
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
 from statehouse.backends.rocksdb.space import DataVolume, is_out_of_space, wal_limit
+from statehouse.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
@@ -643,6 +644,21 @@ class RocksDBPartition(StorePartition):
                 else:
                     put(prefix[kg] + primary, value, handle)
         self._add_ops(batch, ops)
+        self._db.write(batch)
+
+    @_freeing
+    def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
+        # Keys start with their key group (KeyLayout), so a range of key groups is one byte range
+        # of each column family: one range tombstone each, in one atomic batch, nothing read.
+        batch = WriteBatch(raw_mode=True)
+        width = self._layout.prefix_width
+        for table in tables:
+            handle = self._handles[table]
+            for r in ranges:
+                begin = r.start.to_bytes(width, "big")
+                end = prefix_successor(r.end.to_bytes(width, "big"))
+                assert end is not None  # a key group's prefix is below 0x80..: never all 0xff
+                batch.delete_range(begin, end, handle)
         self._db.write(batch)
 
     def _add_ops(self, batch: WriteBatch, ops: list[WriteOp]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from statehouse.backends.base.partition import FrozenView, WriteOp
+from statehouse.backends.base.partition import FrozenView, StorePartition, WriteOp
 from statehouse.backends.codec import decode_fields, encode_fields
 from statehouse.backends.operator_state import (
     OPERATOR_NAMES_META,
@@ -30,6 +30,7 @@ from statehouse.backends.reserved import (
     LIST_TABLE,
     META_TABLE,
     NO_KEY_GROUP,
+    STAGED_OPERATOR_META,
     STATE_META,
 )
 from statehouse.snapshots.compression import ZSTD
@@ -51,7 +52,7 @@ class OperatorSnapshot:
     meta: dict[bytes, bytes] = field(default_factory=dict)
 
     @classmethod
-    def from_view(cls, view: FrozenView) -> OperatorSnapshot:
+    def from_view(cls, view: FrozenView | StorePartition) -> OperatorSnapshot:
         snap = cls()
         tables = view.tables()
         if LIST_TABLE in tables:
@@ -66,9 +67,14 @@ class OperatorSnapshot:
             if primary.startswith(LIST_MODE_META):
                 operator, name = decode_fields(primary[len(LIST_MODE_META) :], 2)
                 snap.modes[(operator, name)] = value.decode()
-            elif not primary.startswith(STATE_META):
+            elif not primary.startswith(STATE_META) and primary != STAGED_OPERATOR_META:
                 snap.meta[primary] = value
         return snap
+
+    def operator_only(self) -> OperatorSnapshot:
+        """This snapshot without the job metadata that is not operator state (writer epochs)."""
+        meta = {k: v for k, v in self.meta.items() if k.startswith((OPERATOR_SUBTASKS_META, OPERATOR_NAMES_META))}
+        return OperatorSnapshot(dict(self.lists), dict(self.modes), dict(self.broadcast), meta)
 
     def to_bytes(self) -> bytes:
         body = {
@@ -240,6 +246,20 @@ def _redistributed(
     # A restored Flink subtask registers the states its handles bring, in their order.
     new_order = {sub: [n for n, (_m, r) in state.lists.items() if r] for sub, state in enumerate(new)}
     return lists, {sub: names for sub, names in new_order.items() if names}
+
+
+def replace_ops(current: OperatorSnapshot, snap: OperatorSnapshot) -> Iterator[WriteOp]:
+    """The writes that replace a partition's operator state ``current`` (as :meth:`OperatorSnapshot.from_view`
+    reads it) by ``snap``'s (a live rescale's commit); other job metadata stays."""
+    for operator, name, subtask in current.lists:
+        yield WriteOp("clear", LIST_TABLE, NO_KEY_GROUP, encode_fields(operator, name, str(subtask)))
+    for operator, name in current.modes:
+        yield WriteOp("delete", META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name))
+    for operator, name in current.broadcast:
+        yield WriteOp("clear", BROADCAST_TABLE, NO_KEY_GROUP, encode_fields(operator, name))
+    for key in current.operator_only().meta:
+        yield WriteOp("delete", META_TABLE, NO_KEY_GROUP, key)
+    yield from write_ops(snap.operator_only())
 
 
 def write_ops(snap: OperatorSnapshot) -> Iterator[WriteOp]:
