@@ -16,7 +16,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 
 from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.catalog import JobCatalog
@@ -114,6 +116,9 @@ class RestoreOperation:
         self.operator_parallelism = operator_parallelism
         self.work_dir = work_dir
         self.entries = 0
+        # The key groups whose records were fetched (a full part's sections; what is copied out
+        # of an incremental part's files): a live rescale's loads are held to what moves in.
+        self.key_groups_fetched: set[int] = set()
 
     def run(self) -> Job:
         """Fetch and verify every byte, then build the restored job beside the live one.
@@ -121,21 +126,21 @@ class RestoreOperation:
         Returns the staged job, for ``JobCatalog.swap`` (or ``discard``); the live job is
         untouched either way."""
         target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
-        relevant = check_coverage(self.parts, target)
+        with self._staging() as temp:
+            fetched = self._fetch_ranges([target], temp)
+            operator = self._operator(self.catalog.replica_index, self.catalog.replica_count)
+            return self._apply(fetched, operator, temp)
+
+    @contextmanager
+    def _staging(self) -> Iterator[str]:
+        """A directory for what is fetched, removed when the restore ends; running out of space
+        anywhere inside is a 507 that says what to do."""
         try:
             temp = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.work_dir)
         except OSError as exc:
             raise _insufficient(exc) if is_out_of_space(exc) else exc from None
         try:
-            fetched = [self._fetch(part, target, temp) for part in relevant]
-            operator_parts = [
-                OperatorSnapshot.from_bytes(self.storage.read_verified(p.metadata.operator.under(p.directory)))
-                for p in sorted(self.parts, key=lambda p: p.metadata.replica_index)
-            ]
-            operator = merge_for_replica(
-                operator_parts, self.catalog.replica_index, self.catalog.replica_count, self.operator_parallelism
-            )
-            return self._apply(fetched, operator, temp)
+            yield temp
         except OSError as exc:
             if is_out_of_space(exc):
                 raise _insufficient(exc) from exc
@@ -144,11 +149,24 @@ class RestoreOperation:
             gc.collect()
             shutil.rmtree(temp, ignore_errors=True)
 
+    def _fetch_ranges(self, ranges: list[KeyGroupRange], temp: str) -> list[_FetchedPart]:
+        """Every part's share of ``ranges`` (each covered by the parts), fetched and verified."""
+        return [self._fetch(part, target, temp) for target in ranges for part in check_coverage(self.parts, target)]
+
+    def _operator(self, replica_index: int, replica_count: int) -> OperatorSnapshot:
+        """The operator state replica ``replica_index`` of ``replica_count`` gets from every part."""
+        operator_parts = [
+            OperatorSnapshot.from_bytes(self.storage.read_verified(p.metadata.operator.under(p.directory)))
+            for p in sorted(self.parts, key=lambda p: p.metadata.replica_index)
+        ]
+        return merge_for_replica(operator_parts, replica_index, replica_count, self.operator_parallelism)
+
     # -- fetch: storage -> verified local bytes --------------------------------------------
 
     def _fetch(self, part: SnapshotPart, target: KeyGroupRange, temp: str) -> _FetchedPart:
         keyed = part.metadata.keyed
         wanted = part.metadata.key_group_range.intersection(target)
+        self.key_groups_fetched.update(wanted)
         if isinstance(keyed, KeyGroupsHandle):
             handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
             return _FetchedPart(part, wanted, full=fetch_key_groups(self.storage, handle, wanted))
@@ -173,14 +191,7 @@ class RestoreOperation:
         descriptors = _descriptors(self.parts)
         for state in descriptors:
             job.register_state(state)
-        for item in fetched:
-            if item.full is not None:
-                tables = item.full.header.tables
-            else:
-                assert isinstance(item.part.metadata.keyed, IncrementalHandle)
-                tables = item.part.metadata.keyed.tables
-            for table, nested in tables.items():
-                job.partition.create_table(table, nested)  # a no-op for registered states
+        _create_tables(job, fetched)
         for item in fetched:
             self.entries += job.partition.load(self._records(item, temp))
         self.entries += job.partition.load(write_ops(operator))
@@ -199,6 +210,96 @@ class RestoreOperation:
         keyed = item.part.metadata.keyed
         assert isinstance(keyed, IncrementalHandle)
         yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism, temp)
+
+
+def _create_tables(job: Job, fetched: list[_FetchedPart]) -> None:
+    """The tables the fetched parts hold records of (a no-op for registered states)."""
+    for item in fetched:
+        if item.full is not None:
+            tables = item.full.header.tables
+        else:
+            assert isinstance(item.part.metadata.keyed, IncrementalHandle)
+            tables = item.part.metadata.keyed.tables
+        for table, nested in tables.items():
+            job.partition.create_table(table, nested)
+
+
+class MergeRestore(RestoreOperation):
+    """A live rescale's load: the key groups ``wanted`` (what moves in to replica ``index`` of
+    ``count``: W_i minus O_i) from a snapshot's parts, INTO the live job (created, owning no key
+    group, on a replica that has none), beside what it serves. Whatever a previous partial load
+    left in those key groups is cleared first, so a load can be re-run after any failure. They
+    are not served until the job switches to the new layout (``Job.switch_layout``). The job's
+    operator state for the new layout is staged, applied by ``Job.apply_staged_operator_state``
+    when the move commits.
+
+    Fetching is the restore's (ranged reads of only those key groups of full parts, incremental
+    parts' files copied out of by RocksDB's reader); what is fetched is verified before the live
+    job is touched. ``entries`` and ``bytes_read`` (from storage, during :meth:`run`) say what
+    was loaded and what it cost."""
+
+    def __init__(
+        self,
+        catalog: JobCatalog,
+        storage: CheckpointStorage,
+        job: str,
+        parts: list[SnapshotPart],
+        wanted: list[KeyGroupRange],
+        count: int,
+        index: int,
+        *,
+        operator_parallelism: dict[str, int] | None = None,
+        work_dir: str | None = None,
+    ) -> None:
+        super().__init__(catalog, storage, job, parts, operator_parallelism=operator_parallelism, work_dir=work_dir)
+        self.wanted = [r for r in wanted if len(r)]
+        self.count = count
+        self.index = index
+        self.bytes_read = 0
+
+    def run(self) -> Job:
+        """Load the wanted key groups and stage the operator state; the live job (returned)."""
+        target_range(self.parts, self.index, self.count)  # the parts agree; the count fits them
+        read_before = self.storage.bytes_read
+        with self._staging() as temp:
+            fetched = self._fetch_ranges(self.wanted, temp)
+            operator = self._operator(self.index, self.count)
+            self.bytes_read = self.storage.bytes_read - read_before
+            job, _created = self.catalog.create(self.job_name, self.parts[0].metadata.max_parallelism, serving=False)
+            self.clear(job)
+            for descriptor in _descriptors(self.parts):
+                job.register_state(descriptor)
+            _create_tables(job, fetched)
+            for item in fetched:
+                self.entries += _load(job, self._records(item, temp))
+            committed = max(p.metadata.committed_epoch for p in self.parts)
+            if job.committed_epoch < committed:  # a new job: the micro-batches the loaded state holds
+                with job.transaction() as tx:
+                    tx.record_commit(committed)
+            job.stage_operator_state(operator)
+            return job
+
+    def clear(self, job: Job | None = None) -> None:
+        """Remove what a load left (its key groups, its staged operator state): before a load,
+        and when the move is aborted."""
+        job = job if job is not None else self.catalog.get(self.job_name, serving=False)
+        job.drop_key_groups(self.wanted)
+        job.stage_operator_state(None)
+
+
+# Records a load writes into a live job per batch (under its lock, between requests).
+LOAD_BATCH = 5_000
+
+
+def _load(job: Job, records: Iterator[WriteOp]) -> int:
+    """Write ``records`` into the live job a batch at a time, each under its lock: requests for
+    the key groups it serves go on between batches, memory stays one batch."""
+    written = 0
+    while batch := list(islice(records, LOAD_BATCH)):
+        with job.exclusive():
+            job.partition.write(batch)
+        written += len(batch)
+    return written
 
 
 def _insufficient(exc: OSError) -> InsufficientStorage:
