@@ -33,16 +33,17 @@ class JobCatalog:
         limits: Limits | None = None,
         layout: ReplicaLayout | None = None,
     ) -> None:
-        if replica_count < 1 or not 0 <= replica_index < replica_count:
-            raise ValueError(f"replica index {replica_index} must be in [0, replica count {replica_count})")
+        if replica_count < 1 or replica_index < 0:
+            raise ValueError(f"replica index {replica_index} must be >= 0, replica count {replica_count} >= 1")
         self.store = store
         self.replica_index = replica_index
         self.replica_count = replica_count
         self.clock: Clock = clock or SystemClock()
         self.limits = limits or Limits()
-        # False on a replica joining a live rescale: its jobs hold key groups loaded for the move
-        # and own none until the move commits (switch_layout).
-        self.serving = True
+        # False on a replica joining a live rescale (its jobs hold key groups loaded for the move
+        # and own none until the move commits: switch_layout), and on one a move removed (its
+        # index past the count: it owns nothing, and says who does).
+        self.serving = replica_index < replica_count
         # None: a job found on disk at start, not opened yet (see _open).
         self._jobs: dict[str, Job | None] = dict.fromkeys(store.existing())
         self._lock = threading.Lock()
