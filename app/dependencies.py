@@ -17,6 +17,7 @@ from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.job import Job
 from statehouse.backends.names import NAME_PATTERN
 from statehouse.checkpointing.manager import CheckpointManager
+from statehouse.checkpointing.rescale import RescaleParticipant
 from statehouse.snapshots.storage.locations import Resolved
 
 JobName = Annotated[str, Path(description="job name", pattern=NAME_PATTERN)]  # where the job may not exist
@@ -30,6 +31,7 @@ class Service:
     catalog: JobCatalog
     checkpoints: CheckpointManager
     metrics: Metrics
+    rescale: RescaleParticipant | None = None  # this replica's side of a live rescale (None only in tests)
     draining: bool = False
     restoring_jobs: set[str] = field(default_factory=set)
     # (SHA-256 of a token, its grant) for every configured token: compared in constant time

@@ -43,6 +43,7 @@ from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
 from statehouse.checkpointing.manager import CheckpointManager
+from statehouse.checkpointing.rescale import RescaleParticipant
 from statehouse.checkpointing.restore import remove_leftovers
 from statehouse.snapshots.storage import open_storage
 
@@ -88,10 +89,14 @@ def open_layout(settings: Settings) -> ReplicaLayout:
 
 
 def open_catalog(settings: Settings, layout: ReplicaLayout | None = None) -> JobCatalog:
+    # The recorded layout, not the settings: after a live rescale they may still name the one before.
+    count, index = (
+        (layout.topology.count, layout.topology.index) if layout else (settings.replica_count, settings.replica_index)
+    )
     return JobCatalog(
         open_store(settings),
-        replica_index=settings.replica_index,
-        replica_count=settings.replica_count,
+        replica_index=index,
+        replica_count=count,
         layout=layout,
         limits=Limits(
             max_key_bytes=settings.max_key_bytes,
@@ -183,11 +188,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             work_dir=work_dir,
             restore_locations=settings.restore_location_list,
         )
-        app.state.service = Service(settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics)
+        rescale = RescaleParticipant(
+            catalog, checkpoints, work_dir=work_dir, on_committed=metrics.rescale_duration.observe
+        )
+        with exit_on_start_error("the live rescale pending in STATEHOUSE_DATA_DIR"):
+            # A move in the record: committed, undone or kept frozen as its durable decision says.
+            await asyncio.to_thread(rescale.resume_at_start)
+        app.state.service = Service(
+            settings=settings, catalog=catalog, checkpoints=checkpoints, metrics=metrics, rescale=rescale
+        )
         log.info(
             "statehouse replica %d/%d (topology version %d), backend %s, data in %s",
-            settings.replica_index,
-            settings.replica_count,
+            layout.topology.index,
+            layout.topology.count,
             layout.topology.version,
             settings.backend,
             settings.data_dir,

@@ -45,6 +45,24 @@ class Metrics:
             registry=self.registry,
         )
 
+        # A live rescale (RESCALE.md): pending here, bytes its loads read, prepare to commit.
+        self.rescale_moves = Gauge(
+            "statehouse_rescale_moves_in_progress",
+            "Live rescales pending on this replica (0 or 1): prepared, not yet committed or aborted",
+            registry=self.registry,
+        )
+        self.rescale_bytes_loaded = Counter(
+            "statehouse_rescale_bytes_loaded_total",
+            "Bytes live-rescale loads read from checkpoint storage into this replica",
+            registry=self.registry,
+        )
+        self.rescale_duration = Histogram(
+            "statehouse_rescale_duration_seconds",
+            "Live rescales on this replica, from its prepare to its commit",
+            buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=self.registry,
+        )
+
     def watch(self, catalog: JobCatalog) -> None:
         """Read the resource gauges from ``catalog`` at each scrape."""
         self.jobs.set_function(lambda: len(catalog))
@@ -52,6 +70,8 @@ class Metrics:
         self.open_instances.set_function(lambda: len(instances) if instances is not None else 0)
         volume = getattr(catalog.store, "volume", None)  # RocksDB only
         self.volume_free.set_function(lambda: volume.free_bytes() if volume is not None else 0)
+        layout = catalog.layout
+        self.rescale_moves.set_function(lambda: int(layout is not None and layout.topology.move is not None))
 
     def count_ops(self, tally: Tally[tuple[str, str]]) -> None:
         for (kind, op), n in tally.items():

@@ -52,6 +52,13 @@ OPERATION_IDS: dict[str, str] = {
     "readyz": "getReadiness",
     "metrics": "getMetrics",
     "get_topology": "getTopology",
+    # a live rescale's steps
+    "prepare_rescale": "prepareRescale",
+    "load_rescale": "loadRescale",
+    "decide_rescale": "decideRescale",
+    "get_rescale_decision": "getRescaleDecision",
+    "commit_rescale": "commitRescale",
+    "abort_rescale": "abortRescale",
     # jobs
     "put_job": "putJob",
     "get_job": "getJob",
@@ -91,7 +98,6 @@ OPERATION_IDS: dict[str, str] = {
     "list_timers": "listTimers",
     "count_timers": "countTimers",
     # operator state
-    "describe_operator": "describeOperator",
     "get_list": "getOperatorList",
     "put_list": "putOperatorList",
     "add_to_list": "addToOperatorList",
@@ -236,7 +242,6 @@ TIMER_COLUMNS = errors(*JOB, "invalid_argument", "invalid_key", "key_too_large",
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
-OPERATOR_READ = errors(*OPERATOR)
 OPERATOR_LIST_READ = {**errors(*OPERATOR, *STORED, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")
 OPERATOR_CLEAR = errors(*OPERATOR, "invalid_argument")

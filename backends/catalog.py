@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from statehouse.backends.base.store import Store
 from statehouse.backends.bounds import MAX_EPOCH
@@ -33,17 +34,20 @@ class JobCatalog:
         limits: Limits | None = None,
         layout: ReplicaLayout | None = None,
     ) -> None:
+        # An index past the count: a replica a live rescale removed (it owns nothing).
         if replica_count < 1 or replica_index < 0:
-            raise ValueError(f"replica index {replica_index} must be >= 0, replica count {replica_count} >= 1")
+            raise ValueError(f"replica index {replica_index} must be >= 0 and replica count {replica_count} >= 1")
         self.store = store
         self.replica_index = replica_index
         self.replica_count = replica_count
         self.clock: Clock = clock or SystemClock()
         self.limits = limits or Limits()
-        # False on a replica joining a live rescale (its jobs hold key groups loaded for the move
-        # and own none until the move commits: switch_layout), and on one a move removed (its
-        # index past the count: it owns nothing, and says who does).
+        # False on a replica joining a live rescale: its jobs hold key groups loaded for the move
+        # and own none until the move commits (switch_layout).
         self.serving = replica_index < replica_count
+        # What a pending live rescale does to every job opened, created or swapped in from now
+        # on (freeze what it moves out): set and cleared by checkpointing/rescale.py.
+        self.on_open: Callable[[Job], None] | None = None
         # None: a job found on disk at start, not opened yet (see _open).
         self._jobs: dict[str, Job | None] = dict.fromkeys(store.existing())
         self._lock = threading.Lock()
@@ -62,9 +66,14 @@ class JobCatalog:
         """The job of that name, opened if it is not yet; None if there is none (hold the lock)."""
         job = self._jobs.get(name)
         if job is None and name in self._jobs:
-            job = self._jobs[name] = self._job(name, self.store.open_partition(name, None))
+            job = self._jobs[name] = self._opened(self._job(name, self.store.open_partition(name, None)))
             if self.layout is not None and name not in self.layout.topology.jobs:
                 self.layout.record(name, job.max_parallelism)  # written before ranges were recorded
+        return job
+
+    def _opened(self, job: Job) -> Job:
+        if self.on_open is not None:
+            self.on_open(job)
         return job
 
     def _job(self, name: str, partition, serving: bool | None = None) -> Job:
@@ -133,7 +142,7 @@ class JobCatalog:
                 return job, False
             self.limits.check_jobs(len(self._jobs))
             partition = self.store.open_partition(name, max_parallelism or default_max_parallelism(self.replica_count))
-            job = self._jobs[name] = self._job(name, partition, serving)
+            job = self._jobs[name] = self._opened(self._job(name, partition, serving))
             if self.layout is not None:
                 self.layout.record(name, job.max_parallelism)
             return job, True
@@ -207,7 +216,7 @@ class JobCatalog:
                 if live is not None:
                     live.revive()
                 raise
-            job = self._jobs[name] = self._job(name, partition)
+            job = self._jobs[name] = self._opened(self._job(name, partition))
             if self.layout is not None:
                 self.layout.record(name, job.max_parallelism)  # the restore wrote this topology's range
         logger.info(

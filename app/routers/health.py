@@ -23,16 +23,29 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Readiness, responses=doc.READY)
 async def readyz(request: Request) -> dict[str, object] | Response:
-    """Readiness: state is open, the replica is not draining, and its data volume takes writes
-    (above `STATEHOUSE_DISK_RESERVE_BYTES`, no job waiting for space); else 503 `not_ready`."""
+    """Readiness: state is open, the replica is not draining, its data volume takes writes
+    (above `STATEHOUSE_DISK_RESERVE_BYTES`, no job waiting for space), and it owns key groups (not a
+    replica joining a live rescale, nor one a rescale removed); else 503 `not_ready`."""
     service = getattr(request.app.state, "service", None)
     if service is None or service.draining:
         return problem_response(503, "not_ready", "starting up or shutting down", "/readyz")
     space_problem = service.catalog.store.space_problem()
     if space_problem is not None:
         return problem_response(503, "not_ready", space_problem, "/readyz")
-    s = service.settings
-    return {"status": "ready", "backend": s.backend, "replica_index": s.replica_index, "replica_count": s.replica_count}
+    topology = service.catalog.layout.topology if service.catalog.layout is not None else None
+    if topology is not None and (topology.retired or (topology.move is not None and topology.move.joining)):
+        why = (
+            f"a live rescale removed this replica (replica {topology.index} of {topology.count}): it owns nothing"
+            if topology.retired
+            else "joining a live rescale: it serves once the move commits"
+        )
+        return problem_response(503, "not_ready", why, "/readyz")
+    index, count = (
+        (topology.index, topology.count)
+        if topology
+        else (service.settings.replica_index, service.settings.replica_count)
+    )
+    return {"status": "ready", "backend": service.settings.backend, "replica_index": index, "replica_count": count}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=doc.READY)

@@ -1,13 +1,22 @@
-"""The replica's topology: its replica set, version, and the key-group range each job's data holds."""
+"""The replica's topology: its replica set, version, and the key-group range each job's data holds;
+and the steps of a live rescale (RESCALE.md), whose rules are ``checkpointing/rescale.py``'s."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
+from fastapi import Query
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
-from statehouse.app.dependencies import GrantDep, ServiceDep
+from statehouse.app.dependencies import GrantDep, Service, ServiceDep
 from statehouse.app.models import KeyGroupRange
+from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
+from statehouse.app.tokens import Grant
+from statehouse.checkpointing.decision import Decision
+from statehouse.checkpointing.rescale import RescaleParticipant
 
 router = api_router(prefix="/v1", tags=["operations"])
 
@@ -22,18 +31,39 @@ class JobLayout(BaseModel):
     )
 
 
+class MoveInfo(BaseModel):
+    version: int = Field(description="the topology version the live rescale moves the set to")
+    replica_count: int = Field(description="the replica count it moves the set to")
+    phase: Literal["prepared", "loaded"] = Field(
+        description="prepared: moving-out key groups frozen (writes 503 rescale_in_progress); loaded: moving-in key "
+        "groups loaded from the checkpoints, served once the move commits"
+    )
+    joining: bool = Field(description="a new replica the move adds: it serves nothing until the commit")
+    frozen_key_groups: dict[str, list[KeyGroupRange]] = Field(
+        description="per job, the key groups this replica gives away (frozen until the move commits or aborts)"
+    )
+    checkpoints: dict[str, int] = Field(description="per job, the checkpoint the load read (after the load)")
+
+
 class TopologyInfo(BaseModel):
     set_id: str = Field(description="the replica set's identity (STATEHOUSE_REPLICA_SET_ID, or from checkpoint dir)")
     version: int = Field(
-        description="1 at the data directory's first start; +1 at each adopted change of count or index"
+        description="1 at the data directory's first start; +1 at each adopted change of count or index, or the "
+        "version a live rescale committed"
     )
     replica_index: int
     replica_count: int
     persisted: bool = Field(description="kept in the data directory (RocksDB backend); heap keeps it in memory")
     jobs: list[JobLayout] = Field(description="the jobs the bearer token may reach, by name")
     replica_urls: list[str] = Field(
-        description="every replica's URL in index order (STATEHOUSE_REPLICA_URLS), so that a client given one "
-        "seed URL learns the rest; empty when unset"
+        description="every replica's URL in index order (set by the last live rescale, else STATEHOUSE_REPLICA_URLS), "
+        "so that a client given one seed URL learns the rest; empty when unset"
+    )
+    move: MoveInfo | None = Field(
+        None, description="the live rescale pending on this replica (docs/api.md, Live rescale); null when none"
+    )
+    retired: bool = Field(
+        False, description="a live rescale removed this replica: it owns no key group (every keyed request: 421)"
     )
 
 
@@ -41,7 +71,11 @@ class TopologyInfo(BaseModel):
 @router.get("/topology", response_model=TopologyInfo, responses=doc.errors("invalid_argument"))
 async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
     """This replica's place in its replica set and the key-group range each job's data holds (docs/operations.md,
-    "Topology")."""
+    "Topology"), and the live rescale pending here, if any."""
+    return await run_in_threadpool(topology_info, service, grant)
+
+
+def topology_info(service: Service, grant: Grant) -> TopologyInfo:
     layout = service.catalog.layout
     assert layout is not None  # the app always opens one
     topology = layout.topology
@@ -55,6 +89,17 @@ async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
         for name, record in sorted(topology.jobs.items())
         if grant.allows(name)
     ]
+    move = None
+    if topology.move is not None:
+        frozen = participant(service).frozen_key_groups()
+        move = MoveInfo(
+            version=topology.move.version,
+            replica_count=topology.move.replica_count,
+            phase=topology.move.phase,
+            joining=topology.move.joining,
+            frozen_key_groups={job: ranges for job, ranges in frozen.items() if grant.allows(job)},
+            checkpoints={job: cid for job, cid in topology.move.checkpoints.items() if grant.allows(job)},
+        )
     return TopologyInfo(
         set_id=topology.set_id,
         version=topology.version,
@@ -62,5 +107,162 @@ async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
         replica_count=topology.count,
         persisted=layout.persist,
         jobs=jobs,
-        replica_urls=list(service.settings.replica_url_list),
+        replica_urls=list(topology.replica_urls or service.settings.replica_url_list),
+        move=move,
+        retired=topology.retired,
     )
+
+
+# -- a live rescale: the coordinator's steps on this replica -------------------------------------------
+
+
+def participant(service: Service) -> RescaleParticipant:
+    assert service.rescale is not None  # the app always makes one
+    return service.rescale
+
+
+def admin_only(grant: Grant) -> None:
+    if not grant.admin:
+        raise ApiError(
+            "forbidden",
+            "a live rescale moves every job's state: its steps need an @admin token (STATEHOUSE_API_TOKENS)",
+        )
+
+
+Version = Annotated[int, Field(ge=1, le=2**31 - 1, description="the topology version the move goes to (v+1)")]
+Checkpoints = Annotated[
+    dict[str, Annotated[int, Field(ge=1)]],
+    Field(description="per job, the id of the global checkpoint taken after the prepare"),
+]
+
+
+class PrepareBody(BaseModel):
+    version: Version
+    replica_count: int = Field(ge=1, le=32768, description="M: the replica count after the move")
+    replica_urls: list[str] = Field(
+        default_factory=list, max_length=32768, description="every replica's URL after the move, in index order"
+    )
+
+
+class VersionBody(BaseModel):
+    version: Version
+
+
+class LoadBody(BaseModel):
+    version: Version
+    checkpoints: Checkpoints
+
+
+class DecideBody(BaseModel):
+    version: Version
+    outcome: Literal["commit", "abort"]
+    replica_count: int | None = Field(None, ge=1, le=32768)
+    replica_urls: list[str] = Field(default_factory=list, max_length=32768)
+    checkpoints: Checkpoints = Field(default_factory=dict)
+
+
+class JobLoad(BaseModel):
+    key_groups: list[KeyGroupRange] = Field(description="the key groups loaded (what moves in to this replica)")
+    entries: int = Field(description="records written into the live job")
+    bytes_read: int = Field(description="bytes read from checkpoint storage (ranged reads of only those key groups)")
+
+
+class LoadInfo(BaseModel):
+    jobs: dict[str, JobLoad] = Field(description="per job; empty on a replica the move removes, or after the commit")
+
+
+class DecisionInfo(BaseModel):
+    set_id: str
+    version: int
+    outcome: Literal["commit", "abort"]
+    replica_count: int | None
+    replica_urls: list[str]
+    checkpoints: dict[str, int]
+    decided: float = Field(description="when, in Unix seconds")
+
+
+def decision_info(decision: Decision) -> DecisionInfo:
+    data: dict[str, Any] = decision.to_json()
+    data.pop("format")
+    return DecisionInfo(**data)
+
+
+STEP = ("forbidden", "rescale_conflict", "storage_unavailable")
+
+
+@router.post(
+    "/topology/prepare",
+    response_model=TopologyInfo,
+    responses=doc.errors(*STEP, "invalid_argument", "rescale_pending", "batch_in_flight", "rescale_decided"),
+)
+async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBody) -> TopologyInfo:
+    """Step 1 of a live rescale: record the move and freeze the key groups this replica gives away (writes there
+    answer 503 `rescale_in_progress`; reads go on); a new, empty replica records that it joins. 409
+    `batch_in_flight` (nothing frozen) while an uncommitted micro-batch staged writes there: retry."""
+    admin_only(grant)
+    await run_in_threadpool(participant(service).prepare, body.version, body.replica_count, body.replica_urls)
+    return await run_in_threadpool(topology_info, service, grant)
+
+
+@router.post(
+    "/topology/load",
+    response_model=LoadInfo,
+    responses=doc.errors(*STEP, *doc.CHECKPOINT_STORAGE, "rescale_incomplete", "checkpoint_not_found"),
+)
+async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> LoadInfo:
+    """Step 3: load the key groups moving in to this replica from each job's checkpoint into the live job (not
+    served until the commit); synchronous. Every job the replica has must be named (409 `rescale_incomplete`)."""
+    admin_only(grant)
+    loaded = await run_in_threadpool(participant(service).load, body.version, body.checkpoints)
+    service.metrics.rescale_bytes_loaded.inc(sum(job["bytes_read"] for job in loaded.values()))
+    return LoadInfo(jobs={job: JobLoad(**info) for job, info in loaded.items()})
+
+
+@router.post("/topology/decide", response_model=DecisionInfo, responses=doc.errors(*STEP, "rescale_decided"))
+async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody) -> DecisionInfo:
+    """Step 4, on any one replica: write the durable decision of the move (once; the same outcome again answers it,
+    the other is 409 `rescale_decided`). Commit only after every replica that stays or joins answered its load."""
+    admin_only(grant)
+    decision = await run_in_threadpool(
+        participant(service).decide,
+        body.version,
+        body.outcome,
+        body.replica_count,
+        body.replica_urls,
+        body.checkpoints,
+    )
+    return decision_info(decision)
+
+
+@router.get("/topology/decision", response_model=DecisionInfo, responses=doc.errors(*STEP, "not_found"))
+async def get_rescale_decision(
+    service: ServiceDep, grant: GrantDep, version: Annotated[int, Query(ge=1, le=2**31 - 1)]
+) -> DecisionInfo:
+    """The durable decision of the live rescale to `version` (404 `not_found`: undecided)."""
+    admin_only(grant)
+    decision = await run_in_threadpool(participant(service).decision, version)
+    if decision is None:
+        raise ApiError("not_found", f"the live rescale to topology version {version} is undecided", version=version)
+    return decision_info(decision)
+
+
+@router.post(
+    "/topology/commit",
+    response_model=TopologyInfo,
+    responses=doc.errors(*STEP, "rescale_not_decided", "rescale_not_loaded"),
+)
+async def commit_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> TopologyInfo:
+    """Step 5, on every replica: serve the new layout (the decision must be commit; a replica that has not loaded
+    answers 409 `rescale_not_loaded`: load it again). Key groups that moved away answer 421 from then on."""
+    admin_only(grant)
+    await run_in_threadpool(participant(service).commit, body.version)
+    return await run_in_threadpool(topology_info, service, grant)
+
+
+@router.post("/topology/abort", response_model=TopologyInfo, responses=doc.errors(*STEP, "rescale_decided"))
+async def abort_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> TopologyInfo:
+    """Undo the move here (decides abort if undecided; 409 `rescale_decided` once commit was decided): loaded key
+    groups cleared, writes taken again, the old layout served."""
+    admin_only(grant)
+    await run_in_threadpool(participant(service).abort, body.version)
+    return await run_in_threadpool(topology_info, service, grant)
