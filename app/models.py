@@ -198,6 +198,19 @@ class OperatorListResponse(BaseModel):
     mode: Literal["split", "union"] | None
 
 
+class OperatorListInfo(BaseModel):
+    name: str
+    mode: Literal["split", "union"]
+    subtasks: list[int]  # the subtasks whose list holds elements on this replica
+
+
+class OperatorInfo(BaseModel):
+    """What one replica stores of an operator's state (broadcast state is the same on every replica)."""
+
+    lists: list[OperatorListInfo]
+    broadcast: list[str]
+
+
 class KeyItem(BaseModel):
     key: str | int
     key_group: int

@@ -98,6 +98,7 @@ OPERATION_IDS: dict[str, str] = {
     "list_timers": "listTimers",
     "count_timers": "countTimers",
     # operator state
+    "describe_operator": "describeOperator",
     "get_list": "getOperatorList",
     "put_list": "putOperatorList",
     "add_to_list": "addToOperatorList",
@@ -242,6 +243,7 @@ TIMER_COLUMNS = errors(*JOB, "invalid_argument", "invalid_key", "key_too_large",
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
+OPERATOR_READ = errors(*OPERATOR)
 OPERATOR_LIST_READ = {**errors(*OPERATOR, *STORED, "invalid_argument", "key_not_found"), **msgpack_reply()}
 OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")
 OPERATOR_CLEAR = errors(*OPERATOR, "invalid_argument")

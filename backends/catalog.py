@@ -34,16 +34,16 @@ class JobCatalog:
         limits: Limits | None = None,
         layout: ReplicaLayout | None = None,
     ) -> None:
-        # An index past the count: a replica a live rescale removed (it owns nothing).
         if replica_count < 1 or replica_index < 0:
-            raise ValueError(f"replica index {replica_index} must be >= 0 and replica count {replica_count} >= 1")
+            raise ValueError(f"replica index {replica_index} must be >= 0, replica count {replica_count} >= 1")
         self.store = store
         self.replica_index = replica_index
         self.replica_count = replica_count
         self.clock: Clock = clock or SystemClock()
         self.limits = limits or Limits()
-        # False on a replica joining a live rescale: its jobs hold key groups loaded for the move
-        # and own none until the move commits (switch_layout).
+        # False on a replica joining a live rescale (its jobs hold key groups loaded for the move
+        # and own none until the move commits: switch_layout), and on one a move removed (its
+        # index past the count: it owns nothing, and says who does).
         self.serving = replica_index < replica_count
         # What a pending live rescale does to every job opened, created or swapped in from now
         # on (freeze what it moves out): set and cleared by checkpointing/rescale.py.

@@ -197,16 +197,19 @@ class Job:
     def drop_key_groups(self, ranges: Sequence[KeyGroupRange]) -> None:
         """Delete everything stored in these key groups, of every keyed table (states, timers, raw
         keyed streams); never a key group this replica owns. RocksDB deletes each range at once
-        (a range tombstone per table), the heap drops its per-key-group dicts: no entry is read."""
+        (a range tombstone per table), the heap drops its per-key-group dicts: no entry is read.
+        RocksDB then compacts those ranges, after the lock is released, to free their space."""
         with self.exclusive():
             owned = self.key_group_range
             for r in ranges:
                 if len(r.intersection(owned)):
                     raise ValueError(f"key groups {r.start}-{r.end} of job {self.name!r} overlap its owned {owned}")
             tables = [t for t in self.partition.tables() if t not in NON_KEYED_TABLES]
-            self.partition.drop_key_groups(tables, [r for r in ranges if len(r)])
+            ranges = [r for r in ranges if len(r)]
+            self.partition.drop_key_groups(tables, ranges)
             self.staging.timer_floors = TimerFloors()  # where firing seeks from: recomputed, not trusted
             self.changes += 1
+        self.partition.reclaim_key_groups(tables, ranges)  # outside the lock: requests go on
 
     def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
         """Keep ``operator`` (this replica's operator state under the layout a move goes to) until

@@ -11,8 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.codec import decode_value, encode_fields, encode_user_key, encode_value, iter_values
+from statehouse.backends.codec import (
+    decode_fields,
+    decode_value,
+    encode_fields,
+    encode_user_key,
+    encode_value,
+    iter_values,
+)
 from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.names import validate_name
@@ -184,6 +192,35 @@ class OperatorState:
         primary = self._broadcast_primary(operator, name)
         stored = self._answer.items(self._tx.items(BROADCAST_TABLE, NO_KEY_GROUP, primary))
         return {s.decode(): decode_value(v) for s, v in stored}
+
+
+def operator_contents(
+    partition: StorePartition, operator: str
+) -> tuple[list[tuple[str, ListMode, list[int]]], list[str]]:
+    """What ``partition`` stores of ``operator``: its list states as ``(name, mode, subtasks
+    holding elements)`` and its broadcast states' names, in name order (for a reader that lists
+    before it reads, as the Spark data source does). Hold the job's lock: the iterators read the
+    live partition."""
+    validate_name(operator, "operator")
+    prefix = encode_fields(operator)
+    tables = partition.tables()
+    subtasks: dict[str, list[int]] = {}
+    if LIST_TABLE in tables:
+        for primary in partition.primaries_from(LIST_TABLE, NO_KEY_GROUP, None):
+            if primary.startswith(prefix):
+                _operator, name, subtask = decode_fields(primary, 3)
+                subtasks.setdefault(name, []).append(int(subtask))
+    lists: list[tuple[str, ListMode, list[int]]] = []
+    for name, subs in sorted(subtasks.items()):
+        stored = partition.get(META_TABLE, NO_KEY_GROUP, LIST_MODE_META + encode_fields(operator, name))
+        mode: ListMode = "union" if stored == b"union" else "split"
+        lists.append((name, mode, sorted(subs)))
+    broadcast: set[str] = set()
+    if BROADCAST_TABLE in tables:  # a map table: its entries, which broadcast state keeps few of
+        for primary, _secondary, _value in partition.scan(BROADCAST_TABLE, NO_KEY_GROUP):
+            if primary.startswith(prefix):
+                broadcast.add(decode_fields(primary, 2)[1])
+    return lists, sorted(broadcast)
 
 
 def _elements(values: Iterable[Any]) -> list[Any]:

@@ -31,9 +31,10 @@ from statehouse.backends.errors import InvalidArgument, JobReplaced
 from statehouse.checkpointing.catalog import SnapshotCatalog, read_parts
 from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.checkpointing.pending import PendingCheckpoint
-from statehouse.checkpointing.restore import RestoreOperation
+from statehouse.checkpointing.restore import MergeRestore, RestoreOperation
 from statehouse.checkpointing.retention import CompletedCheckpoints
 from statehouse.checkpointing.runner import SnapshotStrategyRunner
+from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.compression import codec
 from statehouse.snapshots.errors import (
     CheckpointConflict,
@@ -351,6 +352,22 @@ class CheckpointManager:
             duration_ms=int((time.monotonic() - started) * 1000),
             aborted_checkpoints=aborted,
         )
+
+    def load_key_groups(
+        self, job: str, checkpoint_id: int, wanted: builtins.list[KeyGroupRange], count: int, index: int
+    ) -> MergeRestore:
+        """A live rescale's load on this replica: ``wanted`` (W_i minus O_i) of checkpoint
+        ``checkpoint_id`` of the job into the live job, and its operator state for replica
+        ``index`` of ``count`` staged (:class:`MergeRestore`); the finished operation says what it
+        loaded and read. Pending checkpoints go on: they write the key groups the job owns, which
+        the load does not touch."""
+        directory = self.snapshots.find(job, checkpoint_id)
+        parts = read_parts(self.storage, directory)
+        if not parts:
+            raise CheckpointNotFound(f"no completed snapshot part at {self.snapshots.location(directory)}")
+        operation = MergeRestore(self.catalog, self.storage, job, parts, wanted, count, index, work_dir=self.work_dir)
+        operation.run()
+        return operation
 
     def _quiesce(self, job: str) -> builtins.list[int]:
         """Before replacing a job's state: abort this replica's pending checkpoints of it (they

@@ -219,6 +219,28 @@ def test_broadcast_state(http, job):
     assert http.get(f"{base}/mode").status_code == 404
 
 
+def test_describe_operator(http, job):
+    """What a reader lists before it reads an operator's state: its lists (mode, the subtasks
+    holding elements) and broadcast names; another operator's (one whose name it prefixes) not."""
+    assert http.get(f"{job}/operators/source").json() == {"lists": [], "broadcast": []}
+    http.put(f"{job}/operators/source/subtasks/3/lists/offsets", json={"value": [1]})
+    http.put(f"{job}/operators/source/subtasks/0/lists/offsets", json={"value": [2]})
+    http.post(f"{job}/operators/source/subtasks/1/lists/all", params={"mode": "union"}, json={"value": "a"})
+    http.put(f"{job}/operators/source/subtasks/2/lists/gone", json={"value": []})  # empty: nothing stored
+    http.put(f"{job}/operators/source/broadcast/rules/entries/x", json={"value": 1})
+    http.put(f"{job}/operators/sourcer/subtasks/0/lists/other", json={"value": [1]})
+    http.put(f"{job}/operators/sourcer/broadcast/other/entries/x", json={"value": 1})
+    assert http.get(f"{job}/operators/source").json() == {
+        "lists": [
+            {"name": "all", "mode": "union", "subtasks": [1]},
+            {"name": "offsets", "mode": "split", "subtasks": [0, 3]},
+        ],
+        "broadcast": ["rules"],
+    }
+    bad = http.get(f"{job}/operators/bad name")
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_name"
+
+
 def test_ttl_over_http(http, job):
     register(http, job, "seen", kind="value", ttl={"ttl_ms": 1})
     http.put(f"{job}/states/seen/keys/k", json={"value": 1})

@@ -412,3 +412,39 @@ def test_the_states_view(source, replicas, filled):
         assert sum(r["entries"] for r in listed) == len(expected[name])  # one stored row per table row
         assert {r["replica"] for r in listed} == {0, 1}
     assert {r["ttl_ms"] for r in by_state["recent"]} == {3_600_000}
+
+
+def fill_operator(urls, job) -> set[tuple]:
+    """An operator's split lists on five subtasks, a union list and a broadcast state (written to
+    every replica, as broadcast state is the same on each), plus another operator's; the rows the
+    operator reads as: (state, mode, subtask, position, key, value)."""
+    expected: set[tuple] = set()
+    with StatehouseClient(urls) as client:
+        j = client.create_job(job, 32)
+        for subtask in range(5):
+            offsets = [{"partition": subtask, "offset": 10 * subtask + i} for i in range(subtask + 1)]
+            j.update_operator_list("source", subtask, "offsets", offsets)
+            expected |= {("offsets", "split", subtask, i, None, json.dumps(v)) for i, v in enumerate(offsets)}
+        j.update_operator_list("source", 1, "seen", ["a", "b"], mode="union")
+        expected |= {("seen", "union", 1, i, None, json.dumps(v)) for i, v in enumerate(["a", "b"])}
+        j.update_operator_list("sink", 0, "offsets", [1])
+    for url in urls:
+        for key, value in {"threshold": 10, "mode": "strict"}.items():
+            httpx.put(f"{url}/v1/jobs/{job}/operators/source/broadcast/rules/entries/{key}", json={"value": value})
+    expected |= {
+        ("rules", "broadcast", None, None, "threshold", "10"),
+        ("rules", "broadcast", None, None, "mode", '"strict"'),
+    }
+    return expected
+
+
+def test_operator_state_reads_as_a_table(source, replicas):
+    job = "operators"
+    expected = fill_operator(replicas, job)
+    df = read(source, replicas, job, None, operator="source")
+    assert df.columns == ["state", "mode", "subtask", "position", "key", "value"]
+    rows = [tuple(r) for r in df.collect()]
+    assert sorted(rows, key=repr) == sorted(expected, key=repr)  # broadcast once, not once per replica
+    picked = read(source, replicas, job, "seen", operator="source").collect()
+    assert {tuple(r) for r in picked} == {e for e in expected if e[0] == "seen"}
+    assert read(source, replicas, job, None, operator="nothing").count() == 0

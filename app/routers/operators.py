@@ -10,12 +10,22 @@ from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
 from statehouse.app.dependencies import JobDep
-from statehouse.app.models import AddBody, EntryPage, OperatorListResponse, ValueBody, ValueResponse, canonical_index
+from statehouse.app.models import (
+    AddBody,
+    EntryPage,
+    OperatorInfo,
+    OperatorListInfo,
+    OperatorListResponse,
+    ValueBody,
+    ValueResponse,
+    canonical_index,
+)
 from statehouse.app.offload import in_transaction
 from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
+from statehouse.backends.operator_state import operator_contents
 from statehouse.backends.redistribution import MAX_SUBTASKS
 
 router = api_router(prefix="/v1", tags=["operator state"])
@@ -31,6 +41,21 @@ Mode = Annotated[
     Literal["split", "union"] | None,
     Query(description="redistribution mode, fixed on first write: split (default) or union"),
 ]
+
+
+@router.get("/jobs/{job}/operators/{operator}", response_model=OperatorInfo, responses=doc.OPERATOR_READ)
+async def describe_operator(job: JobDep, operator: str) -> OperatorInfo:
+    """The operator's list states on this replica (name, mode, the subtasks holding elements) and
+    its broadcast states' names: what to read of it."""
+
+    def describe() -> OperatorInfo:  # walks the operator tables' keys: off the event loop
+        with job.exclusive():
+            lists, broadcast = operator_contents(job.partition, operator)
+        return OperatorInfo(
+            lists=[OperatorListInfo(name=n, mode=m, subtasks=s) for n, m, s in lists], broadcast=broadcast
+        )
+
+    return await run_in_threadpool(describe)
 
 
 @router.get(LIST, response_model=OperatorListResponse, responses=doc.OPERATOR_LIST_READ)

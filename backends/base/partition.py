@@ -210,6 +210,10 @@ class StorePartition(ABC):
         """Delete every entry of ``tables`` (keyed tables) in the key groups of ``ranges`` at once,
         without reading them (a live rescale drops what moved away, or a partial load)."""
 
+    def reclaim_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:  # noqa: B027
+        """Free the space of key groups :meth:`drop_key_groups` dropped, if the backend keeps it
+        until later (safe beside writes, outside the job's lock). Nothing to do by default."""
+
     @abstractmethod
     def freeze(self) -> FrozenView:
         """The cheap synchronous part of a snapshot: a consistent view, no full copy."""

@@ -26,6 +26,7 @@ class SourceOptions:
     partitions_per_replica: int  # reads: input partitions per replica (its key groups, split evenly)
     timers: str | None = None  # reads: a time domain's timers instead of a state
     what: str | None = None  # reads: "states", the job's states and their sizes per key group
+    operator: str | None = None  # reads: an operator's list and broadcast states (``state`` picks one)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
@@ -39,21 +40,25 @@ class SourceOptions:
         what = given.get("what")
         if what is not None and (writing or what != "states"):
             raise SourceError(f"option('what', ...) names a view to read: 'states'; got {what!r}")
-        needed = ("urls", "job") if timers is not None or what is not None else ("urls", "job", "state")
+        operator = given.get("operator")
+        if operator is not None and (writing or not operator or timers is not None or what is not None):
+            raise SourceError(
+                "option('operator', name) reads an operator's state (with option('state', ...) one of its states); "
+                "it is read, not written, and goes without option('timers') or option('what')"
+            )
+        keyed = timers is None and what is None and operator is None
+        needed = ("urls", "job", "state") if keyed else ("urls", "job")
         missing = [name for name in needed if not given.get(name)]
         if missing:
             raise SourceError(
                 f"format('statehouse') needs .option({missing[0]!r}, ...): urls (the replicas' URLs, comma-separated), "
-                "job, and state (or timers)"
+                "job, and state (or timers, or operator)"
             )
         if "checkpoint" in given:
             raise SourceError(
                 "option('checkpoint') (reading a checkpoint from checkpoint storage) is not supported yet: read the "
                 "live replicas, or restore the checkpoint into a deployment and read that"
             )
-        for unsupported in ("operator",):
-            if unsupported in given:
-                raise SourceError(f"option({unsupported!r}) is not supported yet: the source reads keyed states")
         op = given.get("op")
         if writing and op not in WRITE_OPS:
             raise SourceError(f"writing needs .option('op', ...), one of {', '.join(WRITE_OPS)}; got {op!r}")
@@ -66,7 +71,7 @@ class SourceOptions:
             raise SourceError(f"bad option: {exc}") from None
         if splits < 1:
             raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
-        return cls(config, given["job"], given.get("state", ""), op, splits, timers, what)
+        return cls(config, given["job"], given.get("state", ""), op, splits, timers, what, operator)
 
 
 def refusal(exc: StatehouseError, doing: str) -> SourceError:

@@ -106,13 +106,28 @@ STATES_SCHEMA = pa.schema(
 )
 
 
+OPERATOR_SCHEMA = pa.schema(
+    [
+        pa.field("state", pa.string()),
+        pa.field("mode", pa.string()),  # split, union (list states) or broadcast
+        pa.field("subtask", pa.int32()),  # list states: the subtask holding the list; broadcast: null
+        pa.field("position", pa.int32()),  # list states: the element's place in its list; broadcast: null
+        pa.field("key", pa.string()),  # broadcast: the entry's key; list states: null
+        pa.field("value", pa.string()),  # JSON text: operator state has no declared value type
+    ]
+)
+
+
 def describe(options: SourceOptions) -> StateLayout:
     """The job's layout and the state's Arrow schema (a one-row page of replica 0 has it)."""
     try:
         with StatehouseClient(options.config) as client:
             job = client.job(options.job)
-            if options.timers is not None or options.what is not None:
-                view = TIMERS_SCHEMA if options.timers is not None else STATES_SCHEMA
+            if options.timers is not None or options.what is not None or options.operator is not None:
+                if options.operator is not None:
+                    view = OPERATOR_SCHEMA
+                else:
+                    view = TIMERS_SCHEMA if options.timers is not None else STATES_SCHEMA
                 return StateLayout(job.max_parallelism, tuple(client.replicas.urls), "string", view)
             key_type = job.key_type(options.state)
             connection = client.replicas[0]
@@ -145,6 +160,8 @@ class StatehouseDataSource(DataSource):
             return TimerReader(options, self._layout())
         if options.what is not None:
             return StatesReader(options, self._layout())
+        if options.operator is not None:
+            return OperatorReader(options, self._layout())
         return StatehouseReader(options, self._layout())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -347,6 +364,71 @@ class StatesReader(DataSourceReader):
             raise refusal(exc, f"reading the states of job {self.options.job!r} from {url}") from None
         finally:
             connection.close()
+
+
+class OperatorReader(DataSourceReader):
+    """``option("operator", name)``: the operator's list states (one row per element) and broadcast
+    states (one row per entry), one partition per replica: each reads the subtasks it holds
+    (subtask ``i`` lives on replica ``i % replicas``), and replica 0 the broadcast states, which
+    are the same on every replica (Flink's)."""
+
+    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
+        self.options, self.layout = options, layout
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(replica) for replica in range(self.layout.replica_count)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        replica: int = partition.value
+        url = self.layout.urls[replica]
+        connection = connect(self.options, url)
+        base = f"/v1/jobs/{self.options.job}/operators/{self.options.operator}"
+        wanted = self.options.state or None
+        try:
+            described = connection.json("GET", base)
+            for listed in described["lists"]:
+                if wanted not in (None, listed["name"]):
+                    continue
+                for subtask in listed["subtasks"]:
+                    values = self._list(connection, f"{base}/subtasks/{subtask}/lists/{listed['name']}")
+                    rows = [
+                        {
+                            "state": listed["name"],
+                            "mode": listed["mode"],
+                            "subtask": subtask,
+                            "position": i,
+                            "value": json.dumps(v),
+                        }
+                        for i, v in enumerate(values)
+                    ]
+                    if rows:
+                        yield pa.RecordBatch.from_pylist(rows, schema=OPERATOR_SCHEMA)
+            if replica != 0:
+                return
+            for name in described["broadcast"]:
+                if wanted not in (None, name):
+                    continue
+                for items in listing_pages(connection, f"{base}/broadcast/{name}/entries"):
+                    rows = [
+                        {"state": name, "mode": "broadcast", "key": item["key"], "value": json.dumps(item["value"])}
+                        for item in items
+                    ]
+                    yield pa.RecordBatch.from_pylist(rows, schema=OPERATOR_SCHEMA)
+        except StatehouseError as exc:
+            raise refusal(
+                exc, f"reading operator {self.options.operator!r} of job {self.options.job!r} from {url}"
+            ) from None
+        finally:
+            connection.close()
+
+    @staticmethod
+    def _list(connection: ReplicaConnection, path: str) -> list[Any]:
+        try:
+            return connection.json("GET", path)["value"]
+        except StatehouseError as exc:
+            if exc.code == "key_not_found":  # emptied since it was listed
+                return []
+            raise
 
 
 __all__ = ["SourceError", "StatehouseDataSource"]
