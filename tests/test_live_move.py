@@ -4,6 +4,7 @@ a job's layout, dropping key groups, and merge-restoring moving-in key groups in
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
 
 import pyarrow as pa
@@ -504,3 +505,52 @@ def test_a_new_replica_reads_its_share_from_s3(make_catalog, make_manager, tmp_p
     move.load(1)
     move.commit()
     assert sum(len(dump(c.get("orders"))) for c in move.catalogs) == 20_000  # every key, once
+
+
+def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager, tmp_path, monkeypatch):
+    catalogs = _layout(make_catalog, tmp_path, 2, 3)
+    for catalog in catalogs[:2]:
+        _fill(catalog.create("orders", P)[0], 400)
+    move = Move(catalogs, open_storage(str(tmp_path / "checkpoints")), 2, 3, make_manager)
+    move.prepare_and_checkpoint()
+    job = catalogs[1].get("orders")  # owns 64-127; loads 43-63; keeps 64-85 through the move
+    kept = keys_in(KeyGroupRange(64, 85), 20)
+    monkeypatch.setattr(restore, "LOAD_BATCH", 20)  # many batches: the writer gets the lock between them
+    loading, wrote, written = threading.Event(), threading.Event(), []
+
+    def writer() -> None:
+        loading.wait()
+        n = 0
+        while loading.is_set():
+            with job.transaction() as tx:
+                tx.value("v").update(kept[n % len(kept)], n)
+            written.append(n)
+            wrote.set()
+            n += 1
+
+    real = MergeRestore._records
+
+    def announced(self, item, temp):
+        loading.set()
+        for n, record in enumerate(real(self, item, temp)):
+            if n == 20:  # the first batch is in: a write goes between it and the next
+                wrote.clear()
+                assert wrote.wait(60), "the writer never got the job between two batches"
+            yield record
+
+    monkeypatch.setattr(MergeRestore, "_records", announced)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        move.load(1)
+    finally:
+        loading.clear()
+        thread.join()
+    monkeypatch.undo()
+    with job.transaction() as tx:
+        last = {kept[n % len(kept)]: n for n in written}
+        assert {k: tx.value("v").get(k) for k in last} == last
+    move.load(0)
+    move.load(2)
+    move.commit()
+    assert sum(len(dump(c.get("orders"))) for c in catalogs) == sum(len(dump_all(c.get("orders"))) for c in catalogs)
