@@ -167,6 +167,8 @@ KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned
 OPERATOR = (*JOB,)  # operator and state names are validated like job names
 CHECKPOINT_STORAGE = ("storage_unavailable", "snapshot_corrupt")
 STORED = ("value_too_deep",)  # stored values are answered: one from before the depth limit may not fit the format
+# A write into a key group a live rescale moves (or to a frozen job's operator state); a TTL-renewing read too.
+MOVING = ("rescale_in_progress",)
 
 PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict", "too_many_jobs")
 LIST_JOBS = errors(*PAGED)
@@ -176,11 +178,11 @@ PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state", "too_many_sta
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
 
-KEYED_READ = {**errors(*KEYED, *STORED, "key_not_found", "map_too_large"), **msgpack_reply()}
-KEYED_WRITE = errors(*KEYED, *VALUES, "wrong_state_kind", "list_too_large")
-KEYED_CLEAR = errors(*KEYED)
-MAP_READ = {**errors(*KEYED, *STORED, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
-MAP_REMOVE = errors(*KEYED, "wrong_state_kind")
+KEYED_READ = {**errors(*KEYED, *STORED, *MOVING, "key_not_found", "map_too_large"), **msgpack_reply()}
+KEYED_WRITE = errors(*KEYED, *VALUES, *MOVING, "wrong_state_kind", "list_too_large")
+KEYED_CLEAR = errors(*KEYED, *MOVING)
+MAP_READ = {**errors(*KEYED, *STORED, *MOVING, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
+MAP_REMOVE = errors(*KEYED, *MOVING, "wrong_state_kind")
 MAP_LIST = {**errors(*KEYED, *PAGED, *STORED, "wrong_state_kind"), **msgpack_reply()}
 LIST_KEYS = errors(*JOB, *PAGED, "state_not_found", "key_not_owned")
 
@@ -199,7 +201,7 @@ BATCH_BODY = {
 STAGED = ("stale_epoch", "attempt_lost", "attempt_conflict", "epoch_sealed", "staging_too_large")
 # What reading a batch or columnar body can answer.
 MANY = ("batch_too_large", "malformed_body", "unsupported_media_type")
-MANY_KEYED = (*KEYED, *VALUES, *STORED, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
+MANY_KEYED = (*KEYED, *VALUES, *STORED, *MOVING, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
 BATCH = {**errors(*MANY_KEYED), **msgpack_reply()}
 ARROW_SCHEMA = {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}
 
@@ -233,33 +235,35 @@ EPOCH_COMMIT = errors(
     "invalid_argument",
 )
 
-TIMER = errors(*JOB, "invalid_key", "key_too_large", "key_not_owned", "invalid_argument")
+TIMER = errors(*JOB, *MOVING, "invalid_key", "key_too_large", "key_not_owned", "invalid_argument")
 ADVANCE = {
-    **errors(*JOB, "invalid_argument", *STAGED),
+    **errors(*JOB, *MOVING, "invalid_argument", *STAGED),
     **msgpack_reply(),
 }
 TIMER_COLUMNS_BODY = arrow_body("the columns key, timestamp (int64 ms) and optionally ns")
-TIMER_COLUMNS = errors(*JOB, "invalid_argument", "invalid_key", "key_too_large", "key_not_owned", *STAGED, *MANY)
+TIMER_COLUMNS = errors(
+    *JOB, *MOVING, "invalid_argument", "invalid_key", "key_too_large", "key_not_owned", *STAGED, *MANY
+)
 LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
 COUNT_TIMERS = errors(*JOB, "key_not_owned")
 
 OPERATOR_READ = errors(*OPERATOR)
 OPERATOR_LIST_READ = {**errors(*OPERATOR, *STORED, "invalid_argument", "key_not_found"), **msgpack_reply()}
-OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, "operator_state_conflict")
-OPERATOR_CLEAR = errors(*OPERATOR, "invalid_argument")
+OPERATOR_LIST_WRITE = errors(*OPERATOR, *VALUES, *MOVING, "operator_state_conflict")
+OPERATOR_CLEAR = errors(*OPERATOR, *MOVING, "invalid_argument")
 BROADCAST_LIST = {**errors(*OPERATOR, *PAGED, *STORED), **msgpack_reply()}
 BROADCAST_READ = {**errors(*OPERATOR, *STORED, "key_not_found"), **msgpack_reply()}
-BROADCAST_WRITE = errors(*OPERATOR, *VALUES, "key_too_large")
-BROADCAST_REMOVE = errors(*OPERATOR)
+BROADCAST_WRITE = errors(*OPERATOR, *VALUES, *MOVING, "key_too_large")
+BROADCAST_REMOVE = errors(*OPERATOR, *MOVING)
 
 OCTET_SCHEMA = {"type": "string", "format": "binary"}
 RAW_KEYED = (*JOB, "invalid_argument", "key_not_owned")  # one key group, this replica's
 RAW_KEYED_READ = errors(*RAW_KEYED, "key_not_found", "answer_too_large")
-RAW_KEYED_WRITE = errors(*RAW_KEYED, "raw_stream_too_large", "stale_epoch")
+RAW_KEYED_WRITE = errors(*RAW_KEYED, *MOVING, "raw_stream_too_large", "stale_epoch")
 RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}
-RAW_KEYED_CLEAR = errors(*RAW_KEYED, "stale_epoch")
+RAW_KEYED_CLEAR = errors(*RAW_KEYED, *MOVING, "stale_epoch")
 RAW_OPERATOR_READ = {**errors(*OPERATOR, "key_not_found", "answer_too_large"), **msgpack_reply()}
-RAW_OPERATOR_WRITE = errors(*OPERATOR, "raw_stream_too_large", "stale_epoch")
+RAW_OPERATOR_WRITE = errors(*OPERATOR, *MOVING, "raw_stream_too_large", "stale_epoch")
 BASE64_LIST = {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}
 RAW_PARTITIONS_BODY = {
     "requestBody": {
@@ -279,8 +283,10 @@ RAW_PARTITIONS_BODY = {
         },
     }
 }
-RAW_OPERATOR_REPLACE = errors(*OPERATOR, "raw_stream_too_large", "invalid_argument", "invalid_value", "stale_epoch")
-RAW_OPERATOR_CLEAR = errors(*OPERATOR, "stale_epoch")
+RAW_OPERATOR_REPLACE = errors(
+    *OPERATOR, *MOVING, "raw_stream_too_large", "invalid_argument", "invalid_value", "stale_epoch"
+)
+RAW_OPERATOR_CLEAR = errors(*OPERATOR, *MOVING, "stale_epoch")
 
 TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)
 LIST_CHECKPOINTS = errors(*PAGED, *CHECKPOINT_STORAGE)
