@@ -12,45 +12,18 @@ import logging
 from dataclasses import dataclass, field
 
 from statehouse.backends.errors import StateError
-from statehouse.snapshots.errors import CheckpointNotFound, SnapshotCorrupt
+from statehouse.snapshots.catalog import find_snapshot, job_listing, read_metadata
 from statehouse.snapshots.layout import (
     metadata_name,
     parse_job_listing,
-    parse_metadata_name,
     parse_snapshot_dir_ids,
     part_name,
     snapshot_dir,
 )
-from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
+from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 log = logging.getLogger(__name__)
-
-
-def read_metadata(storage: CheckpointStorage, directory: str, name: str) -> SnapshotMetadata:
-    path = f"{directory}/{name}" if directory else name
-    try:
-        data = storage.read(path)
-    except FileNotFoundError:
-        raise SnapshotCorrupt(f"snapshot metadata {path} is missing from {storage.location}") from None
-    return SnapshotMetadata.from_bytes(data, f"{storage.location}/{path}")
-
-
-def read_parts(storage: CheckpointStorage, directory: str) -> list[SnapshotPart]:
-    """The completed replica parts of one snapshot directory (of one replica layout)."""
-    prefix = f"{directory}/" if directory else ""
-    names = [p[len(prefix) :] for p in storage.list(directory) if "/" not in p[len(prefix) :]]
-    parts = [
-        SnapshotPart(directory, read_metadata(storage, directory, name))
-        for name in sorted(names)
-        if parse_metadata_name(name)
-    ]
-    # Parts of one snapshot come from one replica layout; if a directory has two, use the newest.
-    counts = {p.metadata.replica_count for p in parts}
-    if len(counts) > 1:
-        newest = max(parts, key=lambda p: p.metadata.timestamp_ms).metadata.replica_count
-        parts = [p for p in parts if p.metadata.replica_count == newest]
-    return parts
 
 
 @dataclass
@@ -74,11 +47,8 @@ class SnapshotCatalog:
     def location(self, directory: str) -> str:
         return f"{self.storage.location.rstrip('/')}/{directory}"
 
-    def _listing(self, job: str) -> builtins.list[str]:
-        return [p[len(job) + 1 :] for p in self.storage.list(job)]
-
     def history(self, job: str) -> JobHistory:
-        listing = self._listing(job)
+        listing = job_listing(self.storage, job)
         # Ids in use: this replica's own parts (complete or not), and every snapshot that was
         # completed under another replica count (ids keep increasing across a rescale).
         # Other replicas' parts of this layout are the same checkpoints, not conflicts.
@@ -101,15 +71,4 @@ class SnapshotCatalog:
     def find(self, job: str, checkpoint_id: int | None) -> str:
         """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest
         completed checkpoint of the job (any replica layout)."""
-        entries = parse_job_listing(self._listing(job))
-        if checkpoint_id is None:
-            ids = [i for kind, i, _r, _n in entries if kind == "checkpoint"]
-            if not ids:
-                raise CheckpointNotFound(f"job {job!r} has no completed checkpoint in {self.storage.location}")
-            return snapshot_dir(job, max(ids), "checkpoint")
-        for kind in ("checkpoint", "savepoint"):
-            if any(k == kind and i == checkpoint_id for k, i, _r, _n in entries):
-                return snapshot_dir(job, checkpoint_id, kind)
-        raise CheckpointNotFound(
-            f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {self.storage.location}"
-        )
+        return find_snapshot(self.storage, job, checkpoint_id)

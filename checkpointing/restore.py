@@ -27,10 +27,10 @@ from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.rocksdb.snapshot import incremental_records
 from statehouse.backends.rocksdb.space import is_out_of_space
-from statehouse.backends.snapshot.full_format import FetchedKeyGroups, fetch_key_groups
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica, write_ops
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
+from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage

@@ -14,8 +14,9 @@ import logging
 import threading
 
 from statehouse.backends.errors import StateError
-from statehouse.checkpointing.catalog import JobHistory, read_metadata
+from statehouse.checkpointing.catalog import JobHistory
 from statehouse.checkpointing.registry import SharedStateRegistry
+from statehouse.snapshots.catalog import read_metadata
 from statehouse.snapshots.layout import metadata_name, part_name, snapshot_dir
 from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage

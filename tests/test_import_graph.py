@@ -12,10 +12,11 @@ from harness.server import REPO
 
 # The layers, bottom to top, one chain per distribution; a folder imports only folders below
 # it in a chain holding both. The client distribution (what a Spark executor installs) is its
-# own chain: nothing of the server's in it, and the server takes only its bottom (key groups,
-# and the protocol: the op table and bounds both sides share).
+# own chain: nothing of the engine's in it, and the server takes only its bottom (key groups;
+# the protocol: the op table and bounds both sides share; and the snapshot formats and
+# checkpoint storage with their errors, which a reader of a checkpoint without a server shares).
 SERVER_LAYERS = ("keygroups", "protocol", "errors", "snapshots", "backends", "checkpointing", "app")
-CLIENT_LAYERS = ("keygroups", "protocol", "client", "pipelines")
+CLIENT_LAYERS = ("keygroups", "protocol", "errors", "snapshots", "client", "pipelines")
 CHAINS = (SERVER_LAYERS, CLIENT_LAYERS)
 FOLDERS = tuple(dict.fromkeys(SERVER_LAYERS + CLIENT_LAYERS))
 CLIENT_FOLDERS = CLIENT_LAYERS  # packaging/client/pyproject.toml
@@ -150,12 +151,12 @@ def test_the_layer_check_catches_an_upward_import():
     graph = {
         "statehouse.snapshots.example": {"statehouse.backends.job", "statehouse.keygroups"},
         "statehouse.backends.job": {"statehouse.snapshots.example"},
-        "statehouse.client.example": {"statehouse.errors"},
+        "statehouse.client.example": {"statehouse.backends.job", "statehouse.snapshots.example"},
         "statehouse.app.example": {"statehouse.pipelines"},
     }
     assert wrong_way(graph) == [
         "statehouse.app.example -> statehouse.pipelines",
-        "statehouse.client.example -> statehouse.errors",
+        "statehouse.client.example -> statehouse.backends.job",
         "statehouse.snapshots.example -> statehouse.backends.job",
     ]
 

@@ -22,9 +22,9 @@ from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
 from statehouse.checkpointing import restore
-from statehouse.checkpointing.catalog import read_parts
 from statehouse.checkpointing.restore import MergeRestore
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
+from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.storage import open_storage
 from tests.doors import DoorTransaction
 from tests.test_snapshot_support import dump, global_checkpoint, operator_dump, owned_keys, populate

@@ -9,8 +9,9 @@ from typing import Any
 from statehouse.backends.base.partition import FrozenView
 from statehouse.backends.job import Job
 from statehouse.backends.reserved import keyed_tables
-from statehouse.backends.snapshot.full_format import SnapshotHeader, write_key_groups
+from statehouse.backends.snapshot.full_format import write_key_groups
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
+from statehouse.snapshots.full_format import SnapshotHeader
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.metadata import SnapshotFormat
 from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult, SnapshotStrategy

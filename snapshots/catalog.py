@@ -1,0 +1,60 @@
+"""Reading what checkpoint storage holds of a job: its snapshots' directories, their completed
+parts and their metadata. Below the backends and in both distributions: the server's catalog
+(``statehouse.checkpointing.catalog``) and restore read through it, and so does a reader of a
+checkpoint that has no server (the Spark data source's ``option("checkpoint", ...)``).
+"""
+
+from __future__ import annotations
+
+from statehouse.snapshots.errors import CheckpointNotFound, SnapshotCorrupt
+from statehouse.snapshots.layout import parse_job_listing, parse_metadata_name, snapshot_dir
+from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
+from statehouse.snapshots.storage.base import CheckpointStorage
+
+
+def read_metadata(storage: CheckpointStorage, directory: str, name: str) -> SnapshotMetadata:
+    path = f"{directory}/{name}" if directory else name
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        raise SnapshotCorrupt(f"snapshot metadata {path} is missing from {storage.location}") from None
+    return SnapshotMetadata.from_bytes(data, f"{storage.location}/{path}")
+
+
+def read_parts(storage: CheckpointStorage, directory: str) -> list[SnapshotPart]:
+    """The completed replica parts of one snapshot directory (of one replica layout)."""
+    prefix = f"{directory}/" if directory else ""
+    names = [p[len(prefix) :] for p in storage.list(directory) if "/" not in p[len(prefix) :]]
+    parts = [
+        SnapshotPart(directory, read_metadata(storage, directory, name))
+        for name in sorted(names)
+        if parse_metadata_name(name)
+    ]
+    # Parts of one snapshot come from one replica layout; if a directory has two, use the newest.
+    counts = {p.metadata.replica_count for p in parts}
+    if len(counts) > 1:
+        newest = max(parts, key=lambda p: p.metadata.timestamp_ms).metadata.replica_count
+        parts = [p for p in parts if p.metadata.replica_count == newest]
+    return parts
+
+
+def job_listing(storage: CheckpointStorage, job: str) -> list[str]:
+    """Every file of ``job`` in ``storage``, relative to the job's directory."""
+    return [p[len(job) + 1 :] for p in storage.list(job)]
+
+
+def find_snapshot(storage: CheckpointStorage, job: str, checkpoint_id: int | None) -> str:
+    """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest
+    completed checkpoint of the job (any replica layout)."""
+    entries = parse_job_listing(job_listing(storage, job))
+    if checkpoint_id is None:
+        ids = [i for kind, i, _r, _n in entries if kind == "checkpoint"]
+        if not ids:
+            raise CheckpointNotFound(f"job {job!r} has no completed checkpoint in {storage.location}")
+        return snapshot_dir(job, max(ids), "checkpoint")
+    for kind in ("checkpoint", "savepoint"):
+        if any(k == kind and i == checkpoint_id for k, i, _r, _n in entries):
+            return snapshot_dir(job, checkpoint_id, kind)
+    raise CheckpointNotFound(
+        f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {storage.location}"
+    )

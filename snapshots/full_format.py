@@ -1,0 +1,138 @@
+"""The full (canonical) keyed snapshot format, read side: the header, the sections of some key
+groups (a ranged read of just those), their records. Below the backends and in both
+distributions: the server's restore reads through it, and so does a reader of a checkpoint that
+has no server (the Spark data source). The writer is the engine's
+(``statehouse.backends.snapshot.full_format``).
+
+A stream is::
+
+    header   b"SHKG" | u16 version | u32 length | JSON (format version, job, max parallelism,
+             key-group range, tables, state meta info incl. TTL)       never compressed
+    section  per key group of the range, in order:
+             u32 key group | u8 codec | codec(payload)
+             payload = msgpack records [table id, primary, secondary, value] in table then
+                       byte order (table id = index in the header's table list)
+
+The handle records the header's and every section's offset, length and SHA-256 (Flink's
+``KeyGroupRangeOffsets``), so a restore of a sub-range reads the header plus one contiguous
+byte range and verifies exactly what it read. Stored bytes are backend-independent, so any
+backend restores any full snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from statehouse.keygroups import KeyGroupRange
+from statehouse.snapshots.compression import codec_by_id
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import KeyGroupsHandle
+from statehouse.snapshots.storage.base import CheckpointStorage, check_bytes
+
+MAGIC = b"SHKG"
+FORMAT_VERSION = 1
+HEAD = struct.Struct(">4sHI")
+SECTION = struct.Struct(">IB")
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """State meta info of a keyed snapshot (Flink's ``KeyedBackendSerializationProxy``)."""
+
+    job: str
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    tables: dict[str, bool]  # name -> nested, in table-id order
+    states: list[dict[str, Any]]  # descriptor dicts, TTL included
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "job": self.job,
+            "max_parallelism": self.max_parallelism,
+            "key_group_range": self.key_group_range.as_list(),
+            "tables": [[name, nested] for name, nested in self.tables.items()],
+            "states": self.states,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SnapshotHeader:
+        if data.get("format_version") != FORMAT_VERSION:
+            raise SnapshotCorrupt(f"unsupported snapshot format version {data.get('format_version')!r}")
+        start, end = data["key_group_range"]
+        return cls(
+            data["job"],
+            int(data["max_parallelism"]),
+            KeyGroupRange(start, end),
+            {name: bool(nested) for name, nested in data["tables"]},
+            list(data["states"]),
+        )
+
+
+def parse_header(block: bytes) -> SnapshotHeader:
+    try:
+        magic, version, length = HEAD.unpack_from(block)
+        if magic != MAGIC or version != FORMAT_VERSION:
+            raise SnapshotCorrupt("not a Statehouse full snapshot (bad magic or version)")
+        return SnapshotHeader.from_dict(json.loads(block[HEAD.size : HEAD.size + length]))
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise SnapshotCorrupt(f"unreadable snapshot header: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedKeyGroups:
+    """The verified, still compressed bytes of some key groups of one full snapshot."""
+
+    header: SnapshotHeader
+    sections: list[tuple[int, bytes]]  # (key group, section bytes)
+
+    def records(self) -> Iterator[tuple[int, str, bytes, bytes, bytes]]:
+        """``(key group, table, primary, secondary, value)`` in section order."""
+        tables = list(self.header.tables)
+        for kg, section in self.sections:
+            stored_kg, codec_id = SECTION.unpack_from(section)
+            if stored_kg != kg:
+                raise SnapshotCorrupt(f"section of key group {kg} holds key group {stored_kg}")
+            try:
+                payload = codec_by_id(codec_id).decompress(section[SECTION.size :])
+                unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+                unpacker.feed(payload)
+                for table_id, primary, secondary, value in unpacker:
+                    yield kg, tables[table_id], primary, secondary, value
+            except (KeyError, ValueError, IndexError, msgpack.UnpackException) as exc:
+                raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
+
+
+def fetch_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, wanted: KeyGroupRange) -> FetchedKeyGroups:
+    """Read and verify the header and the sections of ``wanted`` ∩ the handle's range.
+
+    The whole file is read (and its SHA-256 checked) only when every key group is wanted;
+    otherwise the header and one contiguous ranged read cover exactly the needed sections.
+    """
+    part = handle.offsets.intersection(wanted)
+    if part is not None and part.key_group_range == handle.key_group_range:
+        data = storage.read_verified(handle.stream)
+        header_block = data[: handle.header.length]
+        chunks = [
+            (kg, data[s.offset : s.offset + s.length])
+            for kg, s in zip(part.key_group_range, part.sections, strict=True)
+        ]
+        return FetchedKeyGroups(parse_header(header_block), chunks)
+    header_block = storage.read_range_verified(handle.stream, 0, handle.header.length, handle.header.sha256)
+    header = parse_header(header_block)
+    if part is None:
+        return FetchedKeyGroups(header, [])
+    first, last = part.sections[0], part.sections[-1]
+    span = storage.read_existing(handle.stream, first.offset, last.offset + last.length - first.offset)
+    chunks = []
+    for kg, section in zip(part.key_group_range, part.sections, strict=True):
+        chunk = span[section.offset - first.offset : section.offset - first.offset + section.length]
+        check_bytes(f"{handle.stream.path} key group {kg}", chunk, section.length, section.sha256)
+        chunks.append((kg, chunk))
+    return FetchedKeyGroups(header, chunks)
