@@ -27,10 +27,10 @@ from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.errors import BatchInFlight, InvalidArgument, StateError
 from statehouse.backends.job import Job
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
-from statehouse.checkpointing.catalog import read_parts
 from statehouse.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.checkpointing.restore import MergeRestore
+from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.errors import CheckpointNotFound
 
 log = logging.getLogger(__name__)
