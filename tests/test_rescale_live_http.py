@@ -194,6 +194,26 @@ def replica_set(tmp_path, backend):
 
 
 def test_grow_two_to_three_then_shrink_back_through_the_raw_endpoints(replica_set):
+    grow_and_shrink(replica_set)
+
+
+def test_grow_and_shrink_over_s3(tmp_path, s3_server, s3_location):
+    storage = {"STATEHOUSE_CHECKPOINT_DIR": s3_location, "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint}
+    replicas = ReplicaSet(tmp_path, storage)
+    try:
+        grow_and_shrink(replicas)
+    finally:
+        replicas.stop()
+
+
+def metric(url: str, name: str) -> float:
+    """The value of one sample of /metrics (a histogram's ``_count``, a counter's ``_total``)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def grow_and_shrink(replica_set: ReplicaSet) -> None:
+    """2 -> 3 -> 2 through the raw endpoints, every step checked, the oracle and placement after each."""
     urls = replica_set.start(2)
     create_job(urls)
     oracle = {k: i for i, k in enumerate(KEYS)}
@@ -219,6 +239,7 @@ def test_grow_two_to_three_then_shrink_back_through_the_raw_endpoints(replica_se
     assert [m["joining"] for m in moves] == [False, False, True] and {m["phase"] for m in moves} == {"prepared"}
     problem(step(urls[0], "prepare", version=2, replica_count=4), 409, "rescale_pending")
     problem(httpx.get(f"{urls[2]}/readyz", timeout=30), 503, "not_ready")
+    assert metric(urls[0], "statehouse_rescale_moves_in_progress") == 1
 
     # Between prepare and commit: writes into moving key groups wait (503), reads and the rest go on.
     moving, staying = key_in(86, 127), key_in(0, 42)
@@ -247,6 +268,10 @@ def test_grow_two_to_three_then_shrink_back_through_the_raw_endpoints(replica_se
         assert (after["version"], after["replica_count"], after["move"]) == (2, 3, None)
     assert topology(urls[1])["replica_urls"] == urls
     ok(httpx.get(f"{urls[2]}/readyz", timeout=30))
+    # Loaded twice (the repeated load above): every byte read from storage counts.
+    assert metric(urls[2], "statehouse_rescale_bytes_loaded_total") == 2 * loads[2][JOB]["bytes_read"] > 0
+    assert metric(urls[2], "statehouse_rescale_duration_seconds_count") == 1
+    assert metric(urls[0], "statehouse_rescale_moves_in_progress") == 0
 
     refused = problem(put(urls[1], moving, 1), 421, "key_not_owned")
     assert (refused["version"], refused["owner"]) == (2, 2)
@@ -326,6 +351,13 @@ def test_restarts_follow_the_decision_and_an_aborted_move_is_retried_at_the_next
             ok(step(url, "commit", version=3))
         assert read(urls, 3, list(oracle)) == oracle
         placed_right(urls, 3)
+
+        # Restarted with the environment of the layout before the move (not updated yet): the
+        # recorded layout is served, and one warning line says what to set.
+        replicas.restart(1)
+        assert (topology(urls[1])["replica_count"], topology(urls[1])["version"]) == (3, 3)
+        assert "set STATEHOUSE_REPLICA_COUNT=3 STATEHOUSE_TOPOLOGY_VERSION=3" in replicas.servers[1].log()
+        assert read(urls, 3, list(oracle)) == oracle
     finally:
         replicas.stop()
 
