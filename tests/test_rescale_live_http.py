@@ -237,6 +237,7 @@ def grow_and_shrink(replica_set: ReplicaSet) -> None:
     moves = [topology(url)["move"] for url in urls]
     assert [m["frozen_key_groups"] for m in moves] == [{JOB: [[43, 63]]}, {JOB: [[86, 127]]}, {}]
     assert [m["joining"] for m in moves] == [False, False, True] and {m["phase"] for m in moves} == {"prepared"}
+    assert [m["from_count"] for m in moves] == [2, 2, 0] and {tuple(m["replica_urls"]) for m in moves} == {tuple(urls)}
     problem(step(urls[0], "prepare", version=2, replica_count=4), 409, "rescale_pending")
     problem(httpx.get(f"{urls[2]}/readyz", timeout=30), 503, "not_ready")
     assert metric(urls[0], "statehouse_rescale_moves_in_progress") == 1

@@ -34,6 +34,8 @@ class JobLayout(BaseModel):
 class MoveInfo(BaseModel):
     version: int = Field(description="the topology version the live rescale moves the set to")
     replica_count: int = Field(description="the replica count it moves the set to")
+    from_count: int = Field(description="the replica count before the move (0 on a joining replica: it held nothing)")
+    replica_urls: list[str] = Field(description="every replica's URL after the move, in index order, as prepared")
     phase: Literal["prepared", "loaded"] = Field(
         description="prepared: moving-out key groups frozen (writes 503 rescale_in_progress); loaded: moving-in key "
         "groups loaded from the checkpoints, served once the move commits"
@@ -95,6 +97,8 @@ def topology_info(service: Service, grant: Grant) -> TopologyInfo:
         move = MoveInfo(
             version=topology.move.version,
             replica_count=topology.move.replica_count,
+            from_count=topology.move.from_count,
+            replica_urls=list(topology.move.replica_urls),
             phase=topology.move.phase,
             joining=topology.move.joining,
             frozen_key_groups={job: ranges for job, ranges in frozen.items() if grant.allows(job)},
