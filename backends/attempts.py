@@ -16,23 +16,23 @@ exactly-once per Spark task attempt (the driver's side is ``client/coordinator.p
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.errors import AttemptConflict, AttemptLost, EpochSealed, StateError
 from statehouse.backends.job import Job, JobTransaction
+from statehouse.backends.runs import FIRE, Run, RunArgs, apply_run
 from statehouse.backends.staging import (
     STAGED_OP_OVERHEAD,
+    STAGED_TIMER_OVERHEAD,
     AttemptRef,
     EpochStaging,
     StagedAttempt,
-    StagedWrite,
     Winner,
 )
-from statehouse.backends.timers import Advanced, TimeDomain, double_firings
+from statehouse.backends.timers import Advanced, TimeDomain
 from statehouse.keygroups import KeyGroupRange
 
 R = TypeVar("R")
@@ -40,18 +40,24 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class Work(Protocol[R_co]):
-    """What a request asks, parsed from its wire format: a batch's operations
+    """What a request asks, in its door's form: a batch's or a one-key route's operations
     (``ops.BatchOps``), one columnar operation (``columns.ColumnOp``), timers' columns
-    (``timer_columns.TimerColumns``), an advance. One entry point, :func:`perform`, applies any."""
+    (``timer_columns.TimerColumns``), an advance. Each becomes runs (``runs.Run``) when applied;
+    one entry point, :func:`perform`, applies any, and a task attempt's log keeps the runs."""
 
     STAGED_OVERHEAD: ClassVar[int]  # memory each staged write operation holds (``staging``)
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory its staged runs hold beyond the request's bytes and the overhead per write."""
+        ...
 
     def apply(self, tx: JobTransaction) -> R_co:
         """Apply it inside ``tx`` and answer it."""
         ...
 
-    def staged(self) -> list[StagedWrite]:
-        """What a task attempt's log keeps of it once applied (nothing for reads)."""
+    def staged(self) -> list[Run]:
+        """Once applied, the runs it wrote, in order (what a task attempt's log keeps)."""
         ...
 
 
@@ -64,7 +70,7 @@ def perform(
 
 
 class _Advance:
-    """An advance as :class:`Work`: its staged record is exactly the timers it fired."""
+    """An advance as :class:`Work`: its staged run is exactly the timers it fired (``runs.FIRE``)."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_OP_OVERHEAD
 
@@ -72,12 +78,19 @@ class _Advance:
         self.domain, self.to, self.key_groups, self.limit = domain, to, key_groups, limit
         self.done: Advanced | None = None
 
+    @property
+    def held_bytes(self) -> int:
+        """The fired timers its run holds (see ``staging.STAGED_TIMER_OVERHEAD``)."""
+        fired = self.done.fired.primaries if self.done is not None else []
+        return sum(2 * len(primary) for primary in fired) + STAGED_TIMER_OVERHEAD * len(fired)
+
     def apply(self, tx: JobTransaction) -> Advanced:
         self.done = tx.timers.advance(self.domain, self.to, self.key_groups, self.limit)
         return self.done
 
-    def staged(self) -> list[StagedWrite]:
-        return [self.done.record] if self.done is not None else []
+    def staged(self) -> list[Run]:
+        done = self.done
+        return [Run(done.domain, FIRE, done.fired, RunArgs(time=done.time))] if done is not None else []
 
 
 def advance(
@@ -124,11 +137,10 @@ def _perform(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int,
         with job.transaction(source=staged.view) as tx:
             results = work.apply(tx)
             writes = work.staged()
-            count = sum(w.rows for w in writes)
+            count = sum(w.ops for w in writes)
             # What staging holds from now on: the writes, and the answer kept for a re-sent
             # request in place of the previous one.
-            held = sum(w.held_bytes for w in writes)
-            added = (size + work.STAGED_OVERHEAD * count + held if count else 0) + tx.answer.used
+            added = (size + work.STAGED_OVERHEAD * count + work.held_bytes if count else 0) + tx.answer.used
             added -= staged.answer_bytes
             if added > 0:
                 job.limits.check_staging(len(staging.attempts), staging.bytes + added)
@@ -142,12 +154,10 @@ def _perform(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int,
 
 
 def _replay(tx: JobTransaction, staged: StagedAttempt) -> None:
-    """Apply an attempt's staged writes again, in order, inside the epoch's commit: each run of
-    records of one kind together (a run of batches as one batch: one run per state and operation)."""
+    """Apply an attempt's staged runs again, in order, inside the epoch's commit."""
     try:
-        for _kind, records in groupby(staged.writes, key=type):
-            run_of_kind = list(records)
-            type(run_of_kind[0]).replay(tx, run_of_kind)
+        for run in staged.writes:
+            apply_run(tx, run)
     except StateError as exc:
         raise exc.within(f"attempt {staged.attempt!r} (partition {staged.partition})") from None
 
@@ -195,13 +205,29 @@ def _verify(job: Job, epoch: int, winners: list[Winner]) -> list[StagedAttempt]:
 
 def _check_firings(job: Job, epoch: int, found: list[StagedAttempt]) -> None:
     """Refuse to commit two winners that fired one timer: two tasks handled it."""
-    clashes = double_firings((s.attempt, s.writes) for s in found)
+    clashes = _double_firings((s.attempt, s.writes) for s in found)
     if clashes:
         raise AttemptConflict(
             f"winning attempts {', '.join(map(repr, clashes))} of epoch {epoch} fired timers that another winning "
             f"attempt fired too on replica {job.replica_index}: give each partition its own key groups to advance "
             "('key_groups'); abort and re-run the micro-batch"
         )
+
+
+def _double_firings(logs: Iterable[tuple[str, list[Run]]]) -> list[str]:
+    """The attempts (of ``(attempt, staged runs)``) that fired a timer another one fired too:
+    committing both would hand one timer to two tasks."""
+    seen: dict[tuple[str, int, bytes], str] = {}
+    clashes: list[str] = []
+    for attempt, runs in logs:
+        for run in runs:
+            if run.op != FIRE:
+                continue
+            for kg, primary in zip(run.rows.key_groups, run.rows.primaries, strict=True):
+                other = seen.setdefault((run.state, kg, primary), attempt)
+                if other != attempt and attempt not in clashes:
+                    clashes.append(attempt)
+    return clashes
 
 
 @dataclass(frozen=True, slots=True)

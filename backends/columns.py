@@ -2,8 +2,9 @@
 
 The per-operation vocabulary (``ops``) names one key per operation; a columnar operation
 names one state and one operation for a whole table of rows (what a Spark executor holds as
-an Arrow record batch). It runs through the same state kinds and rules — their ``*_many``
-methods — inside one transaction: rows apply in order, all or nothing.
+an Arrow record batch). It becomes one run (``runs.Run``), as a batch's operations do, and
+runs through the same state kinds and rules — their ``*_many`` methods — inside one
+transaction: rows apply in order, all or nothing.
 
 The operations and the columns each takes: ``protocol/ops.py`` (``COLUMN_OPS``; ``ns`` is
 optional everywhere, null meaning ""). A list state's ``add`` takes one element per row, or a
@@ -17,21 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from statehouse.backends.codec import decode_many
-from statehouse.backends.columnar_codec import pack_column, unpack_column
+from statehouse.backends.columnar_codec import Packed, pack_column, unpack_column
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
-from statehouse.backends.runs import RunArgs, apply_run
-from statehouse.backends.staging import STAGED_ROW_OVERHEAD, StagedWrite
+from statehouse.backends.runs import Run, RunArgs, apply_run
+from statehouse.backends.staging import STAGED_ROW_OVERHEAD
 from statehouse.backends.value_types import result_type
 from statehouse.protocol.ops import COLUMN_OPS, OPS
 
@@ -50,35 +49,30 @@ class UntypedValues(StateError):
     code = "untyped_values"
 
 
-@dataclass(frozen=True, slots=True)
 class ColumnOp:
     """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
-    what a columnar request asks, and what a task attempt's staged log replays."""
+    what a columnar request asks (``attempts.Work``); once applied, a write's run is what a
+    task attempt's log keeps of it."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
+    held_bytes = 0  # the run's memory is in the request's bytes and the overhead per row
 
-    state: str
-    op: str
-    columns: pa.Table
+    def __init__(self, state: str, op: str, columns: pa.Table) -> None:
+        self.state, self.op, self.columns = state, op, columns
+        self._written: list[Run] = []
 
     @property
     def rows(self) -> int:
         return self.columns.num_rows
 
-    @property
-    def held_bytes(self) -> int:
-        return 0  # its values stay in the request's Arrow table, counted as request bytes
-
     def apply(self, tx: JobTransaction) -> pa.Array | None:
-        return apply_columns(tx, self)
+        written: list[Run] = []
+        result = apply_columns(tx, self, written)
+        self._written = written
+        return result
 
-    def staged(self) -> list[StagedWrite]:
-        return [self] if self.writes else []
-
-    @classmethod
-    def replay(cls, tx: JobTransaction, writes: Sequence[ColumnOp]) -> None:
-        for write in writes:
-            apply_columns(tx, write)
+    def staged(self) -> list[Run]:
+        return self._written
 
     @property
     def writes(self) -> bool:
@@ -181,24 +175,33 @@ def _lists(values: list[Any]) -> list[Any]:
     return values
 
 
-def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
-    """Run ``op`` inside ``tx``; a read answers its ``value`` column, a write ``None``."""
+def apply_columns(tx: JobTransaction, op: ColumnOp, written: list[Run] | None = None) -> pa.Array | None:
+    """Run ``op`` inside ``tx``; a read answers its ``value`` column, a write ``None`` (and its
+    run is added to ``written``, when given)."""
     state = tx.state(op.state)
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
-    rows = state.accessed(locate(tx, state.descriptor, op.columns))
-    if isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:
-        if op.op == "put" and _put_packed(state, op, rows):
-            return None
-        if op.op == "get" and state.descriptor.value_type in ("binary", "string"):
-            stored = state.get_payloads(rows)
-            if stored is not None:  # one decoding of the whole column, else one value at a time
-                column = unpack_column(stored, _ARROW_TYPES[state.descriptor.value_type])
-                return column if column is not None else to_arrow(decode_many(stored), state.descriptor, op.op)
-    values = apply_run(state, op.op, rows, _args(state, op.op, op.columns))
+    rows = locate(tx, state.descriptor, op.columns)
+    packs = _UNPACKED.get(state.descriptor.value_type)
+    if op.op == "get" and packs is not None and isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:
+        # A read of a whole column: not a run (reads are not logged), the payloads decoded at once.
+        rows = state.accessed(rows)
+        stored = state.get_payloads(rows)
+        if stored is None:  # a state with a default: one value at a time
+            return to_arrow(state.get_many(rows), state.descriptor, op.op)
+        column = unpack_column(stored, packs)
+        return column if column is not None else to_arrow(decode_many(stored), state.descriptor, op.op)
+    packed = _packed(state, op) if op.op == "put" and op.rows >= _PACK_MIN_ROWS else None
+    args = RunArgs(packed=packed) if packed is not None else _args(state, op.op, op.columns)
+    run = Run(op.state, op.op, rows, args)
+    values = apply_run(tx, run)
+    if written is not None and run.writes:
+        written.append(run)
     return None if values is None else to_arrow(values, state.descriptor, op.op)
 
 
+# The value types whose columns a read decodes whole (``columnar_codec.unpack_column``).
+_UNPACKED: dict[str | None, pa.DataType] = {"binary": pa.binary(), "string": pa.string()}
 # Below this many rows, a dozen numpy calls cost more than packing (or decoding) values one by one.
 _PACK_MIN_ROWS = 128
 # Value columns whose Arrow type is what a value state holds (any of these when it is untyped):
@@ -210,18 +213,16 @@ _PACKED_COLUMNS: dict[str | None, tuple[pa.DataType, ...]] = {
 }
 
 
-def _put_packed(state: ValueState, op: ColumnOp, rows: Rows) -> bool:
-    """A value state's ``put`` of a binary or utf8 column of its type, the values' msgpack bytes
+def _packed(state: KeyedState, op: ColumnOp) -> Packed | None:
+    """A value state's ``put`` of a binary or utf8 column of its type: the values' msgpack bytes
     built for the whole column at once (the bytes ``codec.pack_value`` gives; the state applies
-    its rules: limits, TTL): whether it applied (else the rows go the general way)."""
+    its rules: limits, TTL). ``None`` when the column is not one (the rows go the general way)."""
+    if not isinstance(state, ValueState):
+        return None
     column = op.columns.column("value").combine_chunks()
     if column.type not in _PACKED_COLUMNS.get(state.descriptor.value_type, ()):
-        return False
-    packed = pack_column(column)
-    if packed is None:
-        return False
-    state.update_payloads(rows, *packed)
-    return True
+        return None
+    return pack_column(column)
 
 
 def value_type(descriptor: StateDescriptor, op: str) -> pa.DataType | None:

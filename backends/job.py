@@ -47,7 +47,7 @@ from statehouse.backends.reserved import (
     STATE_META,
 )
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, replace_ops
-from statehouse.backends.staging import Staging, TimerFloors
+from statehouse.backends.staging import Staging
 from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
@@ -207,7 +207,7 @@ class Job:
             tables = [t for t in self.partition.tables() if t not in NON_KEYED_TABLES]
             ranges = [r for r in ranges if len(r)]
             self.partition.drop_key_groups(tables, ranges)
-            self.staging.timer_floors = TimerFloors()  # where firing seeks from: recomputed, not trusted
+            self.staging.forget_timer_floors()
             self.changes += 1
         self.partition.reclaim_key_groups(tables, ranges)  # outside the lock: requests go on
 

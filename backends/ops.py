@@ -3,22 +3,22 @@
 ``apply_all(tx, ops)`` runs operations given as plain dicts (decoded straight from JSON or
 msgpack, no model per operation) and returns their results: ``{"value": ...}`` for reads
 (``None`` when absent) and ``{}`` for writes. The operations, what each carries and what it
-means per state kind: the one table, ``protocol/ops.py`` (``runs`` applies them; timer
-operations go to ``backends/timers.py``).
+means per state kind: the one table, ``protocol/ops.py``. A batch becomes runs (``runs.Run``:
+one operation over the located rows of one state or time domain), which ``runs`` applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed.base import each_row
-from statehouse.backends.runs import RunArgs, apply_run
-from statehouse.backends.staging import STAGED_OP_OVERHEAD, StagedWrite
-from statehouse.protocol.ops import OP_NAMES, OPS, READ_OPS, TIMER_OPS
+from statehouse.backends.keyspace import Rows
+from statehouse.backends.runs import Run, RunArgs, apply_run
+from statehouse.backends.staging import STAGED_OP_OVERHEAD
+from statehouse.protocol.ops import OP_NAMES, OPS, TIMER_OPS
 
 # Where a batch's timer operations run, in order among themselves (a name no state can have).
 _TIMERS = "$timers"
@@ -83,7 +83,7 @@ def _checked(op: Any) -> tuple[str, str, str]:
     return name, state, ns
 
 
-def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]:
+def apply_all(tx: JobTransaction, operations: list[Any], applied: list[Run] | None = None) -> list[dict[str, Any]]:
     """Run a batch inside ``tx``, in order; raises a ``StateError`` naming the failing op's index.
 
     Operations on different states never see each other, so each state's operations run as
@@ -91,7 +91,8 @@ def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]
     state's ``*_many`` methods (the columnar path's): the same rules as one by one — a key
     that comes back sees its earlier operations — with one read and one write of the
     transaction per run. When an operation fails, the batch runs again one operation at a
-    time, so the problem names the first failing operation, as in order it would be."""
+    time, so the problem names the first failing operation, as in order it would be. The runs
+    that write are added to ``applied`` (when given), in the order they ran."""
     checked = []
     for index, op in enumerate(operations):
         try:
@@ -104,13 +105,13 @@ def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]
     results: list[dict[str, Any]] = [_EMPTY] * len(operations)
     try:
         for indexes in by_state.values():
-            _apply_state_ops(tx, operations, checked, indexes, results)
+            _apply_state_ops(tx, operations, checked, indexes, results, applied)
     except StateError:
         if len(by_state) == 1:
             raise
         tx.rollback()
         for index in range(len(operations)):  # raises for the first failing operation
-            _apply_state_ops(tx, operations, checked, [index], results)
+            _apply_state_ops(tx, operations, checked, [index], results, None)
         raise
     return results
 
@@ -121,67 +122,83 @@ def _apply_state_ops(
     checked: list[tuple[str, str, str]],
     indexes: list[int],
     results: list[dict[str, Any]],
+    applied: list[Run] | None,
 ) -> None:
-    """Apply ``operations[i] for i in indexes`` (one state's, in order), run by run."""
-    if checked[indexes[0]][1] == _TIMERS:
-        for index in indexes:
-            try:
-                tx.timers.apply_op(operations[index])
-            except StateError as exc:
-                raise exc.within(f"op {index}", op_index=index) from None
-        return
+    """Apply ``operations[i] for i in indexes`` (one state's, or the timers', in order), each
+    run of consecutive operations of one name (of one time domain, for timers) as one run."""
+    timers = checked[indexes[0]][1] == _TIMERS
     start = 0
     while start < len(indexes):
-        name, state_name, _ns = checked[indexes[start]]
         end = start + 1
-        while end < len(indexes) and checked[indexes[end]][0] == name:
-            end += 1
-        run = indexes[start:end]
+        ran = indexes[start:end]
         try:
-            state = tx.state(state_name)
-            rows = state.locate_many([operations[i]["key"] for i in run], [checked[i][2] for i in run])
-            run_ops = [operations[i] for i in run]
-            values = apply_run(state, name, rows, _args(name, run_ops))
+            if timers:
+                run, end = _timer_run(tx, operations, indexes, start)
+                ran = indexes[start:end]
+            else:
+                name, state_name, _ns = checked[indexes[start]]
+                while end < len(indexes) and checked[indexes[end]][0] == name:
+                    end += 1
+                ran = indexes[start:end]
+                state = tx.state(state_name)
+                rows = state.locate_many([operations[i]["key"] for i in ran], [checked[i][2] for i in ran])
+                run = Run(state_name, name, rows, _args(name, [operations[i] for i in ran]))
+            values = apply_run(tx, run)
         except StateError as exc:
-            index = run[exc.unplaced("row") or 0]  # no row: the run's first op (the whole run is refused)
+            index = ran[exc.unplaced("row") or 0]  # no row: the run's first op (the whole run is refused)
             raise exc.within(f"op {index}", op_index=index) from None
+        if applied is not None and run.writes:
+            applied.append(run)
         if values is not None:
-            for i, value in zip(run, values, strict=True):
+            for i, value in zip(ran, values, strict=True):
                 results[i] = {"value": value}
         start = end
 
 
-@dataclass(frozen=True, slots=True)
+def _timer_run(tx: JobTransaction, operations: list[Any], indexes: list[int], start: int) -> tuple[Run, int]:
+    """The run of timer operations from ``indexes[start]``: the consecutive ones of its name and
+    time domain, each checked and located, and where it ends. An operation that fails its
+    checks ends the run before it, or, first, raises (its error names it as row 0)."""
+    located: list[tuple[int, bytes]] = []
+    name = domain = ""
+    end = start
+    while end < len(indexes):
+        op = operations[indexes[end]]
+        try:
+            op_domain, key_group, primary = tx.timers.locate_op(op)
+        except StateError:
+            if end > start:
+                break  # its own run raises
+            raise
+        if end > start and (op["op"], op_domain) != (name, domain):
+            break
+        name, domain = op["op"], op_domain
+        located.append((key_group, primary))
+        end += 1
+    rows = Rows([kg for kg, _p in located], [p for _kg, p in located])
+    return Run(domain, name, rows), end
+
+
 class BatchOps:
-    """A batch's operations (decoded dicts, checked when applied): what a batch request asks
-    (``attempts.Work``), and, its write operations only, what a task attempt's log keeps."""
+    """A batch's operations (decoded dicts, checked when applied): what a batch request, or a
+    one-key route, asks (``attempts.Work``); once applied, the runs it wrote are what a task
+    attempt's log keeps of it."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_OP_OVERHEAD
+    held_bytes = 0  # the runs' memory is in the overhead per write
 
-    ops: list[Any]
-
-    @property
-    def rows(self) -> int:
-        return len(self.ops)
-
-    @property
-    def held_bytes(self) -> int:
-        return 0  # the decoded operations are counted by the overhead per write
+    def __init__(self, ops: list[Any]) -> None:
+        self.ops = ops
+        self._written: list[Run] = []
 
     def apply(self, tx: JobTransaction) -> list[dict[str, Any]]:
-        return apply_all(tx, self.ops)
+        written: list[Run] = []
+        results = apply_all(tx, self.ops, written)
+        self._written = written
+        return results
 
-    def staged(self) -> list[StagedWrite]:
-        writes = [op for op in self.ops if not _reads(op)]
-        return [BatchOps(writes)] if writes else []
-
-    @classmethod
-    def replay(cls, tx: JobTransaction, writes: Sequence[BatchOps]) -> None:
-        apply_all(tx, [op for write in writes for op in write.ops])
-
-
-def _reads(op: Mapping[str, Any]) -> bool:
-    return op["op"] in READ_OPS
+    def staged(self) -> list[Run]:
+        return self._written
 
 
 def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:

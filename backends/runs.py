@@ -1,18 +1,29 @@
-"""One named operation over many located rows of one state: what every door (the batch's
-operations, the columnar endpoint's table of rows, the one-key routes) applies. It maps the
-generic operation (``protocol/ops.py``: the table of names, their fields and the state kinds
-that take them) to the state kind's ``*_many`` method; the kinds hold the rules.
+"""A run: one named operation over many located rows of one state, or of one time domain's
+timers. It is the one request shape of the engine: every door (the one-key routes, the batch's
+operations, the columnar endpoint's table of rows, the timer endpoints and their columns, an
+advance's firing) parses its wire format into runs, :func:`apply_run` applies any run, and a
+task attempt's staged log is the runs it wrote, which the epoch commit applies again
+(``backends/attempts.py``). It maps the generic operation (``protocol/ops.py``: the table of
+names, their fields and the state kinds that take them) to the state kind's ``*_many`` method,
+or to the timers' writes; the kinds hold the rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from statehouse.backends.columnar_codec import Packed
 from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.backends.timers import TimerService, check_domain
 from statehouse.protocol.ops import OPS
+
+# An advance's firing as its staged run records it: the domain's time raised to ``RunArgs.time``
+# and exactly these timers deleted (not a new advance: at commit time other winners' timers may
+# be due too, and nobody has handled them). Not an operation of the API.
+FIRE = "fire"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +36,8 @@ class RunArgs:
     # addAll), or one value per row (a column)
     add_lists: list[list[Any]] | None = None
     add_values: list[Any] | None = None
+    packed: Packed | None = None  # a value state's put, its values already packed (a columnar door's)
+    time: int | None = None  # a firing: the domain's time after it
 
     def per_row(self) -> list[list[Any]]:
         """The values each row adds, whichever way they were given."""
@@ -33,12 +46,51 @@ class RunArgs:
         return [[v] for v in self.add_values or []]
 
 
-def apply_run(state: KeyedState, name: str, rows: Rows, args: RunArgs) -> list[Any] | None:
-    """Apply operation ``name`` to every row, in order; a read returns one value per row.
-    An error names its row (``row N:``, and ``row`` in its extra)."""
-    if state.descriptor.kind not in OPS[name].kinds:
-        raise wrong_kind(state, name)
-    return _RUNS[name](state, rows, args)
+_NO_ARGS = RunArgs()
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Operation ``op`` over ``rows`` (located: key groups and stored keys) of state ``state``,
+    or, for a timer operation (``register_timer``, ``delete_timer``, :data:`FIRE`), of the
+    timers of time domain ``state``; ``args`` is what the rows carry besides their keys."""
+
+    state: str
+    op: str
+    rows: Rows
+    args: RunArgs = _NO_ARGS
+
+    @property
+    def writes(self) -> bool:
+        return self.op == FIRE or OPS[self.op].writes
+
+    @property
+    def ops(self) -> int:
+        """The write operations it counts as (what a task counts, and the driver's winners name):
+        one per row; a firing is one advance, whatever it fired."""
+        return 1 if self.op == FIRE else len(self.rows)
+
+
+class RunTarget(Protocol):
+    """What a run applies to (a ``JobTransaction``: this module is below the job)."""
+
+    def state(self, name: str) -> KeyedState: ...
+
+    @property
+    def timers(self) -> TimerService: ...
+
+
+def apply_run(tx: RunTarget, run: Run) -> list[Any] | None:
+    """Apply ``run`` inside ``tx``, its rows in order; a read returns one value per row. An
+    error names its row (``row N:``, and ``row`` in its extra)."""
+    timers = _TIMER_RUNS.get(run.op)
+    if timers is not None:
+        timers(tx.timers, run)
+        return None
+    state = tx.state(run.state)
+    if state.descriptor.kind not in OPS[run.op].kinds:
+        raise wrong_kind(state, run.op)
+    return _RUNS[run.op](state, state.accessed(run.rows), run.args)
 
 
 def wrong_kind(state: KeyedState, op: str) -> WrongStateKind:
@@ -53,7 +105,10 @@ def _get(state: KeyedState, rows: Rows, args: RunArgs) -> list[Any]:
 def _put(state: KeyedState, rows: Rows, args: RunArgs) -> None:
     values = args.values or []
     if isinstance(state, ValueState):
-        state.update_many(rows, values)
+        if args.packed is not None:
+            state.update_payloads(rows, *args.packed)
+        else:
+            state.update_many(rows, values)
     elif isinstance(state, ListState):
         _each_is(values, list, "'put' on a list state replaces the list: 'value' must be a list")
         state.update_many(rows, values)
@@ -135,4 +190,16 @@ _RUNS: dict[str, Callable[[KeyedState, Rows, RunArgs], list[Any] | None]] = {
     "map_add": _map_add,
     "map_remove": lambda s, r, a: _map(s, "map_remove").remove_many(r, a.user_keys or []),
     "map_contains": _map_contains,
+}
+
+
+def _fire(timers: TimerService, run: Run) -> None:
+    assert run.args.time is not None  # a firing's run always carries its time
+    timers.apply_fired(check_domain(run.state), run.args.time, run.rows)
+
+
+_TIMER_RUNS: dict[str, Callable[[TimerService, Run], None]] = {
+    "register_timer": lambda t, r: t.write_many(check_domain(r.state), r.rows.key_groups, r.rows.primaries),
+    "delete_timer": lambda t, r: t.write_many(check_domain(r.state), r.rows.key_groups, r.rows.primaries, delete=True),
+    FIRE: _fire,
 }

@@ -22,50 +22,30 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
 from statehouse.backends.errors import AttemptConflict, EpochSealed, InvalidArgument
-from statehouse.backends.keyspace import encode_timestamp
 from statehouse.backends.memory import released
-from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyGroupRange
+from statehouse.backends.runs import Run
+from statehouse.backends.timers import TimerFloors
+from statehouse.keygroups import KeyGroupRange
 
 # Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
 # that STATEHOUSE_MAX_STAGED_BYTES bounds memory, not just request bytes.
 STAGED_OP_OVERHEAD = 512
-# A staged columnar row costs less: its view entry (~200 B measured with tracemalloc); its
-# values stay in the request's Arrow table, counted as request bytes.
+# A staged columnar row is charged less: its view entry (~200 B measured with tracemalloc) beside
+# the request's bytes. (Its run's row, the stored key and the value as Python, is not covered:
+# ~800 B a row measured in all, before runs as after; see bench/RESULTS.md §14b.)
 STAGED_ROW_OVERHEAD = 256
 # A timer an attempt's advance fired stays in memory until the epoch ends three times over: in
-# the attempt's log (``FiredTimers``), as a delete in its view, and decoded in the answer kept
+# the attempt's log (its firing's run), as a delete in its view, and decoded in the answer kept
 # for a re-sent request. Charged as twice its stored primary (the bytes, and the key and
 # namespace decoded from them) plus the objects around them (~400 B, measured with tracemalloc).
 STAGED_TIMER_OVERHEAD = 512
-
-
-class StagedWrite(Protocol):
-    """One record of a task attempt's log: what one of its requests wrote (a batch's write
-    operations, a columnar operation of a state or of timers) or what one of its advances fired.
-    The epoch commit replays each run of records of one kind together (``replay``)."""
-
-    @property
-    def rows(self) -> int:
-        """The write operations it counts as (what the driver's winners name)."""
-        ...
-
-    @property
-    def held_bytes(self) -> int:
-        """Memory it holds beyond the request's bytes and the per-write overhead."""
-        ...
-
-    @classmethod
-    def replay(cls, tx: Any, writes: Sequence[Any]) -> None:
-        """Apply ``writes`` (records of this kind, in order) again inside the commit's transaction
-        (a ``JobTransaction``: this module is below the job)."""
-        ...
 
 
 ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -145,7 +125,8 @@ class Winner:
 
 
 class StagedAttempt:
-    """One attempt's staged writes on this replica: its redo log and its own view."""
+    """One attempt's staged writes on this replica: its redo log (the runs it wrote, in order:
+    ``backends/runs.py``) and its own view."""
 
     __slots__ = ("answer_bytes", "attempt", "bytes", "last_results", "ops", "partition", "seq", "view", "writes")
 
@@ -153,8 +134,8 @@ class StagedAttempt:
         self.partition = partition
         self.attempt = attempt
         self.view = view
-        self.writes: list[StagedWrite] = []
-        self.ops = 0  # write operations in ``writes`` (a columnar write counts its rows)
+        self.writes: list[Run] = []
+        self.ops = 0  # write operations in ``writes`` (``Run.ops``)
         self.seq = -1  # the last request applied
         self.last_results: Any = []  # its answer, for a re-sent request
         self.answer_bytes = 0  # what that answer read (``AnswerMeter``), counted in ``bytes``
@@ -182,38 +163,6 @@ class EpochStaging:
 
     def summaries(self) -> list[dict[str, Any]]:
         return [a.summary() for a in sorted(self.attempts.values(), key=lambda a: (a.partition, a.attempt))]
-
-
-class TimerFloors:
-    """Per (time domain, key group), a time below which no timer is stored, in the partition or
-    in any attempt's staged view: where firing seeks to instead of the key group's start. On
-    RocksDB every fired timer leaves a tombstone at the head of its key group, and a seek from
-    the start would step over all the timers ever fired there (Flink's RocksDB timer queues
-    cache their heads for the same reason). In memory only: unknown (a new job object, after a
-    restart or a restore) means the start. Every registration lowers it, staged or not (too low
-    only costs a longer seek); only a committed firing that left nothing due in a key group,
-    with nothing staged, raises it."""
-
-    def __init__(self) -> None:
-        self._floors: dict[tuple[str, int], int] = {}
-
-    def seek_after(self, domain: str, key_group: int) -> bytes | None:
-        """The position a key group's scan starts after (``None``: its start)."""
-        floor = self._floors.get((domain, key_group))
-        if floor is None or floor == INT64_MIN:
-            return None
-        return encode_timestamp(floor - 1) + b"\xff"  # after every timer of floor - 1 (type tags are < 0xff)
-
-    def lower(self, domain: str, key_group: int, timestamp: int) -> None:
-        floor = self._floors.get((domain, key_group))
-        if floor is not None and timestamp < floor:
-            self._floors[(domain, key_group)] = timestamp
-
-    def raise_to(self, domain: str, key_groups: Iterable[int], time: int) -> None:
-        """Nothing at or below ``time`` is left in these key groups (a committed firing)."""
-        if time < INT64_MAX:
-            for kg in key_groups:
-                self._floors[(domain, kg)] = max(self._floors.get((domain, kg), INT64_MIN), time + 1)
 
 
 class Staging:
@@ -265,6 +214,11 @@ class Staging:
             return []
         touched = set().union(*(a.view.key_groups() for a in staging.attempts.values()))
         return [staging.epoch] if any(kg in r for kg in touched for r in ranges) else []
+
+    def forget_timer_floors(self) -> None:
+        """Seek from every key group's start again (key groups were dropped: floors are
+        recomputed as firings drain them, not trusted)."""
+        self.timer_floors = TimerFloors()
 
     def drained_timers(self, domain: str, key_groups: Iterable[int], time: int) -> None:
         """A committed firing left nothing at or below ``time`` in these key groups: later

@@ -8,8 +8,6 @@ null meaning ""). Rows apply in order, all or nothing; a row's error names it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -18,42 +16,36 @@ import pyarrow as pa
 from statehouse.backends.columns import namespaces, refuse_nulls
 from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import JobTransaction
-from statehouse.backends.staging import STAGED_ROW_OVERHEAD, StagedWrite
+from statehouse.backends.runs import Run, apply_run
+from statehouse.backends.staging import STAGED_ROW_OVERHEAD
 from statehouse.backends.timers import TimeDomain, check_domain, check_key_type
 from statehouse.keygroups import KeyType
 from statehouse.protocol.ops import TIMER_COLUMN_OPS, TIMER_COLUMNS
 
 
-@dataclass(frozen=True, slots=True)
 class TimerColumns:
     """One timer operation over the rows of ``columns`` (checked by :meth:`parse`): what a
-    columnar timer request asks, and what a task attempt's staged log replays."""
+    columnar timer request asks (``attempts.Work``); its run is what a task attempt's log keeps."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
+    held_bytes = 0  # the run's memory is in the request's bytes and the overhead per row
 
-    op: str
-    domain: TimeDomain
-    key_type: KeyType
-    columns: pa.Table
+    def __init__(self, op: str, domain: TimeDomain, key_type: KeyType, columns: pa.Table) -> None:
+        self.op, self.domain, self.key_type, self.columns = op, domain, key_type, columns
+        self._written: list[Run] = []
 
     @property
     def rows(self) -> int:
         return self.columns.num_rows
 
-    @property
-    def held_bytes(self) -> int:
-        return 0  # its rows stay in the request's Arrow table, counted as request bytes
-
     def apply(self, tx: JobTransaction) -> None:
-        apply_timer_columns(tx, self)
+        if self.rows:
+            run = timer_run(tx, self)
+            apply_run(tx, run)
+            self._written = [run]
 
-    def staged(self) -> list[StagedWrite]:
-        return [self]
-
-    @classmethod
-    def replay(cls, tx: JobTransaction, writes: Sequence[TimerColumns]) -> None:
-        for write in writes:
-            apply_timer_columns(tx, write)
+    def staged(self) -> list[Run]:
+        return self._written
 
     @classmethod
     def parse(cls, op: str, domain: str, key_type: str, columns: pa.Table) -> TimerColumns:
@@ -79,12 +71,10 @@ def _timestamps(columns: pa.Table) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def apply_timer_columns(tx: JobTransaction, op: TimerColumns) -> None:
-    """Register or delete the timers of every row of ``op`` inside ``tx``."""
-    if op.rows == 0:
-        return
+def timer_run(tx: JobTransaction, op: TimerColumns) -> Run:
+    """The run of ``op``: its rows checked and located, the timers' stored keys."""
     timestamps = _timestamps(op.columns)
     rows = tx.job.keyspace.locate_timer_column(
         op.columns.column("key").combine_chunks(), op.key_type, namespaces(op.columns), timestamps
     )
-    tx.timers.write_many(op.domain, rows.key_groups, rows.primaries, delete=op.op == "delete")
+    return Run(op.domain, TIMER_COLUMN_OPS[op.op], rows)

@@ -36,7 +36,7 @@ records exactly the timers it fired, so the epoch commit removes those and no ot
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
@@ -48,6 +48,7 @@ from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.keyspace import (
     TIMESTAMP_BYTES,
     KeySpace,
+    Rows,
     decode_timestamp,
     encode_timestamp,
     first_page,
@@ -55,9 +56,7 @@ from statehouse.backends.keyspace import (
     timer_key_type,
 )
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
-from statehouse.backends.staging import STAGED_TIMER_OVERHEAD, Staging
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
-from statehouse.protocol.ops import TIMER_OPS
 
 TimeDomain = Literal["event", "processing"]
 TIME_DOMAINS: tuple[TimeDomain, ...] = get_args(TimeDomain)
@@ -107,33 +106,6 @@ def decode_timer(key_group: int, primary: bytes) -> Timer:
 
 
 @dataclass(frozen=True, slots=True)
-class FiredTimers:
-    """What one advance under a task attempt did, as its staged log records it: the domain's
-    time raised to ``time`` and exactly these timers fired (``(key group, primary)``). The epoch
-    commit applies this, not the advance again: at commit time other winners' timers may be due
-    too, and nobody has handled them."""
-
-    domain: TimeDomain
-    time: int
-    fired: tuple[tuple[int, bytes], ...]
-
-    @property
-    def rows(self) -> int:
-        return 1  # one write operation of the attempt, whatever it fired
-
-    @property
-    def held_bytes(self) -> int:
-        """The fired timers it holds (see ``staging.STAGED_TIMER_OVERHEAD``)."""
-        return sum(2 * len(primary) for _kg, primary in self.fired) + STAGED_TIMER_OVERHEAD * len(self.fired)
-
-    @classmethod
-    def replay(cls, tx: Any, writes: Sequence[FiredTimers]) -> None:
-        """What the attempt fired, not a new advance (``tx`` is a ``JobTransaction``)."""
-        for write in writes:
-            tx.timers.apply_fired(write)
-
-
-@dataclass(frozen=True, slots=True)
 class Advanced:
     """The result of an advance: the domain's time after it, the timers fired (in firing order),
     and whether more are due (a ``limit`` cut the firing short: they fire on the next advance)."""
@@ -142,8 +114,8 @@ class Advanced:
     time: int
     timers: list[Timer]
     more: bool
-    record: FiredTimers
-    drained: tuple[int, ...] = ()  # key groups left with nothing due (``staging.TimerFloors.raise_to``)
+    fired: Rows  # the timers fired, located (what a task attempt's log records of the advance)
+    drained: tuple[int, ...] = ()  # key groups left with nothing due (``TimerFloors.raise_to``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,11 +126,51 @@ class Advanced:
         }
 
 
+class TimerFloors:
+    """Per (time domain, key group), a time below which no timer is stored, in the partition or
+    in any attempt's staged view: where firing seeks to instead of the key group's start. On
+    RocksDB every fired timer leaves a tombstone at the head of its key group, and a seek from
+    the start would step over all the timers ever fired there (Flink's RocksDB timer queues
+    cache their heads for the same reason). In memory only: unknown (a new job object, after a
+    restart or a restore) means the start. Every registration lowers it, staged or not (too low
+    only costs a longer seek); only a committed firing that left nothing due in a key group,
+    with nothing staged, raises it."""
+
+    def __init__(self) -> None:
+        self._floors: dict[tuple[str, int], int] = {}
+
+    def seek_after(self, domain: str, key_group: int) -> bytes | None:
+        """The position a key group's scan starts after (``None``: its start)."""
+        floor = self._floors.get((domain, key_group))
+        if floor is None or floor == INT64_MIN:
+            return None
+        return encode_timestamp(floor - 1) + b"\xff"  # after every timer of floor - 1 (type tags are < 0xff)
+
+    def lower(self, domain: str, key_group: int, timestamp: int) -> None:
+        floor = self._floors.get((domain, key_group))
+        if floor is not None and timestamp < floor:
+            self._floors[(domain, key_group)] = timestamp
+
+    def raise_to(self, domain: str, key_groups: Iterable[int], time: int) -> None:
+        """Nothing at or below ``time`` is left in these key groups (a committed firing)."""
+        if time < INT64_MAX:
+            for kg in key_groups:
+                self._floors[(domain, kg)] = max(self._floors.get((domain, kg), INT64_MIN), time + 1)
+
+
+class FloorsHolder(Protocol):
+    """Who keeps a job's timer floors (``staging.Staging``)."""
+
+    timer_floors: TimerFloors
+
+
 class TimerContext(Protocol):
     """What timers need of their job (a ``Job``)."""
 
     keyspace: KeySpace
-    staging: Staging  # its timer floors
+
+    @property
+    def staging(self) -> FloorsHolder: ...
 
     def exclusive(self) -> AbstractContextManager[None]: ...
 
@@ -193,23 +205,20 @@ class TimerService:
         self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
     ) -> None:
         """Flink's ``registerEventTimeTimer`` / ``registerProcessingTimeTimer`` (idempotent)."""
-        table = self._table(domain, create=True)
-        assert table is not None
         key_group, primary = self._locate(key, key_type, namespace, timestamp)
-        self._tx.put(table, key_group, primary, b"")
-        self._job.staging.timer_floors.lower(domain, key_group, timestamp)
+        self.write_many(check_domain(domain), [key_group], [primary])
 
     def delete(
         self, domain: TimeDomain, key: str | int, timestamp: int, namespace: str = "", key_type: KeyType = "string"
     ) -> None:
         """Flink's ``deleteEventTimeTimer`` / ``deleteProcessingTimeTimer``: absent is a no-op."""
-        table = self._table(domain, create=False)
         key_group, primary = self._locate(key, key_type, namespace, timestamp)
-        if table is not None:
-            self._tx.delete(table, key_group, primary)
+        self.write_many(check_domain(domain), [key_group], [primary], delete=True)
 
-    def write_many(self, domain: TimeDomain, key_groups: list[int], primaries: list[bytes], *, delete: bool) -> None:
-        """Register (or delete) timers already located and encoded (``backends/timer_columns.py``)."""
+    def write_many(
+        self, domain: TimeDomain, key_groups: list[int], primaries: list[bytes], *, delete: bool = False
+    ) -> None:
+        """Register (or delete) timers already located and encoded (a timer run: ``backends/runs.py``)."""
         table = self._table(domain, create=not delete)
         if table is not None:
             self._tx.put_many(table, key_groups, primaries, [None if delete else b""] * len(primaries))
@@ -253,9 +262,9 @@ class TimerService:
             due, left = self._due(table, domain, groups, encode_timestamp(time), limit)
             for kg, primary in due:
                 self._tx.delete(table, kg, primary)
-        record = FiredTimers(domain, time, tuple(due))
         drained = tuple(kg for kg in groups if kg not in left)
-        return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], bool(left), record, drained)
+        fired = Rows([kg for kg, _p in due], [p for _kg, p in due])
+        return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], bool(left), fired, drained)
 
     def _due(
         self, table: str, domain: TimeDomain, groups: Iterable[int], bound: bytes, limit: int | None
@@ -285,15 +294,16 @@ class TimerService:
             chosen.sort()
         return [(kg, primary) for _ts, kg, primary in chosen], left
 
-    def apply_fired(self, record: FiredTimers) -> None:
-        """Replay a staged advance in the epoch commit: raise the time, delete what it fired."""
-        self._raise_time(record.domain, record.time)
-        table = TABLES[record.domain]
-        for kg, primary in record.fired:
+    def apply_fired(self, domain: TimeDomain, time: int, fired: Rows) -> None:
+        """A staged advance again, in the epoch commit: raise the time, delete what it fired."""
+        self._raise_time(domain, time)
+        table = TABLES[domain]
+        for kg, primary in zip(fired.key_groups, fired.primaries, strict=True):
             self._tx.delete(table, kg, primary)
 
-    def apply_op(self, op: Mapping[str, Any]) -> None:
-        """One batch operation on timers (``register_timer`` / ``delete_timer``), checked."""
+    def locate_op(self, op: Mapping[str, Any]) -> tuple[TimeDomain, int, bytes]:
+        """A batch's timer operation (``register_timer`` / ``delete_timer``) checked: its time
+        domain, and the timer's key group and stored key."""
         name = op.get("op")
         if "key" not in op:
             raise InvalidArgument(f"missing 'key': {name} needs the key the timer belongs to")
@@ -301,13 +311,7 @@ class TimerService:
             raise InvalidArgument(f"missing 'timestamp': {name} needs the timer's time, in milliseconds")
         domain = check_domain(op.get("domain", "event"))
         key_type = check_key_type(op.get("key_type", "string"))
-        namespace = op.get("ns", "")
-        if name == "register_timer":
-            self.register(domain, op["key"], op["timestamp"], namespace, key_type)
-        elif name == "delete_timer":
-            self.delete(domain, op["key"], op["timestamp"], namespace, key_type)
-        else:
-            raise InvalidArgument(f"'op' must be one of {', '.join(TIMER_OPS)}; got {name!r}")
+        return (domain, *self._locate(op["key"], key_type, op.get("ns", ""), op["timestamp"]))
 
 
 # -- reading the stored timers (listings, counts): call under ``Job.exclusive`` ----------------
@@ -368,19 +372,3 @@ def count_timers(job: TimerContext, domain: TimeDomain, key_group: int | None = 
         if n:
             counts[kg] = n
     return counts
-
-
-def double_firings(logs: Iterable[tuple[str, Iterable[Any]]]) -> list[str]:
-    """The attempts (of ``(attempt, staged writes)``) that fired a timer another one fired too:
-    committing both would hand one timer to two tasks."""
-    seen: dict[tuple[str, int, bytes], str] = {}
-    clashes: list[str] = []
-    for attempt, writes in logs:
-        for write in writes:
-            if not isinstance(write, FiredTimers):
-                continue
-            for kg, primary in write.fired:
-                other = seen.setdefault((write.domain, kg, primary), attempt)
-                if other != attempt and attempt not in clashes:
-                    clashes.append(attempt)
-    return clashes

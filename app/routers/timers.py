@@ -26,7 +26,7 @@ from statehouse.app.offload import OFF_LOOP, dispatch, in_transaction
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
-from statehouse.backends import codec
+from statehouse.backends import codec, ops
 from statehouse.backends import timers as timer_service
 from statehouse.backends.attempts import advance, perform
 from statehouse.backends.job import Job
@@ -56,8 +56,8 @@ async def _write(
     typed = codec.parse_key(key, key_type)
     await in_transaction(
         job,
-        lambda tx: tx.timers.apply_op(
-            {"op": op, "domain": domain, "key": typed, "key_type": key_type, "ns": ns, "timestamp": ts}
+        lambda tx: ops.apply(
+            tx, {"op": op, "domain": domain, "key": typed, "key_type": key_type, "ns": ns, "timestamp": ts}
         ),
     )
     service.metrics.count_ops(Counter({("timer", op): 1}))

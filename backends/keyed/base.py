@@ -120,7 +120,7 @@ class KeyedState:
     def locate_many(self, keys: Sequence[Key], namespaces: Sequence[str]) -> Rows:
         """:meth:`_locate` for many keys given as Python values (a batch's run of operations)."""
         located = each_row(list(zip(keys, namespaces, strict=True)), self._locate_key)
-        return self.accessed(Rows([kg for kg, _p in located], [p for _kg, p in located]))
+        return Rows([kg for kg, _p in located], [p for _kg, p in located])  # accessed when its run applies
 
     def _locate_key(self, key_and_namespace: tuple[Key, str]) -> tuple[int, bytes]:
         return self._keyspace.locate(key_and_namespace[0], self._key_type, key_and_namespace[1])
