@@ -322,3 +322,15 @@ def test_a_replica_count_change_starts_only_with_adopt_topology(tmp_path):
         ]
     finally:
         adopted.stop()
+
+
+def test_a_live_rescale_upgrade_restarts_no_pod_and_reaches_the_joining_ones():
+    """The grow path's ``helm upgrade --set replicaCount=M --set topologyVersion=v+1`` changes the pod
+    template; with OnDelete the old pods keep running (a RollingUpdate would restart them with the new
+    count mid-move), and the headless Service publishes the new, not-ready pods so the CLI can load them."""
+    docs, notes = render({"replicaCount": 3, "topologyVersion": 2})
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    (headless,) = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert "statehouse rescale --to M" in notes
