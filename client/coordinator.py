@@ -1,156 +1,32 @@
 """The driver's checkpoint coordinator (the role of Flink's JobManager) and the exactly-once
 protocol for Spark micro-batches.
 
-A *global* checkpoint N is complete when every replica has completed its part of N. The
-coordinator triggers N on every replica, waits until every part is uploaded, then completes
-it everywhere — or aborts it everywhere on any failure.
+A *global* checkpoint N is complete when every replica has completed its part of N
+(client/global_checkpoints.py). Micro-batches anchor on them, and a live rescale
+(client/rescale.py) runs between two micro-batches.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError
+from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed, GlobalCheckpoint
+from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
 
-if TYPE_CHECKING:
-    from statehouse.client.job import JobClient
-
-
-class CheckpointFailed(StatehouseError):
-    """A global checkpoint could not be completed on every replica (it was aborted)."""
-
-
-@dataclass(frozen=True)
-class GlobalCheckpoint:
-    """Checkpoint or savepoint ``checkpoint_id``, completed on every replica."""
-
-    checkpoint_id: int
-    kind: str
-    metadata: dict[str, Any]
-    parts: tuple[dict[str, Any], ...]  # each replica's checkpoint info, in replica order
-
-    @property
-    def bytes_uploaded(self) -> int:
-        return sum(p.get("bytes_uploaded", 0) for p in self.parts)
-
-
-_LONG_POLL_MS = 5_000  # one wait of a replica's checkpoint (the server's limit is 10 s)
-
-
-class CheckpointCoordinator:
-    def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
-        self.job = job
-        self.timeout = timeout
-        self.poll_interval = poll_interval
-
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
-
-    def _listings(self) -> list[list[dict[str, Any]]]:
-        return [items for items, _next_id in self._pages()]
-
-    def _pages(self) -> list[tuple[list[dict[str, Any]], int]]:
-        listings = []
-        for replica in self.job.replicas:
-            items, cursor = [], None
-            while True:
-                params = f"?limit=1000&cursor={cursor}" if cursor else "?limit=1000"
-                page = replica.json("GET", self._path(params))
-                items += page["items"]
-                cursor = page["next_cursor"]
-                if cursor is None:
-                    break
-            listings.append((items, page["next_checkpoint_id"]))
-        return listings
-
-    def next_id(self) -> int:
-        """An id no replica has used (ids keep growing across restarts and rescales)."""
-        return max(next_id for _items, next_id in self._pages())
-
-    def completed(self) -> list[GlobalCheckpoint]:
-        """Checkpoints and savepoints completed on every replica, oldest first."""
-        per_replica = [
-            {c["checkpoint_id"]: c for c in listing if c["status"] == "completed"} for listing in self._listings()
-        ]
-        ids = set.intersection(*(set(d) for d in per_replica)) if per_replica else set()
-        result = []
-        for checkpoint_id in sorted(ids):
-            parts = tuple(d[checkpoint_id] for d in per_replica)
-            result.append(GlobalCheckpoint(checkpoint_id, parts[0]["kind"], parts[0].get("metadata") or {}, parts))
-        return result
-
-    def latest(self, kind: str | None = None) -> GlobalCheckpoint | None:
-        done = [c for c in self.completed() if kind is None or c.kind == kind]
-        return done[-1] if done else None
-
-    def checkpoint(
-        self, checkpoint_id: int | None = None, *, kind: str = "checkpoint", metadata: dict[str, Any] | None = None
-    ) -> GlobalCheckpoint:
-        """Trigger on every replica, wait for every upload, complete everywhere; abort everywhere on failure."""
-        checkpoint_id = checkpoint_id or self.next_id()
-        body = {"checkpoint_id": checkpoint_id, "kind": kind, "metadata": metadata or {}}
-        try:
-            self.job.replicas.on_all("POST", self._path(), body, idempotent=False)
-            self._wait_uploaded(checkpoint_id)
-            parts = self.job.replicas.on_all("POST", self._path(f"/{checkpoint_id}/complete"))
-        except Exception as exc:
-            self.abort(checkpoint_id)
-            raise CheckpointFailed(f"checkpoint {checkpoint_id} of job {self.job.name!r} failed: {exc}") from exc
-        return GlobalCheckpoint(checkpoint_id, kind, metadata or {}, tuple(parts))
-
-    def savepoint(self, checkpoint_id: int | None = None, *, metadata: dict[str, Any] | None = None):
-        return self.checkpoint(checkpoint_id, kind="savepoint", metadata=metadata)
-
-    def _wait_uploaded(self, checkpoint_id: int) -> None:
-        """Until every replica's upload has ended: a long poll per replica (``wait_ms``), which
-        answers as soon as its upload ends."""
-        deadline = time.monotonic() + self.timeout
-        pending = list(self.job.replicas)
-        while pending:
-            still = []
-            for replica in pending:
-                wait_ms = max(0, min(_LONG_POLL_MS, int((deadline - time.monotonic()) * 1000)))
-                asked = time.monotonic()
-                info = replica.json("GET", self._path(f"/{checkpoint_id}?wait_ms={wait_ms}"))
-                if info["status"] in ("failed", "aborted"):
-                    raise CheckpointFailed(
-                        f"{replica.url}: checkpoint {checkpoint_id} {info['status']}: {info['error']}"
-                    )
-                if info["status"] == "in_progress":
-                    still.append(replica)
-                    if time.monotonic() - asked < wait_ms / 2000:  # answered at once: a server without long polls
-                        time.sleep(self.poll_interval)
-            pending = still
-            if pending and time.monotonic() > deadline:
-                raise CheckpointFailed(f"checkpoint {checkpoint_id} not uploaded within {self.timeout}s")
-
-    def abort(self, checkpoint_id: int) -> None:
-        """Best effort, like Flink's notifyCheckpointAborted."""
-        for replica in self.job.replicas:
-            with contextlib.suppress(StatehouseError):
-                replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
-
-    def restore(
-        self,
-        checkpoint_id: int | None = None,
-        *,
-        location: str | None = None,
-        operator_parallelism: dict[str, int] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Restore every replica (each takes its own key groups, whatever replica count wrote the snapshot)."""
-        body: dict[str, Any] = {}
-        if checkpoint_id is not None:
-            body["checkpoint_id"] = checkpoint_id
-        if location is not None:
-            body["location"] = location
-        if operator_parallelism:
-            body["operator_parallelism"] = operator_parallelism
-        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/restore", body)
+__all__ = [
+    "BatchPlan",
+    "CheckpointCoordinator",
+    "CheckpointFailed",
+    "GlobalCheckpoint",
+    "MicroBatchCoordinator",
+    "MicroBatchLost",
+    "StateBehind",
+]
 
 
 @dataclass(frozen=True)
@@ -190,14 +66,83 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     every replica (each checks it holds exactly those writes, and seals the epoch), commits
     every replica, and takes the checkpoint for ``b``. A failed prepare aborts everywhere
     and nothing is applied (:class:`MicroBatchLost`: re-run the batch).
+
+    Between two micro-batches, :meth:`rescale` changes the replica count live (client/rescale.py);
+    a driver restarting after a crash calls :meth:`recover` first, which finishes or undoes a move
+    its predecessor left.
     """
 
+    _open: BatchPlan | None = None  # the micro-batch begun and not yet committed
+
     def anchor(self) -> GlobalCheckpoint:
-        """The latest complete checkpoint that records a batch; a baseline one (batch -1) if none."""
+        """The latest complete checkpoint that records a batch; after a live rescale whose own
+        checkpoint the new replicas lack, that checkpoint's batch carried over to the new layout;
+        a baseline one (batch -1) if none."""
         for candidate in reversed(self.completed()):
             if "batch_id" in candidate.metadata:
                 return candidate
+        moved = self._rescale_checkpoint()
+        if moved is not None:
+            return self.carry_over(moved)
         return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
+
+    def _rescale_checkpoint(self) -> GlobalCheckpoint | None:
+        """The checkpoint a live rescale to the current layout moved the state with, if it records
+        a batch (replica 0 is in every layout, so it holds that checkpoint)."""
+        version = self.job.replicas.version
+        if version is None:
+            return None
+        items, _next_id = self._pages()[0]
+        for item in reversed(items):
+            metadata = item.get("metadata") or {}
+            if item["status"] == "completed" and metadata.get("rescale_version") == version and "batch_id" in metadata:
+                return GlobalCheckpoint(item["checkpoint_id"], item["kind"], metadata, (item,))
+        return None
+
+    def rescale(
+        self,
+        to: int,
+        new_urls: list[str] | None = None,
+        *,
+        wait: float = 300.0,
+        progress: Progress | None = None,
+    ) -> RescaleReport:
+        """Change the replica count to ``to``, live, between two micro-batches (refused while this
+        coordinator's batch is open: the cut is a batch boundary). ``new_urls``: the added
+        replicas' URLs, or the whole new set's (see :class:`~statehouse.client.rescale.LiveRescale`).
+        The state moves with one checkpoint that records the last applied batch, and the new layout
+        anchors on that batch, so the next micro-batch (and a replay) runs on the new layout."""
+        if self._open is not None:
+            raise StatehouseError(
+                f"micro-batch {self._open.batch_id} is open: rescale between micro-batches (after commit)"
+            )
+        anchor = self.anchor()
+        metadata = {self.job.name: {"batch_id": anchor.metadata["batch_id"], "epoch": anchor.metadata["epoch"]}}
+        with LiveRescale(
+            self.job.replicas, to, new_urls, wait=wait, progress=progress, checkpoint_metadata=metadata
+        ) as move:
+            report = move.run()
+        self.anchor()  # the new layout's anchor: the move's checkpoint, carried over to the new replicas
+        return report
+
+    def recover(self, anchor: GlobalCheckpoint | None = None) -> list[dict[str, Any]]:
+        """Finish a live rescale a dead driver left (forward when commit was decided; aborted when
+        not), then undo a commit it left half done (a replica committed an epoch other than the
+        anchor's): every replica is restored to the anchor. Returns every replica's job info."""
+        if anchor is None:
+            self._finish_move()
+            anchor = self.anchor()
+        return self._undo_half_commit(anchor)
+
+    def _finish_move(self) -> None:
+        with LiveRescale(self.job.replicas) as move:
+            pending = move.pending()
+            if pending is None:
+                return
+            if pending == "commit":
+                move.resume()
+            else:
+                move.abort()
 
     def begin(self, batch_id: int) -> BatchPlan:
         anchor = self.anchor()
@@ -209,12 +154,12 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        infos = self.recover(anchor)
-        return BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
+        infos = self._undo_half_commit(anchor)
+        plan = BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
+        self._open = plan
+        return plan
 
-    def recover(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
-        """Undo a commit a dead driver left half done (a replica committed an epoch other than the
-        anchor's): every replica is restored to the anchor. Returns every replica's job info."""
+    def _undo_half_commit(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
         infos = self.job.infos()  # one read for both epochs (a round trip per micro-batch)
         if any(info["committed_epoch"] != anchor.metadata["epoch"] for info in infos):
             self.restore(anchor.checkpoint_id)
@@ -226,6 +171,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         if plan.replay:
             return None
         assert plan.epoch is not None
+        self._open = None  # committed or not, this batch is over: a re-run begins again
         bodies = commit_bodies(winners(messages), len(self.job.replicas))
         path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
         try:

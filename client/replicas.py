@@ -124,6 +124,16 @@ class Replicas:
     def _seeds(self) -> tuple[str, ...]:
         return tuple(sorted(url.rstrip("/") for url in self.config.urls))
 
+    def connection(self, url: str) -> ReplicaConnection:
+        """The pooled connection to ``url`` (made once per URL)."""
+        return self._connection(url)
+
+    def route_to(self, urls: list[str]) -> None:
+        """Route by these URLs as replicas 0..n-1 (a rescale's driver, which knows the old set
+        while a move is pending and the replicas do not form one set)."""
+        with self._layout_lock:
+            self._use([self._connection(url) for url in urls])
+
     def _use(self, connections: list[ReplicaConnection]) -> None:
         for index in range(len(self._senders), len(connections)):
             self._senders.append(self._sender(index))
@@ -148,7 +158,7 @@ class Replicas:
         with self._layout_lock:
             if self.version == routed:
                 try:
-                    self._learn_settled()
+                    self._learn(strict=False)
                 except StatehouseError:
                     return False  # no complete newer layout: the replica is down, not removed
             return self.version != routed and url not in self.urls

@@ -1,0 +1,506 @@
+"""The driver of a live rescale (RESCALE.md, docs/operations.md "Rescaling"): N replicas to M while
+writers keep running. The CLI (``statehouse rescale --to M``) and a Spark driver
+(``MicroBatchCoordinator.rescale``) share it.
+
+Every step is idempotent and the replicas record where they are, so a coordinator that dies between
+steps is replaced by another that calls :meth:`LiveRescale.resume`: it reads the replicas' phases
+and the durable decision and goes on (decided commit: forward only; undecided: forward from prepare,
+or :meth:`LiveRescale.abort`). Steps, on the replicas' ``/v1/topology/...`` endpoints:
+
+1. prepare every replica, old and new (moving-out key groups freeze: writes to them answer 503
+   ``rescale_in_progress``, which clients retry); a 409 ``batch_in_flight`` is retried until ``wait``;
+2. one global checkpoint of every job on the old replicas (it holds exactly what moves);
+3. load on every replica of the new layout (each merges the key groups it gains);
+4. decide commit, once, in checkpoint storage (any failure before: decide abort, abort everywhere);
+5. commit on every replica (one that restarted mid-load is loaded again first);
+6. verify: each job's range on each replica of the new layout, and the removed ones retired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from statehouse.client.errors import NotFound, StatehouseError, Unavailable
+from statehouse.client.global_checkpoints import CheckpointCoordinator
+from statehouse.client.job import JobClient
+from statehouse.client.replicas import Replicas
+from statehouse.client.transport import ReplicaConnection
+from statehouse.keygroups import KeyGroupRange
+
+if TYPE_CHECKING:
+    from statehouse.client.client import StatehouseClient
+
+# A step's report to the progress callback: its name ("prepared", "checkpointed", "loaded",
+# "decided", "committed", "verified", "aborted", or "waiting" while a batch in flight holds
+# prepare) and what it did. An exception raised by the callback stops the driver there, as a dead
+# coordinator would (the tests use this).
+Progress = Callable[[str, dict[str, Any]], None]
+
+STEPS = ("prepared", "checkpointed", "loaded", "decided", "committed", "verified")
+
+
+class RescaleFailed(StatehouseError):
+    """The live rescale did not complete; ``detail`` says where it stopped and what to run next."""
+
+
+class RescalePending(RescaleFailed):
+    """Another move is pending on the replicas: finish it (resume) or abort it first."""
+
+
+class NewReplicasMissing(RescaleFailed):
+    """The replicas a grow adds are not given, not running, or not new and empty: start them."""
+
+
+@dataclass
+class RescaleReport:
+    """What a live rescale did: ``outcome`` is "committed" or "aborted"."""
+
+    outcome: str
+    from_count: int
+    to_count: int
+    version: int
+    urls: list[str]  # the serving set's URLs in index order, afterwards
+    checkpoints: dict[str, int] = field(default_factory=dict)  # job -> the checkpoint moved
+    loaded: dict[str, dict[str, int]] = field(default_factory=dict)  # url -> bytes_read, entries
+    ranges: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> each replica's [start, end]
+    seconds: float = 0.0  # from the first prepare (or the resume) to commit, verified
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "from": self.from_count,
+            "to": self.to_count,
+            "version": self.version,
+            "urls": self.urls,
+            "checkpoints": self.checkpoints,
+            "loaded": self.loaded,
+            "ranges": self.ranges,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One move: old replicas (index order) to ``count`` replicas at ``version``."""
+
+    old_urls: list[str]
+    count: int
+    version: int
+    urls: list[str]  # the new layout's replica URLs, index order (``count`` of them)
+    jobs: dict[str, int]  # job -> max parallelism
+
+    @property
+    def everyone(self) -> list[str]:
+        """Every replica taking part: the old ones and the new ones."""
+        return self.old_urls + [url for url in self.urls if url not in self.old_urls]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"version": self.version, "replica_count": self.count, "replica_urls": self.urls}
+
+
+class LiveRescale:
+    """Rescale the replica set ``client`` (a StatehouseClient, or its ``replicas``) reaches to
+    ``to`` replicas without stopping its writers; afterwards ``client`` routes by the new layout.
+
+    ``new_urls``: the URLs of the replicas the move adds (indices N..M-1), each already started
+    empty with ``STATEHOUSE_REPLICA_COUNT=M`` and ``STATEHOUSE_TOPOLOGY_VERSION=v+1`` (or above);
+    or the whole new set's M URLs in index order (the first ones then name the old replicas).
+    ``wait`` bounds each wait: a micro-batch holding prepare, a checkpoint, a load, a replica
+    coming back to commit. ``checkpoint_metadata``: per job, what the move's checkpoint records
+    (a Spark driver passes its batch anchor, so the new layout anchors on the same batch)."""
+
+    def __init__(
+        self,
+        client: StatehouseClient | Replicas,
+        to: int | None = None,
+        new_urls: list[str] | None = None,
+        *,
+        wait: float = 300.0,
+        progress: Progress | None = None,
+        checkpoint_metadata: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.replicas = client if isinstance(client, Replicas) else client.replicas
+        self.to = to
+        self.new_urls = [url.rstrip("/") for url in new_urls or []]
+        self.wait = wait
+        self.progress = progress or (lambda step, info: None)
+        self.checkpoint_metadata = checkpoint_metadata or {}
+        self._connections: dict[str, ReplicaConnection] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="statehouse-rescale")
+
+    # -- the three entry points ----------------------------------------------------------
+
+    def run(self) -> RescaleReport:
+        """The whole move; a pending move of the same target is resumed, another one refused."""
+        if self.to is None or self.to < 1:
+            raise RescaleFailed("give the new replica count (to >= 1)")
+        surveyed = self._survey()
+        pending = _pending(surveyed)
+        if pending is not None:
+            version, count = pending
+            if count != self.to:
+                raise RescalePending(
+                    f"a rescale to {count} replicas (topology version {version}) is pending: finish or abort it "
+                    f"(statehouse rescale --resume|--abort) before rescaling to {self.to}"
+                )
+            return self.resume()
+        shown = self.replicas.learn()
+        first = shown[0]
+        count = first["replica_count"]
+        if self.to == count:
+            raise RescaleFailed(f"the replica set already has {count} replicas")
+        jobs = _jobs(shown)
+        for name, parallelism in jobs.items():
+            if parallelism < self.to:
+                raise RescaleFailed(f"job {name!r} has max_parallelism {parallelism} < {self.to} replicas")
+        old_urls = self.replicas.urls
+        added = self.to - count
+        if len(self.new_urls) == self.to:  # the whole new set: its first ones are the old replicas
+            kept = min(count, self.to)
+            if self.new_urls[:kept] != old_urls[:kept]:
+                raise RescaleFailed(
+                    f"the new set's URLs {self.new_urls} must start with the old replicas' {old_urls[:kept]}"
+                )
+            self.new_urls = self.new_urls[kept:]
+        if added > 0 and len(self.new_urls) != added:
+            raise NewReplicasMissing(
+                f"growing {count} -> {self.to} replicas needs the {added} new replicas' URLs (got "
+                f"{len(self.new_urls)}): start them empty with STATEHOUSE_REPLICA_COUNT={self.to}, then give their URLs"
+            )
+        version = self._free_version(first["version"] + 1)
+        move = _Move(old_urls, self.to, version, (old_urls + self.new_urls)[: self.to], jobs)
+        self._check_new(move, first["set_id"])
+        return self._forward(move, count, time.monotonic())
+
+    def pending(self) -> str | None:
+        """None when no move is pending on the replicas; else its decision: "commit", "abort", or
+        "undecided"."""
+        if _pending(self._survey()) is None:
+            return None
+        move, _from_count = self._pending_move()
+        return self._decision(move) or "undecided"
+
+    def resume(self) -> RescaleReport:
+        """Continue the pending move from where the replicas and the decision say it is."""
+        started = time.monotonic()
+        move, from_count = self._pending_move()
+        decision = self._decision(move)
+        if decision == "abort":
+            return self._abort(move, from_count, started)
+        if decision == "commit":
+            return self._commit(move, from_count, started, self._recorded_checkpoints(move))
+        return self._forward(move, from_count, started)
+
+    def abort(self) -> RescaleReport:
+        """Roll the pending move back (refused once commit was decided: resume it instead)."""
+        move, from_count = self._pending_move()
+        return self._abort(move, from_count, time.monotonic())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for connection in self._connections.values():
+            connection.close()
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _forward(self, move: _Move, from_count: int, started: float) -> RescaleReport:
+        try:
+            self._prepare(move)
+            self.progress("prepared", {"version": move.version, "replicas": move.everyone})
+            checkpoints = self._checkpoint(move)
+            self.progress("checkpointed", {"checkpoints": checkpoints})
+            loaded = self._load_all(move, checkpoints)
+            self.progress("loaded", {"loaded": loaded})
+        except StatehouseError as exc:
+            self._abort(move, from_count, started)
+            raise RescaleFailed(
+                f"the rescale to {move.count} replicas was aborted (the old layout serves): {exc}"
+            ) from exc
+        self._call(move.urls[0], "decide", {**move.body, "outcome": "commit", "checkpoints": checkpoints})
+        self.progress("decided", {"outcome": "commit", "version": move.version})
+        report = self._commit(move, from_count, started, checkpoints)
+        report.loaded = loaded
+        return report
+
+    def _prepare(self, move: _Move) -> None:
+        """Prepare every replica; a micro-batch in flight over a moving key group holds it, retried
+        until ``wait``."""
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                self._each(move.everyone, lambda url: self._call(url, "prepare", move.body))
+                return
+            except StatehouseError as exc:
+                if exc.code != "batch_in_flight" or time.monotonic() > deadline:
+                    raise
+                self.progress("waiting", {"for": "batch_in_flight", "detail": exc.detail})
+                time.sleep(0.2)
+
+    def _checkpoint(self, move: _Move) -> dict[str, int]:
+        """One global checkpoint of every job on the old replicas."""
+        old = self.replicas
+        checkpoints = {}
+        for name, parallelism in move.jobs.items():
+            metadata = {**self.checkpoint_metadata.get(name, {}), "rescale_version": move.version}
+            done = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait).checkpoint(
+                metadata=metadata
+            )
+            checkpoints[name] = done.checkpoint_id
+        return checkpoints
+
+    def _load_all(self, move: _Move, checkpoints: dict[str, int]) -> dict[str, dict[str, int]]:
+        answers = self._each(move.urls, lambda url: self._load(url, move, checkpoints))
+        return dict(zip(move.urls, answers, strict=True))
+
+    def _load(self, url: str, move: _Move, checkpoints: dict[str, int]) -> dict[str, int]:
+        answer = self._call(url, "load", {"version": move.version, "checkpoints": checkpoints})
+        jobs = (answer or {}).get("jobs", {})
+        return {
+            "bytes_read": sum(j.get("bytes_read", 0) for j in jobs.values()),
+            "entries": sum(j.get("entries", 0) for j in jobs.values()),
+        }
+
+    def _commit(self, move: _Move, from_count: int, started: float, checkpoints: dict[str, int]) -> RescaleReport:
+        """Commit everywhere (decided: forward only). A replica that restarted mid-load is loaded
+        again; one that does not answer is waited for until ``wait``, then the move is left for
+        :meth:`resume`."""
+        loaded: dict[str, dict[str, int]] = {}
+
+        def commit(url: str) -> None:
+            deadline = time.monotonic() + self.wait
+            while True:
+                try:
+                    self._call(url, "commit", {"version": move.version})
+                    return
+                except StatehouseError as exc:
+                    if exc.code == "rescale_not_loaded":
+                        loaded[url] = self._load(url, move, checkpoints)
+                        continue
+                    if not isinstance(exc, Unavailable) or time.monotonic() > deadline:
+                        raise RescaleFailed(
+                            f"commit of the rescale to {move.count} replicas was decided, but {url} did not commit "
+                            f"({exc}); once it answers, run statehouse rescale --resume"
+                        ) from exc
+                    time.sleep(0.5)
+
+        self._each(move.everyone, commit)
+        self.progress("committed", {"version": move.version, "urls": move.urls})
+        ranges = self._verify(move)
+        self.replicas.learn()  # the caller's client routes under the new layout from now on
+        self.progress("verified", {"ranges": ranges})
+        return RescaleReport(
+            "committed",
+            from_count,
+            move.count,
+            move.version,
+            move.urls,
+            checkpoints,
+            loaded,
+            ranges,
+            time.monotonic() - started,
+        )
+
+    def _abort(self, move: _Move, from_count: int, started: float) -> RescaleReport:
+        self._each(move.everyone, lambda url: self._call(url, "abort", {"version": move.version}), tolerate=True)
+        self.progress("aborted", {"version": move.version})
+        return RescaleReport(
+            "aborted", from_count, move.count, move.version, move.old_urls, seconds=time.monotonic() - started
+        )
+
+    def _verify(self, move: _Move) -> dict[str, list[list[int]]]:
+        """Each replica of the new layout holds each job's range under it, serving; the removed are retired."""
+        shown = {url: self._connection(url).json("GET", "/v1/topology") for url in move.everyone}
+        ranges: dict[str, list[list[int]]] = {name: [] for name in move.jobs}
+        for index, url in enumerate(move.urls):
+            info = shown[url]
+            if (info["replica_index"], info["replica_count"], info["version"]) != (index, move.count, move.version):
+                raise RescaleFailed(
+                    f"{url} is replica {info['replica_index']} of {info['replica_count']} at version {info['version']} "
+                    f"after the commit, not {index} of {move.count} at {move.version}"
+                )
+            held = {job["job"]: job for job in info["jobs"]}
+            for name, parallelism in move.jobs.items():
+                owned = KeyGroupRange.for_operator(parallelism, move.count, index)
+                job = held.get(name)
+                if job is None or job["key_group_range"] != [owned.start, owned.end] or not job["serving"]:
+                    raise RescaleFailed(
+                        f"job {name!r} on {url} holds {job and job['key_group_range']} (serving: "
+                        f"{job and job['serving']}), not [{owned.start}, {owned.end}]"
+                    )
+                ranges[name].append([owned.start, owned.end])
+        for url in move.everyone:
+            if url not in move.urls and not shown[url].get("retired"):
+                raise RescaleFailed(f"{url} was removed by the rescale but does not report itself retired")
+        return ranges
+
+    # -- where a move stands ---------------------------------------------------------------
+
+    def _survey(self) -> dict[str, dict[str, Any]]:
+        """``GET /v1/topology`` of every replica the client knows of (its URLs, what they advertise,
+        the new URLs given); those that do not answer are left out."""
+        asked: dict[str, dict[str, Any]] = {}
+        todo = [*self.replicas.urls, *self.replicas.config.urls, *self.new_urls]
+        while todo:
+            url = todo.pop().rstrip("/")
+            if url in asked:
+                continue
+            try:
+                shown = self._connection(url).json("GET", "/v1/topology")
+            except StatehouseError:
+                continue
+            asked[url] = shown
+            todo += shown.get("replica_urls") or []
+            todo += (shown.get("move") or {}).get("replica_urls") or []
+        return asked
+
+    def _pending_move(self) -> tuple[_Move, int]:
+        """The move pending on the replicas, and the replica count it started from."""
+        surveyed = self._survey()
+        pending = _pending(surveyed)
+        if pending is None:
+            raise RescaleFailed("no rescale is pending on the replicas (statehouse status shows the layout)")
+        version, count = pending
+        moves = {url: s for url, s in surveyed.items() if (s.get("move") or {}).get("version") == version}
+        set_id = next(iter(moves.values()))["set_id"]
+        # The old replicas: those of the set not joining; before their commit they still report the old
+        # count (``from_count`` where the replicas record it).
+        staying = [s for s in moves.values() if not s["move"].get("joining")]
+        from_count = max((s["move"].get("from_count") or s["replica_count"] for s in staying), default=0)
+        old: dict[int, str] = {}
+        joining: dict[int, str] = {}
+        for url, shown in surveyed.items():
+            if shown["set_id"] != set_id:
+                continue
+            if (shown.get("move") or {}).get("joining"):
+                joining[shown["replica_index"]] = url
+            elif shown["replica_index"] < from_count:
+                old.setdefault(shown["replica_index"], url)
+        missing = [i for i in range(from_count) if i not in old]
+        old_urls = [old[i] for i in range(from_count) if i in old]
+        urls = next((s["move"]["replica_urls"] for s in moves.values() if s["move"].get("replica_urls")), None)
+        urls = urls or (self._decision_record(next(iter(moves)), version) or {}).get("replica_urls")
+        if not urls:  # neither recorded: the old ones kept, then the new ones given or found joining
+            added = self.new_urls or [joining[i] for i in sorted(joining)]
+            urls = (old_urls + [u for u in added if u not in old_urls])[:count]
+        if len(urls) != count or missing or not from_count:
+            raise RescaleFailed(
+                f"the pending rescale to {count} replicas (version {version}) from {from_count} knows {len(urls)} "
+                f"replica URLs, and old replicas {missing} did not answer: start them, or give every replica's URL "
+                "(--urls, --urls-new)"
+            )
+        jobs: dict[str, int] = {}
+        for shown in surveyed.values():
+            jobs.update({job["job"]: job["max_parallelism"] for job in shown["jobs"]})
+        self._align_client(old_urls)
+        return _Move(old_urls, count, version, [u.rstrip("/") for u in urls], jobs), from_count
+
+    def _align_client(self, old_urls: list[str]) -> None:
+        """The caller's client reaches the old replicas in index order (checkpoints go through it)."""
+        if self.replicas.urls != old_urls:
+            self.replicas.route_to(old_urls)
+
+    def _decision(self, move: _Move) -> str | None:
+        record = self._decision_record(move.everyone[0], move.version)
+        return record["outcome"] if record else None
+
+    def _decision_record(self, url: str, version: int) -> dict[str, Any] | None:
+        try:
+            return self._connection(url).json("GET", f"/v1/topology/decision?version={version}")
+        except NotFound:
+            return None
+
+    def _recorded_checkpoints(self, move: _Move) -> dict[str, int]:
+        record = self._decision_record(move.everyone[0], move.version) or {}
+        return {name: int(checkpoint) for name, checkpoint in (record.get("checkpoints") or {}).items()}
+
+    def _free_version(self, version: int) -> int:
+        """The first version from ``version`` no earlier attempt decided (an aborted v+1 is spent:
+        the decision is written once, so the next attempt targets v+2)."""
+        seed = self.replicas.urls[0]
+        while (record := self._decision_record(seed, version)) is not None:
+            if record["outcome"] != "abort":
+                raise RescaleFailed(
+                    f"topology version {version} was decided {record['outcome']} but the replicas are not at it: "
+                    "run statehouse rescale --resume"
+                )
+            version += 1
+        return version
+
+    def _check_new(self, move: _Move, set_id: str) -> None:
+        """Each new replica answers, empty, as replica i of M of this set, at a version the move may take."""
+        for index in range(len(move.old_urls), move.count):
+            url = move.urls[index]
+            start = (
+                f"start it empty with STATEHOUSE_REPLICA_INDEX={index} STATEHOUSE_REPLICA_COUNT={move.count} "
+                f"STATEHOUSE_TOPOLOGY_VERSION={move.version} and the set's checkpoint storage"
+            )
+            try:
+                shown = self._connection(url).json("GET", "/v1/topology")
+            except StatehouseError as exc:
+                raise NewReplicasMissing(
+                    f"new replica {index} ({url}) does not answer ({exc.detail}): {start}"
+                ) from exc
+            got = (shown["set_id"], shown["replica_index"], shown["replica_count"])
+            if got != (set_id, index, move.count) or shown["jobs"] or shown["version"] > move.version:
+                raise NewReplicasMissing(
+                    f"{url} is replica {shown['replica_index']} of {shown['replica_count']} of set "
+                    f"{shown['set_id']!r} at version {shown['version']} with {len(shown['jobs'])} jobs, not a new "
+                    f"empty replica {index} of {move.count} of set {set_id!r}: {start}"
+                )
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def _connection(self, url: str) -> ReplicaConnection:
+        """An admin connection: loads and commits run long (a read timeout of ``wait``)."""
+        url = url.rstrip("/")
+        connection = self._connections.get(url)
+        if connection is None:
+            config = self.replicas.config
+            timeout = max(config.timeout, self.wait)
+            connection = ReplicaConnection(
+                url, token=config.token, timeout=timeout, retries=config.retries, backoff=config.backoff
+            )
+            self._connections[url] = connection
+        return connection
+
+    def _call(self, url: str, step: str, body: dict[str, Any]) -> Any:
+        try:
+            return self._connection(url).json("POST", f"/v1/topology/{step}", body)
+        except StatehouseError as exc:
+            raise type(exc)(
+                f"{step} on {url}: {exc.detail}", status=exc.status, code=exc.code, problem=exc.problem
+            ) from exc
+
+    def _each(self, urls: list[str], call: Callable[[str], Any], *, tolerate: bool = False) -> list[Any]:
+        """``call(url)`` for every URL in parallel; the first error raised once all ended (none
+        with ``tolerate``)."""
+        futures = [self._pool.submit(call, url) for url in urls]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None and not tolerate:
+            raise first
+        return [None if e is not None else f.result() for f, e in zip(futures, errors, strict=True)]
+
+    def __enter__(self) -> LiveRescale:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _pending(surveyed: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
+    """(version, replica count) of the move some replica records as pending, if any."""
+    for shown in surveyed.values():
+        move = shown.get("move")
+        if move:
+            return move["version"], move["replica_count"]
+    return None
+
+
+def _jobs(shown: list[dict[str, Any]]) -> dict[str, int]:
+    return {job["job"]: job["max_parallelism"] for info in shown for job in info["jobs"]}
