@@ -17,6 +17,7 @@ which the next start drops (``Previous.dropped``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,8 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.errors import BatchInFlight, InvalidArgument, StateError
+from statehouse.backends.errors import BatchInFlight, InvalidArgument, JobNotFound, StateError
 from statehouse.backends.job import Job
+from statehouse.backends.names import validate_name
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
 from statehouse.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.checkpointing.manager import CheckpointManager
@@ -172,8 +174,13 @@ class RescaleParticipant:
             return move
 
     def _jobs(self) -> list[Job]:
-        """Every job of this replica, opened (a job found on disk opens on first use)."""
-        return [self.catalog.get(name, serving=False) for name in self.catalog.names()]
+        """Every job of this replica, opened (a job found on disk opens on first use); one deleted
+        meanwhile is left out."""
+        jobs = []
+        for name in self.catalog.names():
+            with contextlib.suppress(JobNotFound):
+                jobs.append(self.catalog.get(name, serving=False))
+        return jobs
 
     def _freeze(self, move: Move) -> None:
         """Freeze every job's moving-out key groups (and operator state), all or none; jobs opened
@@ -211,6 +218,8 @@ class RescaleParticipant:
             move = self._pending(version)
             if topology.index >= move.replica_count:
                 return {}  # removed by the move: it loads nothing
+            for job in checkpoints:
+                validate_name(job, "job")  # before it names a path in storage
             missing = sorted(set(self.catalog.names()) - set(checkpoints))
             if missing:
                 raise RescaleIncomplete(

@@ -384,8 +384,12 @@ def test_the_steps_need_an_admin_token(tmp_path):
         )
         ok(httpx.get(f"{server.url}/v1/topology", headers=as_user, timeout=30))  # reading the layout needs no admin
         as_admin = {"Authorization": f"Bearer {admin}"}
-        for name in ("prepare", "abort"):
-            ok(httpx.post(f"{server.url}/v1/topology/{name}", json=bodies[name], headers=as_admin, timeout=30))
+        ok(httpx.post(f"{server.url}/v1/topology/prepare", json=bodies["prepare"], headers=as_admin, timeout=30))
+        bad = {"version": 2, "checkpoints": {"../elsewhere": 1}}  # a job name is a path in storage: checked first
+        problem(
+            httpx.post(f"{server.url}/v1/topology/load", json=bad, headers=as_admin, timeout=30), 422, "invalid_name"
+        )
+        ok(httpx.post(f"{server.url}/v1/topology/abort", json=bodies["abort"], headers=as_admin, timeout=30))
         decision = httpx.get(f"{server.url}/v1/topology/decision", params={"version": 2}, headers=as_admin, timeout=30)
         assert ok(decision)["outcome"] == "abort"
         problem(httpx.get(f"{server.url}/v1/topology/decision", params={"version": 2}), 401, "unauthorized")

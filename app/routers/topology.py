@@ -192,6 +192,7 @@ def decision_info(decision: Decision) -> DecisionInfo:
 
 
 STEP = ("forbidden", "rescale_conflict", "storage_unavailable")
+LOAD = (*doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_incomplete", "checkpoint_not_found", "restore_incomplete")
 
 
 @router.post(
@@ -211,7 +212,7 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
 @router.post(
     "/topology/load",
     response_model=LoadInfo,
-    responses=doc.errors(*STEP, *doc.CHECKPOINT_STORAGE, "rescale_incomplete", "checkpoint_not_found"),
+    responses=doc.errors(*STEP, *LOAD),
 )
 async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> LoadInfo:
     """Step 3: load the key groups moving in to this replica from each job's checkpoint into the live job (not
