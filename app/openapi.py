@@ -174,7 +174,7 @@ PUT_JOB = errors("invalid_name", "invalid_argument", "job_conflict", "too_many_j
 LIST_JOBS = errors(*PAGED)
 JOB_ONLY = errors(*JOB)
 FENCE = errors(*JOB, "invalid_argument")
-PUT_STATE = errors(*JOB, "invalid_argument", "incompatible_state", "too_many_states")
+PUT_STATE = errors(*JOB, *MOVING, "invalid_argument", "incompatible_state", "too_many_states")
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
 

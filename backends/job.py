@@ -236,10 +236,12 @@ class Job:
 
     # -- descriptors ---------------------------------------------------------------------
 
-    def register_state(self, descriptor: StateDescriptor) -> bool:
+    def register_state(self, descriptor: StateDescriptor, *, loading: bool = False) -> bool:
         """Register a keyed state; ``False`` when an equal-or-compatible one exists.
 
-        A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor.
+        A compatible re-registration (e.g. a new TTL duration) replaces the stored descriptor;
+        not while a live rescale froze the job (the moved key groups would keep the old one),
+        except by the move's own load (``loading``), which registers the snapshot's states.
         """
         with self.exclusive():
             existing = self.descriptors.get(descriptor.name)
@@ -247,6 +249,8 @@ class Job:
                 descriptor.check_compatible(existing)
                 if existing == descriptor:
                     return False
+                if not loading:
+                    self.keyspace.check_not_frozen(f"changing state {descriptor.name!r}")
             else:
                 self.limits.check_states(self.name, len(self.descriptors) + 1)
             self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
@@ -269,6 +273,8 @@ class Job:
     def drop_state(self, name: str) -> None:
         with self.exclusive():
             self.descriptor(name)
+            # The checkpoint a live rescale loads from still holds it: dropped here, it would come back.
+            self.keyspace.check_not_frozen(f"dropping state {name!r}")
             tx = PartitionTransaction(self.partition)
             tx.delete(META_TABLE, 0, STATE_META + name.encode())
             tx.commit()

@@ -146,15 +146,20 @@ class KeySpace:
         """What a transaction checks its writes with (``None``: nothing is frozen, nothing to check)."""
         return self.check_writes if self.frozen_version else None
 
+    def check_not_frozen(self, what: str) -> None:
+        """``rescale_in_progress`` if a live rescale froze the job: ``what`` changes every key group."""
+        if self.frozen_version:
+            raise RescaleInProgress(
+                f"job {self.job!r} is being rescaled to topology version {self.frozen_version}: {what} waits for "
+                "the move to commit; retry",
+                version=self.frozen_version,
+            )
+
     def check_writes(self, table: str, key_groups: Collection[int]) -> None:
         """``rescale_in_progress`` if a write to ``table`` in these key groups must wait for a move."""
         if table in NON_KEYED_TABLES:
-            if table in _OPERATOR_TABLES and self.frozen_version:
-                raise RescaleInProgress(
-                    f"job {self.job!r} is being rescaled to topology version {self.frozen_version}: its operator "
-                    "state takes writes again once the move commits (it is redistributed then); retry",
-                    version=self.frozen_version,
-                )
+            if table in _OPERATOR_TABLES:  # redistributed when the move commits
+                self.check_not_frozen("writing its operator state")
             return
         frozen = self._frozen_groups
         if frozen and not frozen.isdisjoint(key_groups):

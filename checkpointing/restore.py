@@ -268,7 +268,7 @@ class MergeRestore(RestoreOperation):
             job, _created = self.catalog.create(self.job_name, self.parts[0].metadata.max_parallelism, serving=False)
             self.clear(job)
             for descriptor in _descriptors(self.parts):
-                job.register_state(descriptor)
+                job.register_state(descriptor, loading=True)
             _create_tables(job, fetched)
             for item in fetched:
                 self.entries += _load(job, self._records(item, temp))

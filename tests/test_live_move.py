@@ -166,7 +166,15 @@ def test_operator_state_is_frozen_while_the_job_is(frozen_job):
     with job.transaction() as tx:
         tx.value("v").update(MOVING_KEY, "writable again")
     job.fence(3)  # metadata is no state a move carries: epochs go on
-    job.register_state(StateDescriptor("later", "value"))
+    assert job.register_state(StateDescriptor("later", "map"))  # a new state: nothing of it moves
+    assert not job.register_state(StateDescriptor("v", "value"))  # the same again
+    # changing or dropping one changes the key groups that move (the checkpoint keeps the old one)
+    with pytest.raises(RescaleInProgress, match="changing state 'later'"):
+        job.register_state(StateDescriptor("later", "map", function="sum"))
+    with pytest.raises(RescaleInProgress, match="dropping state 'later'"):
+        job.drop_state("later")
+    job.unfreeze()
+    job.drop_state("later")
 
 
 def test_freeze_refused_while_an_open_epoch_staged_writes_there(make_catalog):
