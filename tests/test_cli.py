@@ -1,6 +1,7 @@
 """The ``statehouse`` command over real processes (issue 29): one local 3-replica set started by
-``statehouse serve``, driven through status → savepoint → checkpoints → restore → an offline rescale
-3 → 2 (which restarts the set itself), every key checked against a plain-Python oracle; a client
+``statehouse serve``, driven through status → savepoint → checkpoints → restore → a live rescale
+3 → 2 → 3 (``serve`` stops the removed replica after the commit, and starts the new one before the
+grow), every key checked against a plain-Python oracle; the offline rescale's refusal path; a client
 given the URLs in the wrong order, or one seed URL, works; a client opened before the rescale
 refreshes its layout on the newer version; every command's ``--help`` and ``--json``.
 """
@@ -114,8 +115,16 @@ def test_errors_are_one_line_with_their_exit_code(served, tmp_path):
     assert (
         unknown.stderr == "statehouse checkpoints: no job 'nope' on the replicas (statehouse status lists the jobs)\n"
     )
-    no_plan = cli("rescale", "--resume", "--plan", str(tmp_path / "none.json"), urls=served.urls[0], code=2)
+    no_plan = cli(
+        "rescale", "--offline", "--resume", "--plan", str(tmp_path / "none.json"), urls=served.urls[0], code=2
+    )
     assert "no rescale plan at" in no_plan.stderr
+    nothing = cli("rescale", "--resume", urls=served.urls[0], code=1)
+    assert nothing.stderr == (
+        "statehouse rescale: no rescale is pending on the replicas (statehouse status shows the layout)\n"
+    )
+    unstarted = cli("rescale", "--to", "4", urls=served.urls[0], code=4)
+    assert "needs the 1 new replicas' URLs" in unstarted.stderr and unstarted.stderr.count("\n") == 1
 
 
 def values(sh: StatehouseClient) -> dict[str, Any]:
@@ -171,9 +180,9 @@ def test_serve_status_savepoint_restore_rescale(served):
         one_by_one, columnar, batched = (sh.job(JOB) for sh in stale)
         assert all((sh.replicas.version, len(sh.replicas)) == (1, 3) for sh in stale)
 
-        human = cli("rescale", JOB, "--to", "2", "--serve-dir", str(served.directory), urls=urls[0])
-        assert human.stdout.startswith("rescaled 3 -> 2 replicas from savepoint ")
-        assert "writers fenced at epoch" in human.stderr
+        human = cli("rescale", "--to", "2", "--serve-dir", str(served.directory), urls=urls[0])
+        assert human.stdout.startswith("rescaled 3 -> 2 replicas live (topology version 2) in ")
+        assert "prepared: topology version 2" in human.stderr and "committed: " in human.stderr
 
         status = cli_json("status", urls=urls[0])
         assert (status["replica_count"], status["version"]) == (2, 2)
@@ -197,9 +206,12 @@ def test_serve_status_savepoint_restore_rescale(served):
         for sh in stale:
             sh.close()
 
-    again = cli_json("rescale", JOB, "--to", "3", "--serve-dir", str(served.directory), urls=urls[0])
-    assert again["status"] == "done" and again["urls"] == urls
-    assert again["jobs"][JOB] == {"key_group_ranges": [[0, 21], [22, 42], [43, 63]], "keys": {"total": len(KEYS)}}
+    # Grown by `serve` itself: a new, empty replica 2 started before the move.
+    again = cli_json("rescale", "--to", "3", "--serve-dir", str(served.directory), urls=urls[0])
+    assert again["status"] == "done" and again["urls"] == urls and again["version"] == 3
+    assert again["ranges"][JOB] == [[0, 21], [22, 42], [43, 63]]
+    assert again["loaded"][urls[2]]["entries"] > 0
+    assert read_state(served.directory)["urls"] == urls
     with StatehouseClient(urls[1]) as sh:
         assert sh.topology()[0]["version"] == 3
         assert values(sh) == oracle
@@ -210,7 +222,17 @@ def test_rescale_of_a_set_it_does_not_run_says_what_to_do(served, tmp_path):
     with the restart to do; resumed before that restart, it says the set is not there yet."""
     plan = tmp_path / "plan.json"
     asked = cli(
-        "rescale", "--all", "--to", "2", "--plan", str(plan), "--json", urls=served.urls[0], code=4, cwd=tmp_path
+        "rescale",
+        "--all",
+        "--to",
+        "2",
+        "--offline",
+        "--plan",
+        str(plan),
+        "--json",
+        urls=served.urls[0],
+        code=4,
+        cwd=tmp_path,
     )
     told = json.loads(asked.stdout)
     assert told["status"] == "restart_needed" and plan.exists()

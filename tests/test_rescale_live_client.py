@@ -1,13 +1,31 @@
-"""The client side of the live rescale (docs/operations.md, Rescaling; issue 30) over real replicas:
-the per-process layout cache every new client (each Spark task) routes from, and its refresh."""
+"""The client side of the live rescale (client/rescale.py, docs/operations.md "Rescaling"; issue 30)
+over real RocksDB replicas sharing one checkpoint directory: LiveRescale 2 -> 3 -> 2 with a writer
+running and every value checked against a dict; a coordinator that dies after each step (its
+progress callback raises) replaced by a resume; an abort; and the per-process layout cache every new
+client (each Spark task) routes from."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
 import pytest
 
+from harness.replica_set import ReplicaSet, misplaced
 from statehouse.client import StatehouseClient
+from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
 
 pytestmark = [pytest.mark.http]
+
+JOB = "moving"
+P = 32
+KEYS = [f"user-{i}" for i in range(120)]
+
+
+class Died(Exception):
+    """The coordinator 'dies' here: raised from the progress callback, nothing after it runs."""
 
 
 def test_a_new_client_routes_from_the_layout_this_process_learned(two_replicas, job_name):
@@ -19,3 +37,142 @@ def test_a_new_client_routes_from_the_layout_this_process_learned(two_replicas, 
         job = second.job(job_name)  # no GET /v1/topology: the layout came from the cache
         assert second.replicas.cached and second.replicas.urls == [s.url for s in two_replicas]
         assert job.value_state("s").value("alice") == 1
+
+
+@pytest.fixture
+def replica_set(tmp_path) -> Iterator[ReplicaSet]:
+    replicas = ReplicaSet(tmp_path, {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+    replicas.start(2)
+    yield replicas
+    replicas.stop()
+
+
+@pytest.fixture
+def oracle(replica_set) -> dict[str, tuple[int, list[int]]]:
+    """The job with a value state and a list state written for every key; what they must hold."""
+    expected: dict[str, tuple[int, list[int]]] = {}
+    with StatehouseClient(replica_set.urls) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("v", "value")
+        job.register("l", "list")
+        with job.batch() as batch:
+            for i, key in enumerate(KEYS):
+                batch.put("v", key, i)
+                batch.add("l", key, i)
+                expected[key] = (i, [i])
+    return expected
+
+
+def check(urls: list[str], expected: dict[str, tuple[int, list[int]]], count: int) -> None:
+    """Every key's values through a fresh client, and every key stored on its owner only."""
+    with StatehouseClient(urls) as sh:
+        job = sh.job(JOB)
+        assert len(job.replicas) == count
+        with job.batch() as batch:
+            got = {key: (batch.get("v", key), batch.get("l", key)) for key in KEYS}
+        assert {key: (value.value, values.value) for key, (value, values) in got.items()} == expected
+    assert misplaced(urls, JOB, ["v", "l"], P, count) == {"v": [], "l": []}
+
+
+def grow(replica_set: ReplicaSet, version: int) -> str:
+    """A new, empty replica 2 of 3 (a fresh data directory, even where a removed one ran)."""
+    if len(replica_set.servers) > 2:
+        replica_set.servers.pop().stop()
+    return replica_set.add(2, 3, version).url
+
+
+def writer(urls: list[str], expected: dict[str, tuple[int, list[int]]], keys: list[str]) -> threading.Thread:
+    """Writes while the move runs (a plain client's batches): each write to a frozen key group is
+    refused 503 and retried until the commit, then re-routed on the 421 that follows."""
+
+    def write() -> None:
+        with StatehouseClient(urls) as sh:
+            job = sh.job(JOB)
+            for key in keys:
+                later = 1000 + KEYS.index(key)
+                with job.batch() as batch:
+                    batch.put("v", key, later)
+                    batch.add("l", key, later)
+                expected[key] = (later, [*expected[key][1], later])
+
+    return threading.Thread(target=write, daemon=True)
+
+
+def test_live_rescale_2_to_3_to_2_with_a_writer_running(replica_set, oracle):
+    urls = replica_set.urls
+    new = grow(replica_set, 2)
+    steps: list[str] = []
+    writers: list[threading.Thread] = []
+
+    def progress(step: str, info: dict[str, Any]) -> None:
+        steps.append(step)
+        if step == "prepared":  # frozen now: the writer's refused writes wait for the commit
+            writers.append(writer(urls, oracle, KEYS[:40]))
+            writers[-1].start()
+
+    with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
+        report = move.run()
+        assert len(sh.replicas) == 3  # the driver's own client routes by the new layout
+    for thread in writers:
+        thread.join(120)
+        assert not thread.is_alive()
+    assert steps == list(STEPS) and report.outcome == "committed" and report.to_count == 3
+    assert report.loaded[new]["entries"] > 0 and report.loaded[new]["bytes_read"] > 0
+    assert report.ranges[JOB] == [[0, 10], [11, 21], [22, 31]]
+    check([*urls, new], oracle, 3)
+
+    with StatehouseClient(urls) as sh, LiveRescale(sh, 2, wait=120) as move:
+        report = move.run()
+    assert report.outcome == "committed" and report.version == 3 and report.urls == urls
+    assert report.ranges[JOB] == [[0, 15], [16, 31]]
+    check(urls, oracle, 2)
+
+
+def run_until(urls: list[str], to: int, new: list[str], step: str) -> None:
+    def progress(reached: str, _info: dict[str, Any]) -> None:
+        if reached == step:
+            raise Died(step)
+
+    with (
+        StatehouseClient(urls) as sh,
+        LiveRescale(sh, to, new, wait=120, progress=progress) as move,
+        pytest.raises(Died),
+    ):
+        move.run()
+
+
+def resumed(urls: list[str]) -> RescaleReport:
+    """Another coordinator, given only the old replicas' URLs (a new process would be the same:
+    nothing of the dead one is kept), resumes: the replicas name the move's new set."""
+    with StatehouseClient(urls) as sh, LiveRescale(sh, wait=120) as move:
+        assert move.pending() in ("undecided", "commit")
+        return move.resume()
+
+
+@pytest.mark.parametrize("step", ["prepared", "checkpointed", "loaded", "decided"])
+def test_a_coordinator_dying_after_a_step_is_resumed(replica_set, oracle, step):
+    urls = replica_set.urls
+    new = grow(replica_set, 2)
+    run_until(urls, 3, [new], step)
+    report = resumed(urls)
+    assert report.outcome == "committed" and report.to_count == 3
+    check([*urls, new], oracle, 3)
+    run_until(urls, 2, [], step)  # and back, dying at the same step
+    report = resumed(urls)
+    assert report.outcome == "committed" and report.to_count == 2
+    check(urls, oracle, 2)
+
+
+def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(replica_set, oracle):
+    urls = replica_set.urls
+    new = grow(replica_set, 2)
+    run_until(urls, 3, [new], "loaded")
+    with StatehouseClient(urls) as sh, LiveRescale(sh, wait=120) as move:  # the move names the new replica
+        report = move.abort()
+        assert report.outcome == "aborted" and move.pending() is None
+    check(urls, oracle, 2)  # the old layout serves, nothing lost, nothing left on the new replica
+    assert httpx.get(f"{new}/v1/topology").json()["jobs"] == []
+    with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [new], wait=120) as move:
+        report = move.run()  # version 2 was decided abort, written once: this move is version 3
+    assert report.outcome == "committed" and report.version == 3
+    check([*urls, new], oracle, 3)

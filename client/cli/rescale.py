@@ -1,5 +1,15 @@
-"""``statehouse rescale JOB|--all --to M``: the offline rescale (docs/operations.md, Rescaling) as one
-command. For each job: refuse while a micro-batch commit is under way, fence the writers (a
+"""``statehouse rescale --to M``: rescale the replica set to M replicas live, while writers run
+(docs/operations.md, Rescaling): prepare every replica (the key groups that move freeze; writes to
+them wait), one checkpoint of every job, load on the new layout, the durable decision, commit
+everywhere, verify. New replicas must be running first, empty, with STATEHOUSE_REPLICA_COUNT=M and
+STATEHOUSE_TOPOLOGY_VERSION=v+1: give their URLs with --urls-new (or a STATEHOUSE_REPLICA_URLS
+template with {index}); a set run by `statehouse serve` is grown (new replicas started before the
+move) and shrunk (removed replicas stopped after it) by the command itself. Every job of the set
+moves. A move a dead coordinator left is finished with --resume (forward once commit was decided)
+or rolled back with --abort (before that).
+
+With --offline, the earlier procedure: ``statehouse rescale JOB|--all --to M --offline``. For each
+job: refuse while a micro-batch commit is under way, fence the writers (a
 running Spark query's next write is refused), count its keys, take a savepoint; then the set
 restarts with M replicas adopting the new layout — by itself when ``statehouse serve`` runs it,
 otherwise the command prints what to do and exits 4, to be run again with ``--resume`` — and every
@@ -34,20 +44,34 @@ from statehouse.client.cli.serve import read_state, state_path
 from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.job import JobClient
+from statehouse.client.rescale import LiveRescale, NewReplicasMissing, RescaleFailed, RescalePending
 from statehouse.keygroups import KeyGroupRange
 
-HELP = "offline rescale of jobs to another replica count"
+HELP = "rescale the replica set to another replica count, live (or --offline)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", nargs="?", help="the job to move (or --all)")
-    parser.add_argument("--all", action="store_true", help="every job of the replica set")
+    parser.add_argument("job", nargs="?", help="--offline: the job to move (or --all); live, every job moves")
+    parser.add_argument("--all", action="store_true", help="--offline: every job of the replica set")
     parser.add_argument("--to", type=int, metavar="M", help="the new replica count")
     parser.add_argument(
-        "--plan", default="statehouse-rescale.json", help="where the plan is kept (default ./statehouse-rescale.json)"
+        "--urls-new",
+        default="",
+        help="the new replicas' URLs (indices N..M-1, or the whole new set's), comma-separated; default: "
+        "$STATEHOUSE_REPLICA_URLS when it is a template with {index}",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="continue the plan once the set runs with M replicas: restore, verify"
+        "--resume",
+        action="store_true",
+        help="finish the pending live move (forward if commit was decided); --offline: continue the plan once "
+        "the set runs with M replicas",
+    )
+    parser.add_argument("--abort", action="store_true", help="roll the pending live move back (before commit)")
+    parser.add_argument("--offline", action="store_true", help="the offline procedure: fence, savepoint, restart")
+    parser.add_argument(
+        "--plan",
+        default="statehouse-rescale.json",
+        help="--offline: where the plan is kept (default ./statehouse-rescale.json)",
     )
     parser.add_argument(
         "--serve-dir",
@@ -59,6 +83,99 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and args.abort:
+        raise CommandError("give --resume or --abort, not both", 2)
+    if args.offline or (args.resume and Path(args.plan).exists()):  # a plan file: an offline rescale's
+        return _offline(args)
+    return _live(args)
+
+
+def _live(args: argparse.Namespace) -> int:
+    """The live rescale (client/rescale.py), its progress a line per step on stderr."""
+    if not (args.resume or args.abort) and (args.to is None or args.to < 1):
+        raise CommandError("give the new replica count with --to M", 2)
+
+    def progress(step: str, info: dict[str, Any]) -> None:
+        if step == "waiting":
+            note(args, f"waiting for a micro-batch to end: {info['detail']}")
+        else:
+            note(args, f"{step}: {_summary(step, info)}")
+
+    with open_client(args) as sh:
+        new_urls = [u.strip() for u in args.urls_new.split(",") if u.strip()]
+        serve_dir = None
+        if not (args.resume or args.abort):
+            shown = sh.topology()
+            count, version = shown[0]["replica_count"], shown[0]["version"]
+            serve_dir = _managed(args, sh.replicas.urls)
+            if args.to > count and not new_urls:
+                if serve_dir is not None:
+                    new_urls = waiting(
+                        args,
+                        f"starting {args.to - count} new replicas",
+                        lambda: _change(args, serve_dir, "grow", args.to, version + 1),
+                    )[count:]
+                else:
+                    new_urls = _templated(count, args.to)
+        with LiveRescale(sh, args.to, new_urls, wait=args.wait, progress=progress) as move:
+            try:
+                if args.abort:
+                    report = move.abort()
+                elif args.resume:
+                    report = move.resume()
+                else:
+                    report = move.run()
+            except (RescalePending, NewReplicasMissing) as exc:
+                raise CommandError(exc.detail, EXIT_OPERATOR) from None
+            except RescaleFailed:
+                if serve_dir is not None and args.to > count and move.pending() is None:
+                    _change(args, serve_dir, "shrink", count, None)  # aborted: the added replicas go
+                raise
+    if serve_dir is not None and report.outcome == "committed" and report.to_count < report.from_count:
+        _change(args, serve_dir, "shrink", report.to_count, report.version)
+    document = {"status": "done" if report.outcome == "committed" else "aborted", **report.to_json()}
+    if report.outcome == "committed":
+        lines = [
+            f"rescaled {report.from_count} -> {report.to_count} replicas live (topology version {report.version}) "
+            f"in {report.seconds:.1f}s, verified:"
+        ]
+        lines += [f"  {name}: ranges {ranges}" for name, ranges in report.ranges.items()]
+        lines += [
+            f"  {url}: loaded {b['bytes_read']} bytes, {b['entries']} entries" for url, b in report.loaded.items()
+        ]
+        lines.append(f"STATEHOUSE_URLS={','.join(report.urls)}")
+    else:
+        lines = [
+            f"the rescale to {report.to_count} replicas (version {report.version}) was aborted: the old layout serves"
+        ]
+    emit(args, document, lines)
+    return 0
+
+
+def _summary(step: str, info: dict[str, Any]) -> str:
+    if step == "checkpointed":
+        return ", ".join(f"{job} checkpoint {c}" for job, c in info["checkpoints"].items()) or "no jobs"
+    if step == "loaded":
+        return ", ".join(f"{url} {b['bytes_read']} bytes" for url, b in info["loaded"].items())
+    if step == "verified":
+        return ", ".join(f"{job} {ranges}" for job, ranges in info["ranges"].items()) or "no jobs"
+    return f"topology version {info.get('version', '?')}"
+
+
+def _templated(count: int, to: int) -> list[str]:
+    """The new replicas' URLs from a STATEHOUSE_REPLICA_URLS template (``{index}``), else none."""
+    template = os.environ.get("STATEHOUSE_REPLICA_URLS", "")
+    if "{index}" not in template:
+        return []
+    return [template.replace("{index}", str(i)) for i in range(count, to)]
+
+
+def _change(args: argparse.Namespace, directory: Path, action: str, count: int, version: int | None) -> list[str]:
+    """Ask the ``serve`` in ``directory`` to grow or shrink its set (SIGHUP); wait until it has."""
+    return _ask_serve(args, directory, {"request": action, "requested_replicas": count, "requested_version": version})
+
+
+def _offline(args: argparse.Namespace) -> int:
     plan_path = Path(args.plan)
     if args.resume:
         resumed = _read_plan(plan_path)
@@ -172,24 +289,30 @@ def _managed(args: argparse.Namespace, urls: list[str]) -> Path | None:
 def _restart(args: argparse.Namespace, directory: Path, version: int) -> list[str]:
     """Ask the ``serve`` in ``directory`` to restart the set with ``args.to`` replicas at topology
     ``version`` (SIGHUP), and wait until it reports them ready."""
+    return _ask_serve(
+        args, directory, {"request": "restart", "requested_replicas": args.to, "requested_version": version}
+    )
+
+
+def _ask_serve(args: argparse.Namespace, directory: Path, request: dict[str, Any]) -> list[str]:
+    """Hand the ``serve`` in ``directory`` a request in its state file (SIGHUP), and wait until it
+    reports the set ready with the requested replica count; the set's URLs."""
     state = read_state(directory) or {}
     path = state_path(directory)
     temporary = path.with_suffix(".request")
-    request = {"requested_replicas": args.to, "requested_version": version, "status": "requested"}
-    temporary.write_text(json.dumps({**state, **request}))
+    temporary.write_text(json.dumps({**state, **request, "status": "requested"}))
     os.replace(temporary, path)
     os.kill(int(state["pid"]), signal.SIGHUP)
+    count = request["requested_replicas"]
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         now = read_state(directory)
         if now is None:
-            raise CommandError(f"`statehouse serve` in {directory} stopped while restarting the set")
-        if now.get("status") == "ready" and now.get("replicas") == args.to:
+            raise CommandError(f"`statehouse serve` in {directory} stopped while changing the set")
+        if now.get("status") == "ready" and now.get("replicas") == count:
             return list(now["urls"])
         time.sleep(0.2)
-    raise CommandError(
-        f"the set did not restart with {args.to} replicas within {args.wait:.0f}s: see the replicas' logs"
-    )
+    raise CommandError(f"the set did not come up with {count} replicas within {args.wait:.0f}s: see the replicas' logs")
 
 
 def _finish(args: argparse.Namespace, plan: dict[str, Any], plan_path: Path, urls: list[str]) -> int:

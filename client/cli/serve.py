@@ -4,8 +4,10 @@ checkpoint storage DIR/checkpoints (or $STATEHOUSE_CHECKPOINT_DIR), as a set's r
 and each advertises the set's URLs (STATEHOUSE_REPLICA_URLS), so that one URL is enough for a client.
 Ctrl-C or SIGTERM stops them all. It needs the server installed (pip install statehouse).
 
-DIR/statehouse-serve.json describes the running set; ``statehouse rescale`` uses it to restart the
-set with another replica count itself."""
+DIR/statehouse-serve.json describes the running set; ``statehouse rescale`` uses it to grow the set
+live (new empty replicas started with the new count, before the move) and shrink it (the removed
+replicas stopped after the commit, their data moved aside), or, with ``--offline``, to restart the
+set with another replica count."""
 
 from __future__ import annotations
 
@@ -74,39 +76,71 @@ class ReplicaSet:
         """Start ``count`` replicas and wait until each is ready; their URLs. ``adopt``: at the
         topology ``version`` (STATEHOUSE_TOPOLOGY_VERSION), which the new, empty replicas record too."""
         urls = self.urls(count)
-        checkpoints = os.environ.get("STATEHOUSE_CHECKPOINT_DIR") or str(self.directory / "checkpoints")
-        base = {k: v for k, v in os.environ.items() if k not in _TOPOLOGY_SETTINGS}
         self.count = count
         for i in range(count):
-            env = {
-                **base,
-                "STATEHOUSE_REPLICA_INDEX": str(i),
-                "STATEHOUSE_REPLICA_COUNT": str(count),
-                "STATEHOUSE_DATA_DIR": str(self.directory / f"data-{i}"),
-                "STATEHOUSE_CHECKPOINT_DIR": checkpoints,
-                "STATEHOUSE_REPLICA_URLS": ",".join(urls),
-                **({"STATEHOUSE_ADOPT_TOPOLOGY": "1"} if adopt else {}),
-                **({"STATEHOUSE_TOPOLOGY_VERSION": str(version)} if version else {}),
-            }
-            command = [sys.executable, "-m", "statehouse.app.serve", "--host", self.args.host]
-            with open(self.directory / f"replica-{i}.log", "ab") as log:
-                self.processes.append(
-                    subprocess.Popen(
-                        [*command, "--port", str(self.args.port + i)], env=env, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
+            self._spawn(i, count, urls, adopt=adopt, version=version)
         for i, url in enumerate(urls):
             self._wait_ready(i, url)
         return urls
 
-    def _wait_ready(self, index: int, url: str) -> None:
+    def grow(self, count: int, version: int) -> list[str]:
+        """Start the replicas ``count`` adds, empty, as replicas of ``count`` at topology ``version``
+        (a live rescale then moves their key groups in); wait until each answers. Every URL."""
+        urls = self.urls(count)
+        first = len(self.processes)
+        for i in range(first, count):
+            self._spawn(i, count, urls, adopt=False, version=version)
+        for i in range(first, count):
+            self._wait_ready(i, urls[i], probe="/healthz")  # not ready until the move commits
+        self.count = count
+        return urls
+
+    def shrink(self, count: int, version: int | None) -> list[str]:
+        """Stop the replicas from ``count`` on (a live rescale retired them, or aborted adding
+        them) and move their data aside; the remaining URLs."""
+        for process in self.processes[count:]:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for index, process in list(enumerate(self.processes))[count:]:
+            try:
+                process.wait(timeout=35)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            _set_aside(self.directory, index, version)
+        self.processes = self.processes[:count]
+        self.count = count
+        return self.urls(count)
+
+    def _spawn(self, i: int, count: int, urls: list[str], *, adopt: bool, version: int | None) -> None:
+        checkpoints = os.environ.get("STATEHOUSE_CHECKPOINT_DIR") or str(self.directory / "checkpoints")
+        base = {k: v for k, v in os.environ.items() if k not in _TOPOLOGY_SETTINGS}
+        env = {
+            **base,
+            "STATEHOUSE_REPLICA_INDEX": str(i),
+            "STATEHOUSE_REPLICA_COUNT": str(count),
+            "STATEHOUSE_DATA_DIR": str(self.directory / f"data-{i}"),
+            "STATEHOUSE_CHECKPOINT_DIR": checkpoints,
+            "STATEHOUSE_REPLICA_URLS": ",".join(urls),
+            **({"STATEHOUSE_ADOPT_TOPOLOGY": "1"} if adopt else {}),
+            **({"STATEHOUSE_TOPOLOGY_VERSION": str(version)} if version else {}),
+        }
+        command = [sys.executable, "-m", "statehouse.app.serve", "--host", self.args.host]
+        with open(self.directory / f"replica-{i}.log", "ab") as log:
+            self.processes.append(
+                subprocess.Popen(
+                    [*command, "--port", str(self.args.port + i)], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+
+    def _wait_ready(self, index: int, url: str, probe: str = "/readyz") -> None:
         deadline = time.monotonic() + self.args.start_timeout
         http = urllib3.PoolManager(timeout=urllib3.Timeout(total=2), retries=False)
         while True:
             if self.processes[index].poll() is not None:
                 raise CommandError(f"replica {index} exited at start: {self.last_line(index)}")
             try:
-                if http.request("GET", f"{url}/readyz").status == 200:
+                if http.request("GET", f"{url}{probe}").status == 200:
                     return
             except urllib3.exceptions.HTTPError:
                 pass
@@ -159,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.2)
             if rescale:
                 rescale.clear()
-                urls = _restart(args, replicas)
+                urls = _requested(args, replicas)
             crashed = replicas.exited()
             if crashed is not None:
                 raise CommandError(f"replica {crashed} stopped: {replicas.last_line(crashed)}")
@@ -172,21 +206,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _restart(args: argparse.Namespace, replicas: ReplicaSet) -> list[str]:
-    """The set again with the replica count ``statehouse rescale`` asked for, adopting the new
-    layout (its jobs answer layout_mismatch until rescale restores them)."""
+def _requested(args: argparse.Namespace, replicas: ReplicaSet) -> list[str]:
+    """What ``statehouse rescale`` asked for (SIGHUP, with the request in the state file): ``grow``
+    or ``shrink`` the set live, or (offline) restart it with another replica count."""
     state = read_state(args.dir) or {}
     count = int(state.get("requested_replicas") or replicas.count)
     version = state.get("requested_version")
+    action = state.get("request", "restart")
+    if action in ("grow", "shrink"):
+        _write_state(args, replicas, [], status="changing")
+        if action == "grow":
+            note(args, f"starting replicas {replicas.count}..{count - 1} (empty, topology version {version}) ...")
+            urls = replicas.grow(count, int(version or 0))
+        else:
+            note(args, f"stopping replicas {count}..{replicas.count - 1} (removed by the rescale) ...")
+            urls = replicas.shrink(count, version)
+        _announce(args, replicas, urls, first=False)
+        return urls
+    return _restart(args, replicas, count, version)
+
+
+def _set_aside(directory: Path, index: int, version: Any) -> None:
+    """A removed replica's data must never rejoin a later layout as if current: moved aside, kept."""
+    data = directory / f"data-{index}"
+    if data.exists():
+        data.rename(directory / f"data-{index}.removed-v{version}-{int(time.time())}")
+
+
+def _restart(args: argparse.Namespace, replicas: ReplicaSet, count: int, version: Any) -> list[str]:
+    """The set again with the replica count ``statehouse rescale --offline`` asked for, adopting the
+    new layout (its jobs answer layout_mismatch until rescale restores them)."""
     note(args, f"restarting the set with {count} replicas (adopting topology version {version}) ...")
     _write_state(args, replicas, [], status="restarting")
     previous = replicas.count
     replicas.stop()
-    # A removed replica's data must never rejoin a later layout as if current: moved aside, kept.
     for index in range(count, previous):
-        data = replicas.directory / f"data-{index}"
-        if data.exists():
-            data.rename(replicas.directory / f"data-{index}.removed-v{version}-{int(time.time())}")
+        _set_aside(replicas.directory, index, version)
     urls = replicas.start(count, adopt=True, version=version)
     _announce(args, replicas, urls, first=False)
     return urls
