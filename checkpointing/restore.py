@@ -234,9 +234,9 @@ class MergeRestore(RestoreOperation):
     when the move commits.
 
     Fetching is the restore's (ranged reads of only those key groups of full parts, incremental
-    parts' files copied out of by RocksDB's reader); what is fetched is verified before the live
-    job is touched. ``entries`` and ``bytes_read`` (from storage, during :meth:`run`) say what
-    was loaded and what it cost."""
+    parts' files copied out of by RocksDB's reader), a chunk of key groups at a time: each is
+    verified before it is loaded, and memory holds one chunk (``LOAD_FETCH_BYTES``). ``entries``
+    and ``bytes_read`` (from storage, during :meth:`run`) say what was loaded and what it cost."""
 
     def __init__(
         self,
@@ -260,24 +260,39 @@ class MergeRestore(RestoreOperation):
     def run(self) -> Job:
         """Load the wanted key groups and stage the operator state; the live job (returned)."""
         target_range(self.parts, self.index, self.count)  # the parts agree; the count fits them
+        plan = [
+            (part, chunk)
+            for target in self.wanted
+            for part in check_coverage(self.parts, target)
+            for chunk in _chunks(part, target)
+        ]  # refuses a snapshot that does not cover them first
         read_before = self.storage.bytes_read
-        with self._staging() as temp:
-            fetched = self._fetch_ranges(self.wanted, temp)
-            operator = self._operator(self.index, self.count)
+        try:
+            with self._staging() as temp:
+                operator = self._operator(self.index, self.count)
+                job, _created = self.catalog.create(
+                    self.job_name, self.parts[0].metadata.max_parallelism, serving=False
+                )
+                self.clear(job)
+                for descriptor in _descriptors(self.parts):
+                    job.register_state(descriptor, loading=True)
+                # A chunk at a time, fetched (verified) then loaded: what it holds in memory is one
+                # chunk, whatever the share (a failure leaves key groups nobody serves; a re-run
+                # clears them).
+                for part, chunk in plan:
+                    item = self._fetch(part, chunk, temp)
+                    _create_tables(job, [item])
+                    self.entries += _load(job, self._records(item, temp))
+                    if item.db_dir is not None:
+                        shutil.rmtree(item.db_dir, ignore_errors=True)
+                committed = max(p.metadata.committed_epoch for p in self.parts)
+                if job.committed_epoch < committed:  # a new job: the micro-batches the loaded state holds
+                    with job.transaction() as tx:
+                        tx.record_commit(committed)
+                job.stage_operator_state(operator)
+                return job
+        finally:
             self.bytes_read = self.storage.bytes_read - read_before
-            job, _created = self.catalog.create(self.job_name, self.parts[0].metadata.max_parallelism, serving=False)
-            self.clear(job)
-            for descriptor in _descriptors(self.parts):
-                job.register_state(descriptor, loading=True)
-            _create_tables(job, fetched)
-            for item in fetched:
-                self.entries += _load(job, self._records(item, temp))
-            committed = max(p.metadata.committed_epoch for p in self.parts)
-            if job.committed_epoch < committed:  # a new job: the micro-batches the loaded state holds
-                with job.transaction() as tx:
-                    tx.record_commit(committed)
-            job.stage_operator_state(operator)
-            return job
 
     def clear(self, job: Job | None = None) -> None:
         """Remove what a load left (its key groups, its staged operator state): before a load,
@@ -289,6 +304,28 @@ class MergeRestore(RestoreOperation):
 
 # Records a load writes into a live job per batch (under its lock, between requests).
 LOAD_BATCH = 5_000
+# Bytes of a full part's key-group sections a load fetches at once (one key group larger than
+# this is fetched alone): bounds what a load holds in memory on a replica that keeps serving.
+LOAD_FETCH_BYTES = 32 << 20
+
+
+def _chunks(part: SnapshotPart, target: KeyGroupRange) -> list[KeyGroupRange]:
+    """``part``'s key groups in ``target``, cut into ranges whose full-format sections add up to at
+    most ``LOAD_FETCH_BYTES`` (the handle knows each section's length before anything is read);
+    an incremental part's are one range (its files are downloaded to disk, not held in memory)."""
+    wanted = part.metadata.key_group_range.intersection(target)
+    keyed = part.metadata.keyed
+    if not isinstance(keyed, KeyGroupsHandle) or not len(wanted):
+        return [wanted] if len(wanted) else []
+    chunks, start, size = [], wanted.start, 0
+    for kg in wanted:
+        length = keyed.offsets.section(kg).length
+        if size and size + length > LOAD_FETCH_BYTES:
+            chunks.append(KeyGroupRange(start, kg - 1))
+            start, size = kg, 0
+        size += length
+    chunks.append(KeyGroupRange(start, wanted.end))
+    return chunks
 
 
 def _load(job: Job, records: Iterator[WriteOp]) -> int:

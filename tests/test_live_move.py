@@ -562,3 +562,26 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
     move.load(2)
     move.commit()
     assert sum(len(dump(c.get("orders"))) for c in catalogs) == sum(len(dump_all(c.get("orders"))) for c in catalogs)
+
+
+def test_a_load_holds_one_chunk_of_key_groups_at_a_time(make_catalog, make_manager, tmp_path, monkeypatch):
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    move, keyed = _share_move(make_catalog, make_manager, tmp_path, storage, incremental=False)
+    section = max(s.length for p in move.parts for s in p.metadata.keyed.offsets.sections)
+    monkeypatch.setattr(restore, "LOAD_FETCH_BYTES", 4 * section)
+    reads: list[int] = []
+    real = type(storage).read_existing
+
+    def counted(self, handle, offset=0, length=None):
+        data = real(self, handle, offset, length)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(type(storage), "read_existing", counted)
+    load = _reads_its_share(move, keyed)  # the same share, the same key groups, every entry
+    assert len(reads) >= len(move.moving_in(2)[0]) // 4  # many ranged reads ...
+    assert max(reads) <= 4 * section  # ... none holding more than the budget
+    move.load(1)
+    move.commit()
+    assert sum(len(dump(c.get("orders"))) for c in move.catalogs) == 20_000
+    assert load.entries == len(dump(move.catalogs[2].get("orders")))
