@@ -46,7 +46,9 @@ class DecisionUnreadable(StateError):
 @dataclass(frozen=True)
 class Decision:
     """The outcome of the move of replica set ``set_id`` to ``replica_count`` replicas at topology
-    ``version``, with what the coordinator moved (``checkpoints``: job -> checkpoint id) and where
+    ``version``, with what the coordinator moved (``checkpoints``: job -> checkpoint id), what it
+    wants whoever resumes the move to know (``metadata``, free-form JSON: e.g. each checkpoint's
+    metadata, which the replicas no longer list once they serve the new layout's parts) and where
     the new replicas answer (``replica_urls``); ``decided`` in Unix seconds."""
 
     set_id: str
@@ -55,6 +57,7 @@ class Decision:
     replica_count: int | None = None
     replica_urls: tuple[str, ...] = ()
     checkpoints: dict[str, int] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     decided: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -66,6 +69,7 @@ class Decision:
             "replica_count": self.replica_count,
             "replica_urls": list(self.replica_urls),
             "checkpoints": dict(sorted(self.checkpoints.items())),
+            "metadata": self.metadata,
             "decided": self.decided,
         }
 
@@ -81,6 +85,7 @@ class Decision:
             int(count) if count is not None else None,
             tuple(str(u) for u in data.get("replica_urls", ())),
             {str(k): int(v) for k, v in data.get("checkpoints", {}).items()},
+            dict(data.get("metadata") or {}),
             float(data.get("decided", 0)),
         )
 

@@ -269,6 +269,7 @@ class RescaleParticipant:
         replica_count: int | None = None,
         replica_urls: list[str] | None = None,
         checkpoints: dict[str, int] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Decision:
         """Write the durable decision of the move to ``version`` (once; the same outcome again
         answers the record that stands)."""
@@ -281,6 +282,7 @@ class RescaleParticipant:
             replica_count,
             tuple(replica_urls or ()),
             dict(checkpoints or {}),
+            dict(metadata or {}),
         )
         return decide(self.storage, decision)
 

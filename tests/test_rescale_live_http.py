@@ -90,7 +90,7 @@ def test_a_start_follows_the_decision():
 def test_the_decision_is_written_once(tmp_path):
     storage = LocalStorage(str(tmp_path))
     assert read_decision(storage, "set", 2) is None
-    first = decide(storage, Decision("set", 2, "commit", 3, (), {"orders": 4}))
+    first = decide(storage, Decision("set", 2, "commit", 3, (), {"orders": 4}, {"orders": {"batch_id": 3}}))
     assert decide(storage, Decision("set", 2, "commit", 3)) == first == read_decision(storage, "set", 2)
     with pytest.raises(RescaleDecided) as refused:
         decide(storage, Decision("set", 2, "abort"))
@@ -259,8 +259,10 @@ def grow_and_shrink(replica_set: ReplicaSet) -> None:
     assert loads[1][JOB]["key_groups"] == [[43, 63]] and loads[0][JOB]["key_groups"] == []
     assert {topology(url)["move"]["phase"] for url in urls} == {"loaded"}
 
-    decided = ok(step(urls[0], "decide", version=2, outcome="commit", replica_count=3, checkpoints={JOB: 1}))
-    assert ok(step(urls[1], "decide", version=2, outcome="commit", replica_count=3)) == decided
+    anchor = {JOB: {"batch_id": 7}}  # kept for a coordinator that resumes the move
+    decided = ok(step(urls[0], "decide", version=2, outcome="commit", checkpoints={JOB: 1}, metadata=anchor))
+    assert decided["metadata"] == anchor
+    assert ok(step(urls[1], "decide", version=2, outcome="commit")) == decided
     assert ok(httpx.get(f"{urls[2]}/v1/topology/decision", params={"version": 2}, timeout=30)) == decided
     problem(httpx.get(f"{urls[2]}/v1/topology/decision", params={"version": 9}, timeout=30), 404, "not_found")
     problem(step(urls[2], "abort", version=2), 409, "rescale_decided")

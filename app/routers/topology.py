@@ -163,6 +163,11 @@ class DecideBody(BaseModel):
     replica_count: int | None = Field(None, ge=1, le=32768)
     replica_urls: list[str] = Field(default_factory=list, max_length=32768)
     checkpoints: Checkpoints = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="free-form JSON kept in the decision for whoever resumes the move (e.g. each checkpoint's "
+        "metadata: after the commit the replicas list only the new layout's checkpoint parts)",
+    )
 
 
 class JobLoad(BaseModel):
@@ -182,6 +187,7 @@ class DecisionInfo(BaseModel):
     replica_count: int | None
     replica_urls: list[str]
     checkpoints: dict[str, int]
+    metadata: dict[str, Any]
     decided: float = Field(description="when, in Unix seconds")
 
 
@@ -235,6 +241,7 @@ async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody)
         body.replica_count,
         body.replica_urls,
         body.checkpoints,
+        body.metadata,
     )
     return decision_info(decision)
 
