@@ -128,24 +128,32 @@ def recover(config: ClientConfig, job: str) -> None:
         MicroBatchCoordinator(client.job(job)).recover()  # type: ignore[call-arg]
 
 
+def ensure_layout(config: ClientConfig, job: str, step: Rescale, faults: Faults | None = None) -> bool:
+    """Rescale to ``step.count`` replicas unless the set has that many already; whether it rescaled."""
+    with StatehouseClient(config) as client:
+        if len(client.job(job).replicas) == step.count:
+            return False
+        if faults is not None:
+            faults.target = step.count
+        try:
+            coordinator = MicroBatchCoordinator(client.job(job))
+            coordinator.rescale(step.count, list(step.urls) or None)  # type: ignore[attr-defined]
+        finally:
+            if faults is not None:
+                faults.target = None
+    return True
+
+
 def rescale_before(
-    config: ClientConfig, job: str, plan: list[Rescale], faults: Faults
+    config: ClientConfig, job: str, plan: list[Rescale], faults: Faults | None = None
 ) -> Callable[[Callable[[Any, int], None]], Callable[[Any, int], None]]:
     """Wraps the ``foreachBatch`` function: a rescale planned for batch ``b`` runs before ``b`` begins."""
 
     def wrap(run: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
         def wrapped(df: Any, batch_id: int) -> None:
             for step in plan:
-                if step.batch == batch_id:
-                    with StatehouseClient(config) as client:
-                        if len(client.job(job).replicas) != step.count:
-                            faults.target = step.count
-                            try:
-                                coordinator = MicroBatchCoordinator(client.job(job))
-                                coordinator.rescale(step.count, list(step.urls) or None)  # type: ignore[attr-defined]
-                            finally:
-                                faults.target = None
-                            print(f"rescale_driver: rescaled to {step.count} before batch {batch_id}", flush=True)
+                if step.batch == batch_id and ensure_layout(config, job, step, faults):
+                    print(f"rescale_driver: rescaled to {step.count} before batch {batch_id}", flush=True)
             run(df, batch_id)
 
         return wrapped
