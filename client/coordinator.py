@@ -75,28 +75,16 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     _open: BatchPlan | None = None  # the micro-batch begun and not yet committed
 
     def anchor(self) -> GlobalCheckpoint:
-        """The latest complete checkpoint that records a batch; after a live rescale whose own
-        checkpoint the new replicas lack, that checkpoint's batch carried over to the new layout;
-        a baseline one (batch -1) if none."""
+        """The latest complete checkpoint that records a batch; a baseline one (batch -1) if none."""
+        batch = self._latest_batch()
+        if batch is not None:
+            return batch
+        return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
+
+    def _latest_batch(self) -> GlobalCheckpoint | None:
         for candidate in reversed(self.completed()):
             if "batch_id" in candidate.metadata:
                 return candidate
-        moved = self._rescale_checkpoint()
-        if moved is not None:
-            return self.carry_over(moved)
-        return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
-
-    def _rescale_checkpoint(self) -> GlobalCheckpoint | None:
-        """The checkpoint a live rescale to the current layout moved the state with, if it records
-        a batch (replica 0 is in every layout, so it holds that checkpoint)."""
-        version = self.job.replicas.version
-        if version is None:
-            return None
-        items, _next_id = self._pages()[0]
-        for item in reversed(items):
-            metadata = item.get("metadata") or {}
-            if item["status"] == "completed" and metadata.get("rescale_version") == version and "batch_id" in metadata:
-                return GlobalCheckpoint(item["checkpoint_id"], item["kind"], metadata, (item,))
         return None
 
     def rescale(
@@ -122,7 +110,9 @@ class MicroBatchCoordinator(CheckpointCoordinator):
             self.job.replicas, to, new_urls, wait=wait, progress=progress, checkpoint_metadata=metadata
         ) as move:
             report = move.run()
-        self.anchor()  # the new layout's anchor: the move's checkpoint, carried over to the new replicas
+        if report.outcome == "committed":
+            # Each replica lists the checkpoints of its current layout only: anchor the batch there.
+            self.carry_over(anchor)
         return report
 
     def recover(self, anchor: GlobalCheckpoint | None = None) -> list[dict[str, Any]]:
@@ -136,13 +126,17 @@ class MicroBatchCoordinator(CheckpointCoordinator):
 
     def _finish_move(self) -> None:
         with LiveRescale(self.job.replicas) as move:
-            pending = move.pending()
+            pending = move.pending()  # (the client now routes to the old replicas)
             if pending is None:
                 return
-            if pending == "commit":
-                move.resume()
-            else:
+            if pending != "commit":
                 move.abort()
+                return
+            # The move's checkpoint records the batch it holds; read it while the old layout lists it.
+            batch = self._latest_batch()
+            report = move.resume()
+        if batch is not None and report.outcome == "committed":
+            self.carry_over(batch)
 
     def begin(self, batch_id: int) -> BatchPlan:
         anchor = self.anchor()

@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from harness.replica_set import ReplicaSet, misplaced
-from statehouse.client import StatehouseClient
+from statehouse.client import StatehouseClient, StatehouseError
+from statehouse.client.attempts import TaskAttempt
+from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
 
 pytestmark = [pytest.mark.http]
@@ -176,3 +178,57 @@ def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(rep
         report = move.run()  # version 2 was decided abort, written once: this move is version 3
     assert report.outcome == "committed" and report.version == 3
     check([*urls, new], oracle, 3)
+
+
+def micro_batch(job, coordinator: MicroBatchCoordinator, batch_id: int, amount: int, totals: dict[str, int]) -> None:
+    """One micro-batch: a task attempt adds ``amount`` to every key; the driver commits it."""
+    plan = coordinator.begin(batch_id)
+    attempt = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="u", task=batch_id)
+    with job.batch(attempt=attempt) as writes:
+        for key in KEYS:
+            writes.add("sum", key, amount)
+    coordinator.commit(plan, [attempt.message()])
+    for key in KEYS:
+        totals[key] = totals.get(key, 0) + amount
+
+
+def sums(job) -> dict[str, int]:
+    with job.batch() as reads:
+        pending = {key: reads.get("sum", key) for key in KEYS}
+    return {key: p.value for key, p in pending.items()}
+
+
+def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(replica_set):
+    urls = replica_set.urls
+    totals: dict[str, int] = {}
+    with StatehouseClient(urls) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("sum", "reducing", function="sum")
+        coordinator = MicroBatchCoordinator(job)
+        micro_batch(job, coordinator, 0, 1, totals)
+        open_plan = coordinator.begin(1)
+        with pytest.raises(StatehouseError, match="micro-batch 1 is open: rescale between micro-batches"):
+            coordinator.rescale(3, [grow(replica_set, 2)])
+        coordinator.commit(open_plan, [])  # an empty batch 1
+        report = coordinator.rescale(3, [replica_set.urls[2]], wait=120)
+        assert report.outcome == "committed" and len(job.replicas) == 3
+        assert coordinator.anchor().metadata["batch_id"] == 1  # the batch carried over to the new layout
+        micro_batch(job, coordinator, 2, 10, totals)  # runs on the new layout
+        assert coordinator.begin(2).replay  # a replay of the batch before is answered on it too
+        assert sums(job) == totals
+
+        # The driver dies once commit is decided (before any replica committed); a new one recovers.
+        def die(step: str, _info: dict[str, Any]) -> None:
+            if step == "decided":
+                raise Died(step)
+
+        with pytest.raises(Died):
+            coordinator.rescale(2, progress=die, wait=120)
+    with StatehouseClient(urls) as sh:
+        job = sh.job(JOB)  # the old layout (3) still serves: the move is decided, not applied
+        coordinator = MicroBatchCoordinator(job)
+        coordinator.recover()
+        assert len(job.replicas) == 2 and job.replicas.version == 3
+        micro_batch(job, coordinator, 3, 100, totals)
+        assert sums(job) == totals
+    assert misplaced(urls, JOB, ["sum"], P, 2) == {"sum": []}
