@@ -24,7 +24,7 @@ from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.backends.value_types import ValueType
 from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
-from statehouse.protocol.ops import StateOpName, TimerOpName
+from statehouse.protocol.ops import RawOpName, StateOpName, TimerOpName
 
 Name = Field(pattern=NAME_PATTERN)
 
@@ -249,9 +249,9 @@ class BatchOp(BaseModel):
     (``backends/ops.py``) by the op table (``protocol/ops.py``), from which these enums come;
     tests/test_protocol.py holds both to the table."""
 
-    op: Literal[StateOpName, TimerOpName]  # one enum (nested Literals flatten)
-    state: str | None = Field(None, description="the state (every operation but the timer ones)")
-    key: str | int
+    op: Literal[StateOpName, TimerOpName, RawOpName]  # one enum (nested Literals flatten)
+    state: str | None = Field(None, description="the state (every operation but the timer and raw ones)")
+    key: str | int | None = Field(None, description="the key (state and timer operations)")
     ns: str = ""
     user_key: str | None = None
     value: JsonValue = None
@@ -259,6 +259,13 @@ class BatchOp(BaseModel):
     domain: TimeDomain | None = Field(None, description="timer operations: event (default) or processing")
     key_type: KeyType | None = Field(None, description="timer operations: the key's type (default string)")
     timestamp: int | None = Field(None, description="timer operations: the timer's time, milliseconds")
+    key_group: int | None = Field(
+        None, ge=0, le=MAX_SUBTASKS - 1, description="raw keyed operations: the key group whose stream it is"
+    )
+    operator: str | None = Field(None, description="raw operator operations: the operator")
+    subtask: int | None = Field(
+        None, ge=0, le=MAX_SUBTASKS - 1, description="raw operator operations: the operator's subtask"
+    )
 
 
 class BatchRequest(BaseModel):

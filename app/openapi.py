@@ -202,7 +202,7 @@ STAGED = ("stale_epoch", "attempt_lost", "attempt_conflict", "epoch_sealed", "st
 # What reading a batch or columnar body can answer.
 MANY = ("batch_too_large", "malformed_body", "unsupported_media_type")
 MANY_KEYED = (*KEYED, *VALUES, *STORED, *MOVING, "wrong_state_kind", "map_too_large", "list_too_large", *STAGED, *MANY)
-BATCH = {**errors(*MANY_KEYED), **msgpack_reply()}
+BATCH = {**errors(*MANY_KEYED, "raw_stream_too_large"), **msgpack_reply()}  # raw ops too
 ARROW_SCHEMA = {"type": "string", "format": "binary", "contentMediaType": ARROW_STREAM}
 
 

@@ -7,6 +7,7 @@ model per item: this is the hot path of Spark executors.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import re
 from typing import Any
@@ -32,6 +33,17 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def from_base64(text: object, what: str) -> bytes:
+    """Bytes sent in a JSON body (JSON has none): a base64 string (RFC 4648, with padding), as
+    JSON answers carry them; anything else is a 422 ``invalid_value`` naming ``what``."""
+    try:
+        if isinstance(text, str):
+            return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    raise ApiError("invalid_value", f"{what} must be a base64 string in a JSON body; got {text!r:.40}")
 
 
 def media_type(content_type: str | None) -> str | None:

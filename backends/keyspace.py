@@ -194,9 +194,10 @@ class KeySpace:
             )
 
     def check_key_group(self, key_group: int, what: str = "key_group") -> None:
-        """A key group a caller names (a listing's filter): in range, and owned here."""
-        if not 0 <= key_group < self.max_parallelism:
-            raise InvalidArgument(f"{what} must be < max_parallelism ({self.max_parallelism})")
+        """A key group a caller names (a listing's filter, a raw stream's): an integer below the
+        max parallelism (422), owned here (421)."""
+        if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < self.max_parallelism:
+            raise InvalidArgument(f"{what} must be an integer in [0, {self.max_parallelism - 1}]; got {key_group!r}")
         self.check_owned(key_group)
 
     def key_group_range(self, given: tuple[int, int] | list[int]) -> KeyGroupRange:

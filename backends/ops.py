@@ -18,10 +18,13 @@ from statehouse.backends.keyed.base import each_row
 from statehouse.backends.keyspace import Rows
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_OP_OVERHEAD
-from statehouse.protocol.ops import OP_NAMES, OPS, TIMER_OPS
+from statehouse.protocol.ops import OP_NAMES, OPS
 
-# Where a batch's timer operations run, in order among themselves (a name no state can have).
+# Where a batch's timer and raw-state operations run, in order among themselves (names no state
+# can have), by the op table's target.
 _TIMERS = "$timers"
+_RAW = "$raw"
+_GROUPS = {"timer": _TIMERS, "raw_keyed": _RAW, "raw_operator": _RAW}
 _EMPTY: dict[str, Any] = {}
 
 
@@ -72,8 +75,9 @@ def _checked(op: Any) -> tuple[str, str, str]:
     name = op.get("op")
     if not isinstance(name, str) or name not in OPS:
         raise InvalidArgument(f"'op' must be one of {', '.join(OP_NAMES)}; got {name!r}")
-    if name in TIMER_OPS:
-        return name, _TIMERS, ""
+    group = _GROUPS.get(OPS[name].target)
+    if group is not None:
+        return name, group, ""
     state = _field(op, "state", str, "a state name")
     if "key" not in op:
         raise InvalidArgument(f"missing 'key': {name!r} on state {state!r} needs the key it reads or writes")
@@ -126,15 +130,17 @@ def _apply_state_ops(
 ) -> None:
     """Apply ``operations[i] for i in indexes`` (one state's, or the timers', in order), each
     run of consecutive operations of one name (of one time domain, for timers) as one run."""
-    timers = checked[indexes[0]][1] == _TIMERS
+    group = checked[indexes[0]][1]
     start = 0
     while start < len(indexes):
         end = start + 1
         ran = indexes[start:end]
         try:
-            if timers:
+            if group == _TIMERS:
                 run, end = _timer_run(tx, operations, indexes, start)
                 ran = indexes[start:end]
+            elif group == _RAW:
+                run = _raw_run(tx, operations[indexes[start]])
             else:
                 name, state_name, _ns = checked[indexes[start]]
                 while end < len(indexes) and checked[indexes[end]][0] == name:
@@ -177,6 +183,25 @@ def _timer_run(tx: JobTransaction, operations: list[Any], indexes: list[int], st
         end += 1
     rows = Rows([kg for kg, _p in located], [p for _kg, p in located])
     return Run(domain, name, rows), end
+
+
+def _raw_run(tx: JobTransaction, op: Mapping[str, Any]) -> Run:
+    """A raw-state operation's run (one row): its fields checked, its record located."""
+    name = op["op"]
+    spec = OPS[name]
+    if spec.target == "raw_keyed":
+        rows = tx.raw_keyed.locate(_field(op, "key_group", int, "an integer key group"))
+        if "value" not in spec.fields:
+            return Run("", name, rows)
+        return Run("", name, rows, RunArgs(values=[_field(op, "value", bytes, _BYTES)]))
+    operator = _field(op, "operator", str, "an operator name")
+    subtask = _field(op, "subtask", int, "an integer subtask index")
+    rows = tx.raw_operator.locate(operator, subtask)
+    values = [_field(op, "value", list, f"a list of partitions, each {_BYTES}")] if "value" in spec.fields else None
+    return Run(operator, name, rows, RunArgs(values=values, subtasks=[subtask]))
+
+
+_BYTES = "bytes (msgpack bin; base64 strings in a JSON body)"
 
 
 class BatchOps:

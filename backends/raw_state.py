@@ -29,8 +29,8 @@ import msgpack
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
 from statehouse.backends.codec import encode_fields, iter_values
-from statehouse.backends.errors import InvalidArgument, InvalidValue
-from statehouse.backends.keyspace import KeySpace
+from statehouse.backends.errors import InvalidValue
+from statehouse.backends.keyspace import KeySpace, Rows
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.names import validate_name
 from statehouse.backends.operator_state import count_subtask
@@ -72,12 +72,12 @@ class RawKeyedState:
 
     def _key_group(self, key_group: int) -> int:
         """A key group of the job this replica owns (422 out of range, 421 another replica's)."""
-        keyspace = self._job.keyspace
-        maximum = keyspace.max_parallelism
-        if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < maximum:
-            raise InvalidArgument(f"key group must be an integer in [0, {maximum - 1}]; got {key_group!r}")
-        keyspace.check_owned(key_group)
+        self._job.keyspace.check_key_group(key_group, "key group")
         return key_group
+
+    def locate(self, key_group: int) -> Rows:
+        """Where the stream of ``key_group`` is stored, checked (a batch's raw operation's row)."""
+        return Rows([self._key_group(key_group)], [_STREAM])
 
     def _table(self, create: bool) -> bool:
         """Whether the table is there; made on first write (a job without raw state has none)."""
@@ -138,6 +138,11 @@ class RawOperatorState:
     def _primary(operator: str, subtask: int) -> bytes:
         validate_name(operator, "operator")
         return encode_fields(raw_operator(operator), DEFAULT_NAME, str(check_subtask(subtask)))
+
+    @classmethod
+    def locate(cls, operator: str, subtask: int) -> Rows:
+        """Where a subtask's partitions are stored, checked (a batch's raw operation's row)."""
+        return Rows([NO_KEY_GROUP], [cls._primary(operator, subtask)])
 
     def partitions(self, operator: str, subtask: int) -> list[bytes]:
         """The subtask's partitions in order (``[]`` when it holds none)."""

@@ -1,11 +1,11 @@
 """A run: one named operation over many located rows of one state, or of one time domain's
-timers. It is the one request shape of the engine: every door (the one-key routes, the batch's
-operations, the columnar endpoint's table of rows, the timer endpoints and their columns, an
-advance's firing) parses its wire format into runs, :func:`apply_run` applies any run, and a
-task attempt's staged log is the runs it wrote, which the epoch commit applies again
-(``backends/attempts.py``). It maps the generic operation (``protocol/ops.py``: the table of
-names, their fields and the state kinds that take them) to the state kind's ``*_many`` method,
-or to the timers' writes; the kinds hold the rules.
+timers, or of raw state. It is the one request shape of the engine: every door (the one-key
+routes, the batch's operations, raw state's among them, the columnar endpoint's table of rows,
+the timer endpoints and their columns, an advance's firing) parses its wire format into runs,
+:func:`apply_run` applies any run, and a task attempt's staged log is the runs it wrote, which
+the epoch commit applies again (``backends/attempts.py``). It maps the generic operation
+(``protocol/ops.py``: the table of names, their fields and the state kinds that take them) to
+the state kind's ``*_many`` method, or to the timers' or raw state's writes; they hold the rules.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from statehouse.backends.columnar_codec import Packed
 from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.timers import TimerService, check_domain
 from statehouse.protocol.ops import OPS
 
@@ -38,6 +39,7 @@ class RunArgs:
     add_values: list[Any] | None = None
     packed: Packed | None = None  # a value state's put, its values already packed (a columnar door's)
     time: int | None = None  # a firing: the domain's time after it
+    subtasks: list[int] | None = None  # raw operator operations: each row's subtask
 
     def per_row(self) -> list[list[Any]]:
         """The values each row adds, whichever way they were given."""
@@ -51,9 +53,10 @@ _NO_ARGS = RunArgs()
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Operation ``op`` over ``rows`` (located: key groups and stored keys) of state ``state``,
-    or, for a timer operation (``register_timer``, ``delete_timer``, :data:`FIRE`), of the
-    timers of time domain ``state``; ``args`` is what the rows carry besides their keys."""
+    """Operation ``op`` over ``rows`` (located: key groups and stored keys) of state ``state``;
+    for a timer operation (``register_timer``, ``delete_timer``, :data:`FIRE`) ``state`` is the
+    time domain, for a raw operator operation the operator, for a raw keyed one ``""``
+    (``protocol/ops.py``: an operation's target). ``args``: what the rows carry besides keys."""
 
     state: str
     op: str
@@ -79,14 +82,19 @@ class RunTarget(Protocol):
     @property
     def timers(self) -> TimerService: ...
 
+    @property
+    def raw_keyed(self) -> RawKeyedState: ...
+
+    @property
+    def raw_operator(self) -> RawOperatorState: ...
+
 
 def apply_run(tx: RunTarget, run: Run) -> list[Any] | None:
     """Apply ``run`` inside ``tx``, its rows in order; a read returns one value per row. An
     error names its row (``row N:``, and ``row`` in its extra)."""
-    timers = _TIMER_RUNS.get(run.op)
-    if timers is not None:
-        timers(tx.timers, run)
-        return None
+    other = _OTHER_RUNS.get(run.op)
+    if other is not None:
+        return other(tx, run)
     state = tx.state(run.state)
     if state.descriptor.kind not in OPS[run.op].kinds:
         raise wrong_kind(state, run.op)
@@ -193,13 +201,39 @@ _RUNS: dict[str, Callable[[KeyedState, Rows, RunArgs], list[Any] | None]] = {
 }
 
 
-def _fire(timers: TimerService, run: Run) -> None:
+def _fire(tx: RunTarget, run: Run) -> None:
     assert run.args.time is not None  # a firing's run always carries its time
-    timers.apply_fired(check_domain(run.state), run.args.time, run.rows)
+    tx.timers.apply_fired(check_domain(run.state), run.args.time, run.rows)
 
 
-_TIMER_RUNS: dict[str, Callable[[TimerService, Run], None]] = {
-    "register_timer": lambda t, r: t.write_many(check_domain(r.state), r.rows.key_groups, r.rows.primaries),
-    "delete_timer": lambda t, r: t.write_many(check_domain(r.state), r.rows.key_groups, r.rows.primaries, delete=True),
+def _timers(delete: bool) -> Callable[[RunTarget, Run], None]:
+    return lambda tx, r: tx.timers.write_many(check_domain(r.state), r.rows.key_groups, r.rows.primaries, delete=delete)
+
+
+def _raw_keyed(write: Callable[[RawKeyedState, int, bytes], Any]) -> Callable[[RunTarget, Run], None]:
+    """A write of every row's key group stream (``value``: the row's bytes)."""
+
+    def apply(tx: RunTarget, run: Run) -> None:
+        for key_group, value in zip(run.rows.key_groups, run.args.values or [b""] * len(run.rows), strict=True):
+            write(tx.raw_keyed, key_group, value)
+
+    return apply
+
+
+def _raw_operator_put(tx: RunTarget, run: Run) -> None:
+    for subtask, partitions in zip(run.args.subtasks or [], run.args.values or [], strict=True):
+        tx.raw_operator.replace(run.state, subtask, partitions)
+
+
+# The operations that name no state: timers' and raw state's.
+_OTHER_RUNS: dict[str, Callable[[RunTarget, Run], list[Any] | None]] = {
+    "register_timer": _timers(delete=False),
+    "delete_timer": _timers(delete=True),
     FIRE: _fire,
+    "raw_get": lambda tx, r: [tx.raw_keyed.get(kg) for kg in r.rows.key_groups],
+    "raw_put": _raw_keyed(RawKeyedState.replace),
+    "raw_append": _raw_keyed(RawKeyedState.append),
+    "raw_delete": _raw_keyed(lambda raw, kg, _value: raw.clear(kg)),
+    "raw_operator_get": lambda tx, r: [tx.raw_operator.partitions(r.state, s) for s in r.args.subtasks or []],
+    "raw_operator_put": _raw_operator_put,
 }

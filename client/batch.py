@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
-from statehouse.protocol.ops import IDEMPOTENT_OPS, READ_OPS, TIMER_OPS
+from statehouse.protocol.ops import IDEMPOTENT_OPS, OPS, READ_OPS
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
@@ -61,11 +61,15 @@ class Batch:
         attempt: TaskAttempt | None = None,
         max_ops: int = 5000,
         route_key: Callable[[Any, str], int] | None = None,
+        route_key_group: Callable[[int], int] | None = None,
+        route_subtask: Callable[[int], int] | None = None,
     ) -> None:
         self._replicas = replicas
         self._job = job
         self._route = route  # (state, key) -> index of the replica that owns the key
         self._route_key = route_key  # (key, key type) -> the same, for timers (they name no state)
+        self._route_key_group = route_key_group  # key group -> its owner, for raw keyed state
+        self._route_subtask = route_subtask  # subtask -> the replica keeping it, for raw operator state
         self.epoch = attempt.epoch if attempt is not None else epoch
         self.attempt = attempt
         self.max_ops = max_ops
@@ -75,11 +79,17 @@ class Batch:
         self._routed = replicas.version  # the topology version the queued operations were routed under
 
     def _owner(self, op: dict[str, Any]) -> int:
-        if op["op"] in TIMER_OPS:
-            if self._route_key is None:
-                raise RuntimeError("this batch routes by state only: make it with JobClient.batch()")
+        """The replica an operation goes to, by what it acts on (``protocol/ops.py``: its target)."""
+        target = OPS[op["op"]].target
+        if target == "state":
+            return self._route(op["state"], op["key"])
+        if target == "timer" and self._route_key is not None:
             return self._route_key(op["key"], op["key_type"])
-        return self._route(op["state"], op["key"])
+        if target == "raw_keyed" and self._route_key_group is not None:
+            return self._route_key_group(op["key_group"])
+        if target == "raw_operator" and self._route_subtask is not None:
+            return self._route_subtask(op["subtask"])
+        raise RuntimeError("this batch routes by state only: make it with JobClient.batch()")
 
     def _queue(self, op: dict[str, Any]) -> PendingResult:
         replica = self._owner(op)
@@ -199,6 +209,33 @@ class Batch:
         if ns:
             body["ns"] = ns
         return self._queue(body)
+
+    # -- raw state (Flink's raw keyed and raw operator state; ``client/raw.py`` for single calls) --
+
+    def raw_get(self, key_group: int) -> PendingResult:
+        """The key group's raw stream, whole (``None`` when nothing was written)."""
+        return self._queue({"op": "raw_get", "key_group": key_group})
+
+    def raw_put(self, key_group: int, data: bytes) -> PendingResult:
+        """Replace the key group's raw stream (``b""`` clears it)."""
+        return self._queue({"op": "raw_put", "key_group": key_group, "value": bytes(data)})
+
+    def raw_append(self, key_group: int, data: bytes) -> PendingResult:
+        """Append a part to the key group's raw stream (not idempotent: a timed-out batch holding
+        one is not re-sent, unless it is a task attempt's)."""
+        return self._queue({"op": "raw_append", "key_group": key_group, "value": bytes(data)})
+
+    def raw_delete(self, key_group: int) -> PendingResult:
+        return self._queue({"op": "raw_delete", "key_group": key_group})
+
+    def raw_operator_get(self, operator: str, subtask: int) -> PendingResult:
+        """The subtask's raw partitions, in order (``[]`` when it holds none)."""
+        return self._queue({"op": "raw_operator_get", "operator": operator, "subtask": subtask})
+
+    def raw_operator_put(self, operator: str, subtask: int, partitions: list[bytes]) -> PendingResult:
+        """Replace the subtask's raw partitions (``[]`` clears them)."""
+        body = {"op": "raw_operator_put", "operator": operator, "subtask": subtask}
+        return self._queue({**body, "value": [bytes(p) for p in partitions]})
 
     def flush(self) -> None:
         """Send everything queued (replicas in parallel) and wait for every part; raises the

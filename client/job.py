@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from statehouse.client.batch import Batch
 from statehouse.client.errors import InvalidRequest, StatehouseError
+from statehouse.client.raw import RawKeyedState, RawOperatorState
 from statehouse.client.states import (
     HANDLES,
     AggregatingStateHandle,
@@ -69,6 +70,18 @@ class JobClient:
             raise InvalidRequest(str(exc)) from None
         return operator_index(self.max_parallelism, len(self.replicas), key_group)
 
+    def replica_for_key_group(self, key_group: int) -> int:
+        """The replica that owns ``key_group`` (raw keyed state is addressed by key group)."""
+        if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < self.max_parallelism:
+            raise InvalidRequest(f"key group must be an integer in [0, {self.max_parallelism - 1}]; got {key_group!r}")
+        return operator_index(self.max_parallelism, len(self.replicas), key_group)
+
+    def replica_for_subtask(self, subtask: int) -> int:
+        """The replica that keeps operator state of ``subtask`` (managed and raw): subtask i on i % replicas."""
+        if isinstance(subtask, bool) or not isinstance(subtask, int) or subtask < 0:
+            raise InvalidRequest(f"a subtask index is an integer >= 0; got {subtask!r}")
+        return subtask % len(self.replicas)
+
     def key_group_range(self, replica: int) -> KeyGroupRange:
         return KeyGroupRange.for_operator(self.max_parallelism, len(self.replicas), replica)
 
@@ -129,7 +142,17 @@ class JobClient:
             attempt=attempt,
             max_ops=max_ops or self.replicas.config.max_batch_ops,
             route_key=self.replica_for_key,
+            route_key_group=self.replica_for_key_group,
+            route_subtask=self.replica_for_subtask,
         )
+
+    def raw_keyed(self, epoch: int | None = None) -> RawKeyedState:
+        """The job's raw keyed streams, one per key group (``client/raw.py``); ``epoch`` fences the writes."""
+        return RawKeyedState(self, epoch)
+
+    def raw_operator(self, epoch: int | None = None) -> RawOperatorState:
+        """The job's raw operator partitions per operator subtask (``client/raw.py``)."""
+        return RawOperatorState(self, epoch)
 
     def timers(self, domain: str = "event") -> TimerServiceHandle:
         """The job's timers of ``domain`` (``event`` or ``processing``) on every replica."""
@@ -169,7 +192,7 @@ class JobClient:
     # -- operator state: subtask i lives on replica i % replica_count --------------------
 
     def _operator_replica(self, subtask: int) -> ReplicaConnection:
-        return self.replicas[subtask % len(self.replicas)]
+        return self.replicas[self.replica_for_subtask(subtask)]
 
     def operator_list(self, operator: str, subtask: int, name: str) -> list[Any]:
         path = f"/v1/jobs/{self.name}/operators/{operator}/subtasks/{subtask}/lists/{name}"

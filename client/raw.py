@@ -3,12 +3,16 @@ operator subtask (Flink's raw keyed and raw operator state; ``docs/state-model.m
 
     from statehouse.client.raw import RawKeyedState, RawOperatorState
 
-    raw = RawKeyedState(job)                      # job: a JobClient
+    raw = job.raw_keyed()                         # job: a JobClient (or RawKeyedState(job))
     raw.update(kg, bloom_filter_bytes)            # on the replica that owns key group kg
     raw.append(kg, more_bytes)
     data = raw.get(kg)                            # b"" when nothing was written
 
-    RawOperatorState(job).add("source", subtask, b"partition")
+    job.raw_operator().add("source", subtask, b"partition")
+
+In a batch (atomic per replica, and staged under a Spark task attempt like any batch write):
+``batch.raw_put(kg, data)``, ``raw_append``, ``raw_get``, ``raw_delete``, ``raw_operator_put``,
+``raw_operator_get`` (``client/batch.py``).
 
 A key group's requests go to the replica owning it (the client's routing, the server's owner
 check); a 421 naming a newer topology makes the client learn the layout and send once more.
@@ -16,16 +20,28 @@ check); a 421 naming a newer topology makes the client learn the layout and send
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 
-from statehouse.client.errors import InvalidRequest, StatehouseError
-from statehouse.keygroups import operator_index
+from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
-    from statehouse.client.job import JobClient
+    from statehouse.client.replicas import Replicas
     from statehouse.client.transport import ReplicaConnection
+
+
+class RawJob(Protocol):
+    """What raw state needs of a job (``client.job.JobClient``, which also makes these handles:
+    a protocol, so that it can without an import cycle)."""
+
+    name: str
+    replicas: Replicas
+
+    def replica_for_key_group(self, key_group: int) -> int: ...
+
+    def replica_for_subtask(self, subtask: int) -> int: ...
+
 
 OCTETS = {"content-type": "application/octet-stream"}
 MSGPACK_ANSWER = {"accept": "application/msgpack"}
@@ -41,7 +57,7 @@ class RawKeyedState:
     """The raw keyed streams of one job: one opaque byte stream per key group. With ``epoch``,
     every write names that writer epoch and is refused (``StaleEpoch``) once the job was fenced past it."""
 
-    def __init__(self, job: JobClient, epoch: int | None = None) -> None:
+    def __init__(self, job: RawJob, epoch: int | None = None) -> None:
         self._job = job
         self._params = _fenced(epoch)
 
@@ -49,13 +65,11 @@ class RawKeyedState:
         """One request to the key group's owner, its answer's body; once more after a layout change
         (a 421 naming a newer topology, or a replica a rescale removed)."""
         job = self._job
-        if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < job.max_parallelism:
-            raise InvalidRequest(f"key group must be an integer in [0, {job.max_parallelism - 1}]; got {key_group!r}")
         path = f"/v1/jobs/{job.name}/raw/key-groups/{key_group}{suffix}"
         replicas = job.replicas
         for last in (False, True):
             routed = replicas.version
-            connection = replicas[operator_index(job.max_parallelism, len(replicas), key_group)]
+            connection = replicas[job.replica_for_key_group(key_group)]  # InvalidRequest when out of range
             try:
                 # An append is not idempotent: re-sent after a lost answer, it would append twice.
                 headers = {**OCTETS, **MSGPACK_ANSWER} if content is not None else None
@@ -99,7 +113,7 @@ class RawOperatorState:
     replica the client keeps that subtask's operator state on (``subtask % replicas``); ``epoch``
     as for :class:`RawKeyedState`."""
 
-    def __init__(self, job: JobClient, epoch: int | None = None) -> None:
+    def __init__(self, job: RawJob, epoch: int | None = None) -> None:
         self._job = job
         self._params = _fenced(epoch)
 
@@ -107,8 +121,7 @@ class RawOperatorState:
         return f"/v1/jobs/{self._job.name}/operators/{operator}/subtasks/{subtask}/raw"
 
     def _replica(self, subtask: int) -> ReplicaConnection:
-        replicas = self._job.replicas
-        return replicas[subtask % len(replicas)]
+        return self._job.replicas[self._job.replica_for_subtask(subtask)]
 
     def get(self, operator: str, subtask: int) -> list[bytes]:
         """The subtask's partitions, in order (``[]`` when it holds none)."""

@@ -14,6 +14,10 @@ table of rows) and the timer endpoints. What each means per state kind:
                    ``function``; a map registered without one refuses it
 ``register_timer`` ``delete_timer``: a timer (``domain``: event | processing, ``key``,
                    ``key_type`` (default string), ``ns``, ``timestamp``); they name no state
+``raw_get``        ``raw_put`` (replace; empty clears), ``raw_append``, ``raw_delete``: the
+                   raw keyed stream of ``key_group`` (bytes ``value``); they name no state
+``raw_operator_    ``raw_operator_put`` (replace; ``[]`` clears): the raw operator
+get``              partitions of ``operator``'s ``subtask`` (``value``: a list of bytes)
 =================  ======================================================================
 
 Columnar form: the same names, with the fields as columns (``ns`` optional everywhere, null
@@ -27,6 +31,9 @@ from typing import Literal, get_args
 
 StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
 _ALL_KINDS: frozenset[str] = frozenset(get_args(StateKind))
+# What an operation reads or writes: a keyed state's key, a timer, a key group's raw stream, or
+# an operator subtask's raw partitions (the client routes each by it).
+Target = Literal["state", "timer", "raw_keyed", "raw_operator"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +41,7 @@ class Op:
     """One operation: whether it writes (a task attempt stages its writes), whether repeating it
     cannot change the outcome (a batch of only these may be retried after a timeout), what it
     carries besides ``state``, ``key`` and ``ns``, its columns when it has a columnar form, and
-    the state kinds that take it (none: a timer operation)."""
+    the state kinds that take it (only a state operation has kinds), and what it acts on."""
 
     name: str
     writes: bool
@@ -43,10 +50,7 @@ class Op:
     takes_values: bool = False  # ``values`` (a list) may stand for ``value``: add them in order
     columns: tuple[str, ...] | None = None  # columns of its columnar form (besides ``ns``)
     kinds: frozenset[str] = frozenset()
-
-    @property
-    def timer(self) -> bool:
-        return not self.kinds
+    target: Target = "state"
 
 
 _MAP = frozenset({"map"})
@@ -90,8 +94,20 @@ _TABLE = (
     ),
     Op("map_remove", writes=True, idempotent=True, fields=("user_key",), columns=("key", "user_key"), kinds=_MAP),
     Op("map_contains", writes=False, idempotent=True, fields=("user_key",), kinds=_MAP),
-    Op("register_timer", writes=True, idempotent=True, fields=("timestamp",)),
-    Op("delete_timer", writes=True, idempotent=True, fields=("timestamp",)),
+    Op("register_timer", writes=True, idempotent=True, fields=("timestamp",), target="timer"),
+    Op("delete_timer", writes=True, idempotent=True, fields=("timestamp",), target="timer"),
+    Op("raw_get", writes=False, idempotent=True, fields=("key_group",), target="raw_keyed"),
+    Op("raw_put", writes=True, idempotent=True, fields=("key_group", "value"), target="raw_keyed"),
+    Op("raw_append", writes=True, idempotent=False, fields=("key_group", "value"), target="raw_keyed"),
+    Op("raw_delete", writes=True, idempotent=True, fields=("key_group",), target="raw_keyed"),
+    Op("raw_operator_get", writes=False, idempotent=True, fields=("operator", "subtask"), target="raw_operator"),
+    Op(
+        "raw_operator_put",
+        writes=True,
+        idempotent=True,
+        fields=("operator", "subtask", "value"),
+        target="raw_operator",
+    ),
 )
 OPS: dict[str, Op] = {op.name: op for op in _TABLE}
 
@@ -99,11 +115,13 @@ OPS: dict[str, Op] = {op.name: op for op in _TABLE}
 # the table, so the two cannot drift.
 StateOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
 TimerOpName = Literal["register_timer", "delete_timer"]
+RawOpName = Literal["raw_get", "raw_put", "raw_append", "raw_delete", "raw_operator_get", "raw_operator_put"]
 ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
 TimerColumnOpName = Literal["register", "delete"]
 
-STATE_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if not op.timer)
-TIMER_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.timer)
+STATE_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.target == "state")
+TIMER_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.target == "timer")
+RAW_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.target in ("raw_keyed", "raw_operator"))
 OP_NAMES: tuple[str, ...] = tuple(OPS)
 READ_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if not op.writes)
 IDEMPOTENT_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if op.idempotent)
@@ -116,6 +134,7 @@ TIMER_COLUMNS: tuple[str, ...] = ("key", "timestamp")
 for _names, _type in (
     (STATE_OPS, StateOpName),
     (TIMER_OPS, TimerOpName),
+    (RAW_OPS, RawOpName),
     (tuple(COLUMN_OPS), ColumnOpName),
     (tuple(TIMER_COLUMN_OPS), TimerColumnOpName),
 ):

@@ -285,3 +285,125 @@ def test_http_bad_input(http: httpx.Client, job_name: str):
         "invalid_name",
     )
     _problem(http.get(f"/jobs/{job_name}-missing/raw/key-groups/0"), 404, "job_not_found")
+
+
+# -- in batches (POST /v1/jobs/{job}/batch): the same op table and staging as keyed writes ------
+
+
+def _batch(http: httpx.Client, job: str, ops: list, **fields) -> httpx.Response:
+    body = msgpack.packb({"ops": ops, **fields}, use_bin_type=True)
+    return http.post(f"{job}/batch", content=body, headers={**MSGPACK, "Accept": "application/msgpack"})
+
+
+def _results(r: httpx.Response) -> list:
+    assert r.status_code == 200, r.text
+    return msgpack.unpackb(r.content)["results"]
+
+
+def test_http_batch_ops(http: httpx.Client, job_name: str):
+    """Raw keyed and operator operations in a batch, beside keyed ones: in order, atomic, and the
+    same records the REST routes read."""
+    job = f"/jobs/{job_name}"
+    http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    http.put(f"{job}/states/v", json={"kind": "value"}).raise_for_status()
+    ops = [
+        {"op": "raw_put", "key_group": 3, "value": b"\x00head"},
+        {"op": "put", "state": "v", "key": "k", "value": 1},
+        {"op": "raw_append", "key_group": 3, "value": b"\xfftail"},
+        {"op": "raw_get", "key_group": 3},
+        {"op": "raw_get", "key_group": 4},  # nothing written: null
+        {"op": "raw_operator_put", "operator": "src", "subtask": 2, "value": [b"\x00a", b"b\xff"]},
+        {"op": "raw_operator_get", "operator": "src", "subtask": 2},
+        {"op": "raw_operator_get", "operator": "src", "subtask": 5},  # none: []
+    ]
+    assert _results(_batch(http, job, ops)) == [
+        {},
+        {},
+        {},
+        {"value": b"\x00head\xfftail"},
+        {"value": None},
+        {},
+        {"value": [b"\x00a", b"b\xff"]},
+        {"value": []},
+    ]
+    assert http.get(f"{job}/raw/key-groups/3").content == b"\x00head\xfftail"  # the REST routes' records
+    assert http.get(f"{job}/operators/src/subtasks/2/raw").json() == {"partitions": ["AGE=", "Yv8="]}
+    # JSON: bytes as base64 both ways, as the REST routes' JSON bodies carry them.
+    r = http.post(
+        f"{job}/batch",
+        json={
+            "ops": [
+                {"op": "raw_append", "key_group": 3, "value": "IQ=="},
+                {"op": "raw_get", "key_group": 3},
+                {"op": "raw_delete", "key_group": 3},
+                {"op": "raw_get", "key_group": 3},
+                {"op": "raw_operator_put", "operator": "src", "subtask": 2, "value": []},
+                {"op": "raw_operator_get", "operator": "src", "subtask": 2},
+            ]
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["results"] == [{}, {"value": "AGhlYWT/dGFpbCE="}, {}, {"value": None}, {}, {"value": []}]
+    _problem(http.get(f"{job}/raw/key-groups/3"), 404, "key_not_found")
+
+
+def test_http_batch_ops_refused(http: httpx.Client, job_name: str):
+    """Bad raw operations are 4xx naming the operation, and nothing of their batch is applied."""
+    job = f"/jobs/{job_name}"
+    http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    first = {"op": "raw_put", "key_group": 1, "value": b"kept?"}
+    cases = [
+        ({"op": "raw_get"}, 422, "invalid_argument", "missing 'key_group'"),
+        ({"op": "raw_get", "key_group": "1"}, 422, "invalid_argument", "'key_group' must be"),
+        ({"op": "raw_get", "key_group": 16}, 422, "invalid_argument", "in [0, 15]"),
+        ({"op": "raw_put", "key_group": 1}, 422, "invalid_argument", "missing 'value'"),
+        ({"op": "raw_put", "key_group": 1, "value": "text"}, 422, "invalid_argument", "must be bytes"),
+        ({"op": "raw_operator_put", "operator": "src", "subtask": 0, "value": ["t"]}, 422, "invalid_value", "bytes"),
+        ({"op": "raw_operator_put", "operator": "src", "subtask": -1, "value": []}, 422, "invalid_argument", "subtask"),
+        ({"op": "raw_operator_get", "operator": "bad$name", "subtask": 0}, 422, "invalid_name", "operator"),
+        ({"op": "raw_append", "key_group": 1, "value": b"x" * (17 << 20)}, 413, "raw_stream_too_large", "16777216"),
+    ]
+    for bad, status, code, says in cases:
+        r = _batch(http, job, [first, bad])
+        _problem(r, status, code)
+        assert r.json()["op_index"] == 1 and r.json()["detail"].startswith("op 1:") and says in r.json()["detail"]
+    bad_base64 = http.post(f"{job}/batch", json={"ops": [{"op": "raw_put", "key_group": 1, "value": "not base64!"}]})
+    _problem(bad_base64, 422, "invalid_value")
+    assert bad_base64.json()["op_index"] == 0
+    _problem(http.get(f"{job}/raw/key-groups/1"), 404, "key_not_found")  # nothing of any refused batch
+    http.post(f"{job}/fence", json={"epoch": 2}).raise_for_status()
+    _problem(_batch(http, job, [first], epoch=1), 409, "stale_epoch")
+
+
+def test_http_batch_ops_staged_under_a_task_attempt(http: httpx.Client, job_name: str):
+    """Raw writes of a task attempt are staged like keyed ones: the attempt reads its own writes,
+    nobody else does, a re-sent request is not applied twice, and the commit applies exactly the
+    winner's (an append once); an aborted epoch leaves nothing."""
+    job = f"/jobs/{job_name}"
+    http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    assert _results(_batch(http, job, [{"op": "raw_put", "key_group": 2, "value": b"base|"}])) == [{}]
+    http.post(f"{job}/fence", json={"epoch": 1}).raise_for_status()
+    writes = [
+        {"op": "raw_append", "key_group": 2, "value": b"win"},
+        {"op": "raw_operator_put", "operator": "src", "subtask": 0, "value": [b"p"]},
+        {"op": "raw_get", "key_group": 2},
+    ]
+    for attempt, partition in (("a", 0), ("b", 1)):
+        fields = {"epoch": 1, "partition": partition, "attempt": attempt, "seq": 0}
+        assert _results(_batch(http, job, writes, **fields))[2] == {"value": b"base|win"}  # read-your-writes
+    again = _batch(http, job, writes, epoch=1, partition=0, attempt="a", seq=0)  # re-sent: answered again
+    assert _results(again)[2] == {"value": b"base|win"}
+    assert http.get(f"{job}/raw/key-groups/2").content == b"base|"  # staged: not the job's yet
+    staged = http.get(f"{job}/epochs/1").json()["attempts"]
+    assert [(a["attempt"], a["ops"]) for a in staged] == [("a", 2), ("b", 2)]
+    body = {"attempts": [{"partition": 0, "attempt": "a", "ops": 2}]}
+    http.post(f"{job}/epochs/1/prepare", json=body).raise_for_status()
+    http.post(f"{job}/epochs/1/commit", json=body).raise_for_status()
+    assert http.get(f"{job}/raw/key-groups/2").content == b"base|win"  # once: b's append dropped
+    assert http.get(f"{job}/operators/src/subtasks/0/raw").json() == {"partitions": ["cA=="]}
+
+    http.post(f"{job}/fence", json={"epoch": 2}).raise_for_status()
+    fields = {"epoch": 2, "partition": 0, "attempt": "c", "seq": 0}
+    assert _results(_batch(http, job, [{"op": "raw_delete", "key_group": 2}], **fields)) == [{}]
+    http.post(f"{job}/epochs/2/abort").raise_for_status()
+    assert http.get(f"{job}/raw/key-groups/2").content == b"base|win"

@@ -13,12 +13,12 @@ from statehouse.app.models import BatchResponse
 from statehouse.app.offload import dispatch
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
-from statehouse.app.wire import read_body, render
+from statehouse.app.wire import from_base64, is_msgpack, read_body, render
 from statehouse.backends.attempts import perform
 from statehouse.backends.job import Job
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.staging import AttemptRef
-from statehouse.protocol.ops import TIMER_OPS
+from statehouse.protocol.ops import OPS, RAW_OPS
 
 router = api_router(prefix="/v1", tags=["batch"])
 
@@ -37,12 +37,15 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     With `"partition"`, `"attempt"` and `"seq"` (a Spark task attempt) the writes are staged until the
     driver commits the epoch (`POST /v1/jobs/{job}/epochs/{epoch}/commit`) and the batch's reads see the
     attempt's own staged writes; a re-sent request (same `seq`) is answered again, not applied twice.
-    Send and receive `application/json` or `application/msgpack` (bytes values allowed)."""
+    Send and receive `application/json` or `application/msgpack` (bytes values allowed). Raw state's
+    operations (`raw_*`) carry bytes: msgpack bin, or base64 strings in a JSON body."""
     body = await read_body(request)
     operations = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(operations, list):
         raise ApiError("invalid_argument", 'the body must be an object {"ops": [...]}')
     service.check_batch_size(len(operations), "operations")
+    if not is_msgpack(request.headers.get("content-type")):
+        _raw_values_from_base64(operations)
     attempt = None
     if "attempt" in body or "partition" in body or "seq" in body:
         attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]
@@ -56,10 +59,30 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     return render(request, {"results": results})
 
 
+_RAW_WRITES = frozenset(name for name in RAW_OPS if "value" in OPS[name].fields)
+
+
+def _raw_values_from_base64(operations: list[Any]) -> None:
+    """A JSON body's raw-state values as bytes (JSON has none: base64, as JSON answers carry them);
+    any other operation is left as it came, and checked by the engine."""
+    for index, op in enumerate(operations):
+        name = op.get("op") if isinstance(op, dict) else None
+        if isinstance(name, str) and name in _RAW_WRITES and "value" in op:
+            value = op["value"]
+            try:
+                if isinstance(value, list):  # raw_operator_put: the partitions
+                    op["value"] = [from_base64(p, f"partition {i}") for i, p in enumerate(value)]
+                else:
+                    op["value"] = from_base64(value, "'value'")
+            except ApiError as exc:
+                raise exc.within(f"op {index}", op_index=index) from None
+
+
 def _tally(job: Job, operations: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
-    """Operations per (state kind, op) of an applied batch, counted in one pass (timer
-    operations name no state: their kind is ``timer``)."""
+    """Operations per (state kind, op) of an applied batch, counted in one pass (operations that
+    name no state count under their target: ``timer``, ``raw_keyed``, ``raw_operator``)."""
     tally: Counter[tuple[str, str]] = Counter()
     for (state, op), n in Counter((o.get("state", ""), o["op"]) for o in operations).items():
-        tally[(job.descriptor(state).kind if op not in TIMER_OPS else "timer", op)] += n
+        target = OPS[op].target
+        tally[(job.descriptor(state).kind if target == "state" else target, op)] += n
     return tally

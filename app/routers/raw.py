@@ -3,8 +3,6 @@ subtask (raw operator state), as ``application/octet-stream`` (``backends/raw_st
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Annotated
 
 from fastapi import Path, Query, Request, Response
@@ -17,7 +15,7 @@ from statehouse.app.offload import OFF_LOOP, in_transaction
 from statehouse.app.problems import ApiError
 from statehouse.app.routers.operators import Index
 from statehouse.app.routing import api_router
-from statehouse.app.wire import is_msgpack, read_body, render
+from statehouse.app.wire import from_base64, is_msgpack, read_body, render
 from statehouse.backends.bounds import MAX_EPOCH
 from statehouse.backends.redistribution import MAX_SUBTASKS
 
@@ -106,19 +104,9 @@ async def put_raw_partitions(
     if not isinstance(partitions, list) or set(body) != {"partitions"}:
         raise ApiError("invalid_argument", 'the body must be {"partitions": [...]}, nothing else')
     if not is_msgpack(request.headers.get("content-type")):
-        partitions = [_from_base64(p, i) for i, p in enumerate(partitions)]
+        partitions = [from_base64(p, f"partition {i}") for i, p in enumerate(partitions)]
     await in_transaction(job, lambda tx: tx.raw_operator.replace(operator, index, partitions), OFF_LOOP, epoch)
     return Response(status_code=204)
-
-
-def _from_base64(text: object, index: int) -> bytes:
-    """A partition of a JSON body: JSON has no bytes, so base64 (RFC 4648, with padding)."""
-    try:
-        if isinstance(text, str):
-            return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        pass
-    raise ApiError("invalid_value", f"partition {index} must be a base64 string in a JSON body; got {text!r:.40}")
 
 
 @router.post(
