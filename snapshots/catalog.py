@@ -58,3 +58,17 @@ def find_snapshot(storage: CheckpointStorage, job: str, checkpoint_id: int | Non
     raise CheckpointNotFound(
         f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {storage.location}"
     )
+
+
+def latest_complete(storage: CheckpointStorage, job: str) -> str:
+    """The directory of the job's newest checkpoint that every replica of its layout completed
+    (all ``n`` parts of ``replica-<i>-of-<n>`` present): what a reader without a coordinator
+    can tell is a global checkpoint from storage alone."""
+    parts: dict[tuple[int, int], set[int]] = {}
+    for kind, checkpoint_id, index, count in parse_job_listing(job_listing(storage, job)):
+        if kind == "checkpoint":
+            parts.setdefault((checkpoint_id, count), set()).add(index)
+    complete = [i for (i, count), indexes in parts.items() if indexes == set(range(count))]
+    if not complete:
+        raise CheckpointNotFound(f"job {job!r} has no checkpoint every replica completed in {storage.location}")
+    return snapshot_dir(job, max(complete), "checkpoint")

@@ -163,7 +163,16 @@ def own_replicas(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for every Spark test (``local[2,2]``: failed tasks are retried)."""
+    """One local Spark session for every Spark test (``local[2,2]``: failed tasks are retried).
+
+    Spark's Python workers get the environment Spark started with, so the test S3 server's
+    credentials (the standard AWS variables, as :func:`s3_server` sets them) are set first: a
+    checkpoint read on a worker finds them however the tests are ordered."""
+    from harness.s3server import ACCESS_KEY, SECRET_KEY
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     session = local_spark("statehouse-tests")
     yield session
     session.stop()

@@ -1,14 +1,11 @@
-"""Operator state in a snapshot: list states with their modes, broadcast maps, job metadata.
-
-Flink writes operator state as its own stream (``OperatorStreamStateHandle``); here it is
-one small file per replica part: msgpack of the stored bytes, zstd-compressed. Keyed state
-descriptors are not in it (they are in the keyed header).
+"""Operator state in a snapshot: list states with their modes, broadcast maps, job metadata,
+read from a partition and redistributed for a restore (the file's format, which a reader
+without a server shares, is :mod:`statehouse.snapshots.operator_format`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import msgpack
 
@@ -23,7 +20,7 @@ from statehouse.backends.operator_state import (
     operator_subtasks_row,
 )
 from statehouse.backends.raw_state import operator_of
-from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, check_subtask, redistribute
+from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
     LIST_MODE_META,
@@ -33,23 +30,13 @@ from statehouse.backends.reserved import (
     STAGED_OPERATOR_META,
     STATE_META,
 )
-from statehouse.snapshots.compression import ZSTD
 from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.operator_format import OperatorStateData
 
-_VERSION = 1
 
-
-@dataclass
-class OperatorSnapshot:
-    """The operator state of one replica part, as stored bytes."""
-
-    # (operator, name, subtask) -> concatenated msgpack elements
-    lists: dict[tuple[str, str, int], bytes] = field(default_factory=dict)
-    modes: dict[tuple[str, str], str] = field(default_factory=dict)
-    # (operator, name) -> {user key bytes: value bytes}
-    broadcast: dict[tuple[str, str], dict[bytes, bytes]] = field(default_factory=dict)
-    # other job metadata rows of "$meta" (not descriptors, not list modes), restored verbatim
-    meta: dict[bytes, bytes] = field(default_factory=dict)
+class OperatorSnapshot(OperatorStateData):
+    """The operator state of one replica part, as stored bytes (the format is
+    :class:`~statehouse.snapshots.operator_format.OperatorStateData`'s); read from a partition."""
 
     @classmethod
     def from_view(cls, view: FrozenView | StorePartition) -> OperatorSnapshot:
@@ -75,35 +62,6 @@ class OperatorSnapshot:
         """This snapshot without the job metadata that is not operator state (writer epochs)."""
         meta = {k: v for k, v in self.meta.items() if k.startswith((OPERATOR_SUBTASKS_META, OPERATOR_NAMES_META))}
         return OperatorSnapshot(dict(self.lists), dict(self.modes), dict(self.broadcast), meta)
-
-    def to_bytes(self) -> bytes:
-        body = {
-            "version": _VERSION,
-            "lists": [[op, name, sub, raw] for (op, name, sub), raw in sorted(self.lists.items())],
-            "modes": [[op, name, mode] for (op, name), mode in sorted(self.modes.items())],
-            "broadcast": [
-                [op, name, sorted(entries.items())] for (op, name), entries in sorted(self.broadcast.items())
-            ],
-            "meta": sorted(self.meta.items()),
-        }
-        return ZSTD.compress(msgpack.packb(body, use_bin_type=True))
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> OperatorSnapshot:
-        try:
-            body = msgpack.unpackb(ZSTD.decompress(data), raw=False, strict_map_key=False)
-            if body["version"] != _VERSION:
-                raise SnapshotCorrupt(f"unsupported operator state version {body['version']!r}")
-            return cls(
-                {(op, name, check_subtask(sub)): raw for op, name, sub, raw in body["lists"]},
-                {(op, name): mode for op, name, mode in body["modes"]},
-                {(op, name): dict(entries) for op, name, entries in body["broadcast"]},
-                dict(body["meta"]),
-            )
-        except SnapshotCorrupt:
-            raise
-        except Exception as exc:
-            raise SnapshotCorrupt(f"unreadable operator state: {exc}") from None
 
 
 def merge_for_replica(

@@ -54,11 +54,8 @@ class SourceOptions:
                 f"format('statehouse') needs .option({missing[0]!r}, ...): urls (the replicas' URLs, comma-separated), "
                 "job, and state (or timers, or operator)"
             )
-        if "checkpoint" in given:
-            raise SourceError(
-                "option('checkpoint') (reading a checkpoint from checkpoint storage) is not supported yet: read the "
-                "live replicas, or restore the checkpoint into a deployment and read that"
-            )
+        if "checkpoint" in given:  # reads take it before these options (datasource/checkpoint.py)
+            raise SourceError("option('checkpoint') reads a checkpoint; a write goes to the live replicas")
         op = given.get("op")
         if writing and op not in WRITE_OPS:
             raise SourceError(f"writing needs .option('op', ...), one of {', '.join(WRITE_OPS)}; got {op!r}")

@@ -31,6 +31,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from statehouse.client.client import StatehouseClient
+from statehouse.client.datasource.operator import OPERATOR_SCHEMA, broadcast_rows, list_rows
 from statehouse.client.datasource.options import SourceError, SourceOptions, refusal
 from statehouse.client.errors import StatehouseError
 from statehouse.client.transport import ReplicaConnection
@@ -106,18 +107,6 @@ STATES_SCHEMA = pa.schema(
 )
 
 
-OPERATOR_SCHEMA = pa.schema(
-    [
-        pa.field("state", pa.string()),
-        pa.field("mode", pa.string()),  # split, union (list states) or broadcast
-        pa.field("subtask", pa.int32()),  # list states: the subtask holding the list; broadcast: null
-        pa.field("position", pa.int32()),  # list states: the element's place in its list; broadcast: null
-        pa.field("key", pa.string()),  # broadcast: the entry's key; list states: null
-        pa.field("value", pa.string()),  # JSON text: operator state has no declared value type
-    ]
-)
-
-
 def describe(options: SourceOptions) -> StateLayout:
     """The job's layout and the state's Arrow schema (a one-row page of replica 0 has it)."""
     try:
@@ -145,6 +134,19 @@ class StatehouseDataSource(DataSource):
     def name(cls) -> str:
         return "statehouse"
 
+    def _checkpoint(self) -> Any:
+        """The checkpoint read's options, if ``option("checkpoint", ...)`` is given (else ``None``)."""
+        if not any(k.lower() == "checkpoint" for k in self.options):
+            return None
+        try:
+            from statehouse.client.datasource.checkpoint import CheckpointOptions
+        except ImportError as exc:
+            raise SourceError(
+                "reading a checkpoint needs the client's checkpoint extra "
+                f"(pip install 'statehouse-client[checkpoint]'): {exc}"
+            ) from None
+        return CheckpointOptions.parse(self.options)
+
     def _layout(self) -> StateLayout:
         layout = getattr(self, "_known", None)
         if layout is None:
@@ -152,9 +154,16 @@ class StatehouseDataSource(DataSource):
         return layout
 
     def schema(self) -> StructType:
+        if self._checkpoint() is not None:
+            return from_arrow_schema(OPERATOR_SCHEMA)
         return from_arrow_schema(self._layout().schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        checkpoint = self._checkpoint()
+        if checkpoint is not None:
+            from statehouse.client.datasource.checkpoint import CheckpointOperatorReader, snapshot_parts
+
+            return CheckpointOperatorReader(checkpoint, snapshot_parts(checkpoint))
         options = SourceOptions.parse(self.options)
         if options.timers is not None:
             return TimerReader(options, self._layout())
@@ -391,29 +400,15 @@ class OperatorReader(DataSourceReader):
                     continue
                 for subtask in listed["subtasks"]:
                     values = self._list(connection, f"{base}/subtasks/{subtask}/lists/{listed['name']}")
-                    rows = [
-                        {
-                            "state": listed["name"],
-                            "mode": listed["mode"],
-                            "subtask": subtask,
-                            "position": i,
-                            "value": json.dumps(v),
-                        }
-                        for i, v in enumerate(values)
-                    ]
-                    if rows:
-                        yield pa.RecordBatch.from_pylist(rows, schema=OPERATOR_SCHEMA)
+                    if values:
+                        yield list_rows(listed["name"], listed["mode"], subtask, values)
             if replica != 0:
                 return
             for name in described["broadcast"]:
                 if wanted not in (None, name):
                     continue
                 for items in listing_pages(connection, f"{base}/broadcast/{name}/entries"):
-                    rows = [
-                        {"state": name, "mode": "broadcast", "key": item["key"], "value": json.dumps(item["value"])}
-                        for item in items
-                    ]
-                    yield pa.RecordBatch.from_pylist(rows, schema=OPERATOR_SCHEMA)
+                    yield broadcast_rows(name, [(item["key"], item["value"]) for item in items])
         except StatehouseError as exc:
             raise refusal(
                 exc, f"reading operator {self.options.operator!r} of job {self.options.job!r} from {url}"
