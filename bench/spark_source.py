@@ -9,6 +9,10 @@ One value state of float64 (16-byte keys) on Statehouse replicas; the same rows 
 * full read: ``spark.read.format("statehouse")...load()`` counted and summed (every row and column
   goes through Spark) beside ``spark.read.parquet`` of the same rows.
 
+* operator state, live and from a checkpoint: an operator's split list state (``--operator-elements``
+  ints over 32 subtasks) read with ``option("operator", ...)`` from the replicas, and with
+  ``option("checkpoint", N)`` from the checkpoint storage (local here) with no replica involved.
+
 Each read is checked (count and sum) against the rows written. Spark's own ``statestore`` reader is
 not measured: it reads a streaming query's state-store checkpoint, which this state never was.
 """
@@ -34,11 +38,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", default="rocksdb", choices=("rocksdb", "heap"))
     parser.add_argument("--partitions", type=int, default=4, help="Spark partitions of the written DataFrame")
     parser.add_argument("--partitions-per-replica", type=int, default=2, help="input partitions per replica")
+    parser.add_argument("--operator-elements", type=int, default=200_000, help="operator list elements")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 keys, 1 run")
     parser.add_argument("--json", default=None)
     cfg = parser.parse_args(argv)
     if cfg.quick:
-        cfg.keys, cfg.runs = 10_000, 1
+        cfg.keys, cfg.runs, cfg.operator_elements = 10_000, 1, 3_200
     return cfg
 
 
@@ -60,7 +65,14 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     from statehouse.client.datasource import register
 
     workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-source-"))
-    results: dict[str, list[float]] = {"write": [], "read": [], "parquet_write": [], "parquet_read": []}
+    results: dict[str, list[float]] = {
+        "write": [],
+        "read": [],
+        "parquet_write": [],
+        "parquet_read": [],
+        "operator_live": [],
+        "operator_checkpoint": [],
+    }
     expected_sum = float(cfg.keys * (cfg.keys - 1) // 2)
     try:
         with replicas(cfg.replicas, cfg.backend, workdir) as servers:
@@ -91,6 +103,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                 seconds, found = timed(lambda t=table_: t.agg(F.count("key"), F.sum("value")).collect()[0])
                 assert (found[0], found[1]) == (cfg.keys, expected_sum), found
                 results["parquet_read"].append(cfg.keys / seconds)
+                live, checkpoint = operator_state(session, urls, str(workdir / "checkpoints"), f"ops-{run}", cfg)
+                results["operator_live"].append(live)
+                results["operator_checkpoint"].append(checkpoint)
             if spark is None:
                 session.stop()
     finally:
@@ -113,12 +128,49 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     f"{summaries['read'].median / summaries['parquet_read'].median:.2f}x",
                 ],
                 ["spark.read.parquet", summaries["parquet_read"].fmt(), "1x"],
+                ["operator state, live (option operator)", summaries["operator_live"].fmt(), ""],
+                [
+                    "operator state, from a checkpoint (option checkpoint)",
+                    summaries["operator_checkpoint"].fmt(),
+                    f"{summaries['operator_checkpoint'].median / summaries['operator_live'].median:.2f}x live",
+                ],
             ],
         )
     )
     data = {"config": vars(cfg), "results": {name: s.to_dict() for name, s in summaries.items()}}
     write_json(cfg.json, data)
     return data
+
+
+SUBTASKS = 32
+
+
+def operator_state(session: Any, urls: str, storage: str, job: str, cfg: argparse.Namespace) -> tuple[float, float]:
+    """Rows/s of an operator's list state read live and from a checkpoint of it (each checked)."""
+    from pyspark.sql import functions as F
+
+    from statehouse.client import StatehouseClient
+    from statehouse.client.coordinator import CheckpointCoordinator
+
+    per = cfg.operator_elements // SUBTASKS
+    total = per * SUBTASKS
+    with StatehouseClient(urls) as client:
+        j = client.create_job(job, 128)
+        for subtask in range(SUBTASKS):
+            j.update_operator_list("source", subtask, "offsets", list(range(subtask * per, (subtask + 1) * per)))
+        checkpoint_id = CheckpointCoordinator(j).checkpoint().checkpoint_id
+    live = session.read.format("statehouse").option("urls", urls).option("job", job).option("operator", "source")
+    stored = session.read.format("statehouse").option("job", job).option("checkpoint", checkpoint_id)
+    stored = stored.option("checkpoint_storage", storage).option("operator", "source")
+    rates = []
+    for reader in (live, stored):
+        frame = reader.load()
+        seconds, found = timed(
+            lambda f=frame: f.agg(F.count("value"), F.sum(F.col("value").cast("bigint"))).collect()[0]
+        )
+        assert (found[0], found[1]) == (total, total * (total - 1) // 2), found
+        rates.append(total / seconds)
+    return rates[0], rates[1]
 
 
 if __name__ == "__main__":
