@@ -200,6 +200,19 @@ class KeySpace:
             raise InvalidArgument(f"{what} must be an integer in [0, {self.max_parallelism - 1}]; got {key_group!r}")
         self.check_owned(key_group)
 
+    def owned_part(self, start: int | None, end: int | None) -> KeyGroupRange:
+        """Of the key groups a caller names, ``start..end`` (each by default the owned range's),
+        the ones this replica owns (the rest are other replicas'): a read of a range (a scan, the
+        sizes); 422 unless it is a range within the max parallelism."""
+        owned = self.owned
+        first, last = owned.start if start is None else start, owned.end if end is None else end
+        if not 0 <= first <= last < self.max_parallelism:
+            raise InvalidArgument(
+                f"key_group_start..key_group_end must be a range within 0..{self.max_parallelism - 1} (this replica "
+                f"owns {owned.start}..{owned.end}); got {first}..{last}"
+            )
+        return owned.intersection(KeyGroupRange(first, last))
+
     def key_group_range(self, given: tuple[int, int] | list[int]) -> KeyGroupRange:
         """A range of key groups a caller names, ``[start, end]`` within the max parallelism."""
         start, end = given

@@ -37,7 +37,7 @@ from statehouse.backends.columns import to_arrow, value_type
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import Job
-from statehouse.backends.ttl import MAX_LONG, is_expired
+from statehouse.backends.ttl import expiration_timestamp, is_expired
 from statehouse.keygroups import KeyGroupRange
 
 KEY_TYPES: dict[str, pa.DataType] = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
@@ -103,14 +103,12 @@ def scan(
     max_rows: int,
     max_bytes: int,
 ) -> ScanPage:
-    """One page of ``state``'s rows in ``key_groups`` (clipped to what this replica owns), after
+    """One page of ``state``'s rows in ``key_groups`` (owned here: ``KeySpace.owned_part``), after
     ``after``; with ``keys``, only those keys' rows (every namespace): point reads."""
     descriptor = job.descriptor(state)
-    owned = job.key_group_range
-    groups = KeyGroupRange(max(key_groups.start, owned.start), min(key_groups.end, owned.end))
     reader = _Reader(job, descriptor)
     with job.exclusive():  # the seeking iterators read the live partition: no write in between
-        stored = reader.range(groups, after) if keys is None else reader.keys(groups, keys, after)
+        stored = reader.range(key_groups, after) if keys is None else reader.keys(key_groups, keys, after)
         return reader.page(stored, max_rows, max_bytes)
 
 
@@ -125,13 +123,12 @@ class GroupSize:
 
 
 def sizes(job: Job, state: str, key_groups: KeyGroupRange) -> list[GroupSize]:
-    """What ``state`` stores per key group of ``key_groups`` this replica owns (groups holding
-    nothing left out). One key group at a time under the job's lock, so writes wait for one
-    group's count, never the whole state's."""
+    """What ``state`` stores per key group of ``key_groups`` (owned here: ``KeySpace.owned_part``;
+    groups holding nothing left out). One key group at a time under the job's lock, so writes
+    wait for one group's count, never the whole state's."""
     job.descriptor(state)  # state_not_found first
-    owned = job.key_group_range
     found = []
-    for kg in range(max(key_groups.start, owned.start), min(key_groups.end, owned.end) + 1):
+    for kg in key_groups:
         with job.exclusive():
             entries = stored = 0
             for primary, secondary, record in job.partition.scan(state, kg):
@@ -248,10 +245,6 @@ def _below(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] - 1]) if stripped else None
 
 
-def _expiry(timestamp: int, ttl_ms: int) -> int:
-    return min(timestamp + ttl_ms, MAX_LONG)
-
-
 def _decode(kind: str, ttl: Any, raw: bytes, now: int) -> tuple[Any, Any] | None:
     """A stored record's value and expiry by Flink's read rule (``None``: not visible)."""
     if ttl is None:
@@ -262,11 +255,11 @@ def _decode(kind: str, ttl: Any, raw: bytes, now: int) -> tuple[Any, Any] | None
             stored = [(ts, v) for ts, v in stored if not is_expired(ts, ttl.ttl_ms, now)]
         if not stored:
             return None
-        return [v for _ts, v in stored], [_expiry(ts, ttl.ttl_ms) for ts, _v in stored]
+        return [v for _ts, v in stored], [expiration_timestamp(ts, ttl.ttl_ms) for ts, _v in stored]
     timestamp, payload = split_timestamped(raw)
     if is_expired(timestamp, ttl.ttl_ms, now) and not ttl.return_expired:
         return None
-    return decode_value(payload), _expiry(timestamp, ttl.ttl_ms)
+    return decode_value(payload), expiration_timestamp(timestamp, ttl.ttl_ms)
 
 
 def _json(value: Any) -> str:

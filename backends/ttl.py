@@ -80,7 +80,12 @@ class TtlConfig:
         return asdict(self)
 
 
+def expiration_timestamp(timestamp: int, ttl_ms: int) -> int:
+    """``TtlUtils.getExpirationTimestamp``: when an entry written at ``timestamp`` expires,
+    ``timestamp + ttl`` kept at most ``Long.MAX_VALUE`` (Java's guard against the sum overflowing)."""
+    return min(timestamp + ttl_ms, MAX_LONG)
+
+
 def is_expired(timestamp: int, ttl_ms: int, now: int) -> bool:
-    """``TtlUtils.expired``: overflow-safe ``timestamp + ttl <= now`` (the boundary expires)."""
-    span = min(ttl_ms, MAX_LONG - timestamp) if timestamp > 0 else ttl_ms
-    return timestamp + span <= now
+    """``TtlUtils.expired``: the expiration timestamp is reached (the boundary expires)."""
+    return expiration_timestamp(timestamp, ttl_ms) <= now

@@ -21,7 +21,7 @@ from statehouse.backends.errors import (
     StateNotFound,
     WrongStateKind,
 )
-from statehouse.backends.ttl import TtlConfig
+from statehouse.backends.ttl import MAX_LONG, TtlConfig, expiration_timestamp, is_expired
 from statehouse.keygroups import assign_to_key_group
 from tests.doors import DOORS, through
 
@@ -566,6 +566,15 @@ def test_ttl_map_add_writes_a_new_timestamp_and_never_folds_into_expired(job, cl
     clock.now = 1280
     assert run(job, lambda tx: m(tx).get_all("k")) == {"a": 1}  # returned once, and cleared
     assert list(job.partition.items("m", kg, _primary(job, "m", "k"))) == []
+
+
+def test_expiration_timestamp_is_flinks():
+    """``TtlUtils.getExpirationTimestamp``: the one rule reads (``is_expired``) and the scan's
+    ``expires_at`` both take, overflow kept at ``Long.MAX_VALUE``; the boundary expires."""
+    assert expiration_timestamp(5, 10) == 15 and expiration_timestamp(-20, 10) == -10
+    assert expiration_timestamp(MAX_LONG - 3, 10) == MAX_LONG
+    assert is_expired(5, 10, 15) and not is_expired(5, 10, 14)
+    assert not is_expired(MAX_LONG - 3, 10, MAX_LONG - 1) and is_expired(MAX_LONG - 3, 10, MAX_LONG)
 
 
 def test_ttl_timestamp_overflow(job, clock):

@@ -16,9 +16,7 @@ from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import arrow_response
 from statehouse.backends import codec
-from statehouse.backends.job import Job
 from statehouse.backends.scan import Position, scan, sizes
-from statehouse.keygroups import KeyGroupRange
 
 router = api_router(prefix="/v1", tags=["keyed state"])
 
@@ -53,18 +51,6 @@ class StateSizes(BaseModel):
     key_groups: list[KeyGroupSize]
 
 
-def _range(job: Job, start: int | None, end: int | None) -> KeyGroupRange:
-    owned = job.key_group_range
-    groups = KeyGroupRange(owned.start if start is None else start, owned.end if end is None else end)
-    if groups.end >= job.max_parallelism or groups.start > groups.end:
-        raise ApiError(
-            "invalid_argument",
-            f"key_group_start..key_group_end must be a range within 0..{job.max_parallelism - 1} (this replica owns "
-            f"{owned.start}..{owned.end}); got {groups.start}..{groups.end}",
-        )
-    return groups
-
-
 @router.get("/jobs/{job}/states/{state}/scan", response_class=Response, responses=SCAN)
 async def scan_state(
     service: ServiceDep,
@@ -89,7 +75,7 @@ async def scan_state(
     `max_bytes` of stored data, and its schema metadata `statehouse.next_cursor` resumes it. A scan reads
     committed state without writing: expired entries are left out (or kept, per the state's TTL
     visibility) but neither cleaned up nor refreshed. With `key`, only those keys' rows."""
-    groups = _range(job, key_group_start, key_group_end)
+    groups = job.keyspace.owned_part(key_group_start, key_group_end)
     after = decode_cursor(cursor)
     position = Position.decode(after) if after is not None else None
     descriptor = job.descriptor(state)
@@ -124,7 +110,7 @@ async def state_sizes(
     """What a keyed state stores per key group this replica owns: entries (a map's entries count one
     each; expired ones not yet cleaned up included) and their stored bytes. Groups holding nothing
     are left out. It reads the whole range (one key group at a time under the job's lock)."""
-    groups = _range(job, key_group_start, key_group_end)
+    groups = job.keyspace.owned_part(key_group_start, key_group_end)
     found = await run_in_threadpool(sizes, job, state, groups)
     return StateSizes(
         state=state, key_groups=[KeyGroupSize(key_group=g.key_group, entries=g.entries, bytes=g.bytes) for g in found]
