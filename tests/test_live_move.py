@@ -257,6 +257,7 @@ def test_drop_key_groups_deletes_every_keyed_table_and_nothing_else(make_catalog
     job.drop_key_groups([MOVING])  # again: nothing there, nothing happens
 
 
+@pytest.mark.slow  # 5-13 s: filling a million keys
 def test_drop_key_groups_of_a_million_keys_reads_nothing(make_catalog):
     catalog = make_catalog()
     job, _ = catalog.create("orders", P)
