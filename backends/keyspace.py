@@ -180,9 +180,18 @@ class KeySpace:
         return operator_index(self.max_parallelism, self.replica_count, key_group)
 
     def check_owned(self, key_group: int) -> None:
-        """``key_not_owned`` (naming the owner) unless this replica owns ``key_group``."""
+        """``key_not_owned`` (naming the owner) unless this replica owns ``key_group``; while a move
+        is pending here, ``rescale_in_progress`` instead: the request comes from a client that
+        learned the new layout from a replica that committed first, and this replica serves the
+        key group once it commits too (a 421 naming the old version could not be acted on)."""
         owned = self.owned
         if not owned.start <= key_group <= owned.end:
+            if self.frozen_version:
+                raise RescaleInProgress(
+                    f"key group {key_group} of job {self.job!r} is not served here until the live rescale to "
+                    f"topology version {self.frozen_version} commits on this replica; retry",
+                    version=self.frozen_version,
+                )
             owner = self.owner_of(key_group)
             holds = f"key groups {owned.start}-{owned.end}" if len(owned) else "none"
             raise KeyNotOwned(

@@ -156,10 +156,7 @@ class RescaleParticipant:
                 tuple(replica_urls),
                 joining=fresh,
             )
-            if fresh:
-                self.catalog.serving = False
-            else:
-                self._freeze(move)
+            self._freeze(move)
             try:
                 self.layout.begin_move(move)
             except BaseException:
@@ -184,8 +181,11 @@ class RescaleParticipant:
 
     def _freeze(self, move: Move) -> None:
         """Freeze every job's moving-out key groups (and operator state), all or none; jobs opened
-        or created later are frozen as they open."""
+        or created later are frozen as they open. A joining replica gives nothing away, and owns
+        nothing until the commit: frozen too, its jobs answer 503 (retry) rather than 421."""
         index = self.index
+        if move.joining:
+            self.catalog.serving = False
 
         def freeze(job: Job) -> None:
             job.freeze(move.moving_out(job.max_parallelism, index), move.version)
@@ -364,6 +364,7 @@ class RescaleParticipant:
     def _apply_abort(self, move: Move) -> None:
         index = self.index
         if move.joining:
+            self.catalog.on_open = None
             for name in self.catalog.names():  # what it loaded for the move; it held nothing before
                 self.catalog.delete(name)
         else:
@@ -398,8 +399,6 @@ class RescaleParticipant:
                 self._apply_commit(move)
             elif action == "abort":
                 self._apply_abort(move)
-            elif move.joining:
-                self.catalog.serving = False
             else:
                 self._freeze(move)
             return why
