@@ -37,9 +37,9 @@ from statehouse.keygroups import KeyGroupRange
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so
 # that STATEHOUSE_MAX_STAGED_BYTES bounds memory, not just request bytes.
 STAGED_OP_OVERHEAD = 512
-# A staged columnar row is charged less: its view entry (~200 B measured with tracemalloc) beside
-# the request's bytes. (Its run's row, the stored key and the value as Python, is not covered:
-# ~800 B a row measured in all, before runs as after; see bench/RESULTS.md §14b.)
+# A staged columnar row costs less: its view entry (~200 B measured with tracemalloc) and its
+# run's row (its stored key and packed value, about the request's bytes for that row): ~325 B a
+# row of 16-byte keys and 100-byte values measured in all (bench/RESULTS.md §14b).
 STAGED_ROW_OVERHEAD = 256
 # A timer an attempt's advance fired stays in memory until the epoch ends three times over: in
 # the attempt's log (its firing's run), as a delete in its view, and decoded in the answer kept
