@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.http, pytest.mark.spark]
 @pytest.fixture(scope="module", params=["heap", "rocksdb"])
 def deployment(request, tmp_path_factory, s3_server):
     """Two replicas on one backend; their checkpoints go to a fresh S3 prefix (RocksDB's are
-    incremental). Yields (urls, checkpoint storage)."""
+    incremental). Yields (urls, checkpoint storage, backend)."""
     import uuid
 
     if s3_server._process is None:
@@ -39,7 +39,7 @@ def deployment(request, tmp_path_factory, s3_server):
                 "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
             }
             servers.append(start_server(tmp_path_factory.mktemp(f"chk-source-{request.param}-{i}"), env))
-        yield [s.url for s in servers], location
+        yield [s.url for s in servers], location, request.param
     finally:
         for server in servers:
             server.stop()
@@ -65,7 +65,7 @@ def rows(df) -> list[tuple]:
 
 
 def test_operator_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3_server):
-    urls, storage = deployment
+    urls, storage, _backend = deployment
     job = "operators"
     expected = fill_operator(urls, job)
     with StatehouseClient(urls) as client:
@@ -94,7 +94,7 @@ def test_operator_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3
 def test_checkpoint_refusals_say_what_to_fix(source, deployment, s3_server):
     from pyspark.errors import AnalysisException
 
-    urls, storage = deployment
+    urls, storage, _backend = deployment
     job = "refused"
     with StatehouseClient(urls) as client:
         client.create_job(job, 32).update_operator_list("source", 0, "offsets", [1])
@@ -123,7 +123,7 @@ def test_the_documented_checkpoint_read_runs_as_written(source, deployment, s3_s
     from harness.server import REPO
     from tests.test_docs_blocks import check_output, parse
 
-    urls, storage = deployment
+    urls, storage, _backend = deployment
     (block,) = [
         b for b in parse(REPO / "docs/spark.md") if b.marker == "spark" and "test_spark_source_checkpoint" in b.reason
     ]
@@ -131,3 +131,43 @@ def test_the_documented_checkpoint_read_runs_as_written(source, deployment, s3_s
     code = code.replace("s3://checkpoints/prod", storage).replace("http://seaweedfs:8333", s3_server.endpoint)
     exec(compile(code, block.id, "exec"), {"__name__": "__main__"})
     check_output(block, capsys.readouterr().out)
+
+
+def test_a_checkpoint_of_a_rescaled_deployment(source, deployment, s3_server, tmp_path):
+    """2 -> 3, no replica of the old layout involved in the reads: three new replicas restore the
+    job from the two replicas' checkpoint and take one of their own; the 2-part checkpoint reads as
+    what was written, the 3-part one (and 'latest') as the live read of the three."""
+    urls, storage, backend = deployment
+    job = "rescaled"
+    expected = sorted(fill_operator(urls, job), key=repr)
+    with StatehouseClient(urls) as client:
+        before = CheckpointCoordinator(client.job(job)).checkpoint().checkpoint_id
+    servers = []
+    try:
+        for i in range(3):
+            env = {
+                "STATEHOUSE_BACKEND": backend,
+                "STATEHOUSE_REPLICA_INDEX": str(i),
+                "STATEHOUSE_REPLICA_COUNT": "3",
+                "STATEHOUSE_CHECKPOINT_DIR": storage,
+                "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
+            }
+            servers.append(start_server(tmp_path / f"three-{i}", env))
+        three = [s.url for s in servers]
+        with StatehouseClient(three) as client:
+            client.replicas.on_all("POST", f"/v1/jobs/{job}/restore", {"checkpoint_id": before}, idempotent=False)
+            after = CheckpointCoordinator(client.job(job)).checkpoint().checkpoint_id
+        # A restore hands a union list to every subtask of the operator (five wrote: Flink's rule).
+        union = [e for e in expected if e[1] == "union"]
+        restored = sorted(
+            [e for e in expected if e[1] != "union"]
+            + [(n, m, s, *rest) for s in range(5) for n, m, _s, *rest in union],
+            key=repr,
+        )
+        assert rows(read(source, three, job, None, operator="source")) == restored
+    finally:
+        for server in servers:
+            server.stop()
+    for checkpoint, oracle in ((before, expected), (after, restored), ("latest", restored)):
+        found = from_checkpoint(source, job, checkpoint, storage, s3_server.endpoint, operator="source")
+        assert rows(found) == oracle, checkpoint
