@@ -272,21 +272,18 @@ class LiveRescale:
         loaded: dict[str, dict[str, int]] = {}
 
         def commit(url: str) -> None:
-            deadline = time.monotonic() + self.wait
-            while True:
+            for _again in range(3):
                 try:
                     self._call(url, "commit", {"version": move.version})
                     return
                 except StatehouseError as exc:
-                    if exc.code == "rescale_not_loaded":
-                        loaded[url] = self._load(url, move, checkpoints)
-                        continue
-                    if not isinstance(exc, Unavailable) or time.monotonic() > deadline:
+                    if exc.code != "rescale_not_loaded":  # a replica restarted mid-load: load it again
                         raise RescaleFailed(
                             f"commit of the rescale to {move.count} replicas was decided, but {url} did not commit "
                             f"({exc}); once it answers, run statehouse rescale --resume"
                         ) from exc
-                    time.sleep(0.5)
+                    loaded[url] = self._load(url, move, checkpoints)
+            raise RescaleFailed(f"{url} answered rescale_not_loaded after three loads: see its log")
 
         self._each(move.everyone, commit)
         self.progress("committed", {"version": move.version, "urls": move.urls})
@@ -469,12 +466,19 @@ class LiveRescale:
         return connection
 
     def _call(self, url: str, step: str, body: dict[str, Any]) -> Any:
-        try:
-            return self._connection(url).json("POST", f"/v1/topology/{step}", body)
-        except StatehouseError as exc:
-            raise type(exc)(
-                f"{step} on {url}: {exc.detail}", status=exc.status, code=exc.code, problem=exc.problem
-            ) from exc
+        """One step on one replica. A replica that does not answer (restarting: every step is
+        idempotent, and a restarted one reports where its move stood) is asked again until ``wait``."""
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                return self._connection(url).json("POST", f"/v1/topology/{step}", body)
+            except StatehouseError as exc:
+                if isinstance(exc, Unavailable) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise type(exc)(
+                    f"{step} on {url}: {exc.detail}", status=exc.status, code=exc.code, problem=exc.problem
+                ) from exc
 
     def _each(self, urls: list[str], call: Callable[[str], Any], *, tolerate: bool = False) -> list[Any]:
         """``call(url)`` for every URL in parallel; the first error raised once all ended (none

@@ -232,3 +232,20 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         micro_batch(job, coordinator, 3, 100, totals)
         assert sums(job) == totals
     assert misplaced(urls, JOB, ["sum"], P, 2) == {"sum": []}
+
+
+@pytest.mark.parametrize("step", ["prepared", "loaded"])
+def test_a_new_replica_killed_mid_move_is_waited_for_and_the_move_completes(replica_set, oracle, step):
+    """SIGKILL and restart (same port and disk) of the new replica after a step: the driver asks it
+    again until it answers, loads it again if it lost its load, and the move completes."""
+    urls = replica_set.urls
+    new = grow(replica_set, 2)
+
+    def progress(reached: str, _info: dict[str, Any]) -> None:
+        if reached == step:
+            replica_set.restart(2)
+
+    with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
+        report = move.run()
+    assert report.outcome == "committed"
+    check([*urls, new], oracle, 3)
