@@ -3,22 +3,24 @@ client (which batches, retries and counts them). Every door takes them: the one-
 batch (``{"op": ..., "state": ..., "key": ...}``), the columnar endpoint (one operation over a
 table of rows) and the timer endpoints. What each means per state kind:
 
-=================  ======================================================================
-``get``            value / list / whole map / reduced / aggregated result
-``put``            value: update (``None`` clears); list: replace (a list); map: replace
-                   all (an object)
-``add``            list: add (``value``) or addAll (``values``); reducing/aggregating: add
-``clear``          any kind
-``map_get``        ``map_put``, ``map_remove``, ``map_contains``: one map entry (``user_key``)
-``map_add``        fold ``value`` (or each of ``values``) into one map entry with the map's
-                   ``function``; a map registered without one refuses it
-``register_timer`` ``delete_timer``: a timer (``domain``: event | processing, ``key``,
-                   ``key_type`` (default string), ``ns``, ``timestamp``); they name no state
-``raw_get``        ``raw_put`` (replace; empty clears), ``raw_append``, ``raw_delete``: the
-                   raw keyed stream of ``key_group`` (bytes ``value``); they name no state
-``raw_operator_    ``raw_operator_put`` (replace; ``[]`` clears): the raw operator
-get``              partitions of ``operator``'s ``subtask`` (``value``: a list of bytes)
-=================  ======================================================================
+====================  ===================================================================
+``get``               value / list / whole map / reduced / aggregated result
+``put``               value: update (``None`` clears); list: replace (a list); map:
+                      replace all (an object)
+``add``               list: add (``value``) or addAll (``values``); reducing/aggregating:
+                      add
+``clear``             any kind
+``map_get``           ``map_put``, ``map_remove``, ``map_contains``: one map entry
+                      (``user_key``)
+``map_add``           fold ``value`` (or each of ``values``) into one map entry with the
+                      map's ``function``; a map registered without one refuses it
+``register_timer``    ``delete_timer``: a timer (``domain``: event | processing, ``key``,
+                      ``key_type`` (default string), ``ns``, ``timestamp``); no state
+``raw_get``           ``raw_put`` (replace; empty clears), ``raw_append``, ``raw_delete``:
+                      the raw keyed stream of ``key_group`` (bytes ``value``); no state
+``raw_operator_get``  ``raw_operator_put`` (replace; ``[]`` clears): the raw partitions of
+                      ``operator``'s ``subtask`` (``value``: a list of bytes); no state
+====================  ===================================================================
 
 Columnar form: the same names, with the fields as columns (``ns`` optional everywhere, null
 meaning ""); timers' columnar form is ``register`` / ``delete`` over ``key`` and ``timestamp``.
