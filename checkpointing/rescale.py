@@ -272,9 +272,17 @@ class RescaleParticipant:
         metadata: dict[str, Any] | None = None,
     ) -> Decision:
         """Write the durable decision of the move to ``version`` (once; the same outcome again
-        answers the record that stands)."""
-        if version < 1:
-            raise InvalidArgument(f"version must be at least 1; got {version}")
+        answers the record that stands). A version this replica already serves (or an older one)
+        is refused unless its move is pending here or was decided: a stray decision would spend
+        that version for every later move."""
+        topology = self.layout.topology
+        pending = topology.move is not None and topology.move.version == version
+        if version <= topology.version and not pending and self.decision(version) is None:
+            raise RescaleConflict(
+                f"this replica serves topology version {topology.version}: no move to version {version} is pending "
+                f"or decided; a move goes to version {topology.version + 1} or later",
+                version=topology.version,
+            )
         decision = Decision(
             self.layout.topology.set_id,
             version,
@@ -355,6 +363,8 @@ class RescaleParticipant:
             topology = self.layout.topology
             if topology.move is not None and topology.move.version != version:
                 self._pending(version)  # raises: another move is pending
+            if topology.move is None and version <= topology.version and self.decision(version) is None:
+                return False  # nothing here to undo, and nothing to decide: a version it already serves
             self.decide(version, "abort")
             if topology.move is None:
                 return False

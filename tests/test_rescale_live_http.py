@@ -389,6 +389,8 @@ def test_the_steps_need_an_admin_token(tmp_path):
         )
         ok(httpx.get(f"{server.url}/v1/topology", headers=as_user, timeout=30))  # reading the layout needs no admin
         as_admin = {"Authorization": f"Bearer {admin}"}
+        stray = {"version": 1, "outcome": "abort"}  # the version it serves: deciding it would spend it
+        problem(httpx.post(f"{server.url}/v1/topology/decide", json=stray, headers=as_admin), 409, "rescale_conflict")
         ok(httpx.post(f"{server.url}/v1/topology/prepare", json=bodies["prepare"], headers=as_admin, timeout=30))
         bad = {"version": 2, "checkpoints": {"../elsewhere": 1}}  # a job name is a path in storage: checked first
         problem(
