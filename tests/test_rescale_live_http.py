@@ -17,6 +17,9 @@ import pytest
 
 from harness.replica_set import ReplicaSet, misplaced
 from harness.server import start_server
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.descriptors import StateDescriptor
+from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import (
     TOPOLOGY_FILE,
     Move,
@@ -28,6 +31,8 @@ from statehouse.backends.topology import (
     subtract,
 )
 from statehouse.checkpointing.decision import Decision, RescaleDecided, decide, read_decision
+from statehouse.checkpointing.manager import CheckpointManager
+from statehouse.checkpointing.rescale import RescaleParticipant
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage.local import LocalStorage
 
@@ -96,6 +101,48 @@ def test_the_decision_is_written_once(tmp_path):
         decide(storage, Decision("set", 2, "abort"))
     assert refused.value.extra["outcome"] == "commit"
     assert decide(storage, Decision("set", 3, "abort")).outcome == "abort"  # another version, another record
+
+
+def test_a_start_drops_what_a_commit_recorded_but_did_not_drop(tmp_path):
+    """A replica that died after recording the new layout and before dropping what moved away drops
+    it at its next start (RocksDB, in process: the crash is the catalog closed in between)."""
+
+    (tmp_path / "data").mkdir()
+
+    def open_replica() -> tuple[JobCatalog, CheckpointManager, RescaleParticipant]:
+        layout = ReplicaLayout.open(str(tmp_path / "data"), count=2, index=1, set_id="s", adopt=False)
+        topology = layout.topology
+        store = RocksDBStore(str(tmp_path / "data"))
+        catalog = JobCatalog(store, replica_index=topology.index, replica_count=topology.count, layout=layout)
+        manager = CheckpointManager(catalog, LocalStorage(str(tmp_path / "checkpoints")))
+        return catalog, manager, RescaleParticipant(catalog, manager)
+
+    catalog, manager, participant = open_replica()
+    job, _ = catalog.create(JOB, P)
+    job.register_state(StateDescriptor(STATE, "value"))
+    mine = [k for k in KEYS if owner(k, 2) == 1]
+    with job.transaction() as tx:
+        for key in mine:
+            tx.value(STATE).update(key, 1)
+    participant.prepare(2, 3, [])
+    move = participant.layout.topology.move
+    assert move is not None
+    participant.layout.commit_move()  # the record of the commit, then the process dies
+    manager.close()
+    catalog.close()
+
+    catalog, manager, participant = open_replica()
+    try:
+        assert participant.layout.topology.previous == Previous(2, 1, dropped=False)
+        participant.resume_at_start()
+        assert participant.layout.topology.previous == Previous(2, 1, dropped=True)
+        job = catalog.get(JOB)
+        stored = {kg for kg in range(P) for _ in job.partition.primaries_from(STATE, kg, None)}
+        assert stored and stored <= set(range(64, 86))  # 86-127 moved to replica 2: dropped
+        assert {key_group(k) for k in mine} > stored
+    finally:
+        manager.close()
+        catalog.close()
 
 
 # -- real servers: the raw endpoints ---------------------------------------------------------------------
