@@ -19,6 +19,7 @@ from bench import (
     http_server,
     latency,
     map_paging,
+    rescale_live,
     restore,
     spark_columnar,
     spark_source,
@@ -83,6 +84,14 @@ def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
     targets = {(r["snapshot"], r["target"]) for r in out["results"]}
     assert len(targets) == 4
     assert all(r["runs"][0]["entries_restored"] > 0 for r in out["results"])
+
+
+def test_rescale_live_on_s3(spark, s3_server, s3_location):
+    args = ["--keys", "2000", "--batches", "5", "--grow-at", "2", "--shrink-at", "4", "--events", "20"]
+    out = rescale_live.main([*args, "--s3-endpoint", s3_server.endpoint], spark=spark)
+    assert [(r["from"], r["to"]) for r in out["rescales"]] == [(2, 3), (3, 2)]
+    assert all(r["loads"] and r["parts"] for r in out["rescales"])
+    assert sorted(out["batches_s"]) == [0, 1, 2, 3, 4]
 
 
 def test_attempts_quick():
