@@ -6,6 +6,7 @@ This is what a Spark executor's image does: ``pip install statehouse_client-*.wh
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,9 +16,12 @@ import venv
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from harness.server import REPO
+from statehouse.client import StatehouseClient
+from statehouse.client.coordinator import CheckpointCoordinator
 from tests.test_import_graph import CLIENT_FOLDERS, SERVER_FOLDERS
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
@@ -137,3 +141,32 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
+
+    # With its checkpoint extra, the client reads a checkpoint's parts with the server's own format
+    # code (snapshots/, in this wheel) and no server package: what option("checkpoint") does on an
+    # executor (its operator-state path here, without Spark).
+    wheel = wheels["statehouse_client"]
+    run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[checkpoint]"], 600)
+    job = "packaged"
+    with httpx.Client(timeout=30) as http:
+        for i, server in enumerate(two_replicas):
+            http.put(f"{server.url}/v1/jobs/{job}", json={"max_parallelism": 32}).raise_for_status()
+            path = f"{server.url}/v1/jobs/{job}/operators/source/subtasks/{i}/lists/offsets"
+            http.put(path, json={"value": [i, {"at": i * 10}]}).raise_for_status()
+    with StatehouseClient([s.url for s in two_replicas]) as client:
+        parts = CheckpointCoordinator(client.job(job)).checkpoint(1).parts
+    storage = parts[0]["location"].removesuffix(f"/{job}/chk-1")
+    script = (
+        "import json, sys\n"
+        "from statehouse.snapshots.catalog import latest_complete, read_parts\n"
+        "from statehouse.snapshots.operator_format import OperatorStateData, list_elements\n"
+        "from statehouse.snapshots.storage import open_storage\n"
+        "storage = open_storage(sys.argv[1])\n"
+        "found = {}\n"
+        "for part in read_parts(storage, latest_complete(storage, sys.argv[2])):\n"
+        "    data = OperatorStateData.from_bytes(storage.read_verified(part.metadata.operator.under(part.directory)))\n"
+        "    found.update({sub: list_elements(raw) for (_op, _name, sub), raw in data.lists.items()})\n"
+        "print(json.dumps(sorted(found.items())))\n"
+    )
+    read = run([python, "-c", script, storage, job], 60, cwd=tmp_path).stdout
+    assert json.loads(read) == [[0, [0, {"at": 0}]], [1, [1, {"at": 10}]]]
