@@ -6,6 +6,7 @@ client (each Spark task) routes from."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from harness.replica_set import ReplicaSet, misplaced
-from statehouse.client import StatehouseClient, StatehouseError
+from statehouse.client import StatehouseClient, StatehouseError, cli
 from statehouse.client.attempts import TaskAttempt
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
@@ -151,6 +152,7 @@ def resumed(urls: list[str]) -> RescaleReport:
         return move.resume()
 
 
+@pytest.mark.slow  # eight moves: about two minutes
 @pytest.mark.parametrize("step", ["prepared", "checkpointed", "loaded", "decided"])
 def test_a_coordinator_dying_after_a_step_is_resumed(replica_set, oracle, step):
     urls = replica_set.urls
@@ -165,10 +167,13 @@ def test_a_coordinator_dying_after_a_step_is_resumed(replica_set, oracle, step):
     check(urls, oracle, 2)
 
 
-def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(replica_set, oracle):
+def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(replica_set, oracle, capsys):
     urls = replica_set.urls
     new = grow(replica_set, 2)
     run_until(urls, 3, [new], "loaded")
+    assert cli.main(["status", "--urls", ",".join(urls), "--json"]) == 0  # the old layout, and the move
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["replica_count"], shown["move"]["replica_count"], shown["move"]["phase"]) == (2, 3, "loaded")
     with StatehouseClient(urls) as sh, LiveRescale(sh, wait=120) as move:  # the move names the new replica
         report = move.abort()
         assert report.outcome == "aborted" and move.pending() is None
@@ -234,6 +239,7 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
     assert misplaced(urls, JOB, ["sum"], P, 2) == {"sum": []}
 
 
+@pytest.mark.slow  # two moves and two restarts: about two minutes
 @pytest.mark.parametrize("step", ["prepared", "loaded"])
 def test_a_new_replica_killed_mid_move_is_waited_for_and_the_move_completes(replica_set, oracle, step):
     """SIGKILL and restart (same port and disk) of the new replica after a step: the driver asks it

@@ -1,5 +1,5 @@
-"""``statehouse status``: the replica set, its topology version, every job's ranges, and each
-job's latest global checkpoint (complete on every replica)."""
+"""``statehouse status``: the replica set, its topology version, every job's ranges, each job's
+latest global checkpoint (complete on every replica), and a live rescale pending on it."""
 
 from __future__ import annotations
 
@@ -29,12 +29,20 @@ def run(args: argparse.Namespace) -> int:
         "replica_count": first["replica_count"],
         "replicas": replicas,
         "jobs": jobs,
+        "move": next((s["move"] for s in shown if s.get("move")), None),
     }
     lines = [
         f"replica set {first['set_id']}: {first['replica_count']} replicas, topology version {first['version']}",
         *(f"  replica {r['index']}: {r['url']}" for r in replicas),
         f"jobs: {len(jobs)}" if jobs else "jobs: none",
     ]
+    move = document["move"]
+    if move:
+        lines.insert(
+            1,
+            f"  a live rescale to {move['replica_count']} replicas (topology version {move['version']}) is pending "
+            f"({move['phase']}): it ends by itself, or finish it with statehouse rescale --resume (or --abort)",
+        )
     for job in jobs:
         ranges = " ".join(f"{start}-{end}" for start, end in job["key_group_ranges"])
         latest = job["latest_checkpoint"]
