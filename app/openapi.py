@@ -163,7 +163,10 @@ def msgpack_reply(status: int = 200) -> dict[int | str, dict[str, Any]]:
 JOB = ("invalid_name", "job_not_found", "layout_mismatch")  # the job is looked up by name
 PAGED = ("invalid_argument",)  # a cursor that is not a next_cursor handed out
 VALUES = ("invalid_argument", "invalid_value", "value_too_large")  # a value or list of values is written
-KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", "key_not_owned")  # one key of a keyed state
+# A key group this replica does not own: 421, or 503 while a live rescale is pending here (it may
+# own it once the move commits: backends/keyspace.py check_owned).
+NOT_OWNED = ("key_not_owned", "rescale_in_progress")
+KEYED = (*JOB, "state_not_found", "invalid_key", "key_too_large", *NOT_OWNED)  # one key of a keyed state
 OPERATOR = (*JOB,)  # operator and state names are validated like job names
 CHECKPOINT_STORAGE = ("storage_unavailable", "snapshot_corrupt")
 STORED = ("value_too_deep",)  # stored values are answered: one from before the depth limit may not fit the format
@@ -177,6 +180,7 @@ FENCE = errors(*JOB, "invalid_argument")
 PUT_STATE = errors(*JOB, *MOVING, "invalid_argument", "incompatible_state", "too_many_states")
 LIST_STATES = errors(*JOB, *PAGED)
 STATE = errors(*JOB, "state_not_found")
+DROP_STATE = errors(*JOB, *MOVING, "state_not_found")  # refused while a live rescale froze the job
 
 KEYED_READ = {**errors(*KEYED, *STORED, *MOVING, "key_not_found", "map_too_large"), **msgpack_reply()}
 KEYED_WRITE = errors(*KEYED, *VALUES, *MOVING, "wrong_state_kind", "list_too_large")
@@ -184,7 +188,7 @@ KEYED_CLEAR = errors(*KEYED, *MOVING)
 MAP_READ = {**errors(*KEYED, *STORED, *MOVING, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
 MAP_REMOVE = errors(*KEYED, *MOVING, "wrong_state_kind")
 MAP_LIST = {**errors(*KEYED, *PAGED, *STORED, "wrong_state_kind"), **msgpack_reply()}
-LIST_KEYS = errors(*JOB, *PAGED, "state_not_found", "key_not_owned")
+LIST_KEYS = errors(*JOB, *PAGED, "state_not_found", *NOT_OWNED)
 
 BATCH_BODY = {
     # Not "required": openapi-python-client 0.29 emits code that cannot be imported for a required body
@@ -244,8 +248,8 @@ TIMER_COLUMNS_BODY = arrow_body("the columns key, timestamp (int64 ms) and optio
 TIMER_COLUMNS = errors(
     *JOB, *MOVING, "invalid_argument", "invalid_key", "key_too_large", "key_not_owned", *STAGED, *MANY
 )
-LIST_TIMERS = {**errors(*JOB, *PAGED, "key_not_owned"), **msgpack_reply()}
-COUNT_TIMERS = errors(*JOB, "key_not_owned")
+LIST_TIMERS = {**errors(*JOB, *PAGED, *NOT_OWNED), **msgpack_reply()}
+COUNT_TIMERS = errors(*JOB, *NOT_OWNED)
 
 OPERATOR_READ = errors(*OPERATOR)
 OPERATOR_LIST_READ = {**errors(*OPERATOR, *STORED, "invalid_argument", "key_not_found"), **msgpack_reply()}
@@ -257,7 +261,7 @@ BROADCAST_WRITE = errors(*OPERATOR, *VALUES, *MOVING, "key_too_large")
 BROADCAST_REMOVE = errors(*OPERATOR, *MOVING)
 
 OCTET_SCHEMA = {"type": "string", "format": "binary"}
-RAW_KEYED = (*JOB, "invalid_argument", "key_not_owned")  # one key group, this replica's
+RAW_KEYED = (*JOB, "invalid_argument", *NOT_OWNED)  # one key group, this replica's
 RAW_KEYED_READ = errors(*RAW_KEYED, "key_not_found", "answer_too_large")
 RAW_KEYED_WRITE = errors(*RAW_KEYED, *MOVING, "raw_stream_too_large", "stale_epoch")
 RAW_KEYED_APPEND = {**RAW_KEYED_WRITE, **msgpack_reply()}

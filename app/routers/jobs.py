@@ -102,7 +102,7 @@ async def get_state(job: JobDep, state: str) -> DescriptorInfo:
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
 
-@router.delete("/jobs/{job}/states/{state}", status_code=204, responses=doc.STATE)
+@router.delete("/jobs/{job}/states/{state}", status_code=204, responses=doc.DROP_STATE)
 async def delete_state(job: JobDep, state: str) -> Response:
     """Drop a state and all its data."""
     await run_in_threadpool(job.drop_state, state)
