@@ -1,7 +1,7 @@
 """Writers outside Spark during a live rescale (issue 30): plain clients append unique ids from threads
 through the one-key endpoint (raw HTTP, following 421 and 503 as the contract says), the batch endpoint
 and the columnar endpoint (the Python client), while the set is rescaled 2 -> 3 (LiveRescale) and
-back 3 -> 2. No writer sees an error (refusals are retried on the new layout);
+back 3 -> 2 (``statehouse rescale --to 2``). No writer sees an error (refusals are retried on the new layout);
 afterwards every acknowledged write is present exactly once, nothing is present twice or unsent, and
 every key is stored only on its owner under the final layout.
 """
@@ -21,6 +21,7 @@ import pytest
 from harness.replica_set import ReplicaSet, misplaced
 from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale
+from tests.test_cli import cli
 
 pytestmark = [pytest.mark.http]
 
@@ -153,8 +154,7 @@ def test_every_acknowledged_write_is_present_exactly_once(replicas: ReplicaSet) 
         with StatehouseClient(seeds) as client:
             LiveRescale(client, to=3, new_urls=[*seeds, new.url]).run()
         progress(writers)
-        with StatehouseClient(seeds) as client:
-            LiveRescale(client, to=2).run()
+        cli("rescale", "--to", "2", urls=seeds)  # the operator's way: statehouse rescale, live by default
         progress(writers)
     finally:
         for writer in writers:
