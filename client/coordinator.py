@@ -16,7 +16,7 @@ from typing import Any
 from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError
 from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed, GlobalCheckpoint
-from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
+from statehouse.client.rescale import LiveRescale, Progress, RescaleReport, decision_record
 
 __all__ = [
     "BatchPlan",
@@ -75,11 +75,34 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     _open: BatchPlan | None = None  # the micro-batch begun and not yet committed
 
     def anchor(self) -> GlobalCheckpoint:
-        """The latest complete checkpoint that records a batch; a baseline one (batch -1) if none."""
+        """The latest complete checkpoint that records a batch; right after a live rescale (the
+        replicas list only the new layout's checkpoints), the batch the move's checkpoint held,
+        carried over to the new layout; a baseline one (batch -1) if none."""
         batch = self._latest_batch()
         if batch is not None:
             return batch
+        moved = self._moved_batch()
+        if moved is not None:
+            return self.carry_over(moved)
         return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
+
+    def _moved_batch(self) -> GlobalCheckpoint | None:
+        """The batch the checkpoint of the live rescale to the current layout held, from the move's
+        decision record (a driver that died between the commit and the carry-over leaves only that)."""
+        version = self.job.replicas.version
+        if version is None:
+            return None
+        try:
+            record = decision_record(self.job.replicas[0], version)
+        except StatehouseError:  # no move made this version, or a token without @admin
+            return None
+        if record is None or record.get("outcome") != "commit":
+            return None
+        metadata = ((record.get("metadata") or {}).get("checkpoint_metadata") or {}).get(self.job.name) or {}
+        checkpoint_id = (record.get("checkpoints") or {}).get(self.job.name)
+        if "batch_id" not in metadata or checkpoint_id is None:
+            return None
+        return GlobalCheckpoint(int(checkpoint_id), "checkpoint", metadata, ())
 
     def _latest_batch(self) -> GlobalCheckpoint | None:
         for candidate in reversed(self.completed()):

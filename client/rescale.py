@@ -221,7 +221,11 @@ class LiveRescale:
             raise RescaleFailed(
                 f"the rescale to {move.count} replicas was aborted (the old layout serves): {exc}"
             ) from exc
-        self._call(move.urls[0], "decide", {**move.body, "outcome": "commit", "checkpoints": checkpoints})
+        # The checkpoints' metadata (a Spark driver's batch anchor) goes into the decision record: once
+        # the replicas serve the new layout they no longer list the old layout's checkpoints.
+        metadata = {"checkpoint_metadata": {name: self._metadata(name, move) for name in checkpoints}}
+        decision = {**move.body, "outcome": "commit", "checkpoints": checkpoints, "metadata": metadata}
+        self._call(move.urls[0], "decide", decision)
         self.progress("decided", {"outcome": "commit", "version": move.version})
         report = self._commit(move, from_count, started, checkpoints)
         report.loaded = loaded
@@ -246,12 +250,14 @@ class LiveRescale:
         old = self.replicas
         checkpoints = {}
         for name, parallelism in move.jobs.items():
-            metadata = {**self.checkpoint_metadata.get(name, {}), "rescale_version": move.version}
             done = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait).checkpoint(
-                metadata=metadata
+                metadata=self._metadata(name, move)
             )
             checkpoints[name] = done.checkpoint_id
         return checkpoints
+
+    def _metadata(self, job: str, move: _Move) -> dict[str, Any]:
+        return {**self.checkpoint_metadata.get(job, {}), "rescale_version": move.version}
 
     def _load_all(self, move: _Move, checkpoints: dict[str, int]) -> dict[str, dict[str, int]]:
         answers = self._each(move.urls, lambda url: self._load(url, move, checkpoints))
@@ -406,10 +412,7 @@ class LiveRescale:
         return record["outcome"] if record else None
 
     def _decision_record(self, url: str, version: int) -> dict[str, Any] | None:
-        try:
-            return self._connection(url).json("GET", f"/v1/topology/decision?version={version}")
-        except NotFound:
-            return None
+        return decision_record(self._connection(url), version)
 
     def _recorded_checkpoints(self, move: _Move) -> dict[str, int]:
         record = self._decision_record(move.everyone[0], move.version) or {}
@@ -495,6 +498,15 @@ class LiveRescale:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decision_record(connection: ReplicaConnection, version: int) -> dict[str, Any] | None:
+    """The durable decision of the move to topology ``version`` (``GET /v1/topology/decision``), or
+    None while undecided."""
+    try:
+        return connection.json("GET", f"/v1/topology/decision?version={version}")
+    except NotFound:
+        return None
 
 
 def _pending(surveyed: dict[str, dict[str, Any]]) -> tuple[int, int] | None:

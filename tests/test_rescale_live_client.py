@@ -80,7 +80,9 @@ def check(urls: list[str], expected: dict[str, tuple[int, list[int]]], count: in
 def grow(replica_set: ReplicaSet, version: int) -> str:
     """A new, empty replica 2 of 3 (a fresh data directory, even where a removed one ran)."""
     if len(replica_set.servers) > 2:
-        replica_set.servers.pop().stop()
+        removed = replica_set.servers.pop()
+        removed.stop()
+        removed.log_path.parent.rename(f"{removed.log_path.parent}-removed-v{version}")
     return replica_set.add(2, 3, version).url
 
 
@@ -237,6 +239,25 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         micro_batch(job, coordinator, 3, 100, totals)
         assert sums(job) == totals
     assert misplaced(urls, JOB, ["sum"], P, 2) == {"sum": []}
+
+    # The driver dies once every replica committed, before anchoring the batch on the new layout:
+    # the move's decision record holds the batch, and the next driver anchors it there.
+    with StatehouseClient(urls) as sh:
+        coordinator = MicroBatchCoordinator(sh.job(JOB))
+
+        def late(step: str, _info: dict[str, Any]) -> None:
+            if step == "committed":
+                raise Died(step)
+
+        with pytest.raises(Died):
+            coordinator.rescale(3, [grow(replica_set, 4)], progress=late, wait=120)
+    with StatehouseClient(urls) as sh:
+        job = sh.job(JOB)
+        coordinator = MicroBatchCoordinator(job)
+        coordinator.recover()  # nothing pending
+        assert len(job.replicas) == 3 and coordinator.anchor().metadata["batch_id"] == 3
+        micro_batch(job, coordinator, 4, 1000, totals)
+        assert sums(job) == totals
 
 
 @pytest.mark.slow  # two moves and two restarts: about two minutes
