@@ -240,10 +240,12 @@ def replica_set(tmp_path, backend):
     replicas.stop()
 
 
+@pytest.mark.slow  # 40-70 s: three replica processes, checkpoints, restarts
 def test_grow_two_to_three_then_shrink_back_through_the_raw_endpoints(replica_set):
     grow_and_shrink(replica_set)
 
 
+@pytest.mark.slow  # 40-70 s: three replica processes, checkpoints, restarts
 def test_grow_and_shrink_over_s3(tmp_path, s3_server, s3_location):
     storage = {"STATEHOUSE_CHECKPOINT_DIR": s3_location, "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint}
     replicas = ReplicaSet(tmp_path, storage)
@@ -350,6 +352,7 @@ def grow_and_shrink(replica_set: ReplicaSet) -> None:
     placed_right(urls, 2)  # replica 2 stores nothing
 
 
+@pytest.mark.slow  # 40-70 s: three replica processes, checkpoints, restarts
 def test_restarts_follow_the_decision_and_an_aborted_move_is_retried_at_the_next_version(tmp_path):
     """A replica killed before the decision stays frozen and an abort restores service; a new one
     killed before its load must load before it commits; one killed after the decision commit and
