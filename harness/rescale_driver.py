@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class Faults:
     def __init__(self, markers: str, kill: Kill, kill_at: str | None, kill_to: int | None, hold: Hold | None):
         self.markers, self.kill, self.kill_at, self.kill_to, self.hold = markers, kill, kill_at, kill_to, hold
         self.target: int | None = None  # the replica count of the rescale under way in this process
+        self.dying = threading.Lock()
 
     def install(self) -> None:
         original = ReplicaConnection.json
@@ -109,7 +111,8 @@ class Faults:
 
     def before(self, path: str) -> None:
         if self.kill_at is not None and self.target == self.kill_to and path == KILL_STEPS[self.kill_at]:
-            die(self.kill, self.kill_at)
+            with self.dying:  # LiveRescale sends a step to every replica at once: one thread dies, the others wait
+                die(self.kill, self.kill_at)
 
     def after(self, url: str, path: str) -> None:
         hold = self.hold
