@@ -316,6 +316,13 @@ class RescaleParticipant:
                     "loaded",
                     version=version,
                 )
+            if decision.replica_count not in (None, move.replica_count):
+                raise RescaleConflict(
+                    f"the decision of topology version {version} commits {decision.replica_count} replicas, but "
+                    f"this replica prepared a move to {move.replica_count}: the coordinator that decided it must "
+                    "finish it (statehouse rescale --resume)",
+                    version=topology.version,
+                )
             if topology.index < move.replica_count and move.phase != "loaded":
                 raise RescaleNotLoaded(
                     f"this replica has not loaded its key groups of the move to topology version {version} (it "
