@@ -53,11 +53,8 @@ class Work(Protocol[R_co]):
         ...
 
     def apply(self, tx: JobTransaction) -> R_co:
-        """Apply it inside ``tx`` and answer it."""
-        ...
-
-    def staged(self) -> list[Run]:
-        """Once applied, the runs it wrote, in order (what a task attempt's log keeps)."""
+        """Apply it inside ``tx`` (its runs through ``runs.apply_run``: ``tx.written`` keeps those
+        that write, what a task attempt's log keeps) and answer it."""
         ...
 
 
@@ -85,12 +82,9 @@ class _Advance:
         return sum(2 * len(primary) for primary in fired) + STAGED_TIMER_OVERHEAD * len(fired)
 
     def apply(self, tx: JobTransaction) -> Advanced:
-        self.done = tx.timers.advance(self.domain, self.to, self.key_groups, self.limit)
-        return self.done
-
-    def staged(self) -> list[Run]:
-        done = self.done
-        return [Run(done.domain, FIRE, done.fired, RunArgs(time=done.time))] if done is not None else []
+        done = self.done = tx.timers.due(self.domain, self.to, self.key_groups, self.limit)
+        apply_run(tx, Run(done.domain, FIRE, done.fired, RunArgs(time=done.time)))
+        return done
 
 
 def advance(
@@ -103,7 +97,7 @@ def advance(
     epoch: int | None = None,
     attempt: AttemptRef | None = None,
 ) -> Advanced:
-    """Advance a time domain and fire its due timers (``TimerService.advance``): directly, or
+    """Advance a time domain and fire its due timers (``TimerService.due``, one firing run): directly, or
     staged for ``attempt`` under ``epoch`` as one write operation that records exactly the
     timers it fired (a re-sent request answers the same timers again)."""
     work = _Advance(domain, to, key_groups, limit)
@@ -136,7 +130,7 @@ def _perform(job: Job, epoch: int | None, attempt: AttemptRef | None, size: int,
             )
         with job.transaction(source=staged.view) as tx:
             results = work.apply(tx)
-            writes = work.staged()
+            writes = tx.written
             count = sum(w.ops for w in writes)
             # What staging holds from now on: the writes, and the answer kept for a re-sent
             # request in place of the previous one.

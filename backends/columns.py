@@ -51,28 +51,20 @@ class UntypedValues(StateError):
 
 class ColumnOp:
     """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
-    what a columnar request asks (``attempts.Work``); once applied, a write's run is what a
-    task attempt's log keeps of it."""
+    what a columnar request asks (``attempts.Work``)."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
     held_bytes = 0  # the run's memory is in the request's bytes and the overhead per row
 
     def __init__(self, state: str, op: str, columns: pa.Table) -> None:
         self.state, self.op, self.columns = state, op, columns
-        self._written: list[Run] = []
 
     @property
     def rows(self) -> int:
         return self.columns.num_rows
 
     def apply(self, tx: JobTransaction) -> pa.Array | None:
-        written: list[Run] = []
-        result = apply_columns(tx, self, written)
-        self._written = written
-        return result
-
-    def staged(self) -> list[Run]:
-        return self._written
+        return apply_columns(tx, self)
 
     @property
     def writes(self) -> bool:
@@ -175,9 +167,8 @@ def _lists(values: list[Any]) -> list[Any]:
     return values
 
 
-def apply_columns(tx: JobTransaction, op: ColumnOp, written: list[Run] | None = None) -> pa.Array | None:
-    """Run ``op`` inside ``tx``; a read answers its ``value`` column, a write ``None`` (and its
-    run is added to ``written``, when given)."""
+def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
+    """Run ``op`` inside ``tx`` (as one run); a read answers its ``value`` column, a write ``None``."""
     state = tx.state(op.state)
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
@@ -193,10 +184,7 @@ def apply_columns(tx: JobTransaction, op: ColumnOp, written: list[Run] | None = 
         return column if column is not None else to_arrow(decode_many(stored), state.descriptor, op.op)
     packed = _packed(state, op) if op.op == "put" and op.rows >= _PACK_MIN_ROWS else None
     args = RunArgs(packed=packed) if packed is not None else _args(state, op.op, op.columns)
-    run = Run(op.state, op.op, rows, args)
-    values = apply_run(tx, run)
-    if written is not None and run.writes:
-        written.append(run)
+    values = apply_run(tx, Run(op.state, op.op, rows, args))
     return None if values is None else to_arrow(values, state.descriptor, op.op)
 
 

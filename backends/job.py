@@ -46,6 +46,7 @@ from statehouse.backends.reserved import (
     STAGED_OPERATOR_META,
     STATE_META,
 )
+from statehouse.backends.runs import Run
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, replace_ops
 from statehouse.backends.staging import Staging
 from statehouse.backends.timers import TimerService
@@ -422,6 +423,7 @@ class JobTransaction:
         self._states: dict[str, KeyedState] = {}
         self.answer = AnswerMeter(job.limits.max_answer_bytes)  # what this request's reads answer
         self.operator = OperatorState(self._tx, job.limits, self.answer)
+        self.written: list[Run] = []  # the runs applied that write (``runs.apply_run``), in order
 
     @cached_property
     def timers(self) -> TimerService:
@@ -483,3 +485,4 @@ class JobTransaction:
     def rollback(self) -> None:
         self._tx.rollback()
         self.answer.used = 0  # what was read is dropped with the writes (a batch re-run op by op)
+        self.written = []

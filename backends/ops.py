@@ -87,7 +87,7 @@ def _checked(op: Any) -> tuple[str, str, str]:
     return name, state, ns
 
 
-def apply_all(tx: JobTransaction, operations: list[Any], applied: list[Run] | None = None) -> list[dict[str, Any]]:
+def apply_all(tx: JobTransaction, operations: list[Any]) -> list[dict[str, Any]]:
     """Run a batch inside ``tx``, in order; raises a ``StateError`` naming the failing op's index.
 
     Operations on different states never see each other, so each state's operations run as
@@ -95,8 +95,7 @@ def apply_all(tx: JobTransaction, operations: list[Any], applied: list[Run] | No
     state's ``*_many`` methods (the columnar path's): the same rules as one by one — a key
     that comes back sees its earlier operations — with one read and one write of the
     transaction per run. When an operation fails, the batch runs again one operation at a
-    time, so the problem names the first failing operation, as in order it would be. The runs
-    that write are added to ``applied`` (when given), in the order they ran."""
+    time, so the problem names the first failing operation, as in order it would be."""
     checked = []
     for index, op in enumerate(operations):
         try:
@@ -109,13 +108,13 @@ def apply_all(tx: JobTransaction, operations: list[Any], applied: list[Run] | No
     results: list[dict[str, Any]] = [_EMPTY] * len(operations)
     try:
         for indexes in by_state.values():
-            _apply_state_ops(tx, operations, checked, indexes, results, applied)
+            _apply_state_ops(tx, operations, checked, indexes, results)
     except StateError:
         if len(by_state) == 1:
             raise
         tx.rollback()
         for index in range(len(operations)):  # raises for the first failing operation
-            _apply_state_ops(tx, operations, checked, [index], results, None)
+            _apply_state_ops(tx, operations, checked, [index], results)
         raise
     return results
 
@@ -126,7 +125,6 @@ def _apply_state_ops(
     checked: list[tuple[str, str, str]],
     indexes: list[int],
     results: list[dict[str, Any]],
-    applied: list[Run] | None,
 ) -> None:
     """Apply ``operations[i] for i in indexes`` (one state's, or the timers', in order), each
     run of consecutive operations of one name (of one time domain, for timers) as one run."""
@@ -153,8 +151,6 @@ def _apply_state_ops(
         except StateError as exc:
             index = ran[exc.unplaced("row") or 0]  # no row: the run's first op (the whole run is refused)
             raise exc.within(f"op {index}", op_index=index) from None
-        if applied is not None and run.writes:
-            applied.append(run)
         if values is not None:
             for i, value in zip(ran, values, strict=True):
                 results[i] = {"value": value}
@@ -206,24 +202,16 @@ _BYTES = "bytes (msgpack bin; base64 strings in a JSON body)"
 
 class BatchOps:
     """A batch's operations (decoded dicts, checked when applied): what a batch request, or a
-    one-key route, asks (``attempts.Work``); once applied, the runs it wrote are what a task
-    attempt's log keeps of it."""
+    one-key route, asks (``attempts.Work``)."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_OP_OVERHEAD
     held_bytes = 0  # the runs' memory is in the overhead per write
 
     def __init__(self, ops: list[Any]) -> None:
         self.ops = ops
-        self._written: list[Run] = []
 
     def apply(self, tx: JobTransaction) -> list[dict[str, Any]]:
-        written: list[Run] = []
-        results = apply_all(tx, self.ops, written)
-        self._written = written
-        return results
-
-    def staged(self) -> list[Run]:
-        return self._written
+        return apply_all(tx, self.ops)
 
 
 def apply(tx: JobTransaction, op: Mapping[str, Any]) -> dict[str, Any]:

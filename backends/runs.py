@@ -75,7 +75,10 @@ class Run:
 
 
 class RunTarget(Protocol):
-    """What a run applies to (a ``JobTransaction``: this module is below the job)."""
+    """What a run applies to (a ``JobTransaction``: this module is below the job), and what
+    keeps the runs applied that write (a task attempt's log is those of its requests)."""
+
+    written: list[Run]
 
     def state(self, name: str) -> KeyedState: ...
 
@@ -94,11 +97,15 @@ def apply_run(tx: RunTarget, run: Run) -> list[Any] | None:
     error names its row (``row N:``, and ``row`` in its extra)."""
     other = _OTHER_RUNS.get(run.op)
     if other is not None:
-        return other(tx, run)
-    state = tx.state(run.state)
-    if state.descriptor.kind not in OPS[run.op].kinds:
-        raise wrong_kind(state, run.op)
-    return _RUNS[run.op](state, state.accessed(run.rows), run.args)
+        result = other(tx, run)
+    else:
+        state = tx.state(run.state)
+        if state.descriptor.kind not in OPS[run.op].kinds:
+            raise wrong_kind(state, run.op)
+        result = _RUNS[run.op](state, state.accessed(run.rows), run.args)
+    if run.writes:
+        tx.written.append(run)
+    return result
 
 
 def wrong_kind(state: KeyedState, op: str) -> WrongStateKind:

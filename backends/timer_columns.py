@@ -25,14 +25,13 @@ from statehouse.protocol.ops import TIMER_COLUMN_OPS, TIMER_COLUMNS
 
 class TimerColumns:
     """One timer operation over the rows of ``columns`` (checked by :meth:`parse`): what a
-    columnar timer request asks (``attempts.Work``); its run is what a task attempt's log keeps."""
+    columnar timer request asks (``attempts.Work``), applied as one run."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
     held_bytes = 0  # the run's memory is in the request's bytes and the overhead per row
 
     def __init__(self, op: str, domain: TimeDomain, key_type: KeyType, columns: pa.Table) -> None:
         self.op, self.domain, self.key_type, self.columns = op, domain, key_type, columns
-        self._written: list[Run] = []
 
     @property
     def rows(self) -> int:
@@ -40,12 +39,7 @@ class TimerColumns:
 
     def apply(self, tx: JobTransaction) -> None:
         if self.rows:
-            run = timer_run(tx, self)
-            apply_run(tx, run)
-            self._written = [run]
-
-    def staged(self) -> list[Run]:
-        return self._written
+            apply_run(tx, timer_run(tx, self))
 
     @classmethod
     def parse(cls, op: str, domain: str, key_type: str, columns: pa.Table) -> TimerColumns:

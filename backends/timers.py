@@ -23,7 +23,7 @@ identity: ``"7"`` and ``7`` are two timers.
 
 Time: per job and replica, each domain has a current time (the watermark for event time, the
 clock for processing time), kept in its own small table (``reserved.TIMER_CLOCK_TABLE``).
-:meth:`TimerService.advance` raises it (never lowers it: an older value leaves it where it is,
+An advance (``attempts.advance``) raises it (never lowers it: an older value leaves it where it is,
 as a fence does) and fires — returns in order and deletes in the same transaction — every timer
 at or below it. A timer registered at or below the current time therefore fires on the next
 advance, as in Flink. As in Flink, the time is not state: snapshots hold the timers but not the
@@ -243,14 +243,17 @@ class TimerService:
         self._tx.put(TIMER_CLOCK_TABLE, 0, domain.encode(), str(to).encode())
         return to
 
-    def advance(
+    def due(
         self, domain: TimeDomain, to: int, key_groups: KeyGroupRange | None = None, limit: int | None = None
     ) -> Advanced:
-        """Raise the domain's time to ``to`` (never lower it) and fire every timer at or below
-        the time, in (timestamp, key group, key, namespace) order: returned, and deleted in this
-        transaction. ``key_groups`` restricts the firing to those of this replica's key groups (a
-        Spark partition fires its own); ``limit`` caps the timers fired (the rest stay due)."""
-        time = self._raise_time(check_domain(domain), check_timestamp(to, "to"))
+        """What advancing the domain's time to ``to`` (never lowering it) fires: every timer at
+        or below the time, in (timestamp, key group, key, namespace) order. Read only: the
+        firing is a run (``runs.FIRE``, ``attempts.advance``) that raises the time and deletes
+        exactly these. ``key_groups`` restricts the firing to those of this replica's key groups
+        (a Spark partition fires its own); ``limit`` caps the timers fired (the rest stay due)."""
+        domain, to = check_domain(domain), check_timestamp(to, "to")
+        current = self.current_time(domain)
+        time = to if current is None or current < to else current
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise InvalidArgument(f"'limit' must be a positive integer; got {limit!r}")
         table = self._table(domain, create=False)
@@ -260,8 +263,6 @@ class TimerService:
         left: set[int] = set()
         if table is not None:
             due, left = self._due(table, domain, groups, encode_timestamp(time), limit)
-            for kg, primary in due:
-                self._tx.delete(table, kg, primary)
         drained = tuple(kg for kg in groups if kg not in left)
         fired = Rows([kg for kg, _p in due], [p for _kg, p in due])
         return Advanced(domain, time, [decode_timer(kg, p) for kg, p in due], bool(left), fired, drained)
