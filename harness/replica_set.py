@@ -1,6 +1,6 @@
 """A replica set that changes size while it serves, for the live-rescale tests and benchmark.
 
-RocksDB replicas over one checkpoint storage (S3 or a directory): started at topology version 1,
+Replicas (RocksDB unless told) over one checkpoint storage (S3 or a directory): started at topology version 1,
 grown by a new empty replica at the next version (as RESCALE.md's step 0 has the operator start
 it), SIGKILLed and restarted in place (same port, same data directory, same settings), and asked
 what each one stores, key by key (``GET .../scan`` over every key group, not only the owned ones),
@@ -34,6 +34,7 @@ class ReplicaSet:
     storage: dict[str, str]
     servers: list[ServerProcess] = field(default_factory=list)
     extra: dict[str, str] = field(default_factory=dict)  # more settings for every replica
+    backend: str = "rocksdb"  # heap: a restart loses the replica's state (and its record of a move)
 
     @property
     def urls(self) -> list[str]:
@@ -58,7 +59,7 @@ class ReplicaSet:
 
     def _start(self, index: int, count: int, version: int | None) -> ServerProcess:
         env = {
-            "STATEHOUSE_BACKEND": "rocksdb",
+            "STATEHOUSE_BACKEND": self.backend,
             "STATEHOUSE_REPLICA_INDEX": str(index),
             "STATEHOUSE_REPLICA_COUNT": str(count),
             **self.storage,

@@ -3,7 +3,8 @@ through the one-key endpoint (raw HTTP, following 421 and 503 as the contract sa
 and the columnar endpoint (the Python client), while the set is rescaled 2 -> 3 (LiveRescale) and
 back 3 -> 2 (``statehouse rescale --to 2``). No writer sees an error (refusals are retried on the new layout);
 afterwards every acknowledged write is present exactly once, nothing is present twice or unsent, and
-every key is stored only on its owner under the final layout.
+every key is stored only on its owner under the final layout. On both backends: the heap's move is
+the same protocol over state that lives in memory.
 """
 
 from __future__ import annotations
@@ -104,9 +105,10 @@ class OneKey:
                 raise AssertionError(f"{key}: never acknowledged")
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[ReplicaSet]:
-    replica_set = ReplicaSet(tmp_path / "replicas", {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+@pytest.fixture(params=["rocksdb", "heap"])
+def replicas(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ReplicaSet]:
+    storage = {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    replica_set = ReplicaSet(tmp_path / "replicas", storage, backend=request.param)
     try:
         yield replica_set
     finally:
