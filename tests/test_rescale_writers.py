@@ -24,7 +24,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale
 from tests.test_cli import cli
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # 25-45 s per backend: three replica processes, two moves
 
 JOB = "writers"
 STATE = "appended"
