@@ -13,13 +13,14 @@ micro-batch ``B`` is about to begin, that is after batch ``B-1`` was committed a
 a batch boundary. If the set already has ``M`` replicas (a restarted driver re-running ``B``), nothing is
 done.
 
-Faults, each once (marker files in ``--markers``): ``--fail-task B`` fails the first attempt of a task of
-batch ``B`` after its writes (Spark retries it); ``--kill-at STEP --kill-to M`` SIGKILLs the driver's session
-when the rescale to ``M`` is about to send its first decide (the loads done, nothing decided) or its first
-commit (commit decided, not applied); ``--hold CALL:M:URL`` stops the rescale to ``M`` once replica ``URL``
-answered its ``POST /v1/topology/CALL``, touches ``held-M`` and waits for ``go-M``, so that the test can
-kill and restart that replica mid-move. As in harness/spark_driver.py, faults wrap things in this process
-only: the product code has no test hooks.
+Faults (``--fail-task`` and ``--hold`` act once, across restarts: marker files in ``--markers``; a kill acts
+in the run given it): ``--fail-task B`` fails the first attempt of a task of batch ``B`` after its writes
+(Spark retries it); ``--kill-at STEP --kill-to M`` SIGKILLs the driver's session when the rescale to ``M``
+is about to send its first decide (the loads done, nothing decided) or its first commit (commit decided, not
+applied); ``--hold CALL:M:URL`` stops the rescale to ``M`` once replica ``URL`` answered its
+``POST /v1/topology/CALL``, touches ``held-M`` and waits for ``go-M``, so that the test can kill and restart
+that replica mid-move. As in harness/spark_driver.py, faults wrap things in this process only: the product code
+has no test hooks.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class Faults:
 def recover(config: ClientConfig, job: str) -> None:
     """Finish a decided move, or undo an undecided one, that a dead driver left."""
     with StatehouseClient(config) as client:
-        MicroBatchCoordinator(client.job(job)).recover()  # type: ignore[call-arg]
+        MicroBatchCoordinator(client.job(job)).recover()
 
 
 def ensure_layout(config: ClientConfig, job: str, step: Rescale, faults: Faults | None = None) -> bool:
@@ -140,7 +141,7 @@ def ensure_layout(config: ClientConfig, job: str, step: Rescale, faults: Faults 
             faults.target = step.count
         try:
             coordinator = MicroBatchCoordinator(client.job(job))
-            coordinator.rescale(step.count, list(step.urls) or None)  # type: ignore[attr-defined]
+            coordinator.rescale(step.count, list(step.urls) or None)
         finally:
             if faults is not None:
                 faults.target = None
