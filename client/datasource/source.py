@@ -308,14 +308,18 @@ def listing_pages(connection: ReplicaConnection, path: str) -> Iterator[list[dic
             return
 
 
-class TimerReader(DataSourceReader):
-    """``option("timers", domain)``: the domain's timers, one partition per replica (its listing)."""
+class PerReplicaReader(DataSourceReader):
+    """A reader with one input partition per replica (``partition.value`` is its index)."""
 
     def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
         self.options, self.layout = options, layout
 
     def partitions(self) -> Sequence[InputPartition]:
         return [InputPartition(replica) for replica in range(self.layout.replica_count)]
+
+
+class TimerReader(PerReplicaReader):
+    """``option("timers", domain)``: the domain's timers, one partition per replica (its listing)."""
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         url = self.layout.urls[partition.value]
@@ -334,15 +338,9 @@ class TimerReader(DataSourceReader):
             connection.close()
 
 
-class StatesReader(DataSourceReader):
+class StatesReader(PerReplicaReader):
     """``option("what", "states")``: every state's descriptor and what it stores per key group,
     one partition per replica (its key groups)."""
-
-    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
-        self.options, self.layout = options, layout
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(replica) for replica in range(self.layout.replica_count)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         replica: int = partition.value
@@ -375,17 +373,11 @@ class StatesReader(DataSourceReader):
             connection.close()
 
 
-class OperatorReader(DataSourceReader):
+class OperatorReader(PerReplicaReader):
     """``option("operator", name)``: the operator's list states (one row per element) and broadcast
     states (one row per entry), one partition per replica: each reads the subtasks it holds
     (subtask ``i`` lives on replica ``i % replicas``), and replica 0 the broadcast states, which
     are the same on every replica (Flink's)."""
-
-    def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
-        self.options, self.layout = options, layout
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(replica) for replica in range(self.layout.replica_count)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         replica: int = partition.value
