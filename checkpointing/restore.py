@@ -2,8 +2,9 @@
 ``StateAssignmentOperation`` + the backends' restore operations).
 
 Every part whose key-group range intersects the replica's range contributes: a full part
-through a ranged read of just those key groups, an incremental part by downloading its
-RocksDB files, which RocksDB's own reader copies the owned key groups out of. Everything is
+through a ranged read of just those key groups, an incremental part by downloading the
+RocksDB files whose key groups overlap them (every file of a part recorded without spans),
+which RocksDB's own reader copies the owned key groups out of. Everything is
 fetched and verified, then bulk-loaded into a new partition beside the live job (the store
 builds it); the caller swaps it in. A corrupt or missing file, or any other failure, leaves
 the live job as it was.
@@ -129,7 +130,7 @@ class RestoreOperation:
         with self._staging() as temp:
             fetched = self._fetch_ranges([target], temp)
             operator = self._operator(self.catalog.replica_index, self.catalog.replica_count)
-            return self._apply(fetched, operator, temp)
+            return self._apply(fetched, operator)
 
     @contextmanager
     def _staging(self) -> Iterator[str]:
@@ -172,28 +173,29 @@ class RestoreOperation:
             return _FetchedPart(part, wanted, full=fetch_key_groups(self.storage, handle, wanted))
         assert isinstance(keyed, IncrementalHandle)
         db_dir = tempfile.mkdtemp(prefix="part-", dir=temp)
-        for name, file in {**keyed.shared, **keyed.private}.items():
+        # Only the files holding these key groups (all of them for a handle without spans).
+        for name, file in keyed.files_for(wanted).items():
             self.storage.download_verified(file.under(part.directory), os.path.join(db_dir, name))
         return _FetchedPart(part, wanted, db_dir=db_dir)
 
     # -- build: a new job beside the live one -------------------------------------------------
 
-    def _apply(self, fetched: list[_FetchedPart], operator: OperatorSnapshot, temp: str) -> Job:
+    def _apply(self, fetched: list[_FetchedPart], operator: OperatorSnapshot) -> Job:
         job = self.catalog.stage(self.job_name, self.parts[0].metadata.max_parallelism)
         try:
-            self._build(job, fetched, operator, temp)
+            self._build(job, fetched, operator)
         except BaseException:
             self.catalog.discard(job)
             raise
         return job
 
-    def _build(self, job: Job, fetched: list[_FetchedPart], operator: OperatorSnapshot, temp: str) -> None:
+    def _build(self, job: Job, fetched: list[_FetchedPart], operator: OperatorSnapshot) -> None:
         descriptors = _descriptors(self.parts)
         for state in descriptors:
             job.register_state(state)
         _create_tables(job, fetched)
         for item in fetched:
-            self.entries += job.partition.load(self._records(item, temp))
+            self.entries += job.partition.load(self._records(item))
         self.entries += job.partition.load(write_ops(operator))
         with job.transaction() as tx:  # the micro-batches the restored state holds
             tx.record_commit(max(p.metadata.committed_epoch for p in self.parts))
@@ -201,7 +203,7 @@ class RestoreOperation:
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
 
-    def _records(self, item: _FetchedPart, temp: str) -> Iterator[WriteOp]:
+    def _records(self, item: _FetchedPart) -> Iterator[WriteOp]:
         if item.full is not None:
             for kg, table, primary, secondary, value in item.full.records():
                 yield WriteOp("put", table, kg, primary, secondary, value)
@@ -209,7 +211,7 @@ class RestoreOperation:
         assert item.db_dir is not None
         keyed = item.part.metadata.keyed
         assert isinstance(keyed, IncrementalHandle)
-        yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism, temp)
+        yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism)
 
 
 def _create_tables(job: Job, fetched: list[_FetchedPart]) -> None:
@@ -234,7 +236,7 @@ class MergeRestore(RestoreOperation):
     when the move commits.
 
     Fetching is the restore's (ranged reads of only those key groups of full parts, incremental
-    parts' files copied out of by RocksDB's reader), a chunk of key groups at a time: each is
+    parts' files holding those key groups copied out of by RocksDB's reader), a chunk of key groups at a time: each is
     verified before it is loaded, and memory holds one chunk (``LOAD_FETCH_BYTES``). ``entries``
     and ``bytes_read`` (from storage, during :meth:`run`) say what was loaded and what it cost."""
 
@@ -282,7 +284,7 @@ class MergeRestore(RestoreOperation):
                 for part, chunk in plan:
                     item = self._fetch(part, chunk, temp)
                     _create_tables(job, [item])
-                    self.entries += _load(job, self._records(item, temp))
+                    self.entries += _load(job, self._records(item))
                     if item.db_dir is not None:
                         shutil.rmtree(item.db_dir, ignore_errors=True)
                 committed = max(p.metadata.committed_epoch for p in self.parts)

@@ -134,7 +134,11 @@ class IncrementalHandle:
 
     ``shared`` and ``private`` map the file's local RocksDB name to its handle;
     ``backend_uid`` is the RocksDB identity of the database the files came from, so local
-    SST names are only reused against checkpoints of the same database.
+    SST names are only reused against checkpoints of the same database. ``spans``: for a table
+    file of a keyed table, ``(table, first key group, last key group)`` its keys (and range
+    deletions) lie within, as the checkpoint's own MANIFEST says; a read of some key groups
+    needs only the files whose span overlaps them (:meth:`files_for`). A file without one (the
+    job's metadata, a handle written before spans were recorded) is always read.
     """
 
     backend_uid: str
@@ -143,6 +147,17 @@ class IncrementalHandle:
     shared: dict[str, StreamHandle] = field(default_factory=dict)
     private: dict[str, StreamHandle] = field(default_factory=dict)
     tables: dict[str, bool] = field(default_factory=dict)
+    spans: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+
+    def files_for(self, wanted: KeyGroupRange) -> dict[str, StreamHandle]:
+        """The files a read of the ``wanted`` key groups needs: every private file (MANIFEST,
+        OPTIONS, CURRENT, logs), every table file without a span, and those whose span overlaps."""
+        files = dict(self.private)
+        for name, handle in self.shared.items():
+            span = self.spans.get(name)
+            if span is None or (span[1] <= wanted.end and span[2] >= wanted.start):
+                files[name] = handle
+        return files
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +168,7 @@ class IncrementalHandle:
             "shared": {n: h.to_dict() for n, h in sorted(self.shared.items())},
             "private": {n: h.to_dict() for n, h in sorted(self.private.items())},
             "tables": self.tables,
+            "spans": {n: list(span) for n, span in sorted(self.spans.items())},
         }
 
     @classmethod
@@ -165,6 +181,7 @@ class IncrementalHandle:
             {n: StreamHandle.from_dict(h) for n, h in data["shared"].items()},
             {n: StreamHandle.from_dict(h) for n, h in data["private"].items()},
             dict(data["tables"]),
+            {n: (str(t), int(first), int(last)) for n, (t, first, last) in data.get("spans", {}).items()},
         )
 
 

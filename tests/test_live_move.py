@@ -25,6 +25,7 @@ from statehouse.checkpointing import restore
 from statehouse.checkpointing.restore import MergeRestore
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 from statehouse.snapshots.catalog import read_parts
+from statehouse.snapshots.handles import IncrementalHandle
 from statehouse.snapshots.storage import open_storage
 from tests.doors import DoorTransaction
 from tests.test_snapshot_support import dump, global_checkpoint, operator_dump, owned_keys, populate
@@ -444,8 +445,8 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
         monkeypatch.setattr(restore, "LOAD_BATCH", 10)
         real = MergeRestore._records
 
-        def failing(self, item, temp, real=real):
-            for n, record in enumerate(real(self, item, temp)):
+        def failing(self, item, real=real):
+            for n, record in enumerate(real(self, item)):
                 if n == 100:
                     raise OSError("the replica died mid-load")
                 yield record
@@ -539,9 +540,9 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
 
     real = MergeRestore._records
 
-    def announced(self, item, temp):
+    def announced(self, item):
         loading.set()
-        for n, record in enumerate(real(self, item, temp)):
+        for n, record in enumerate(real(self, item)):
             if n == 20:  # the first batch is in: a write goes between it and the next
                 wrote.clear()
                 assert wrote.wait(60), "the writer never got the job between two batches"
@@ -586,3 +587,106 @@ def test_a_load_holds_one_chunk_of_key_groups_at_a_time(make_catalog, make_manag
     move.commit()
     assert sum(len(dump(c.get("orders"))) for c in move.catalogs) == 20_000
     assert load.entries == len(dump(move.catalogs[2].get("orders")))
+
+
+def _round(job, key_groups: KeyGroupRange, tag: str, n: int = 1_200, deletes: bool = False) -> None:
+    """Write (or overwrite, and delete some of) every kind of keyed state for the keys of
+    ``key_groups`` this replica owns, then flush: each round is new table files spanning only
+    those key groups."""
+    keys = [
+        k for k in owned_keys(job, [f"k{i}" for i in range(n)]) if assign_to_key_group(k, "string", P) in key_groups
+    ]
+    with job.transaction() as tx:
+        for i, k in enumerate(keys):
+            if deletes and i % 3 == 0:  # a tombstone in a newer file over a value in an older one
+                tx.value("v").clear(k)
+                tx.map("m").remove(k, "a")
+                tx.timers.delete("event", k, 1_000 + len(k))
+                continue
+            tx.value("v").update(k, {"n": k, "tag": tag})
+            tx.value("v").update(k, f"ns-{k}-{tag}", namespace="w1")
+            tx.map("m").put_all(k, {"a": tag, "b": [k, tag]})
+            tx.timers.register("event", k, 1_000 + len(k))
+        for kg in list(key_groups)[:: 3 if deletes else 2]:
+            tx.raw_keyed.replace(kg, f"raw-{kg}-{tag}".encode())
+    job.partition.flush()
+
+
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)
+def test_an_incremental_load_downloads_only_the_files_of_its_key_groups(
+    make_catalog, make_manager, tmp_path, monkeypatch
+):
+    """2 -> 3 from incremental checkpoints whose table files each span part of a replica's key
+    groups: a load downloads the files overlapping what it takes (and the private ones), not the
+    others, rebuilds the database from them, and copies out exactly what the old replicas held."""
+    catalogs = _layout(make_catalog, tmp_path, 2, 3, incremental=True)
+    expected: dict = {}
+    for i, catalog in enumerate(catalogs[:2]):
+        job, _ = catalog.create("orders", P)
+        job.register_state(StateDescriptor("v", "value"))
+        job.register_state(StateDescriptor("m", "map"))
+        owned = job.key_group_range
+        stays = KeyGroupRange.for_operator(P, 3, i)  # what replica i keeps under the new layout
+        # replica 0 keeps 0-42 and gives 43-63 to replica 1; replica 1 keeps 64-85, gives 86-127 to 2
+        keep, give = KeyGroupRange(owned.start, stays.end), KeyGroupRange(stays.end + 1, owned.end)
+        _round(job, keep, "kept")
+        _round(job, give, "first")
+        _round(job, give, "second", deletes=True)  # newer versions and tombstones over the first's
+        expected.update(dump_all(job))
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    move = Move(catalogs, storage, 2, 3, lambda c, s: make_manager(c, s, compression="none"))
+    move.prepare_and_checkpoint()
+
+    downloaded: list[str] = []
+    real = type(storage).download_verified
+
+    def counted(self, handle, target):
+        downloaded.append(handle.path.rsplit("/", 1)[-1])
+        return real(self, handle, target)
+
+    monkeypatch.setattr(type(storage), "download_verified", counted)
+    for i in (1, 2):
+        (part,) = [p for p in move.parts if len(p.metadata.key_group_range.intersection(move.moving_in(i)[0]))]
+        handle = part.metadata.keyed
+        assert handle.spans, "the checkpoint recorded its table files' key groups"
+        needed = handle.files_for(move.moving_in(i)[0])
+        skipped = set(handle.shared) - set(needed)
+        assert skipped, "some of the part's table files hold only key groups the load does not take"
+        downloaded.clear()
+        load = move.load(i)
+        fetched = {
+            name for name, h in {**handle.shared, **handle.private}.items() if h.path.endswith(tuple(downloaded))
+        }
+        assert fetched == set(needed)  # every file it needs, none it does not
+        operator = sum(p.metadata.operator.size for p in move.parts)
+        assert load.bytes_read == sum(h.size for h in needed.values()) + operator  # bytes from storage
+        assert load.bytes_read < sum(h.size for h in {**handle.shared, **handle.private}.values())
+    move.load(0)
+    move.commit()
+    seen: dict = {}
+    for i, catalog in enumerate(catalogs):
+        stored = dump_all(catalog.get("orders"))
+        assert all(entry[1] in KeyGroupRange.for_operator(P, 3, i) for entry in stored)
+        seen.update(stored)
+    assert seen == expected  # every key, value, namespace, map entry, timer and raw stream, once
+
+
+def test_an_incremental_handle_without_spans_reads_every_file():
+    """Handles written before spans were recorded are read whole; with spans, a file is read iff
+    its key groups overlap the ones wanted."""
+    data = {
+        "type": "incremental",
+        "backend_uid": "u",
+        "key_group_range": [0, 63],
+        "checkpoint_id": 3,
+        "shared": {n: {"path": f"../shared/x-{n}", "size": 1, "sha256": "h"} for n in ("000007.sst", "000009.sst")},
+        "private": {"MANIFEST-000005": {"path": "db/MANIFEST-000005", "size": 1, "sha256": "h"}},
+        "tables": {"v": False},
+    }
+    old = IncrementalHandle.from_dict(data)
+    assert set(old.files_for(KeyGroupRange(40, 41))) == {"000007.sst", "000009.sst", "MANIFEST-000005"}
+    new = IncrementalHandle.from_dict({**data, "spans": {"000007.sst": ["v", 0, 39], "000009.sst": ["v", 40, 63]}})
+    assert IncrementalHandle.from_dict(new.to_dict()) == new
+    assert set(new.files_for(KeyGroupRange(40, 41))) == {"000009.sst", "MANIFEST-000005"}
+    assert set(new.files_for(KeyGroupRange(39, 40))) == {"000007.sst", "000009.sst", "MANIFEST-000005"}
+    assert set(new.files_for(KeyGroupRange(0, 0))) == {"000007.sst", "MANIFEST-000005"}

@@ -26,6 +26,7 @@ import itertools
 import logging
 import operator
 import os
+import re
 import shutil
 import threading
 import time
@@ -66,6 +67,7 @@ _MAX_PARALLELISM_KEY = b"max_parallelism"
 _NESTED_PREFIX = b"table-nested:"
 _META_PREFIX = b"meta:"
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
+_SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "rocksdb.sstables"
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
 
 
@@ -108,6 +110,25 @@ def remove_partial_files(path: str, families: Mapping[str, Options]) -> list[str
     for name in removed:
         os.remove(os.path.join(path, name))
     return removed
+
+
+def rebuild_manifest(path: str, tables: Iterable[str]) -> list[str]:
+    """Make a database whose MANIFEST lists table files that are not there (a checkpoint
+    downloaded in part) openable from the files that are: RocksDB's repair writes a new MANIFEST
+    listing every file present in its column family (from the file's own properties), all at
+    level 0, where reads resolve a key's versions by sequence number as before; a table none of
+    whose files is present gets an empty column family. Returns the table files it lists; a file
+    repair could not read would be missing from them (repair sets it aside), so the caller checks."""
+    options = db_options()
+    options.set_disable_auto_compactions(True)  # read once, then removed: nothing to compact
+    Rdict.repair(path, options)
+    families = {cf: options for cf in Rdict.list_cf(path, options) if cf != _DEFAULT_CF}
+    families.update({_cf(t): options for t in tables if t != META_TABLE})
+    db = Rdict(path, options, column_families=families)
+    try:
+        return sorted(os.path.basename(f["name"]) for f in db.live_files())
+    finally:
+        db.close()
 
 
 def _cf(table: str) -> str:
@@ -299,6 +320,38 @@ class RocksDBFrozenView(FrozenView):
 
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
         return self._layout.scan(self._family(table), table, key_group)
+
+    def stored_max_parallelism(self) -> int | None:
+        stored = self._family(META_TABLE).get(_MAX_PARALLELISM_KEY)
+        return None if stored is None else int(stored)
+
+    def file_spans(self, tables: Iterable[str]) -> dict[str, tuple[str, int, int]]:
+        """Each table file of these (keyed) tables: ``(table, first key group, last key group)``
+        of its smallest and largest key, as this checkpoint's MANIFEST records them (they bound
+        its range deletions too). A key group's keys start with its prefix, so no key of another
+        key group lies in a file; a bound shorter than the prefix is padded with zeros, which
+        only widens the span."""
+        width = self._layout.prefix_width
+        bounds = {
+            int(os.path.basename(f["name"]).split(".")[0]): (f["start_key"], f["end_key"])
+            for f in self._family(META_TABLE).live_files()
+        }
+        owners: dict[int, list[str]] = {}
+        for table in tables:
+            # rocksdict's live_files() does not say a file's column family; the family's own
+            # listing of its files (a debug dump, one " <number>:<size>[..." line per file) does.
+            listing = self._family(table).property_value("rocksdb.sstables") or ""
+            for number in _SST_NUMBER.findall(listing):
+                owners.setdefault(int(number), []).append(table)
+        spans = {}
+        for number, owner in owners.items():
+            if len(owner) != 1 or number not in bounds:
+                continue  # not understood: no span, so the file is always read
+            start, end = bounds[number]
+            first = int.from_bytes(start[:width].ljust(width, b"\0"), "big")
+            last = int.from_bytes(end[:width].ljust(width, b"\0"), "big")
+            spans[f"{number:06d}.sst"] = (owner[0], first, last)
+        return spans
 
     def release(self) -> None:
         # No gc.collect() here: a read-only instance holds no lock that a reopen would wait

@@ -8,7 +8,10 @@ strategy (``statehouse.backends.snapshot.full_strategy``).
 
 A restore reads an incremental part by opening its downloaded files as a read-only database
 and copying the wanted key groups out (Flink's "copy" restore path): correct for any rescale
-and for either target backend.
+and for either target backend. The handle records each table file's key groups, so a restore of
+some key groups downloads only the files that can hold them (plus the small private ones) and
+rebuilds the MANIFEST from those; files flushed from memtables (level 0) usually span every
+key group and are always among them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterator
 from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.job import Job
 from statehouse.backends.reserved import keyed_tables
-from statehouse.backends.rocksdb.partition import RocksDBPartition
+from statehouse.backends.rocksdb.partition import KeyLayout, RocksDBFrozenView, RocksDBPartition, rebuild_manifest
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
@@ -71,6 +74,8 @@ class IncrementalSnapshotStrategy(JobStrategy):
             }
             private = {n: upload(ctx.part_path(f"db/{n}"), n) for n in private_names}
             operator = write_operator_state(ctx, view)
+            # Read from the checkpoint's own MANIFEST: the spans of exactly the files uploaded.
+            spans = view.file_spans(tables)
             keyed = IncrementalHandle(
                 backend_uid,
                 job.key_group_range,
@@ -78,6 +83,7 @@ class IncrementalSnapshotStrategy(JobStrategy):
                 {n: h.relative_to(ctx.directory) for n, h in {**placeholders, **uploaded}.items()},
                 {n: h.relative_to(ctx.directory) for n, h in private.items()},
                 tables,
+                {n: span for n, span in spans.items() if n in ssts},
             )
             return SnapshotResult(
                 "incremental",
@@ -96,18 +102,28 @@ INCREMENTAL = IncrementalSnapshotStrategy()
 
 
 def incremental_records(
-    db_dir: str, handle: IncrementalHandle, wanted: KeyGroupRange, max_parallelism: int, work_dir: str
+    db_dir: str, handle: IncrementalHandle, wanted: KeyGroupRange, max_parallelism: int
 ) -> Iterator[WriteOp]:
-    """The keyed entries of ``wanted`` key groups in an incremental part's downloaded files."""
-    source = RocksDBPartition(db_dir, None, frozen_dir=os.path.join(work_dir, "frozen"))
+    """The keyed entries of ``wanted`` key groups in an incremental part's downloaded files:
+    ``handle.files_for(wanted)``, all of the part's files or only those whose key groups overlap
+    ``wanted`` (then the MANIFEST is rebuilt from them first)."""
+    fetched = handle.files_for(wanted)
+    if len(fetched) < len(handle.shared) + len(handle.private):
+        present = rebuild_manifest(db_dir, handle.tables)
+        lost = sorted(n for n in fetched if n.endswith(".sst") and n not in present)
+        if lost:
+            raise SnapshotCorrupt(f"an incremental part's table files {lost} could not be read")
+    source = RocksDBFrozenView(db_dir, KeyLayout(max_parallelism, dict(handle.tables)))
     try:
-        if source.max_parallelism != max_parallelism:
+        try:
+            stored = source.stored_max_parallelism()
+        except Exception as exc:  # rocksdict raises a bare Exception for a missing column family
+            raise SnapshotCorrupt(f"an incremental part's database cannot be read: {exc}") from exc
+        if stored != max_parallelism:
             raise SnapshotCorrupt("an incremental part's database disagrees with its metadata")
         for table in handle.tables:
-            if table not in source.tables():
-                raise SnapshotCorrupt(f"an incremental part's database has no table {table!r}")
             for kg in wanted:
                 for primary, secondary, value in source.scan(table, kg):
                     yield WriteOp("put", table, kg, primary, secondary, value)
     finally:
-        source.close()
+        source.release()
