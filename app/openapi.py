@@ -184,6 +184,7 @@ DROP_STATE = errors(*JOB, *MOVING, "state_not_found")  # refused while a live re
 
 KEYED_READ = {**errors(*KEYED, *STORED, *MOVING, "key_not_found", "map_too_large"), **msgpack_reply()}
 KEYED_WRITE = errors(*KEYED, *VALUES, *MOVING, "wrong_state_kind", "list_too_large")
+KEYED_ADD_GET = {**errors(*KEYED, *VALUES, *MOVING, "wrong_state_kind"), **msgpack_reply()}
 KEYED_CLEAR = errors(*KEYED, *MOVING)
 MAP_READ = {**errors(*KEYED, *STORED, *MOVING, "wrong_state_kind", "key_not_found"), **msgpack_reply()}
 MAP_REMOVE = errors(*KEYED, *MOVING, "wrong_state_kind")
@@ -220,7 +221,8 @@ COLUMNS_BODY = arrow_body("the operation's columns: key, and as the operation ne
 COLUMNS = {
     200: {
         "description": "a read (`get`, `map_get`): the request's rows, in order, with a `value` column (null where "
-        "absent) as an Arrow IPC stream; a write: how many rows were applied (or staged)",
+        "absent) as an Arrow IPC stream; `add_get`: the same, `value` being each row's result after its add; "
+        "another write: how many rows were applied (or staged)",
         "content": {
             ARROW_STREAM: {"schema": ARROW_SCHEMA},
             JSON: {"schema": {"$ref": REF.format(model="ColumnsResponse")}},

@@ -32,7 +32,7 @@ from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_ROW_OVERHEAD
 from statehouse.backends.value_types import result_type
-from statehouse.protocol.ops import COLUMN_OPS, OPS
+from statehouse.protocol.ops import ANSWERING_COLUMN_OPS, COLUMN_OPS, OPS
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
@@ -69,6 +69,19 @@ class ColumnOp:
     @property
     def writes(self) -> bool:
         return OPS[self.op].writes
+
+    @property
+    def answers(self) -> bool:
+        """Whether it answers a value per row (a read, or a write such as ``add_get``)."""
+        return self.op in ANSWERING_COLUMN_OPS
+
+    def answer(self, values: pa.Array) -> pa.Table:
+        """What a request that answers sends back: its columns with ``value`` (a read's appended;
+        an ``add_get``'s values replaced by each row's result after its add)."""
+        names = self.columns.column_names
+        if "value" in names:
+            return self.columns.set_column(names.index("value"), "value", values)
+        return self.columns.append_column("value", values)
 
     @classmethod
     def parse(cls, state: str, op: str, columns: pa.Table) -> ColumnOp:
@@ -168,10 +181,11 @@ def _lists(values: list[Any]) -> list[Any]:
 
 
 def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
-    """Run ``op`` inside ``tx`` (as one run); a read answers its ``value`` column, a write ``None``."""
+    """Run ``op`` inside ``tx`` (as one run); a read (or ``add_get``) answers its ``value``
+    column, a write ``None``."""
     state = tx.state(op.state)
     if op.rows == 0:
-        return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if not op.writes else None
+        return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if op.answers else None
     rows = locate(tx, state.descriptor, op.columns)
     packs = _UNPACKED.get(state.descriptor.value_type)
     if op.op == "get" and packs is not None and isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:

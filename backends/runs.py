@@ -10,6 +10,7 @@ the state kind's ``*_many`` method, or to the timers' or raw state's writes; the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 from statehouse.backends.columnar_codec import Packed
 from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
+from statehouse.backends.keyed.reducing_state import NOTHING_TO_ADD_GET
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.timers import TimerService, check_domain
 from statehouse.protocol.ops import OPS
@@ -153,6 +155,22 @@ def _add(state: KeyedState, rows: Rows, args: RunArgs) -> None:
         raise wrong_kind(state, "add")
 
 
+def _add_get(state: KeyedState, rows: Rows, args: RunArgs) -> list[Any]:
+    """``add``, answering each row's result after it: a row adding several values (a batch's
+    ``values``) answers the result after its last one."""
+    if not isinstance(state, ReducingState):
+        raise wrong_kind(state, "add_get")
+    if args.add_values is not None:
+        return state.add_get_many(rows, args.add_values)
+    adds = args.per_row()
+    for row, values in enumerate(adds):
+        if not values:
+            raise InvalidArgument(NOTHING_TO_ADD_GET).within(f"row {row}", row=row)
+    many, values, origin = _one_row_per_value(rows, adds)
+    answers = _named_by_origin(origin, lambda: state.add_get_many(many, values))
+    return [answers[end - 1] for end in itertools.accumulate(map(len, adds))]
+
+
 def _one_row_per_value(rows: Rows, adds: list[list[Any]]) -> tuple[Rows, list[Any], list[int]]:
     """One row per value added (a row may add several, in order), and each new row's origin."""
     origin = [row for row, values in enumerate(adds) for _ in values]
@@ -199,6 +217,7 @@ _RUNS: dict[str, Callable[[KeyedState, Rows, RunArgs], list[Any] | None]] = {
     "get": _get,
     "put": _put,
     "add": _add,
+    "add_get": _add_get,
     "clear": _clear,
     "map_get": lambda s, r, a: _map(s, "map_get").get_entries_many(r, a.user_keys or []),
     "map_put": lambda s, r, a: _map(s, "map_put").put_entries_many(r, a.user_keys or [], a.values or []),

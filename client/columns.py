@@ -47,7 +47,7 @@ from statehouse.client.arrow import (
 from statehouse.client.errors import Conflict, InvalidRequest, StatehouseError
 from statehouse.keygroups import KeyType
 from statehouse.keygroups.columnar import key_groups, operator_indexes
-from statehouse.protocol.ops import COLUMN_OPS, IDEMPOTENT_OPS, READ_COLUMN_OPS
+from statehouse.protocol.ops import ANSWERING_COLUMN_OPS, COLUMN_OPS, IDEMPOTENT_OPS, READ_COLUMN_OPS
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -132,6 +132,15 @@ class Columns:
         aggregating state: fold each value in with the state's function."""
         return self.apply(state, "add", keys, values=values, ns=ns)
 
+    def add_get(
+        self, state: str, keys: Any, values: Any, ns: Any = "", *, as_arrow: bool = False
+    ) -> pd.Series | pa.Array:
+        """Reducing and aggregating state: :meth:`add`, answering each row's result after its add
+        (a key that comes back answers its running result), as Redis's INCRBY does: one request
+        where an ``add`` and a ``get`` are two. Staged for a task attempt, a result is the
+        committed value with this attempt's own adds folded in."""
+        return self.apply(state, "add_get", keys, values=values, ns=ns, as_arrow=as_arrow)
+
     def clear(self, state: str, keys: Any, ns: Any = "") -> int:
         return self.apply(state, "clear", keys, ns=ns)
 
@@ -162,13 +171,14 @@ class Columns:
         ``pyarrow.Array``) in the rows' order, a write the number of rows written."""
         if op not in COLUMN_OPS:
             raise InvalidRequest(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
-        reads = op in READ_COLUMN_OPS
-        if not reads and self.read_only:
+        reads = op in ANSWERING_COLUMN_OPS
+        if op not in READ_COLUMN_OPS and self.read_only:
             raise RuntimeError(self.read_only)
         maps = op.startswith("map_")
         if maps and user_keys is None:
             raise InvalidRequest(f"'{op}' needs user_keys")
-        if op in ("put", "add", "map_put", "map_add") and values is None:
+        takes_values = "value" in COLUMN_OPS[op]
+        if takes_values and values is None:
             raise InvalidRequest(f"'{op}' needs values (pass a column of nulls to clear with 'put')")
         index = keys.index if isinstance(keys, pd.Series) else None
         key_array = self._keys(state, keys)
@@ -179,7 +189,7 @@ class Columns:
             columns["ns"] = namespace
         if maps:
             columns["user_key"] = string_column(user_keys, "user key", rows)
-        if op in ("put", "add", "map_put", "map_add"):
+        if takes_values:
             columns["value"] = value_column(values, rows)
         table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
         if rows == 0:
@@ -276,7 +286,7 @@ class Columns:
             )
             if answer is not None:
                 part.values.append(answer)
-        return _assemble(parts, rows.num_rows, state) if op in READ_COLUMN_OPS else None
+        return _assemble(parts, rows.num_rows, state) if op in ANSWERING_COLUMN_OPS else None
 
     def _request(self, state: str, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
         """One request: a read's ``value`` column, or ``None`` for a write."""
@@ -294,9 +304,9 @@ class Columns:
             if attempt is not None and 400 <= (exc.status or 0) < 500:
                 attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
             raise
-        if op in READ_COLUMN_OPS:
-            if attempt is not None:
-                attempt.answered(replica, 0)
+        if op in ANSWERING_COLUMN_OPS:
+            if attempt is not None:  # a read stages nothing; add_get stages a write per row
+                attempt.answered(replica, 0 if op in READ_COLUMN_OPS else rows.num_rows)
             return pa.ipc.open_stream(content).read_all().column("value").combine_chunks()
         if attempt is not None:
             attempt.answered(replica, int(json.loads(content)["rows"]))  # rows are the writes it staged

@@ -9,6 +9,11 @@ table of rows) and the timer endpoints. What each means per state kind:
                       replace all (an object)
 ``add``               list: add (``value``) or addAll (``values``); reducing/aggregating:
                       add
+``add_get``           reducing/aggregating: ``add``, answering each row's result after its
+                      add (Redis's INCRBY): one request and one lookup instead of an
+                      ``add`` and a ``get``. Staged under a task attempt, it answers the
+                      committed value folded with that attempt's own staged adds: what the
+                      key holds once the epoch commits if no other winner adds to it
 ``clear``             any kind
 ``map_get``           ``map_put``, ``map_remove``, ``map_contains``: one map entry
                       (``user_key``)
@@ -43,7 +48,8 @@ class Op:
     """One operation: whether it writes (a task attempt stages its writes), whether repeating it
     cannot change the outcome (a batch of only these may be retried after a timeout), what it
     carries besides ``state``, ``key`` and ``ns``, its columns when it has a columnar form, and
-    the state kinds that take it (only a state operation has kinds), and what it acts on."""
+    the state kinds that take it (only a state operation has kinds), what it acts on, and
+    whether a write answers values too."""
 
     name: str
     writes: bool
@@ -53,6 +59,7 @@ class Op:
     columns: tuple[str, ...] | None = None  # columns of its columnar form (besides ``ns``)
     kinds: frozenset[str] = frozenset()
     target: Target = "state"
+    answers: bool = False  # a write that answers a value per row (as reads do)
 
 
 _MAP = frozenset({"map"})
@@ -74,6 +81,16 @@ _TABLE = (
         takes_values=True,
         columns=("key", "value"),
         kinds=frozenset({"list", "reducing", "aggregating"}),
+    ),
+    Op(
+        "add_get",
+        writes=True,
+        idempotent=False,
+        fields=("value",),
+        takes_values=True,
+        columns=("key", "value"),
+        kinds=frozenset({"reducing", "aggregating"}),
+        answers=True,
     ),
     Op("clear", writes=True, idempotent=True, columns=("key",), kinds=_ALL_KINDS),
     Op("map_get", writes=False, idempotent=True, fields=("user_key",), columns=("key", "user_key"), kinds=_MAP),
@@ -115,10 +132,12 @@ OPS: dict[str, Op] = {op.name: op for op in _TABLE}
 
 # The names as types (the HTTP models' enums, the engine's signatures); checked below against
 # the table, so the two cannot drift.
-StateOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"]
+StateOpName = Literal[
+    "get", "put", "add", "add_get", "clear", "map_get", "map_put", "map_add", "map_remove", "map_contains"
+]
 TimerOpName = Literal["register_timer", "delete_timer"]
 RawOpName = Literal["raw_get", "raw_put", "raw_append", "raw_delete", "raw_operator_get", "raw_operator_put"]
-ColumnOpName = Literal["get", "put", "add", "clear", "map_get", "map_put", "map_add", "map_remove"]
+ColumnOpName = Literal["get", "put", "add", "add_get", "clear", "map_get", "map_put", "map_add", "map_remove"]
 TimerColumnOpName = Literal["register", "delete"]
 
 STATE_OPS: tuple[str, ...] = tuple(op.name for op in _TABLE if op.target == "state")
@@ -129,6 +148,9 @@ READ_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if not op.writes)
 IDEMPOTENT_OPS: frozenset[str] = frozenset(op.name for op in _TABLE if op.idempotent)
 COLUMN_OPS: dict[str, tuple[str, ...]] = {op.name: op.columns for op in _TABLE if op.columns is not None}
 READ_COLUMN_OPS: frozenset[str] = frozenset(COLUMN_OPS) & READ_OPS
+# The operations whose answer is a value per row: the reads, and writes such as ``add_get``.
+ANSWERING_OPS: frozenset[str] = READ_OPS | frozenset(op.name for op in _TABLE if op.answers)
+ANSWERING_COLUMN_OPS: frozenset[str] = frozenset(COLUMN_OPS) & ANSWERING_OPS
 # A timer's columnar form names its batch operation's verb; its columns are these.
 TIMER_COLUMN_OPS: dict[str, str] = {"register": "register_timer", "delete": "delete_timer"}
 TIMER_COLUMNS: tuple[str, ...] = ("key", "timestamp")

@@ -27,7 +27,7 @@ from statehouse.backends.ops import apply_all
 
 DOORS = ("one_key", "batch", "columnar")
 _KEY_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
-_READS = ("get", "map_get", "map_contains")
+_READS = ("get", "map_get", "map_contains", "add_get")  # the operations that answer a value per row
 Row = dict[str, Any]  # key, ns, and user_key, value or values as the operation takes them
 
 
@@ -133,6 +133,14 @@ class DoorState:
         else:
             (values, *rest) = args
             self._one("add", key, rest[0] if rest else namespace, values=list(values))
+
+    def add_get(self, key: Any, value: Any, namespace: str = "") -> Any:
+        return self._one("add_get", key, namespace, value=value)
+
+    def add_get_all(self, key: Any, values: list[Any], namespace: str = "") -> Any:
+        """One request adding ``values`` in order: the result after the last (a columnar door's
+        rows, one per value, each answer the running result; the last row's is the one)."""
+        return self._run("add_get", [{"key": key, "ns": namespace, "values": list(values)}])[-1]
 
     # -- map ----------------------------------------------------------------------------------
 

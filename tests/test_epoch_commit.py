@@ -140,3 +140,35 @@ def test_two_winners_on_one_map_key_are_replayed(job, replays):
     assert replays["n"] == 2  # the check is per key (a map), not per entry
     with job.transaction() as tx:
         assert tx.map("m").get_all("u") == {"x0": 1, "x1": 1}
+
+
+def stage_add_get(job, epoch, partition, attempt, keys, values, seq=0):
+    op = ColumnOp.parse("s", "add_get", pa.table({"key": keys, "value": values}))
+    return perform(job, op, epoch=epoch, attempt=AttemptRef(partition, attempt, seq)).to_pylist()
+
+
+def test_a_staged_add_get_answers_the_committed_value_with_its_own_attempts_adds(sums, replays):
+    """What a staged ``add_get`` answers is what the key holds once the epoch commits with this
+    attempt winning (the committed value folded with this attempt's own staged adds, no other
+    attempt's); a re-sent request answers the same again, a retried attempt starts from the
+    committed value, and only the winner's adds commit."""
+    assert stage_add_get(sums, 1, 0, "t0", ["a", "b", "a"], [1, 2, 3]) == [101, 2, 104]
+    assert stage_add_get(sums, 1, 0, "t0", ["a", "b", "a"], [1, 2, 3]) == [101, 2, 104]  # re-sent: answered, once
+    assert stage_add_get(sums, 1, 0, "t0", ["a"], [5], seq=1) == [109]  # its own earlier adds
+    # The task failed; its retry sees none of the failed attempt's adds, only the committed 100.
+    assert stage_add_get(sums, 1, 0, "t0-retry", ["a", "b", "a"], [1, 2, 3]) == [101, 2, 104]
+    assert stage_add_get(sums, 1, 1, "t1", ["c"], [7]) == [7]
+    commit_all(sums, 1, [Winner(0, "t0-retry", 3), Winner(1, "t1", 1)])
+    assert replays["n"] == 0  # disjoint winners: their views, which hold what they answered
+    assert totals(sums, "a", "b", "c") == [104, 2, 7]
+    sums.fence(2)
+    assert stage_add_get(sums, 2, 0, "u0", ["a"], [1]) == [105]  # the next epoch starts from the commit
+
+
+def test_add_get_replays_like_add_when_winners_share_a_key(sums, replays):
+    """Two winners adding to one key each answered their own view; the commit replays both."""
+    assert stage_add_get(sums, 1, 0, "t0", ["a"], [1]) == [101]
+    assert stage_add_get(sums, 1, 1, "t1", ["a"], [10]) == [110]
+    commit_all(sums, 1, [Winner(0, "t0", 1), Winner(1, "t1", 1)])
+    assert replays["n"] == 2
+    assert totals(sums, "a") == [111]

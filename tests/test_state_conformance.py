@@ -8,6 +8,7 @@ that the columnar door refused exactly those steps, each with a message, and not
 
 import pytest
 
+from statehouse.backends import ops
 from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
     IncompatibleState,
@@ -190,6 +191,65 @@ def test_an_int64_sum_stays_an_int64(job):
     assert run(job, lambda tx: tx.map("m").get("k", "a")) is None
     run(job, lambda tx: tx.reducing("s").add_all("j", [top, -5]))  # ints that stay in range
     assert run(job, lambda tx: tx.reducing("s").get("j")) == top - 5
+
+
+@pytest.mark.parametrize(
+    ("kind", "function", "inputs", "answers"),
+    [("reducing", "sum", [1, 2, 3.5], [1, 3, 6.5]), ("reducing", "max", [3, 1, 7], [3, 3, 7]),
+     ("aggregating", "avg", [1, 2, 6], [1.0, 1.5, 3.0]), ("aggregating", "count", [5, 5], [1, 2]),
+     ("aggregating", "summary", [4, 1], [{"count": 1, "sum": 4, "min": 4, "max": 4, "avg": 4.0},
+                                         {"count": 2, "sum": 5, "min": 1, "max": 4, "avg": 2.5}])],
+)  # fmt: skip
+def test_add_get_answers_the_result_after_each_add(job, kind, function, inputs, answers):
+    """``add_get`` is ``add`` and then ``get`` in one operation: each add answers what a get
+    would read next; several values in one request answer the result after the last."""
+    register(job, "r", kind, function=function)
+    state = lambda tx: getattr(tx, kind)("r")  # noqa: E731
+    for value, answer in zip(inputs, answers, strict=True):
+        assert run(job, lambda tx, value=value: state(tx).add_get("k", value)) == answer
+        assert run(job, lambda tx: state(tx).get("k")) == answer
+    assert run(job, lambda tx: state(tx).add_get_all("j", inputs, namespace="w")) == answers[-1]
+    assert run(job, lambda tx: state(tx).get("j", "w")) == answers[-1]
+    assert run(job, lambda tx: state(tx).get("j")) is None
+
+
+@not_columnar("add_get", "add_get")  # [5, "x"] and [5, 2**63]: no one Arrow column holds them
+def test_add_get_refuses_other_kinds_and_bad_values_and_applies_nothing(job, door):
+    register(job, "s", "reducing", function="sum", value_type="int64")
+    register(job, "l", "list")
+    register(job, "v", "value")
+    run(job, lambda tx: tx.reducing("s").add("k", 1))
+    for bad in ("x", None, 2**63):
+        with pytest.raises(InvalidValue):
+            run(job, lambda tx, bad=bad: tx.reducing("s").add_get_all("k", [5, bad]))
+    assert run(job, lambda tx: tx.reducing("s").get("k")) == 1
+    for other in ("l", "v"):
+        with pytest.raises(WrongStateKind, match="'add_get' does not apply"):
+            run(job, lambda tx, other=other: _any_kind(tx, other).add_get("k", 1))
+    if door != "columnar":  # a columnar request of no rows answers no rows
+        with pytest.raises(InvalidArgument, match="at least one value"):
+            run(job, lambda tx: tx.reducing("s").add_get_all("k", []))
+
+
+def _any_kind(tx, name):
+    """A state of any kind as its door takes calls; the one-key door's typed objects have no
+    ``add_get`` where the kind refuses it, so there the one-key route's own entry answers."""
+    if hasattr(tx, "run"):
+        return tx.state(name)
+
+    class OneKey:
+        def add_get(self, key, value):
+            return ops.apply(tx, {"op": "add_get", "state": name, "key": key, "value": value})["value"]
+
+    return OneKey()
+
+
+def test_add_get_never_folds_into_an_expired_accumulator(job, clock):
+    register(job, "s", "reducing", function="sum", ttl=ttl(visibility="return_expired_if_not_cleaned_up"))
+    assert run(job, lambda tx: tx.reducing("s").add_get("k", 5)) == 5
+    clock.now = 1100
+    assert run(job, lambda tx: tx.reducing("s").add_get("k", 1)) == 1
+    assert run(job, lambda tx: tx.reducing("s").get("k")) == 1
 
 
 @pytest.mark.parametrize(

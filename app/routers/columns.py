@@ -49,7 +49,7 @@ async def serve(service: Service, job: Job, state: str, op: str, request: Reques
     )
     service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
     if values is not None:
-        return arrow_response(work.columns.append_column("value", values))
+        return arrow_response(work.answer(values))
     return read.written(op, work.rows)
 
 

@@ -89,6 +89,16 @@ async def add_to_key(
     return Response(status_code=204)
 
 
+@router.post(BASE + "/add_get", response_model=ValueResponse, responses=doc.KEYED_ADD_GET)
+async def add_get_key(
+    request: Request, service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
+) -> Response:
+    """Reducing / aggregating add, answering the result after it (Redis's INCRBY): an add and a
+    get in one request and one lookup."""
+    result = await run_op(service, job, {"op": "add_get", "state": state, "key": key, "ns": ns, **body.as_op()})
+    return render(request, result)
+
+
 @router.delete(BASE, status_code=204, responses=doc.KEYED_CLEAR)
 async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> Response:
     await run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})

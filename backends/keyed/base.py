@@ -242,10 +242,18 @@ class KeyedState:
             self._limits.check_value(payload)
 
     def _fold_many(
-        self, rows: Rows, secondaries: Sequence[bytes] | None, values: Sequence[Any], function: StateFunction
-    ) -> None:
+        self,
+        rows: Rows,
+        secondaries: Sequence[bytes] | None,
+        values: Sequence[Any],
+        function: StateFunction,
+        *,
+        answer: bool = False,
+    ) -> list[Any] | None:
         """Fold each row's value into its accumulator with ``function``, in row order (a key
-        that comes back continues from its earlier rows), then write every accumulator once."""
+        that comes back continues from its earlier rows), then write every accumulator once.
+        ``answer``: return each row's accumulator after its own fold (an ``add_get``), charged
+        to the request's answer as its stored size; from the same one read."""
         if NONE_TYPE in set(map(type, values)):
             row = list(values).index(None)
             raise InvalidValue(f"cannot add null to {self.descriptor.kind} state {self._table!r}").within(
@@ -260,15 +268,23 @@ class KeyedState:
         if int64_sum:  # a sum of int64 values must stay an int64
             add = lambda acc, value: COERCE["int64"](function.add(acc, value))  # noqa: E731
         try:
+            after: list[Any] | None = None  # each row's accumulator after its fold
             if len(set(slots)) == len(slots):  # every key once: one add per row, maybe vectorized
                 kgs, primaries, results = rows.key_groups, rows.primaries, function.add_each(accs, values)
                 if int64_sum and coerce_many("int64", results) is None:
                     raise InvalidValue("a sum left int64")  # the replay below names the row
+                after = results
             else:
                 folded: dict[tuple[int, bytes, bytes], Any] = {}
                 current = folded.get
-                for slot, acc, value in zip(slots, accs, values, strict=True):
-                    folded[slot] = add(current(slot, acc), value)
+                if answer:
+                    after = []
+                    for slot, acc, value in zip(slots, accs, values, strict=True):
+                        folded[slot] = new = add(current(slot, acc), value)
+                        after.append(new)
+                else:
+                    for slot, acc, value in zip(slots, accs, values, strict=True):
+                        folded[slot] = add(current(slot, acc), value)
                 kgs, primaries, secs = (list(column) for column in zip(*folded, strict=True))
                 results = list(folded.values())
         except StateError:
@@ -281,6 +297,12 @@ class KeyedState:
             raise
         records = self._records_many(results)
         self._tx.put_many(self._table, kgs, primaries, records, secs if secondaries is not None else None)
+        if not answer or after is None:  # (``after`` is set whenever ``answer`` is)
+            return None
+        if after is not results:  # a key folded twice answers each of its rows: charge them all
+            records = self._records_many(after)
+        self._answer.charge(sum(map(len, records)))
+        return after
 
 
 def pack_or_none(value: Any) -> bytes | None:

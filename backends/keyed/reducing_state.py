@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, one_key
+
+# An add_get of no value would answer a read: refused, so that what it answers is always a fold.
+NOTHING_TO_ADD_GET = "'add_get' adds at least one value and answers the result after it; read with 'get' instead"
 
 
 class ReducingState(KeyedState):
@@ -30,9 +34,30 @@ class ReducingState(KeyedState):
         result = self.descriptor.state_function.result
         return [None if acc is None else result(acc) for acc in self._read_many(rows)]
 
+    def add_get(self, key: Key, value: Any, namespace: str = "") -> Any:
+        """:meth:`add`, answering the result after it (what :meth:`get` would read next)."""
+        return one_key(lambda: self.add_get_many(self._row(key, namespace), [value]))[0]
+
+    def add_get_all(self, key: Key, values: Iterable[Any], namespace: str = "") -> Any:
+        """:meth:`add_all`, answering the result after the last value (at least one)."""
+        elements = list(values)
+        if not elements:
+            raise InvalidArgument(NOTHING_TO_ADD_GET)
+        return one_key(lambda: self.add_get_many(self._row(key, namespace, len(elements)), elements))[-1]
+
     def add_many(self, rows: Rows, values: Sequence[Any]) -> None:
         """:meth:`add` per row, in order."""
         self._fold_many(rows, None, values, self.descriptor.state_function)
+
+    def add_get_many(self, rows: Rows, values: Sequence[Any]) -> list[Any]:
+        """:meth:`add_many`, answering each row's result after its own add (a key that comes
+        back answers its running result): one read of each accumulator serves the fold and
+        the answer."""
+        function = self.descriptor.state_function
+        accs = self._fold_many(rows, None, values, function, answer=True)
+        assert accs is not None  # answer=True always answers
+        result = function.result
+        return [result(acc) for acc in accs]
 
 
 class AggregatingState(ReducingState):
