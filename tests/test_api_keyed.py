@@ -121,6 +121,19 @@ def test_reducing_and_aggregating(http, job):
     assert http.put(f"{job}/states/total/keys/u", json={"value": 1}).status_code == 409
 
 
+def test_add_get_answers_the_result_after_the_add(http, job):
+    register(http, job, "total", kind="reducing", function="sum")
+    register(http, job, "tags", kind="list")
+    assert http.post(f"{job}/states/total/keys/u/add_get", json={"value": 2}).json() == {"value": 2}
+    assert http.post(f"{job}/states/total/keys/u/add_get", json={"values": [3, 4]}).json() == {"value": 9}
+    assert http.get(f"{job}/states/total/keys/u").json() == {"value": 9}
+    refused = http.post(f"{job}/states/tags/keys/u/add_get", json={"value": "x"})
+    assert refused.status_code == 409 and refused.json()["code"] == "wrong_state_kind"
+    empty = http.post(f"{job}/states/total/keys/u/add_get", json={"values": []})
+    assert empty.status_code == 422 and "at least one value" in empty.json()["detail"]
+    assert http.get(f"{job}/states/total/keys/u").json() == {"value": 9}
+
+
 def test_map_entry_add(http, job):
     register(http, job, "item_counts", kind="map", function="sum")
     key = f"{job}/states/item_counts/keys/alice"

@@ -375,6 +375,30 @@ def test_a_task_attempts_columnar_writes_are_staged_counted_in_rows_and_applied_
     assert total.get_many(rest).tolist() == [2.0 if KEYS.index(k) < 10 else 1.0 for k in rest]
 
 
+def test_add_get_answers_running_results_and_stages_one_write_per_row(job):
+    """On two replicas, answered in the caller's order; under a task attempt each row is one
+    staged write (the commit's count) and the answers include the attempt's own earlier adds."""
+    total = job.columns()
+    assert total.add_get("total", KEYS[:3], 1.0).tolist() == [1.0, 1.0, 1.0]
+    coordinator = MicroBatchCoordinator(job)
+    plan = coordinator.begin(0)
+    attempt = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="u", task=1)
+    cols = job.columns(attempt)
+    keys = [*KEYS[:50], *KEYS[:2]]
+    answered = cols.add_get("total", keys, 2.0)
+    assert answered.tolist() == [3.0, 3.0, 3.0] + [2.0] * 47 + [5.0, 5.0]
+    assert cols.add_get("mean", ["m", "m"], [1.0, 2.0]).tolist() == [1.0, 1.5]
+    assert attempt.message().ops == tuple(
+        a + b for a, b in zip(routed(job, "total", keys), routed(job, "mean", ["m", "m"]), strict=True)
+    )
+    assert job.reducing_state("total").get_many(KEYS[:1]).tolist() == [1.0]  # staged: not committed yet
+    coordinator.commit(plan, [attempt.message()])
+    final = [5.0, 5.0, 3.0] + [2.0] * 47  # each key's last answer is what the commit wrote
+    assert job.reducing_state("total").get_many(KEYS[:50]).tolist() == final
+    with pytest.raises(Conflict):
+        job.columns().add_get("items", ["k"], "x")  # a list: wrong_state_kind
+
+
 def test_a_replay_reads_and_refuses_to_write(job):
     config = ClientConfig.of([r.url for r in job.replicas])
     replay = BatchContext(config, job.name, 0, None, True)
