@@ -39,11 +39,11 @@ lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-checked: the engine, snapshots, checkpointing and the client distribution (app/ follows).
-TYPED := statehouse.errors statehouse.snapshots statehouse.backends statehouse.checkpointing statehouse.client statehouse.keygroups statehouse.protocol
+# Type-checked: the engine, stored-state encoding, snapshots, checkpointing and the client distribution (app/ follows).
+TYPED := statehouse.errors statehouse.stored statehouse.snapshots statehouse.backends statehouse.checkpointing statehouse.client statehouse.keygroups statehouse.protocol
 typecheck: $(DEV)
 	@mkdir -p $(VENV)/typecheck/statehouse
-	@for d in app errors snapshots backends checkpointing client keygroups pipelines protocol; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
+	@for d in app errors stored snapshots backends checkpointing client keygroups pipelines protocol; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
 	MYPYPATH=$(VENV)/typecheck $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
 # Regenerate tests/vectors/flink-vectors.json.gz from Flink's own classes (docs/state-model.md,

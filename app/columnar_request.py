@@ -15,8 +15,8 @@ from statehouse.app.dependencies import Service
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import JSON, read_arrow
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
-from statehouse.backends.codec import parse_decimal
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
+from statehouse.stored.codec import parse_decimal
 
 W = TypeVar("W")
 

@@ -13,18 +13,18 @@ from pydantic_core import PydanticCustomError
 
 from statehouse.backends.attempts import EpochReport
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITION, MAX_SEQ
-from statehouse.backends.codec import parse_decimal
-from statehouse.backends.descriptors import StateDescriptor, StateKind
 from statehouse.backends.job import Job
-from statehouse.backends.names import NAME_PATTERN
 from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.backends.timers import TimeDomain
-from statehouse.backends.ttl import TtlConfig, UpdateType, Visibility
-from statehouse.backends.value_types import ValueType
 from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import RawOpName, StateOpName, TimerOpName
+from statehouse.stored.codec import parse_decimal
+from statehouse.stored.descriptors import StateDescriptor, StateKind
+from statehouse.stored.names import NAME_PATTERN
+from statehouse.stored.ttl import TtlConfig, UpdateType, Visibility
+from statehouse.stored.value_types import ValueType
 
 Name = Field(pattern=NAME_PATTERN)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statehouse.backends.errors import InvalidArgument
+from statehouse.errors import InvalidArgument
 from statehouse.protocol.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 
 __all__ = ["MAX_CHECKPOINT_ID", "MAX_EPOCH", "MAX_PARTITION", "MAX_SEQ", "check_range"]

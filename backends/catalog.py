@@ -12,13 +12,14 @@ from collections.abc import Callable
 
 from statehouse.backends.base.store import Store
 from statehouse.backends.bounds import MAX_EPOCH
-from statehouse.backends.errors import InvalidArgument, JobConflict, JobNotFound, LayoutMismatch
+from statehouse.backends.errors import JobConflict, JobNotFound, LayoutMismatch
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.limits import Limits
-from statehouse.backends.names import validate_name
 from statehouse.backends.topology import ReplicaLayout
 from statehouse.backends.ttl import Clock, SystemClock
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
+from statehouse.stored.names import validate_name
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The stored keys of :mod:`statehouse.backends.codec` for whole Arrow columns at once.
+"""The stored keys of :mod:`statehouse.stored.codec` for whole Arrow columns at once.
 
 ``encode_primaries`` gives, row by row, exactly ``codec.encode_primary(key, key_type, namespace)``,
 and ``prefixed`` the RocksDB keys ``key group + primary``; ``pack_column`` and

@@ -16,37 +16,22 @@ or as Arrow infers it from the values of an untyped state.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.codec import decode_many
 from statehouse.backends.columnar_codec import Packed, pack_column, unpack_column
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_ROW_OVERHEAD
-from statehouse.backends.value_types import result_type
+from statehouse.errors import InvalidArgument
 from statehouse.protocol.ops import ANSWERING_COLUMN_OPS, COLUMN_OPS, OPS
-
-_ARROW_TYPES: dict[str, pa.DataType] = {
-    "int64": pa.int64(),
-    "float64": pa.float64(),
-    "string": pa.string(),
-    "binary": pa.binary(),
-    "bool": pa.bool_(),
-}
-
-
-class UntypedValues(StateError):
-    """An untyped state whose values have no one Arrow type (e.g. ints beside strings)."""
-
-    code = "untyped_values"
+from statehouse.stored.arrow import to_arrow, value_type
+from statehouse.stored.codec import decode_many
+from statehouse.stored.descriptors import StateDescriptor
 
 
 class ColumnOp:
@@ -225,64 +210,3 @@ def _packed(state: KeyedState, op: ColumnOp) -> Packed | None:
     if column.type not in _PACKED_COLUMNS.get(state.descriptor.value_type, ()):
         return None
     return pack_column(column)
-
-
-def value_type(descriptor: StateDescriptor, op: str) -> pa.DataType | None:
-    """The Arrow type of what ``op`` reads from the state, ``None`` when it is not typed."""
-    kind, function = descriptor.kind, descriptor.function
-    scalar = result_type(descriptor.value_type, kind, function)
-    if scalar == "summary":
-        number = _ARROW_TYPES[descriptor.value_type or "float64"]
-        return pa.struct(
-            [("count", pa.int64()), ("sum", number), ("min", number), ("max", number), ("avg", pa.float64())]
-        )
-    arrow = _ARROW_TYPES.get(scalar) if scalar is not None else None
-    if op == "get" and kind == "list":
-        return pa.list_(arrow) if arrow is not None else None
-    if op == "get" and kind == "map":
-        return pa.map_(pa.string(), arrow) if arrow is not None else None
-    return arrow
-
-
-def to_arrow(values: list[Any], descriptor: StateDescriptor, op: str) -> pa.Array:
-    """Read values as one Arrow column: the state's type, else what Arrow infers."""
-    arrow = value_type(descriptor, op)
-    if arrow is None and op == "get" and descriptor.kind == "map":
-        entries = _infer([v for m in values if m for v in m.values()], descriptor)
-        arrow = pa.map_(pa.string(), entries.type)
-    if arrow is None:
-        return _infer(values, descriptor)
-    numbers = _NUMPY_TYPES.get(arrow)
-    if numbers is not None and set(map(type, values)) <= numbers[1]:
-        with contextlib.suppress(OverflowError):  # an int beyond int64: refused below, as pyarrow refuses it
-            return _numbers(values, numbers[0])
-    try:
-        return pa.array(values, type=arrow)
-    except (pa.ArrowException, OverflowError, TypeError) as exc:  # stored before the state was typed
-        raise UntypedValues(f"values of state {descriptor.name!r} do not fit {arrow}: {exc}") from None
-
-
-# Numeric columns go through numpy: pyarrow builds float64 from a list ~5x slower than numpy does.
-_NUMPY_TYPES: dict[pa.DataType, tuple[type, frozenset[type]]] = {
-    pa.float64(): (np.float64, frozenset({float, type(None)})),
-    pa.int64(): (np.int64, frozenset({int, type(None)})),
-}
-
-
-def _numbers(values: list[Any], dtype: type) -> pa.Array:
-    """A numeric column from Python numbers (``None`` as null)."""
-    if None not in values:
-        return pa.array(np.array(values, dtype=dtype))
-    absent = np.zeros(len(values), dtype=bool)
-    absent[[i for i, v in enumerate(values) if v is None]] = True
-    return pa.array(np.array([0 if v is None else v for v in values], dtype=dtype), mask=absent)
-
-
-def _infer(values: list[Any], descriptor: StateDescriptor) -> pa.Array:
-    try:
-        return pa.array(values)
-    except (pa.ArrowException, OverflowError, TypeError) as exc:
-        raise UntypedValues(
-            f"the values read from state {descriptor.name!r} have no one Arrow type ({exc}); register the state with "
-            "a 'value_type', or read it per operation"
-        ) from None

@@ -9,29 +9,6 @@ from __future__ import annotations
 from statehouse.errors import StateError as StateError
 
 
-class InvalidName(StateError):
-    code = "invalid_name"
-
-
-class InvalidArgument(StateError):
-    code = "invalid_argument"
-
-
-class InvalidKey(StateError):
-    code = "invalid_key"
-
-
-class InvalidValue(StateError):
-    code = "invalid_value"
-
-
-class ValueTooDeep(StateError):
-    """A stored value (from before values were limited to ``codec.MAX_DEPTH`` levels: an older
-    data directory or snapshot) nests deeper than an answer's format can write."""
-
-    code = "value_too_deep"
-
-
 class JobNotFound(StateError):
     code = "job_not_found"
 
@@ -44,12 +21,6 @@ class JobConflict(StateError):
 
 class StateNotFound(StateError):
     code = "state_not_found"
-
-
-class IncompatibleState(StateError):
-    """Re-registering a state under an incompatible descriptor (Flink: StateMigrationException)."""
-
-    code = "incompatible_state"
 
 
 class WrongStateKind(StateError):

@@ -14,8 +14,6 @@ from typing import Any, NamedTuple
 from statehouse.backends.base.partition import StorePartition, WriteOp
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
 from statehouse.backends.bounds import MAX_EPOCH, check_range
-from statehouse.backends.codec import decode_primary
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import (
     BatchInFlight,
     JobReplaced,
@@ -53,6 +51,8 @@ from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
 from statehouse.keygroups import KeyGroupRange
+from statehouse.stored.codec import decode_primary
+from statehouse.stored.descriptors import StateDescriptor
 
 
 class StoredKey(NamedTuple):

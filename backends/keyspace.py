@@ -33,13 +33,14 @@ from typing import TypeAlias, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from statehouse.backends.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
 from statehouse.backends.columnar_codec import encode_primaries
-from statehouse.backends.errors import InvalidArgument, InvalidKey, KeyNotOwned, RescaleInProgress, StateError
+from statehouse.backends.errors import KeyNotOwned, RescaleInProgress, StateError
 from statehouse.backends.limits import Limits
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, NON_KEYED_TABLES
+from statehouse.errors import InvalidArgument, InvalidKey
 from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
 from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
+from statehouse.stored.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
 
 Key: TypeAlias = str | int
 T = TypeVar("T")

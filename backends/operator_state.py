@@ -13,7 +13,12 @@ from typing import Any, Literal
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.codec import (
+from statehouse.backends.errors import OperatorStateConflict
+from statehouse.backends.limits import AnswerMeter, Limits
+from statehouse.backends.redistribution import check_subtask
+from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
+from statehouse.errors import InvalidArgument, InvalidValue
+from statehouse.stored.codec import (
     decode_fields,
     decode_value,
     encode_fields,
@@ -21,11 +26,7 @@ from statehouse.backends.codec import (
     encode_value,
     iter_values,
 )
-from statehouse.backends.errors import InvalidArgument, InvalidValue, OperatorStateConflict
-from statehouse.backends.limits import AnswerMeter, Limits
-from statehouse.backends.names import validate_name
-from statehouse.backends.redistribution import check_subtask
-from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
+from statehouse.stored.names import validate_name
 
 ListMode = Literal["split", "union"]
 LIST_MODES: tuple[ListMode, ...] = ("split", "union")

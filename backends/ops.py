@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from statehouse.backends.errors import InvalidArgument, StateError
+from statehouse.backends.errors import StateError
 from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed.base import each_row
 from statehouse.backends.keyspace import Rows
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_OP_OVERHEAD
+from statehouse.errors import InvalidArgument
 from statehouse.protocol.ops import OP_NAMES, OPS
 
 # Where a batch's timer and raw-state operations run, in order among themselves (names no state

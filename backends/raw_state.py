@@ -28,14 +28,14 @@ import msgpack
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.codec import encode_fields, iter_values
-from statehouse.backends.errors import InvalidValue
 from statehouse.backends.keyspace import KeySpace, Rows
 from statehouse.backends.limits import AnswerMeter, Limits
-from statehouse.backends.names import validate_name
 from statehouse.backends.operator_state import count_subtask
 from statehouse.backends.redistribution import check_subtask
 from statehouse.backends.reserved import LIST_TABLE, NO_KEY_GROUP, RAW_KEYED_TABLE, RAW_OPERATOR_PREFIX
+from statehouse.errors import InvalidValue
+from statehouse.stored.codec import encode_fields, iter_values
+from statehouse.stored.names import validate_name
 
 DEFAULT_NAME = "_default_"  # Flink's DefaultOperatorStateBackend.DEFAULT_OPERATOR_STATE_NAME
 _STREAM = b"stream"  # the primary key of a key group's stream (one per key group)

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from statehouse.backends.errors import InvalidArgument
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, java_string_hash
 
 # Flink caps an operator's parallelism at the largest max parallelism: subtask indexes and

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from statehouse.backends.columnar_codec import Packed
-from statehouse.backends.errors import InvalidArgument, StateError, WrongStateKind
+from statehouse.backends.errors import StateError, WrongStateKind
 from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingState, Rows, ValueState
 from statehouse.backends.keyed.reducing_state import NOTHING_TO_ADD_GET
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.timers import TimerService, check_domain
+from statehouse.errors import InvalidArgument
 from statehouse.protocol.ops import OPS
 
 # An advance's firing as its staged run records it: the domain's time raised to ``RunArgs.time``

@@ -7,40 +7,25 @@ own), and hands back the position of its last row: the next page seeks past it, 
 costs what it returns, never the state's size. Reads apply Flink's TTL visibility without
 writing (a scan neither expires nor refreshes what it reads, as a savepoint reader would not).
 
-Columns: ``key`` (the key type's Arrow type), ``ns``, ``user_key`` (map states: one row per
-entry), ``value``, ``key_group`` (int32) and, for TTL states, ``expires_at`` (int64 ms; a list
-state's, one per element). ``value`` has the descriptor's Arrow type (``columns.value_type``);
-an untyped state's values are JSON text, since their Arrow type could differ from page to page.
+Columns: ``statehouse.stored.arrow.schema`` (shared with a checkpoint reader, which reads the
+same rows from a checkpoint's stored records).
 """
 
 from __future__ import annotations
 
-import base64
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
-import orjson
 import pyarrow as pa
 
-from statehouse.backends.codec import (
-    decode_primary,
-    decode_user_key,
-    decode_value,
-    iter_timestamped,
-    iter_values,
-    split_timestamped,
-)
-from statehouse.backends.columns import to_arrow, value_type
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument
 from statehouse.backends.job import Job
-from statehouse.backends.ttl import expiration_timestamp, is_expired
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import KeyGroupRange
+from statehouse.stored.arrow import Row, decode_record, rows_table
+from statehouse.stored.descriptors import StateDescriptor
 
-KEY_TYPES: dict[str, pa.DataType] = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
 _POSITION = struct.Struct(">HI")  # key group, primary length; then the primary and the secondary
 _CHUNK = 512  # flat tables: primaries read per get_many
 
@@ -74,23 +59,6 @@ class ScanPage:
     table: pa.Table
     next: Position | None  # None: the range is read to its end
     stored_bytes: int  # what the page read from storage
-
-
-def schema(descriptor: StateDescriptor) -> pa.Schema:
-    """The columns every page of this state has (also an empty one)."""
-    fields = [pa.field("key", KEY_TYPES[descriptor.key_type]), pa.field("ns", pa.string())]
-    if descriptor.kind == "map":
-        fields.append(pa.field("user_key", pa.string()))
-    fields += [pa.field("value", _value_type(descriptor)), pa.field("key_group", pa.int32())]
-    if descriptor.ttl is not None:
-        expiry = pa.list_(pa.int64()) if descriptor.kind == "list" else pa.int64()
-        fields.append(pa.field("expires_at", expiry))
-    return pa.schema(fields)
-
-
-def _value_type(descriptor: StateDescriptor) -> pa.DataType:
-    typed = value_type(descriptor, "map_get" if descriptor.kind == "map" else "get")
-    return typed if typed is not None else pa.string()
 
 
 def scan(
@@ -198,44 +166,20 @@ class _Reader:
     def page(self, stored: Iterator[Stored], max_rows: int, max_bytes: int) -> ScanPage:
         descriptor, ttl = self.descriptor, self.descriptor.ttl
         now = self.job.clock.now_ms()
-        rows: list[tuple[int, bytes, bytes, Any, Any]] = []
+        rows: list[Row] = []
         used, last = 0, None
         for kg, primary, secondary, raw in stored:
             if len(rows) >= max_rows or (last is not None and used >= max_bytes):
                 return self._page(rows, last, used)
             used += len(primary) + len(secondary) + len(raw)
             last = Position(kg, primary, secondary)
-            decoded = _decode(descriptor.kind, ttl, raw, now)
+            decoded = decode_record(descriptor.kind, ttl, raw, now)
             if decoded is not None:
                 rows.append((kg, primary, secondary, *decoded))
         return self._page(rows, None, used)
 
-    def _page(self, rows: list[tuple[int, bytes, bytes, Any, Any]], last: Position | None, used: int) -> ScanPage:
-        descriptor = self.descriptor
-        keys, namespaces = [], []
-        for _kg, primary, _s, _v, _e in rows:
-            key, ns = decode_primary(primary, descriptor.key_type)
-            keys.append(key)
-            namespaces.append(ns)
-        values = [row[3] for row in rows]
-        if descriptor.kind in ("reducing", "aggregating"):
-            result = descriptor.state_function.result
-            values = [result(v) for v in values]
-        columns: dict[str, pa.Array] = {
-            "key": pa.array(keys, KEY_TYPES[descriptor.key_type]),
-            "ns": pa.array(namespaces, pa.string()),
-        }
-        if descriptor.kind == "map":
-            columns["user_key"] = pa.array([decode_user_key(row[2]) for row in rows], pa.string())
-        typed = value_type(descriptor, "map_get" if descriptor.kind == "map" else "get")
-        if typed is None:
-            columns["value"] = pa.array([_json(v) for v in values], pa.string())
-        else:
-            columns["value"] = to_arrow(values, descriptor, "map_get" if descriptor.kind == "map" else "get")
-        columns["key_group"] = pa.array([row[0] for row in rows], pa.int32())
-        if descriptor.ttl is not None:
-            columns["expires_at"] = pa.array([row[4] for row in rows], schema(descriptor).field("expires_at").type)
-        return ScanPage(pa.Table.from_pydict(columns, schema=schema(descriptor)), last, used)
+    def _page(self, rows: list[Row], last: Position | None, used: int) -> ScanPage:
+        return ScanPage(rows_table(self.descriptor, rows), last, used)
 
 
 def _below(prefix: bytes) -> bytes | None:
@@ -243,31 +187,3 @@ def _below(prefix: bytes) -> bytes | None:
     seeking reads start strictly after their position, and a map's skips what extends it."""
     stripped = prefix.rstrip(b"\x00")
     return stripped[:-1] + bytes([stripped[-1] - 1]) if stripped else None
-
-
-def _decode(kind: str, ttl: Any, raw: bytes, now: int) -> tuple[Any, Any] | None:
-    """A stored record's value and expiry by Flink's read rule (``None``: not visible)."""
-    if ttl is None:
-        return (list(iter_values(raw)), None) if kind == "list" else (decode_value(raw), None)
-    if kind == "list":
-        stored = list(iter_timestamped(raw))
-        if not ttl.return_expired:
-            stored = [(ts, v) for ts, v in stored if not is_expired(ts, ttl.ttl_ms, now)]
-        if not stored:
-            return None
-        return [v for _ts, v in stored], [expiration_timestamp(ts, ttl.ttl_ms) for ts, _v in stored]
-    timestamp, payload = split_timestamped(raw)
-    if is_expired(timestamp, ttl.ttl_ms, now) and not ttl.return_expired:
-        return None
-    return decode_value(payload), expiration_timestamp(timestamp, ttl.ttl_ms)
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, default=_bytes_as_base64, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
-def _bytes_as_base64(value: Any) -> Any:
-    # JSON has no bytes: as the JSON API answers them.
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -27,10 +27,11 @@ from typing import Any
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import StagedView
 from statehouse.backends.bounds import MAX_PARTITION, MAX_SEQ, check_range
-from statehouse.backends.errors import AttemptConflict, EpochSealed, InvalidArgument
+from statehouse.backends.errors import AttemptConflict, EpochSealed
 from statehouse.backends.memory import released
 from statehouse.backends.runs import Run
 from statehouse.backends.timers import TimerFloors
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import KeyGroupRange
 
 # Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,

@@ -55,10 +55,11 @@ import urllib3
 
 from bench.common import KEY_BYTES, REPO, VALUE_BYTES, Summary, keys, print_header, redis_server, statehouse, table
 from bench.common import write_json as save_json
-from statehouse.backends.codec import encode_primary, key_group_prefix_width
 from statehouse.client import StatehouseClient
 from statehouse.client.config import ClientConfig
 from statehouse.keygroups.columnar import key_groups
+from statehouse.stored.codec import encode_primary
+from statehouse.stored.keys import key_group_prefix_width
 
 JOB = "bench"
 STATE = "v"

@@ -21,12 +21,12 @@ import pyarrow as pa
 from statehouse.backends import attempts
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.columns import ColumnOp
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.job import Job
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.staging import AttemptRef, Winner
+from statehouse.stored.descriptors import StateDescriptor
 
 ROWS = 1_000
 KEYS = [f"key-{i:012d}" for i in range(ROWS)]  # 16 bytes

@@ -27,13 +27,14 @@ from typing import Any
 
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, check_range
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.errors import InvalidArgument, JobReplaced
+from statehouse.backends.errors import JobReplaced
 from statehouse.checkpointing.catalog import SnapshotCatalog
 from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.checkpointing.pending import PendingCheckpoint
 from statehouse.checkpointing.restore import MergeRestore, RestoreOperation
 from statehouse.checkpointing.retention import CompletedCheckpoints
 from statehouse.checkpointing.runner import SnapshotStrategyRunner
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.compression import codec

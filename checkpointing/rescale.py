@@ -25,15 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.errors import BatchInFlight, InvalidArgument, JobNotFound, StateError
+from statehouse.backends.errors import BatchInFlight, JobNotFound, StateError
 from statehouse.backends.job import Job
-from statehouse.backends.names import validate_name
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
 from statehouse.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.checkpointing.restore import MergeRestore
+from statehouse.errors import InvalidArgument
 from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.errors import CheckpointNotFound
+from statehouse.stored.names import validate_name
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from itertools import islice
 
 from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.rocksdb.snapshot import incremental_records
@@ -35,6 +34,7 @@ from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
+from statehouse.stored.descriptors import StateDescriptor
 
 # A restore stages what it fetches in a directory named so (in the work directory) and removes it
 # when it ends; one a killed process left is removed at the next start (remove_leftovers).

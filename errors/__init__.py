@@ -3,7 +3,8 @@
 A :class:`StateError` carries a stable ``code`` and a ``detail`` that says what to fix; the HTTP
 layer maps codes to statuses in one place (``statehouse.app.problems.STATUS_BY_CODE``). It sits
 here, not in ``backends/``, so that the snapshot interfaces (below the backends) raise the same
-kind of error the engine does.
+kind of error the engine does; so do the refusals of names, keys and values, which the stored-state
+encoding (``statehouse.stored``, also below the backends) raises.
 """
 
 from __future__ import annotations
@@ -34,3 +35,32 @@ class StateError(Exception):
         if place is not None:
             self.detail = self.detail.removeprefix(f"{label} {place}: ")
         return place
+
+
+class InvalidName(StateError):
+    code = "invalid_name"
+
+
+class InvalidArgument(StateError):
+    code = "invalid_argument"
+
+
+class InvalidKey(StateError):
+    code = "invalid_key"
+
+
+class InvalidValue(StateError):
+    code = "invalid_value"
+
+
+class ValueTooDeep(StateError):
+    """A stored value (from before values were limited to ``codec.MAX_DEPTH`` levels: an older
+    data directory or snapshot) nests deeper than an answer's format can write."""
+
+    code = "value_too_deep"
+
+
+class IncompatibleState(StateError):
+    """Re-registering a state under an incompatible descriptor (Flink: StateMigrationException)."""
+
+    code = "incompatible_state"

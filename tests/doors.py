@@ -22,8 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from statehouse.backends.columns import ColumnOp, UntypedValues, apply_columns
+from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.ops import apply_all
+from statehouse.stored.arrow import UntypedValues
 
 DOORS = ("one_key", "batch", "columnar")
 _KEY_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}

@@ -5,9 +5,10 @@ import pyarrow as pa
 import pytest
 
 from statehouse.backends.columns import ColumnOp, apply_columns
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidValue, KeyNotOwned
-from statehouse.backends.ttl import TtlConfig
+from statehouse.backends.errors import KeyNotOwned
+from statehouse.errors import InvalidValue
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 
 EXPIRED_VISIBLE = TtlConfig(100, visibility="return_expired_if_not_cleaned_up", cleanup_incremental_size=0)
 

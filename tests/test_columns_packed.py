@@ -8,12 +8,13 @@ import random
 import pyarrow as pa
 import pytest
 
-from statehouse.backends.codec import decode_value, pack_value
 from statehouse.backends.columnar_codec import pack_column, unpack_column
 from statehouse.backends.columns import ColumnOp, apply_columns
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidValue, StateError
-from statehouse.backends.ttl import TtlConfig
+from statehouse.backends.errors import StateError
+from statehouse.errors import InvalidValue
+from statehouse.stored.codec import decode_value, pack_value
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 
 ROWS = 300  # above the size where a put packs the column at once
 LENGTHS = (0, 1, 31, 32, 100, 255, 256, 65_535, 65_536, 70_000)
@@ -154,7 +155,7 @@ def test_a_typed_get_of_many_rows_reads_what_the_per_op_path_reads(job, value_ty
 
 
 def test_a_typed_get_of_values_stored_untyped_decodes_them_one_by_one(job):
-    from statehouse.backends.columns import UntypedValues
+    from statehouse.stored.arrow import UntypedValues
 
     job.register_state(StateDescriptor("v", "value", value_type="binary"))
     keys = [f"k{i}" for i in range(ROWS)]

@@ -8,10 +8,10 @@ import pytest
 from statehouse.backends import attempts
 from statehouse.backends.attempts import commit, perform, prepare
 from statehouse.backends.columns import ColumnOp
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.staging import AttemptRef, Winner
-from statehouse.backends.ttl import TtlConfig
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH
-from statehouse.backends.names import NAME_PATTERN
+from statehouse.stored.names import NAME_PATTERN
 from tests.test_columns_hostile import arrow, post, problem
 
 pytestmark = [pytest.mark.http]

@@ -25,7 +25,6 @@ from harness.flink_vectors import (
     spread,
 )
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.codec import encode_value, iter_values
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.operator_state import encode_names, operator_names_row, operator_subtasks_row
 from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, redistribute
@@ -37,6 +36,7 @@ from statehouse.keygroups import (
     default_max_parallelism,
     operator_index,
 )
+from statehouse.stored.codec import encode_value, iter_values
 
 pytestmark = [pytest.mark.http]
 

@@ -1,8 +1,8 @@
 """Heap copy-on-write: a freeze copies nothing up front; a write copies only what it touches."""
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import HeapStore
+from statehouse.stored.descriptors import StateDescriptor
 
 
 def make_job():

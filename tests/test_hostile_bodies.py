@@ -26,7 +26,7 @@ from statehouse.app.intake import body_rule
 from statehouse.app.main import create_app
 from statehouse.app.settings import Settings
 from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
-from statehouse.backends.codec import MAX_DEPTH
+from statehouse.stored.codec import MAX_DEPTH
 from tests.test_columns_hostile import memory, peak_growth
 
 pytestmark = [pytest.mark.http]

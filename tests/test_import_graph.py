@@ -13,10 +13,11 @@ from harness.server import REPO
 # The layers, bottom to top, one chain per distribution; a folder imports only folders below
 # it in a chain holding both. The client distribution (what a Spark executor installs) is its
 # own chain: nothing of the engine's in it, and the server takes only its bottom (key groups;
-# the protocol: the op table and bounds both sides share; and the snapshot formats and
-# checkpoint storage with their errors, which a reader of a checkpoint without a server shares).
-SERVER_LAYERS = ("keygroups", "protocol", "errors", "snapshots", "backends", "checkpointing", "app")
-CLIENT_LAYERS = ("keygroups", "protocol", "errors", "snapshots", "client", "pipelines")
+# the protocol: the op table and bounds both sides share; the stored-state encoding (codecs,
+# descriptors, TTL, RocksDB key layout, Arrow types) and the snapshot formats and checkpoint
+# storage with their errors, which a reader of a checkpoint without a server shares).
+SERVER_LAYERS = ("keygroups", "protocol", "errors", "stored", "snapshots", "backends", "checkpointing", "app")
+CLIENT_LAYERS = ("keygroups", "protocol", "errors", "stored", "snapshots", "client", "pipelines")
 CHAINS = (SERVER_LAYERS, CLIENT_LAYERS)
 FOLDERS = tuple(dict.fromkeys(SERVER_LAYERS + CLIENT_LAYERS))
 CLIENT_FOLDERS = CLIENT_LAYERS  # packaging/client/pyproject.toml

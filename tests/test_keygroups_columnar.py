@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statehouse.backends.codec import encode_primary
 from statehouse.backends.columnar_codec import EncodedPrimaries, encode_primaries, prefixed
 from statehouse.keygroups import (
     INT32_MAX,
@@ -29,6 +28,7 @@ from statehouse.keygroups import (
     operator_index,
 )
 from statehouse.keygroups.columnar import java_hash_codes, key_groups, murmur_hashes, operator_indexes
+from statehouse.stored.codec import encode_primary
 
 MAX_PARALLELISMS = (1, 2, 128, 129, 4096, 32768)
 INT_EDGES = [INT32_MIN, INT32_MIN + 1, -(1 << 16), -1, 0, 1, 42, 1 << 16, INT32_MAX - 1, INT32_MAX]

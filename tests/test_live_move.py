@@ -13,7 +13,6 @@ import pytest
 from statehouse.backends.attempts import advance, commit, perform, prepare
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.columns import ColumnOp, apply_columns
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import BatchInFlight, KeyNotOwned, RescaleInProgress
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.ops import BatchOps
@@ -27,6 +26,7 @@ from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.handles import IncrementalHandle
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.descriptors import StateDescriptor
 from tests.doors import DoorTransaction
 from tests.test_snapshot_support import dump, global_checkpoint, operator_dump, owned_keys, populate
 

@@ -11,9 +11,9 @@ import pytest
 
 from statehouse.app.offload import INLINE_OPS, OFF_LOOP, dispatch, in_transaction
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.stored.descriptors import StateDescriptor
 
 
 @pytest.fixture

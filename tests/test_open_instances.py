@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.rocksdb.partition import _SCAN_CHUNK
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.descriptors import StateDescriptor
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ import msgpack
 import pytest
 
 from harness.server import start_server
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import partition as heap_partition
 from statehouse.backends.heap.partition import HeapPartition, _Container
 from statehouse.backends.job import Job
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.ttl import ManualClock
+from statehouse.stored.descriptors import StateDescriptor
 
 pytestmark = [pytest.mark.http]
 

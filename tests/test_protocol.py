@@ -7,10 +7,10 @@ import pytest
 from statehouse.app.main import app
 from statehouse.app.models import BatchOp
 from statehouse.backends import ops, runs
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidArgument, WrongStateKind
+from statehouse.backends.errors import WrongStateKind
 from statehouse.client import batch as client_batch
 from statehouse.client import columns as client_columns
+from statehouse.errors import InvalidArgument
 from statehouse.protocol import bounds
 from statehouse.protocol.ops import (
     COLUMN_OPS,
@@ -22,6 +22,7 @@ from statehouse.protocol.ops import (
     STATE_OPS,
     TIMER_COLUMN_OPS,
 )
+from statehouse.stored.descriptors import StateDescriptor
 
 KINDS = {"value": {}, "list": {}, "map": {"function": "sum"}, "reducing": {"function": "sum"}}
 KINDS["aggregating"] = {"function": "avg"}

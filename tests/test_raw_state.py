@@ -15,13 +15,14 @@ import pytest
 
 from harness.flink_vectors import load, operator_expected, operator_input
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.errors import InvalidArgument, KeyNotOwned
+from statehouse.backends.errors import KeyNotOwned
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits, RawStreamTooLarge
 from statehouse.backends.operator_state import operator_subtasks_row
 from statehouse.backends.raw_state import DEFAULT_NAME, raw_operator
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
+from statehouse.errors import InvalidArgument
 from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import global_checkpoint
 

@@ -18,7 +18,6 @@ import pytest
 from harness.replica_set import ReplicaSet, misplaced
 from harness.server import start_server
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import (
     TOPOLOGY_FILE,
@@ -35,6 +34,7 @@ from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.checkpointing.rescale import RescaleParticipant
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage.local import LocalStorage
+from statehouse.stored.descriptors import StateDescriptor
 
 # -- in process: the record, the ranges, the decision ---------------------------------------------------
 

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import JobReplaced
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits, TooManyStates
@@ -19,6 +18,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.checkpointing.manager import CheckpointManager
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.descriptors import StateDescriptor
 from tests.test_snapshot_support import STATES, dump, operator_dump, populate
 
 

@@ -3,10 +3,10 @@
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.rocksdb import RocksDBStore
-from statehouse.backends.ttl import TtlConfig
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 
 
 def test_state_survives_reopen(tmp_path):

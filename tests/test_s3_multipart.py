@@ -16,11 +16,11 @@ from datetime import timedelta
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.heap import HeapStore
 from statehouse.snapshots.errors import StorageUnavailable
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
+from statehouse.stored.descriptors import StateDescriptor
 from tests.test_snapshot_support import dump
 
 pytestmark = [pytest.mark.s3]

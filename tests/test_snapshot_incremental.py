@@ -8,11 +8,11 @@ import os
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.checkpointing.registry import SharedStateRegistry
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.descriptors import StateDescriptor
 from tests.test_snapshot_support import dump
 
 

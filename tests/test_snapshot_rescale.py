@@ -7,13 +7,13 @@ import uuid
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
-from statehouse.backends.codec import decode_primary
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.redistribution import OperatorSubtaskState, redistribute
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.keygroups import assign_to_key_group
 from statehouse.snapshots.errors import RestoreIncomplete
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.codec import decode_primary
 from tests.test_snapshot_support import dump, global_checkpoint, operator_dump, owner, populate
 
 

@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.ttl import TtlConfig
 from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
 from statehouse.snapshots.storage import open_storage
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 from tests.test_snapshot_support import dump, operator_dump, populate
 
 

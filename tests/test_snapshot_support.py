@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.job import Job
 from statehouse.backends.reserved import NON_KEYED_TABLES
-from statehouse.backends.ttl import TtlConfig
 from statehouse.keygroups import assign_to_key_group, operator_index
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import TtlConfig
 
 STATES = [
     StateDescriptor("v", "value"),

@@ -9,21 +9,11 @@ that the columnar door refused exactly those steps, each with a message, and not
 import pytest
 
 from statehouse.backends import ops
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import (
-    IncompatibleState,
-    InvalidArgument,
-    InvalidKey,
-    InvalidName,
-    InvalidValue,
-    JobConflict,
-    KeyNotOwned,
-    OperatorStateConflict,
-    StateNotFound,
-    WrongStateKind,
-)
-from statehouse.backends.ttl import MAX_LONG, TtlConfig, expiration_timestamp, is_expired
+from statehouse.backends.errors import JobConflict, KeyNotOwned, OperatorStateConflict, StateNotFound, WrongStateKind
+from statehouse.errors import IncompatibleState, InvalidArgument, InvalidKey, InvalidName, InvalidValue
 from statehouse.keygroups import assign_to_key_group
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.ttl import MAX_LONG, TtlConfig, expiration_timestamp, is_expired
 from tests.doors import DOORS, through
 
 # The columnar door's declared refusals of a case, in order: @not_columnar("put", "get").

@@ -11,11 +11,12 @@ import pytest
 
 from harness.server import start_server
 from statehouse.backends import attempts
-from statehouse.backends.errors import AttemptConflict, InvalidArgument, KeyNotOwned, StaleEpoch
+from statehouse.backends.errors import AttemptConflict, KeyNotOwned, StaleEpoch
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import TIMER_TABLES, keyed_tables
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timers import count_timers, list_timers
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage import open_storage
 from tests.test_snapshot_support import global_checkpoint
@@ -201,7 +202,7 @@ def test_timers_are_not_states(make_catalog):
     job.limits = Limits(max_states_per_job=1)
     register(job, (1, "a"))
     register(job, (1, "a"), domain="processing")
-    from statehouse.backends.descriptors import StateDescriptor
+    from statehouse.stored.descriptors import StateDescriptor
 
     job.register_state(StateDescriptor("only", "value"))  # the timer tables do not count
     assert set(job.descriptors) == {"only"}

@@ -15,9 +15,10 @@ from statehouse.app.paging import PageDep
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
-from statehouse.backends import codec, ops
-from statehouse.backends.errors import InvalidKey
+from statehouse.backends import ops
 from statehouse.backends.job import Job
+from statehouse.errors import InvalidKey
+from statehouse.stored import codec
 
 router = api_router(prefix="/v1", tags=["keyed state"])
 

@@ -15,8 +15,8 @@ from statehouse.app.paging import decode_cursor, encode_cursor
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import arrow_response
-from statehouse.backends import codec
 from statehouse.backends.scan import Position, scan, sizes
+from statehouse.stored import codec
 
 router = api_router(prefix="/v1", tags=["keyed state"])
 

@@ -26,7 +26,7 @@ from statehouse.app.offload import OFF_LOOP, dispatch, in_transaction
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.app.wire import render
-from statehouse.backends import codec, ops
+from statehouse.backends import ops
 from statehouse.backends import timers as timer_service
 from statehouse.backends.attempts import advance, perform
 from statehouse.backends.job import Job
@@ -35,6 +35,7 @@ from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import TimeDomain
 from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import TimerColumnOpName
+from statehouse.stored import codec
 
 router = api_router(prefix="/v1", tags=["timers"])
 

@@ -8,7 +8,14 @@ from itertools import repeat
 from typing import Any, Protocol, TypeVar
 
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.codec import (
+from statehouse.backends.errors import StateError
+from statehouse.backends.keyed.cleaner import ttl_cleaner
+from statehouse.backends.keyspace import KeySpace, Rows
+from statehouse.backends.limits import AnswerMeter, Limits
+from statehouse.backends.ttl import Clock
+from statehouse.backends.ttl_cleanup import IncrementalCleanup
+from statehouse.errors import InvalidValue
+from statehouse.stored.codec import (
     all_plain,
     check_value,
     decode_many,
@@ -19,15 +26,10 @@ from statehouse.backends.codec import (
     pack_value,
     split_timestamped,
 )
-from statehouse.backends.descriptors import StateDescriptor
-from statehouse.backends.errors import InvalidValue, StateError
-from statehouse.backends.functions import StateFunction
-from statehouse.backends.keyed.cleaner import ttl_cleaner
-from statehouse.backends.keyspace import KeySpace, Rows
-from statehouse.backends.limits import AnswerMeter, Limits
-from statehouse.backends.ttl import Clock, TtlConfig, is_expired
-from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.backends.value_types import COERCE, coerce_many
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.functions import StateFunction
+from statehouse.stored.ttl import TtlConfig, is_expired
+from statehouse.stored.value_types import COERCE, coerce_many
 
 Key = str | int
 T = TypeVar("T")

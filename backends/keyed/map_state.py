@@ -7,16 +7,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
-from statehouse.backends.codec import (
-    decode_user_key,
-    decode_value,
-    encode_timestamped,
-    split_timestamped,
-)
-from statehouse.backends.errors import InvalidValue, StateError, WrongStateKind
-from statehouse.backends.functions import StateFunction
+from statehouse.backends.errors import StateError, WrongStateKind
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
-from statehouse.backends.ttl import is_expired
+from statehouse.errors import InvalidValue
+from statehouse.stored.codec import decode_user_key, decode_value, encode_timestamped, split_timestamped
+from statehouse.stored.functions import StateFunction
+from statehouse.stored.ttl import is_expired
 
 
 class MapPage(NamedTuple):

@@ -39,21 +39,18 @@ import numpy
 from rocksdict import AccessType, BlockBasedOptions, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
-from statehouse.backends.codec import key_group_prefix_width, prefix_successor, split_nested_key
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
 from statehouse.backends.rocksdb.space import DataVolume, is_out_of_space, wal_limit
 from statehouse.keygroups import KeyGroupRange
+from statehouse.stored.codec import split_nested_key
+from statehouse.stored.keys import DEFAULT_FAMILY, column_family, key_group_prefix_width, prefix_successor
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_CF = "default"
-# A state named "default" would be RocksDB's own default column family (the job's metadata):
-# its column family gets a name no state can have ("$" cannot occur in names).
-_DEFAULT_STATE_CF = "$default"
 # Table files one instance keeps open (RocksDB's default, -1, keeps every SST file open): with
 # the open-instance bound, this bounds a replica's file descriptors.
 MAX_OPEN_FILES = 64
@@ -122,18 +119,13 @@ def rebuild_manifest(path: str, tables: Iterable[str]) -> list[str]:
     options = db_options()
     options.set_disable_auto_compactions(True)  # read once, then removed: nothing to compact
     Rdict.repair(path, options)
-    families = {cf: options for cf in Rdict.list_cf(path, options) if cf != _DEFAULT_CF}
-    families.update({_cf(t): options for t in tables if t != META_TABLE})
+    families = {cf: options for cf in Rdict.list_cf(path, options) if cf != DEFAULT_FAMILY}
+    families.update({column_family(t): options for t in tables if t != META_TABLE})
     db = Rdict(path, options, column_families=families)
     try:
         return sorted(os.path.basename(f["name"]) for f in db.live_files())
     finally:
         db.close()
-
-
-def _cf(table: str) -> str:
-    """The column family of a (non-meta) table."""
-    return _DEFAULT_STATE_CF if table == _DEFAULT_CF else table
 
 
 def _leased(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -309,12 +301,12 @@ class RocksDBFrozenView(FrozenView):
             self._db = Rdict(
                 self.path,
                 db_options(),
-                column_families={_cf(t): db_options() for t in names},
+                column_families={column_family(t): db_options() for t in names},
                 access_type=AccessType.read_only(),
             )
         family = self._families.get(table)
         if family is None:
-            family = self._db if table == META_TABLE else self._db.get_column_family(_cf(table))
+            family = self._db if table == META_TABLE else self._db.get_column_family(column_family(table))
             self._families[table] = family
         return family
 
@@ -441,8 +433,8 @@ class RocksDBPartition(StorePartition):
         is_new = not os.path.exists(os.path.join(path, "CURRENT"))
         existing = [] if is_new else Rdict.list_cf(path, self._options)
         if not existing and max_parallelism is not None:
-            existing = [_cf(table) for table in _WITH_NEW_DATABASE]
-        families = {cf: self._options for cf in existing if cf != _DEFAULT_CF}
+            existing = [column_family(table) for table in _WITH_NEW_DATABASE]
+        families = {cf: self._options for cf in existing if cf != DEFAULT_FAMILY}
         self._column_families = set(families)  # may exceed the tables: see create_table
         try:
             self._db = self._open_writable(families)
@@ -536,10 +528,10 @@ class RocksDBPartition(StorePartition):
     def _open_family(self, table: str) -> None:
         if table == META_TABLE:
             self._families[table] = self._db
-            self._handles[table] = self._db.get_column_family_handle(_DEFAULT_CF)
+            self._handles[table] = self._db.get_column_family_handle(DEFAULT_FAMILY)
         else:
-            self._families[table] = self._db.get_column_family(_cf(table))
-            self._handles[table] = self._db.get_column_family_handle(_cf(table))
+            self._families[table] = self._db.get_column_family(column_family(table))
+            self._handles[table] = self._db.get_column_family_handle(column_family(table))
 
     # -- reads -------------------------------------------------------------------------
 
@@ -646,9 +638,9 @@ class RocksDBPartition(StorePartition):
             return
         # A column family without its table row (made with the database, or by a crash between
         # the two writes) is taken as it is.
-        if _cf(table) not in self._column_families:
-            self._db.create_column_family(_cf(table), self._options)
-            self._column_families.add(_cf(table))
+        if column_family(table) not in self._column_families:
+            self._db.create_column_family(column_family(table), self._options)
+            self._column_families.add(column_family(table))
         self._db.put(_NESTED_PREFIX + table.encode(), b"1" if nested else b"0")
         self._nested[table] = nested
         self._open_family(table)
@@ -662,8 +654,8 @@ class RocksDBPartition(StorePartition):
         self._handles.pop(table, None)
         gc.collect()
         self._db.delete(_NESTED_PREFIX + table.encode())
-        self._db.drop_column_family(_cf(table))
-        self._column_families.discard(_cf(table))
+        self._db.drop_column_family(column_family(table))
+        self._column_families.discard(column_family(table))
 
     @_writing
     def write(self, ops: list[WriteOp]) -> None:

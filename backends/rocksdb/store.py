@@ -7,13 +7,13 @@ import shutil
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
-from statehouse.backends.names import validate_name
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL
 from statehouse.backends.rocksdb.space import DataVolume
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.snapshots.layout import SnapshotKind
+from statehouse.stored.names import validate_name
 
 
 class RocksDBStore(Store):

@@ -12,12 +12,12 @@ from collections.abc import Callable
 import msgpack
 
 from statehouse.backends.base.partition import FrozenView
-from statehouse.backends.descriptors import StateDescriptor
 from statehouse.backends.keyed import ttl_cleaner
 from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.full_format import FORMAT_VERSION, HEAD, MAGIC, SECTION, SnapshotHeader
 from statehouse.snapshots.handles import KeyGroupRangeOffsets, KeyGroupSection, KeyGroupsHandle
 from statehouse.snapshots.storage.base import CheckpointOutputStream
+from statehouse.stored.descriptors import StateDescriptor
 
 
 def _cleaners(descriptors: list[StateDescriptor]) -> dict[str, Callable[[bytes, int], bytes | None]]:

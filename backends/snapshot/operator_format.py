@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import msgpack
 
 from statehouse.backends.base.partition import FrozenView, StorePartition, WriteOp
-from statehouse.backends.codec import decode_fields, encode_fields
 from statehouse.backends.operator_state import (
     OPERATOR_NAMES_META,
     OPERATOR_SUBTASKS_META,
@@ -32,6 +31,7 @@ from statehouse.backends.reserved import (
 )
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.operator_format import OperatorStateData
+from statehouse.stored.codec import decode_fields, encode_fields
 
 
 class OperatorSnapshot(OperatorStateData):

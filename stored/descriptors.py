@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from statehouse.backends.codec import check_value
-from statehouse.backends.errors import IncompatibleState, InvalidArgument
-from statehouse.backends.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
-from statehouse.backends.names import validate_name
-from statehouse.backends.ttl import TtlConfig
-from statehouse.backends.value_types import COERCE, ValueType, check_value_type
+from statehouse.errors import IncompatibleState, InvalidArgument
 from statehouse.keygroups import KEY_TYPES, KeyType
+from statehouse.stored.codec import check_value
+from statehouse.stored.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
+from statehouse.stored.names import validate_name
+from statehouse.stored.ttl import TtlConfig
+from statehouse.stored.value_types import COERCE, ValueType, check_value_type
 
 StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
 STATE_KINDS: tuple[StateKind, ...] = ("value", "list", "map", "reducing", "aggregating")

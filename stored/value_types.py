@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-from statehouse.backends.errors import InvalidArgument, InvalidValue
+from statehouse.errors import InvalidArgument, InvalidValue
 from statehouse.keygroups import INT64_MAX, INT64_MIN
 
 ValueType = Literal["int64", "float64", "string", "binary", "bool"]

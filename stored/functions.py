@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from statehouse.backends.errors import InvalidValue
+from statehouse.errors import InvalidValue
 
 
 def _number(function: str, value: Any) -> int | float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from statehouse.backends.errors import InvalidName
+from statehouse.errors import InvalidName
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 _NAME_RE = re.compile(NAME_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from statehouse.backends.errors import InvalidKey, InvalidValue, ValueTooDeep
+from statehouse.errors import InvalidKey, InvalidValue, ValueTooDeep
 from statehouse.keygroups import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, KeyType
 
 _LEN = struct.Struct(">I")
@@ -292,16 +292,3 @@ def encode_user_key(user_key: str) -> bytes:
 
 def decode_user_key(data: bytes) -> str:
     return data.decode("utf-8")
-
-
-def key_group_prefix_width(max_parallelism: int) -> int:
-    """Flink's rule: 1 byte when max parallelism ≤ 128, else 2."""
-    return 1 if max_parallelism <= 128 else 2
-
-
-def prefix_successor(prefix: bytes) -> bytes | None:
-    """The smallest byte string greater than every string starting with ``prefix``."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
