@@ -170,6 +170,9 @@ class Topology:
     previous: Previous | None = None
     # Every replica's URL in index order, once a live rescale set them (else the settings').
     replica_urls: tuple[str, ...] = ()
+    # A replica a live rescale was to add, whose move was aborted: it holds nothing and is in no
+    # serving layout (not ready, skipped by clients) until a later move it joins commits.
+    unassigned: bool = False
 
     @property
     def retired(self) -> bool:
@@ -201,6 +204,7 @@ class Topology:
             "move": self.move.to_json() if self.move is not None else None,
             "previous": vars(self.previous) if self.previous else None,
             "replica_urls": list(self.replica_urls),
+            "unassigned": self.unassigned,
         }
 
     @classmethod
@@ -217,7 +221,8 @@ class Topology:
         was = data.get("previous")
         previous = Previous(int(was["count"]), int(was["version"]), bool(was.get("dropped", False))) if was else None
         urls = tuple(str(u) for u in data.get("replica_urls", ()))
-        return cls(str(data["set_id"]), count, index, version, jobs, move, previous, urls)
+        unassigned = bool(data.get("unassigned", False))
+        return cls(str(data["set_id"]), count, index, version, jobs, move, previous, urls, unassigned)
 
 
 class DataDirLock:
@@ -334,8 +339,9 @@ class ReplicaLayout:
     # -- a live rescale's progress ------------------------------------------------------------
 
     def begin_move(self, move: Move) -> None:
-        """Record a prepared move (durably, before the prepare answers)."""
-        self._set(move=move)
+        """Record a prepared move (durably, before the prepare answers); an unassigned replica
+        joining it is part of the move from now on."""
+        self._set(move=move, unassigned=False)
 
     def update_move(self, **changes: Any) -> Move:
         """The pending move with ``changes`` (e.g. ``phase="loaded"``), recorded."""
@@ -371,9 +377,9 @@ class ReplicaLayout:
     def set_previous(self, previous: Previous) -> None:
         self._set(previous=previous)
 
-    def clear_move(self) -> None:
-        """Forget the pending move (aborted)."""
-        self._set(move=None)
+    def clear_move(self, *, unassigned: bool = False) -> None:
+        """Forget the pending move (aborted); ``unassigned``: this replica was joining it."""
+        self._set(move=None, unassigned=unassigned)
 
     def _set(self, **changes: Any) -> None:
         with self._lock:

@@ -48,8 +48,9 @@ class Decision:
     """The outcome of the move of replica set ``set_id`` to ``replica_count`` replicas at topology
     ``version``, with what the coordinator moved (``checkpoints``: job -> checkpoint id), what it
     wants whoever resumes the move to know (``metadata``, free-form JSON: e.g. each checkpoint's
-    metadata, which the replicas no longer list once they serve the new layout's parts) and where
-    the new replicas answer (``replica_urls``); ``decided`` in Unix seconds."""
+    metadata, which the replicas no longer list once they serve the new layout's parts), where
+    the new replicas answer (``replica_urls``) and the count it started from (``from_count``);
+    ``decided`` in Unix seconds."""
 
     set_id: str
     version: int
@@ -59,6 +60,9 @@ class Decision:
     checkpoints: dict[str, int] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     decided: float = field(default_factory=time.time)
+    # The replica count the move started from: once every old replica committed, they no longer
+    # say it, and a coordinator resuming the move for a joining replica still needs it.
+    from_count: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,13 +75,14 @@ class Decision:
             "checkpoints": dict(sorted(self.checkpoints.items())),
             "metadata": self.metadata,
             "decided": self.decided,
+            "from_count": self.from_count,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Decision:
         if data.get("format") != FORMAT or data.get("outcome") not in ("commit", "abort"):
             raise ValueError(f"not a rescale decision: format {data.get('format')!r}, outcome {data.get('outcome')!r}")
-        count = data.get("replica_count")
+        count, before = data.get("replica_count"), data.get("from_count")
         return cls(
             str(data["set_id"]),
             int(data["version"]),
@@ -87,6 +92,7 @@ class Decision:
             {str(k): int(v) for k, v in data.get("checkpoints", {}).items()},
             dict(data.get("metadata") or {}),
             float(data.get("decided", 0)),
+            int(before) if before is not None else None,  # absent in records written before it was kept
         )
 
 

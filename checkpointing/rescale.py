@@ -271,13 +271,17 @@ class RescaleParticipant:
         replica_urls: list[str] | None = None,
         checkpoints: dict[str, int] | None = None,
         metadata: dict[str, Any] | None = None,
+        from_count: int | None = None,
     ) -> Decision:
         """Write the durable decision of the move to ``version`` (once; the same outcome again
         answers the record that stands). A version this replica already serves (or an older one)
         is refused unless its move is pending here or was decided: a stray decision would spend
-        that version for every later move."""
+        that version for every later move. ``from_count`` (the count the move started from) is
+        this replica's record of it when not given and it is an old replica of the move."""
         topology = self.layout.topology
         pending = topology.move is not None and topology.move.version == version
+        if from_count is None and topology.move is not None and pending and not topology.move.joining:
+            from_count = topology.move.from_count
         if version <= topology.version and not pending and self.decision(version) is None:
             raise RescaleConflict(
                 f"this replica serves topology version {topology.version}: no move to version {version} is pending "
@@ -292,6 +296,7 @@ class RescaleParticipant:
             tuple(replica_urls or ()),
             dict(checkpoints or {}),
             dict(metadata or {}),
+            from_count=from_count,
         )
         return decide(self.storage, decision)
 
@@ -385,14 +390,27 @@ class RescaleParticipant:
             self.catalog.on_open = None
             for name in self.catalog.names():  # what it loaded for the move; it held nothing before
                 self.catalog.delete(name)
-        else:
-            for job in self._jobs():
-                wanted = move.moving_in(job.max_parallelism, index)
-                MergeRestore(self.catalog, self.storage, job.name, [], wanted, move.replica_count, index).clear(job)
-            self._unfreeze()
+            self.layout.clear_move(unassigned=True)
+            log.warning("%s", self.unassigned_line())
+            return
+        for job in self._jobs():
+            wanted = move.moving_in(job.max_parallelism, index)
+            MergeRestore(self.catalog, self.storage, job.name, [], wanted, move.replica_count, index).clear(job)
+        self._unfreeze()
         self.layout.clear_move()
         self.catalog.serving = True
         log.info("live rescale to %d replicas (topology version %d) aborted here", move.replica_count, move.version)
+
+    def unassigned_line(self) -> str:
+        """What an aborted joining replica is and what the operator does with it (logged at the
+        abort and at each start while it lasts)."""
+        topology = self.layout.topology
+        return (
+            f"unassigned: the live rescale that was to add this replica (index {topology.index} of {topology.count}, "
+            f"topology version {topology.version}) was aborted; it holds nothing and serves nothing (not ready, "
+            "skipped by clients): stop it (delete the pod, stop the process), or keep it running for a later "
+            "`statehouse rescale --to` to join"
+        )
 
     # -- a start with a move in the record --------------------------------------------------------
 
@@ -404,6 +422,11 @@ class RescaleParticipant:
             if topology.previous is not None and not topology.previous.dropped:
                 self._drop_unowned(topology.previous)
             move = topology.move
+            if move is None and topology.unassigned:
+                self.catalog.serving = False  # nothing of a layout is its: a job made here owns nothing
+                why = self.unassigned_line()
+                log.warning("%s", why)
+                return why
             if move is None:
                 return ""
             try:

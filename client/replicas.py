@@ -46,8 +46,9 @@ _LAYOUTS_LOCK = threading.Lock()
 
 def serving(shown: Shown) -> bool:
     """Whether a replica's ``GET /v1/topology`` is part of its set's serving layout: not joining a
-    set through a live rescale that has not committed yet, and not retired by one."""
-    return not shown.get("retired") and not (shown.get("move") or {}).get("joining")
+    set through a live rescale that has not committed yet, not retired by one, and not left
+    unassigned by one that was aborted."""
+    return not shown.get("retired") and not shown.get("unassigned") and not (shown.get("move") or {}).get("joining")
 
 
 class Replicas:
@@ -185,8 +186,8 @@ class Replicas:
         answered = {url: shown for url, shown in answered.items() if serving(shown)}
         if not answered and skipped:
             raise LayoutError(
-                f"{', '.join(skipped)} are joining or retired by a live rescale, not serving: give the URL of a "
-                f"serving replica (statehouse status)"
+                f"{', '.join(skipped)} are joining, retired or unassigned by a live rescale, not serving: give the "
+                f"URL of a serving replica (statehouse status)"
             )
         if not answered:
             raise LayoutError(

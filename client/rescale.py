@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     from statehouse.client.client import StatehouseClient
 
 # A step's report to the progress callback: its name ("prepared", "checkpointed", "loaded",
-# "decided", "committed", "verified", "aborted", or "waiting" while a batch in flight holds
-# prepare) and what it did. An exception raised by the callback stops the driver there, as a dead
+# "decided", "committed", "verified", "aborted", or "waiting": a batch in flight holds prepare
+# (``for``: "batch_in_flight"), or a replica or its checkpoint storage does not answer a step (``for``:
+# the problem's code, e.g. "storage_unavailable", or "unreachable"; with ``step``, ``url``, ``detail``))
+# and what it did. An exception raised by the callback stops the driver there, as a dead
 # coordinator would (the tests use this).
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -45,6 +47,11 @@ STEPS = ("prepared", "checkpointed", "loaded", "decided", "committed", "verified
 
 class RescaleFailed(StatehouseError):
     """The live rescale did not complete; ``detail`` says where it stopped and what to run next."""
+
+
+class RescaleLeftPending(RescaleFailed):
+    """The move could not be ended either way (its checkpoint storage or a replica did not answer
+    within ``wait``): it stays pending, moving key groups frozen, until ``resume()`` or ``abort()``."""
 
 
 class RescalePending(RescaleFailed):
@@ -217,7 +224,7 @@ class LiveRescale:
             loaded = self._load_all(move, checkpoints)
             self.progress("loaded", {"loaded": loaded})
         except StatehouseError as exc:
-            self._abort(move, from_count, started)
+            self._abort(move, from_count, started, failed=exc)
             raise RescaleFailed(
                 f"the rescale to {move.count} replicas was aborted (the old layout serves): {exc}"
             ) from exc
@@ -225,7 +232,16 @@ class LiveRescale:
         # the replicas serve the new layout they no longer list the old layout's checkpoints.
         metadata = {"checkpoint_metadata": {name: self._metadata(name, move) for name in checkpoints}}
         decision = {**move.body, "outcome": "commit", "checkpoints": checkpoints, "metadata": metadata}
-        self._call(move.urls[0], "decide", decision)
+        if from_count:
+            decision["from_count"] = from_count
+        try:
+            self._call(move.urls[0], "decide", decision)
+        except StatehouseError as exc:  # unknown whether it was written (storage down): the record will say
+            raise RescaleLeftPending(
+                f"the rescale to {move.count} replicas (topology version {move.version}) could not be decided "
+                f"({exc.detail}); it stays pending, the moving key groups frozen (their writes wait): once the "
+                "checkpoint storage answers, run statehouse rescale --resume (or --abort)"
+            ) from exc
         self.progress("decided", {"outcome": "commit", "version": move.version})
         report = self._commit(move, from_count, started, checkpoints)
         report.loaded = loaded
@@ -308,8 +324,34 @@ class LiveRescale:
             time.monotonic() - started,
         )
 
-    def _abort(self, move: _Move, from_count: int, started: float) -> RescaleReport:
-        self._each(move.everyone, lambda url: self._call(url, "abort", {"version": move.version}), tolerate=True)
+    def _abort(
+        self, move: _Move, from_count: int, started: float, failed: StatehouseError | None = None
+    ) -> RescaleReport:
+        """Abort everywhere. The move is aborted once its decision says so (a replica that did not
+        answer undoes it when it does, or at its next start); a decision that cannot be written (its
+        storage down) leaves the move pending: :class:`RescaleLeftPending`. ``failed``: the step
+        error that made the driver abort, for the message."""
+        results = self._each(
+            move.everyone, lambda url: self._call(url, "abort", {"version": move.version}), tolerate=True
+        )
+        if any(result is None for result in results):
+            try:
+                outcome = self._decision(move)
+            except StatehouseError as exc:
+                outcome = f"unknown: {exc.detail}"
+            if outcome != "abort":
+                why = f" after {failed.detail}" if failed is not None else ""
+                then = (
+                    "it was decided commit: run statehouse rescale --resume"
+                    if outcome == "commit"
+                    else "once the replicas and the checkpoint storage answer, run statehouse rescale --abort (or "
+                    "--resume)"
+                )
+                raise RescaleLeftPending(
+                    f"the rescale to {move.count} replicas (topology version {move.version}) could not be aborted"
+                    f"{why} (decision: {outcome or 'none'}); it stays pending, the moving key groups frozen (their "
+                    f"writes wait): {then}"
+                ) from failed
         self.progress("aborted", {"version": move.version})
         return RescaleReport(
             "aborted", from_count, move.count, move.version, move.old_urls, seconds=time.monotonic() - started
@@ -371,9 +413,13 @@ class LiveRescale:
         moves = {url: s for url, s in surveyed.items() if (s.get("move") or {}).get("version") == version}
         set_id = next(iter(moves.values()))["set_id"]
         # The old replicas: those of the set not joining; before their commit they still report the old
-        # count (``from_count`` where the replicas record it).
+        # count (``from_count`` where the replicas record it). Once every one of them committed, only the
+        # decision (written before any commit) still says it.
         staying = [s for s in moves.values() if not s["move"].get("joining")]
         from_count = max((s["move"].get("from_count") or s["replica_count"] for s in staying), default=0)
+        seed = next(iter(moves))
+        if not from_count:
+            from_count = int((self._decision_record(seed, version) or {}).get("from_count") or 0)
         old: dict[int, str] = {}
         joining: dict[int, str] = {}
         for url, shown in surveyed.items():
@@ -386,7 +432,7 @@ class LiveRescale:
         missing = [i for i in range(from_count) if i not in old]
         old_urls = [old[i] for i in range(from_count) if i in old]
         urls = next((s["move"]["replica_urls"] for s in moves.values() if s["move"].get("replica_urls")), None)
-        urls = urls or (self._decision_record(next(iter(moves)), version) or {}).get("replica_urls")
+        urls = urls or (self._decision_record(seed, version) or {}).get("replica_urls")
         if not urls:  # neither recorded: the old ones kept, then the new ones given or found joining
             added = self.new_urls or [joining[i] for i in sorted(joining)]
             urls = (old_urls + [u for u in added if u not in old_urls])[:count]
@@ -472,11 +518,16 @@ class LiveRescale:
         """One step on one replica. A replica that does not answer (restarting: every step is
         idempotent, and a restarted one reports where its move stood) is asked again until ``wait``."""
         deadline = time.monotonic() + self.wait
+        reported = False
         while True:
             try:
                 return self._connection(url).json("POST", f"/v1/topology/{step}", body)
             except StatehouseError as exc:
                 if isinstance(exc, Unavailable) and time.monotonic() < deadline:
+                    if not reported:  # once per step and replica: what it waits for (a restart, its storage)
+                        reported = True
+                        why = exc.code or "unreachable"
+                        self.progress("waiting", {"for": why, "step": step, "url": url, "detail": exc.detail})
                     time.sleep(0.5)
                     continue
                 raise type(exc)(

@@ -169,6 +169,21 @@ def test_a_coordinator_dying_after_a_step_is_resumed(replica_set, oracle, step):
     check(urls, oracle, 2)
 
 
+def test_a_coordinator_dying_once_every_old_replica_committed_is_resumed_for_the_joining_one(replica_set, oracle):
+    """The old replicas committed (they no longer say the count the move started from), the joining
+    one did not (its commit had not reached it): the decision record says where the move started."""
+    urls = replica_set.urls
+    new = grow(replica_set, 2)
+    run_until(urls, 3, [new], "decided")
+    for url in urls:  # as far as the dead coordinator got: every old replica committed, the new one not
+        httpx.post(f"{url}/v1/topology/commit", json={"version": 2}, timeout=60).raise_for_status()
+    assert [topology["move"] for topology in (httpx.get(f"{url}/v1/topology").json() for url in urls)] == [None, None]
+    assert httpx.get(f"{new}/v1/topology").json()["move"]["joining"]
+    report = resumed(urls)
+    assert (report.outcome, report.from_count, report.to_count) == ("committed", 2, 3)
+    check([*urls, new], oracle, 3)
+
+
 def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(replica_set, oracle, capsys):
     urls = replica_set.urls
     new = grow(replica_set, 2)
@@ -180,11 +195,28 @@ def test_an_undecided_move_is_aborted_and_a_later_one_takes_the_next_version(rep
         report = move.abort()
         assert report.outcome == "aborted" and move.pending() is None
     check(urls, oracle, 2)  # the old layout serves, nothing lost, nothing left on the new replica
-    assert httpx.get(f"{new}/v1/topology").json()["jobs"] == []
+    unassigned(replica_set, new)
+    replica_set.restart(2)  # its record says so across a restart too
+    unassigned(replica_set, new)
     with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [new], wait=120) as move:
         report = move.run()  # version 2 was decided abort, written once: this move is version 3
     assert report.outcome == "committed" and report.version == 3
+    assert not httpx.get(f"{new}/v1/topology").json()["unassigned"]
     check([*urls, new], oracle, 3)
+
+
+def unassigned(replica_set: ReplicaSet, url: str) -> None:
+    """The new replica of an aborted move: holds nothing, says it is unassigned, is not ready, is skipped
+    by clients, and its log says what the operator does with it."""
+    shown = httpx.get(f"{url}/v1/topology").json()
+    assert (shown["jobs"], shown["move"], shown["unassigned"], shown["retired"]) == ([], None, True, False)
+    ready = httpx.get(f"{url}/readyz")
+    assert ready.status_code == 503 and "unassigned" in ready.json()["detail"], ready.text
+    with StatehouseClient([*replica_set.urls[:2], url]) as sh:
+        assert len(sh.replicas.learn()) == 2 and sh.replicas.urls == replica_set.urls[:2]  # the serving layout
+    server = next(s for s in replica_set.servers if s.url == url)
+    assert "unassigned: the live rescale that was to add this replica" in server.log_path.read_text()
+    assert "stop it (delete the pod, stop the process)" in server.log_path.read_text()
 
 
 def micro_batch(job, coordinator: MicroBatchCoordinator, batch_id: int, amount: int, totals: dict[str, int]) -> None:

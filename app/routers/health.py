@@ -33,12 +33,15 @@ async def readyz(request: Request) -> dict[str, object] | Response:
     if space_problem is not None:
         return problem_response(503, "not_ready", space_problem, "/readyz")
     topology = service.catalog.layout.topology if service.catalog.layout is not None else None
-    if topology is not None and (topology.retired or (topology.move is not None and topology.move.joining)):
-        why = (
-            f"a live rescale removed this replica (replica {topology.index} of {topology.count}): it owns nothing"
-            if topology.retired
-            else "joining a live rescale: it serves once the move commits"
-        )
+    if topology is not None and (
+        topology.retired or topology.unassigned or (topology.move is not None and topology.move.joining)
+    ):
+        if topology.retired:
+            why = f"a live rescale removed this replica (replica {topology.index} of {topology.count}): it owns nothing"
+        elif topology.unassigned:
+            why = "unassigned: the live rescale that was to add this replica was aborted; it holds nothing (stop it)"
+        else:
+            why = "joining a live rescale: it serves once the move commits"
         return problem_response(503, "not_ready", why, "/readyz")
     index, count = (
         (topology.index, topology.count)

@@ -67,6 +67,11 @@ class TopologyInfo(BaseModel):
     retired: bool = Field(
         False, description="a live rescale removed this replica: it owns no key group (every keyed request: 421)"
     )
+    unassigned: bool = Field(
+        False,
+        description="a live rescale that was to add this replica was aborted: it holds nothing and is in no serving "
+        "layout (not ready, skipped by clients) until a later move it joins commits; stop it, or keep it for that",
+    )
 
 
 # 422: any route refuses a query string that is not UTF-8 (app/routing.py).
@@ -114,6 +119,7 @@ def topology_info(service: Service, grant: Grant) -> TopologyInfo:
         replica_urls=list(topology.replica_urls or service.settings.replica_url_list),
         move=move,
         retired=topology.retired,
+        unassigned=topology.unassigned,
     )
 
 
@@ -168,6 +174,13 @@ class DecideBody(BaseModel):
         description="free-form JSON kept in the decision for whoever resumes the move (e.g. each checkpoint's "
         "metadata: after the commit the replicas list only the new layout's checkpoint parts)",
     )
+    from_count: int | None = Field(
+        None,
+        ge=1,
+        le=32768,
+        description="N: the replica count the move starts from (default: this replica's record of the move), kept "
+        "so that a move whose old replicas all committed can still be resumed for a joining one",
+    )
 
 
 class JobLoad(BaseModel):
@@ -189,6 +202,7 @@ class DecisionInfo(BaseModel):
     checkpoints: dict[str, int]
     metadata: dict[str, Any]
     decided: float = Field(description="when, in Unix seconds")
+    from_count: int | None = Field(None, description="the replica count the move started from (null: not recorded)")
 
 
 def decision_info(decision: Decision) -> DecisionInfo:
@@ -242,6 +256,7 @@ async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody)
         body.replica_urls,
         body.checkpoints,
         body.metadata,
+        body.from_count,
     )
     return decision_info(decision)
 

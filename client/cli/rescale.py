@@ -44,7 +44,13 @@ from statehouse.client.cli.serve import read_state, state_path
 from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.job import JobClient
-from statehouse.client.rescale import LiveRescale, NewReplicasMissing, RescaleFailed, RescalePending
+from statehouse.client.rescale import (
+    LiveRescale,
+    NewReplicasMissing,
+    RescaleFailed,
+    RescaleLeftPending,
+    RescalePending,
+)
 from statehouse.keygroups import KeyGroupRange
 
 HELP = "rescale the replica set to another replica count, live (or --offline)"
@@ -96,8 +102,10 @@ def _live(args: argparse.Namespace) -> int:
         raise CommandError("give the new replica count with --to M", 2)
 
     def progress(step: str, info: dict[str, Any]) -> None:
-        if step == "waiting":
+        if step == "waiting" and info["for"] == "batch_in_flight":
             note(args, f"waiting for a micro-batch to end: {info['detail']}")
+        elif step == "waiting":
+            note(args, f"waiting ({info['for']}) for {info['step']} on {info['url']}: {info['detail']}")
         else:
             note(args, f"{step}: {_summary(step, info)}")
 
@@ -125,7 +133,7 @@ def _live(args: argparse.Namespace) -> int:
                     report = move.resume()
                 else:
                     report = move.run()
-            except (RescalePending, NewReplicasMissing) as exc:
+            except (RescalePending, NewReplicasMissing, RescaleLeftPending) as exc:
                 raise CommandError(exc.detail, EXIT_OPERATOR) from None
             except RescaleFailed:
                 if serve_dir is not None and args.to > count and move.pending() is None:
