@@ -17,6 +17,7 @@ from statehouse.app.wire import JSON, read_arrow
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
 from statehouse.stored.codec import parse_decimal
+from statehouse.stored.names import NAME_PATTERN
 
 W = TypeVar("W")
 
@@ -39,6 +40,17 @@ ATTEMPT_PARAMETERS = [
         "seq", "the attempt's request number to this replica", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}
     ),
 ]
+
+
+_NAME = NAME_PATTERN[1:-1]
+STATES_PARAMETER = {
+    **_query(
+        "states",
+        "the states, comma-separated, in the order they apply (`POST /v1/jobs/{job}/columns/{op}`)",
+        {"type": "string", "pattern": f"^{_NAME}(,{_NAME})*$"},
+    ),
+    "required": True,
+}
 
 
 def query_count(request: Request, name: str) -> int | None:

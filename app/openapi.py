@@ -218,6 +218,10 @@ def arrow_body(columns: str) -> dict[str, Any]:
 
 
 COLUMNS_BODY = arrow_body("the operation's columns: key, and as the operation needs user_key and value; ns optional")
+STATES_COLUMNS_BODY = arrow_body(
+    "the rows' columns once (key, and user_key as the operation needs it; ns optional) and, for an operation "
+    "that takes values, one value column per state named value:<state>"
+)
 COLUMNS = {
     200: {
         "description": "a read (`get`, `map_get`): the request's rows, in order, with a `value` column (null where "

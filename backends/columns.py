@@ -84,6 +84,83 @@ class ColumnOp:
         return cls(state, op, columns.combine_chunks())
 
 
+# The value column of each state in a request over several states (``value:total``): state
+# names never hold ':' (``names.NAME_PATTERN``), so no column name is read two ways.
+STATE_VALUE = "value:"
+
+
+class StatesColumnOp:
+    """One operation on several states over the same rows, in one request and transaction: the
+    rows' ``key`` (and ``ns``, ``user_key``) columns once, and one value column per state
+    (``value:<state>``) for an operation that takes values. It runs as one :class:`ColumnOp` (one
+    run) per state, in the order the states are named (``attempts.Work``): the Spark job that
+    updates a sum and a count per user sends one request where it sent one per state."""
+
+    STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
+    held_bytes = 0
+
+    def __init__(self, op: str, ops: list[ColumnOp], columns: pa.Table) -> None:
+        self.op, self.ops, self.columns = op, ops, columns
+
+    @property
+    def rows(self) -> int:
+        """Rows times states: the writes it stages, and the work it is (one run per state)."""
+        return self.columns.num_rows * len(self.ops)
+
+    @property
+    def writes(self) -> bool:
+        return OPS[self.op].writes
+
+    @property
+    def answers(self) -> bool:
+        return self.op in ANSWERING_COLUMN_OPS
+
+    def apply(self, tx: JobTransaction) -> list[pa.Array] | None:
+        located: dict[str, Rows] = {}  # the rows' keys, encoded and owner-checked once per key type
+        values = [apply_columns(tx, op, located) for op in self.ops]
+        return values if self.answers else None
+
+    def answer(self, values: list[pa.Array]) -> pa.Table:
+        """The rows' shared columns, then each state's ``value:<state>`` (what it read, or its
+        result after the add)."""
+        shared = [name for name in self.columns.column_names if not name.startswith(STATE_VALUE)]
+        table = self.columns.select(shared)
+        for op, column in zip(self.ops, values, strict=True):
+            table = table.append_column(STATE_VALUE + op.state, column)
+        return table
+
+    @classmethod
+    def parse(cls, states: list[str], op: str, columns: pa.Table) -> StatesColumnOp:
+        """Check the states (one at least, each once), the operation and its columns' names."""
+        needed = COLUMN_OPS.get(op)
+        if needed is None:
+            raise InvalidArgument(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
+        if not states or len(set(states)) != len(states):
+            raise InvalidArgument(f"'states' names the states, each once, comma-separated; got {','.join(states)!r}")
+        shared = [c for c in needed if c != "value"]
+        values = [STATE_VALUE + state for state in states] if "value" in needed else []
+        names = columns.column_names
+        missing = [c for c in (*shared, *values) if c not in names]
+        unknown = [c for c in names if c not in shared and c not in values and c != "ns"]
+        if missing or unknown or len(set(names)) != len(names):
+            wanted = ", ".join([*shared, *values])
+            raise InvalidArgument(
+                f"'{op}' on states {', '.join(states)} takes the columns {wanted} (and optionally ns); "
+                f"got {', '.join(names) or 'none'}"
+            )
+        columns = columns.combine_chunks()
+        common = [c for c in names if c in shared or c == "ns"]
+        base = [columns.column(c) for c in common]
+        ops = []
+        for state in states:
+            arrays, labels = list(base), list(common)
+            if values:
+                arrays.append(columns.column(STATE_VALUE + state))
+                labels.append("value")
+            ops.append(ColumnOp(state, op, pa.Table.from_arrays(arrays, names=labels)))
+        return cls(op, ops, columns)
+
+
 def locate(tx: JobTransaction, descriptor: StateDescriptor, columns: pa.Table) -> Rows:
     """The rows' key groups and stored keys (``KeySpace.locate_column``)."""
     keys = columns.column("key").combine_chunks()
@@ -165,13 +242,19 @@ def _lists(values: list[Any]) -> list[Any]:
     return values
 
 
-def apply_columns(tx: JobTransaction, op: ColumnOp) -> pa.Array | None:
+def apply_columns(tx: JobTransaction, op: ColumnOp, located: dict[str, Rows] | None = None) -> pa.Array | None:
     """Run ``op`` inside ``tx`` (as one run); a read (or ``add_get``) answers its ``value``
-    column, a write ``None``."""
+    column, a write ``None``. ``located``: the rows already located per key type (several
+    states' operations over the same rows), added to."""
     state = tx.state(op.state)
     if op.rows == 0:
         return pa.nulls(0, value_type(state.descriptor, op.op) or pa.null()) if op.answers else None
-    rows = locate(tx, state.descriptor, op.columns)
+    key_type = state.descriptor.key_type
+    rows = located.get(key_type) if located is not None else None
+    if rows is None:
+        rows = locate(tx, state.descriptor, op.columns)
+        if located is not None:
+            located[key_type] = rows
     packs = _UNPACKED.get(state.descriptor.value_type)
     if op.op == "get" and packs is not None and isinstance(state, ValueState) and op.rows >= _PACK_MIN_ROWS:
         # A read of a whole column: not a run (reads are not logged), the payloads decoded at once.

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
@@ -56,6 +57,12 @@ if TYPE_CHECKING:
     from statehouse.client.replicas import Replicas
 
 __all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]
+
+
+# What one call's rows act on: one state, or several (a tuple) over the same rows.
+Target: TypeAlias = "str | tuple[str, ...]"
+# A state's value column in a request on several states (the server's ``columns.STATE_VALUE``).
+STATE_VALUE = "value:"
 
 
 class ColumnarJob(Protocol):
@@ -154,11 +161,50 @@ class Columns:
     def map_remove(self, state: str, keys: Any, user_keys: Any, ns: Any = "") -> int:
         return self.apply(state, "map_remove", keys, user_keys=user_keys, ns=ns)
 
+    # -- several states over the same rows: one request per replica ---------------------------
+
+    def get_states(self, states: Sequence[str], keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """:meth:`get` of each of ``states`` for the same keys, in one request per replica: a
+        ``pandas.DataFrame`` with a column per state (``as_arrow``: a dict of ``pyarrow.Array``)."""
+        return self.apply_states("get", tuple(states), keys, ns=ns, as_arrow=as_arrow)
+
+    def add_states(self, values: Mapping[str, Any], keys: Any, ns: Any = "") -> int:
+        """:meth:`add` of each state's values (``{state: values}``) for the same keys, in one request
+        per replica (one transaction); returns the writes, rows times states."""
+        return self.apply_states("add", tuple(values), keys, values=values, ns=ns)
+
+    def add_get_states(self, values: Mapping[str, Any], keys: Any, ns: Any = "", *, as_arrow: bool = False) -> Any:
+        """:meth:`add_get` of each state's values (``{state: values}``) for the same keys, in one
+        request per replica: the Spark job's sum and count per user, updated and answered by one
+        request where it took four. A ``pandas.DataFrame`` with a column per state."""
+        return self.apply_states("add_get", tuple(values), keys, values=values, ns=ns, as_arrow=as_arrow)
+
+    def apply_states(
+        self,
+        op: str,
+        states: tuple[str, ...],
+        keys: Any,
+        *,
+        user_keys: Any = None,
+        values: Mapping[str, Any] | None = None,
+        ns: Any = "",
+        as_arrow: bool = False,
+    ) -> Any:
+        """Run ``op`` on every state of ``states`` for every row (``values``: each state's values);
+        the states must share their key type (the rows are routed once)."""
+        if not states or len(set(states)) != len(states):
+            raise InvalidRequest(f"name each state once, at least one; got {list(states)}")
+        key_types = {self.job.key_type(state) for state in states}
+        if len(key_types) > 1:
+            kinds = ", ".join(sorted(key_types))
+            raise InvalidRequest(f"states {', '.join(states)} have different key types ({kinds})")
+        return self.apply(states, op, keys, user_keys=user_keys, values=values, ns=ns, as_arrow=as_arrow)
+
     # -- the core ----------------------------------------------------------------------------
 
     def apply(
         self,
-        state: str,
+        state: Target,
         op: str,
         keys: Any,
         *,
@@ -168,7 +214,9 @@ class Columns:
         as_arrow: bool = False,
     ) -> Any:
         """Run ``op`` for every row: a read answers a ``pandas.Series`` (or, ``as_arrow``, a
-        ``pyarrow.Array``) in the rows' order, a write the number of rows written."""
+        ``pyarrow.Array``) in the rows' order, a write the number of rows written. ``state`` a
+        tuple (:meth:`apply_states`): ``values`` maps each state to its values, a read answers a
+        ``pandas.DataFrame`` (a dict of arrays), a write the rows times the states."""
         if op not in COLUMN_OPS:
             raise InvalidRequest(f"columnar operation must be one of {', '.join(COLUMN_OPS)}; got {op!r}")
         reads = op in ANSWERING_COLUMN_OPS
@@ -181,7 +229,7 @@ class Columns:
         if takes_values and values is None:
             raise InvalidRequest(f"'{op}' needs values (pass a column of nulls to clear with 'put')")
         index = keys.index if isinstance(keys, pd.Series) else None
-        key_array = self._keys(state, keys)
+        key_array = self._keys(_first(state), keys)
         rows = len(key_array)
         columns = {"key": key_array}
         namespace = namespace_column(ns, rows)
@@ -189,17 +237,26 @@ class Columns:
             columns["ns"] = namespace
         if maps:
             columns["user_key"] = string_column(user_keys, "user key", rows)
-        if takes_values:
+        if takes_values and isinstance(state, tuple):
+            assert isinstance(values, Mapping)  # apply_states passes each state's values
+            for name in state:
+                columns[STATE_VALUE + name] = value_column(values[name], rows)
+        elif takes_values:
             columns["value"] = value_column(values, rows)
         table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
         if rows == 0:
-            if reads:
-                return read_result(pa.nulls(0), index, state, as_arrow)
-            return 0
-        parts = self._run(state, op, table, self._route(state, key_array))
+            if not reads:
+                return 0
+            if isinstance(state, tuple):
+                return _by_state(pa.StructArray.from_arrays([pa.nulls(0)] * len(state), names=state), index, as_arrow)
+            return read_result(pa.nulls(0), index, state, as_arrow)
+        parts = self._run(state, op, table, self._route(_first(state), key_array))
         if not reads:
-            return rows
-        return read_result(_assemble(parts, rows, state), index, state, as_arrow)
+            return rows * (len(state) if isinstance(state, tuple) else 1)
+        answered = _assemble(parts, rows, state)
+        if isinstance(state, tuple):
+            return _by_state(answered, index, as_arrow)
+        return read_result(answered, index, state, as_arrow)
 
     def _keys(self, state: str, keys: Any) -> pa.Array:
         """The keys as the state's key type's Arrow type: utf8, int32 or int64, no nulls."""
@@ -221,7 +278,7 @@ class Columns:
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         return [order[bounds[r] : bounds[r + 1]] for r in range(count)]
 
-    def _run(self, state: str, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
+    def _run(self, state: Target, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
         """Send every replica its rows, the replicas in parallel; raise the first error."""
         routed = self.job.replicas.version
         parts = [
@@ -246,7 +303,7 @@ class Columns:
             raise next((e for e in errors if not isinstance(e, _NotSent)), errors[0])
         return parts
 
-    def _send_part(self, state: str, op: str, table: pa.Table, part: _Part, failed: threading.Event) -> None:
+    def _send_part(self, state: Target, op: str, table: pa.Table, part: _Part, failed: threading.Event) -> None:
         try:
             rows = table if part.positions is None else table.take(pa.array(part.positions))
             step = chunk_rows(rows, self.max_rows)
@@ -275,10 +332,10 @@ class Columns:
             failed.set()
             part.error = exc
 
-    def _rerouted(self, state: str, op: str, rows: pa.Table) -> pa.Array | None:
+    def _rerouted(self, state: Target, op: str, rows: pa.Table) -> pa.Array | None:
         """One chunk's rows, each sent to its owner under the current layout (errors raised); a
         read's values in the chunk's row order."""
-        routes = self._route(state, rows.column("key").combine_chunks())
+        routes = self._route(_first(state), rows.column("key").combine_chunks())
         parts = [_Part(r, positions, []) for r, positions in enumerate(routes) if positions is None or len(positions)]
         for part in parts:
             answer = self._request(
@@ -288,8 +345,9 @@ class Columns:
                 part.values.append(answer)
         return _assemble(parts, rows.num_rows, state) if op in ANSWERING_COLUMN_OPS else None
 
-    def _request(self, state: str, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
-        """One request: a read's ``value`` column, or ``None`` for a write."""
+    def _request(self, state: Target, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
+        """One request: a read's ``value`` column (several states': a struct of them, a field per
+        state), or ``None`` for a write."""
         attempt = self.attempt
         if attempt is not None:
             fields, idempotent = attempt.fields(replica), True  # a re-sent seq is answered, not applied again
@@ -305,9 +363,14 @@ class Columns:
                 attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
             raise
         if op in ANSWERING_COLUMN_OPS:
-            if attempt is not None:  # a read stages nothing; add_get stages a write per row
-                attempt.answered(replica, 0 if op in READ_COLUMN_OPS else rows.num_rows)
-            return pa.ipc.open_stream(content).read_all().column("value").combine_chunks()
+            states = state if isinstance(state, tuple) else (state,)
+            if attempt is not None:  # a read stages nothing; add_get stages a write per row and state
+                attempt.answered(replica, 0 if op in READ_COLUMN_OPS else rows.num_rows * len(states))
+            answer = pa.ipc.open_stream(content).read_all()
+            if not isinstance(state, tuple):
+                return answer.column("value").combine_chunks()
+            by_state = [answer.column(STATE_VALUE + name).combine_chunks() for name in state]
+            return pa.StructArray.from_arrays(by_state, names=list(state))
         if attempt is not None:
             attempt.answered(replica, int(json.loads(content)["rows"]))  # rows are the writes it staged
         return None
@@ -332,7 +395,24 @@ def _at_row(exc: StatehouseError, positions: np.ndarray | None, start: int) -> S
 # -- results -----------------------------------------------------------------------------------
 
 
-def _assemble(parts: list[_Part], rows: int, state: str) -> pa.Array:
+def _first(state: Target) -> str:
+    """The state whose key type routes the rows (several states share theirs)."""
+    return state[0] if isinstance(state, tuple) else state
+
+
+def _by_state(answered: pa.StructArray, index: pd.Index | None, as_arrow: bool) -> Any:
+    """Several states' answers (a struct, a field per state): a DataFrame, or a dict of arrays."""
+    names = [answered.type.field(i).name for i in range(answered.type.num_fields)]
+    columns = {name: read_result(answered.field(i), index, name, as_arrow) for i, name in enumerate(names)}
+    if as_arrow:
+        return columns
+    frame = pd.DataFrame(columns)
+    if index is not None:
+        frame.index = index
+    return frame
+
+
+def _assemble(parts: list[_Part], rows: int, state: Target) -> pa.Array:
     """The read values of every part, back in the caller's row order."""
     values = _concat([value for part in parts for value in part.values], state)
     if len(parts) == 1 and parts[0].positions is None:
@@ -343,7 +423,7 @@ def _assemble(parts: list[_Part], rows: int, state: str) -> pa.Array:
     return values.take(pa.array(inverse))
 
 
-def _concat(arrays: list[pa.Array], state: str) -> pa.Array:
+def _concat(arrays: list[pa.Array], state: Target) -> pa.Array:
     """One array of the parts' answers. An untyped state's replicas may answer different types
     (ints here, floats there; all absent: null): unify them as Arrow would."""
     if len(arrays) == 1:

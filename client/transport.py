@@ -150,7 +150,7 @@ class ReplicaConnection:
     def columns(
         self,
         job: str,
-        state: str,
+        state: str | tuple[str, ...],
         op: str,
         body: bytes | memoryview,
         *,
@@ -159,9 +159,14 @@ class ReplicaConnection:
     ) -> bytes:
         """One columnar request (an Arrow IPC stream, ``client/columns.py`` builds it); the answer's
         body: an Arrow stream for reads, a JSON summary for writes. ``params``: the fencing epoch,
-        or a task attempt's epoch, partition, attempt and seq, sent as query parameters."""
-        query = urlencode(params)
-        path = f"/v1/jobs/{job}/states/{state}/columns/{op}" + (f"?{query}" if query else "")
+        or a task attempt's epoch, partition, attempt and seq, sent as query parameters. ``state``
+        a tuple: the operation on those states over the same rows (one value column per state)."""
+        if isinstance(state, tuple):
+            query = urlencode({"states": ",".join(state), **params})
+            path = f"/v1/jobs/{job}/columns/{op}?{query}"
+        else:
+            query = urlencode(params)
+            path = f"/v1/jobs/{job}/states/{state}/columns/{op}" + (f"?{query}" if query else "")
         # urllib3 sends any buffer as it is (its annotation names bytes): no copy of the Arrow stream.
         return self._send("POST", path, cast(bytes, body), self._columns_headers, idempotent=idempotent).content
 

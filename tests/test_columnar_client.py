@@ -399,6 +399,42 @@ def test_add_get_answers_running_results_and_stages_one_write_per_row(job):
         job.columns().add_get("items", ["k"], "x")  # a list: wrong_state_kind
 
 
+def test_several_states_go_in_one_request_per_replica(job, monkeypatch):
+    """``add_states``, ``add_get_states`` and ``get_states``: one request per replica carries
+    every state's column for the same keys (rows routed once, answered in the caller's order);
+    under a task attempt every row of every state is one staged write."""
+    sent: list[tuple[object, str]] = []
+    for replica in job.replicas:
+        real = replica.columns
+
+        def counting(name, state, op, body, *, _real=real, **kwargs):
+            sent.append((state, op))
+            return _real(name, state, op, body, **kwargs)
+
+        monkeypatch.setattr(replica, "columns", counting)
+    cols = job.columns()
+    keys = pd.Series(KEYS[:100], index=range(500, 600))
+    assert cols.add_states({"total": np.arange(100, dtype=np.float64), "mean": 2.0}, keys) == 200
+    assert sent == [(("total", "mean"), "add")] * 2  # two replicas, one request each
+    read = cols.get_states(["mean", "total"], keys)
+    assert list(read.columns) == ["mean", "total"] and read.index.equals(keys.index)
+    assert read["total"].tolist() == [float(i) for i in range(100)] and read["mean"].tolist() == [2.0] * 100
+
+    coordinator = MicroBatchCoordinator(job)
+    plan = coordinator.begin(0)
+    attempt = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="u", task=1)
+    staged = job.columns(attempt)
+    answered = staged.add_get_states({"total": 1.0, "mean": 4.0}, KEYS[:3], as_arrow=True)
+    assert answered["total"].to_pylist() == [1.0, 2.0, 3.0] and answered["mean"].to_pylist() == [3.0] * 3
+    assert sum(attempt.message().ops) == 6
+    coordinator.commit(plan, [attempt.message()])
+    assert job.columns().get_states(["total"], KEYS[:2])["total"].tolist() == [1.0, 2.0]
+    with pytest.raises(InvalidRequest, match="key types"):
+        cols.get_states(["total", "score"], [1])
+    with pytest.raises(NotFound):
+        cols.get_states(["total", "nope"], KEYS[:1])
+
+
 def test_a_replay_reads_and_refuses_to_write(job):
     config = ClientConfig.of([r.url for r in job.replicas])
     replay = BatchContext(config, job.name, 0, None, True)

@@ -87,3 +87,46 @@ def test_keys_of_another_replica_are_refused_with_the_row(make_catalog):
     row = caught.value.extra["row"]
     assert job.keyspace.key_group(keys[row], job.descriptor("v").key_type) not in job.key_group_range
     assert all(job.keyspace.key_group(k, job.descriptor("v").key_type) in job.key_group_range for k in keys[:row])
+
+
+def states_columns(job, states, op, **cols):
+    from statehouse.backends.columns import StatesColumnOp
+
+    with job.transaction() as tx:
+        work = StatesColumnOp.parse(states, op, pa.table(cols))
+        result = work.apply(tx)
+    return None if result is None else work.answer(result).to_pydict()
+
+
+def test_several_states_over_the_same_rows_are_each_states_operation_in_one_transaction(job):
+    """One request over several states is the one-state operation per state, state after state,
+    all or nothing: a bad row of the second state leaves the first one untouched."""
+    from statehouse.backends.errors import InvalidArgument
+
+    job.register_state(StateDescriptor("total", "reducing", function="sum"))
+    job.register_state(StateDescriptor("events", "reducing", function="sum", value_type="int64"))
+    job.register_state(StateDescriptor("mean", "aggregating", function="avg"))
+    keys = ["a", "b", "a"]
+    added = states_columns(
+        job, ["total", "events"], "add_get", key=keys, **{"value:total": [1.5, 2.0, 3.0], "value:events": [1, 1, 1]}
+    )
+    assert added == {"key": keys, "value:total": [1.5, 2.0, 4.5], "value:events": [1, 1, 2]}
+    assert states_columns(job, ["events", "total"], "get", key=["a", "b", "c"]) == {
+        "key": ["a", "b", "c"],
+        "value:events": [2, 1, None],
+        "value:total": [4.5, 2.0, None],
+    }
+    assert states_columns(job, ["mean"], "add", key=["a"], **{"value:mean": [4]}) is None
+    with pytest.raises(InvalidValue, match="cannot add null"):
+        states_columns(
+            job, ["total", "events"], "add", key=["a", "b"], **{"value:total": [1, 1], "value:events": [1, None]}
+        )
+    assert columns(job, "total", "get", key=["a", "b"]) == [4.5, 2.0]  # the first state's adds were rolled back
+    for states, cols, match in [
+        (["total", "total"], {"key": ["a"]}, "each once"),
+        ([], {"key": ["a"]}, "each once"),
+        (["total"], {"key": ["a"], "value": [1]}, "value:total"),
+        (["total", "events"], {"key": ["a"], "value:total": [1]}, "value:events"),
+    ]:
+        with pytest.raises(InvalidArgument, match=match):
+            states_columns(job, states, "add", **cols)

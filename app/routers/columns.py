@@ -9,15 +9,15 @@ from fastapi import Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import openapi as doc
-from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, read_columnar
+from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, STATES_PARAMETER, read_columnar
 from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, require_token, service_of
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import dispatch
-from statehouse.app.problems import state_error
+from statehouse.app.problems import ApiError, state_error
 from statehouse.app.routing import api_router, check_target, route_path
 from statehouse.app.wire import arrow_response
 from statehouse.backends.attempts import perform
-from statehouse.backends.columns import ColumnOp
+from statehouse.backends.columns import ColumnOp, StatesColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
 from statehouse.protocol.ops import COLUMN_OPS, ColumnOpName
@@ -40,21 +40,55 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
     return await serve(service, job, state, op, request)
 
 
-async def serve(service: Service, job: Job, state: str, op: str, request: Request) -> Response:
-    """The endpoint's work once the request is authorized and its job found (both routes)."""
-    read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
+@router.post(
+    "/jobs/{job}/columns/{op}",
+    response_model=ColumnsResponse,
+    openapi_extra={"requestBody": doc.STATES_COLUMNS_BODY, "parameters": [STATES_PARAMETER, *ATTEMPT_PARAMETERS]},
+    responses=doc.COLUMNS,
+)
+async def states_columns(service: ServiceDep, job: JobDep, op: ColumnOpName, request: Request) -> Response:
+    """One operation on several states (`states`, comma-separated) for every row of an Arrow IPC
+    stream, in one transaction: the rows' `key` (and `ns`, `user_key`) once, and one value column
+    per state, `value:<state>`, for an operation that takes values; each state's rows apply as
+    the one-state endpoint applies them, state after state. Reads and `add_get` answer the shared
+    columns plus `value:<state>` per state; other writes how many writes (rows times states)
+    were applied or staged."""
+    return await serve(service, job, None, op, request)
+
+
+async def serve(service: Service, job: Job, state: str | None, op: str, request: Request) -> Response:
+    """The endpoint's work once the request is authorized and its job found (every route):
+    one state's operation, or (``state`` None) the operation on the states ``states`` names."""
+    work: ColumnOp | StatesColumnOp
+    if state is None:
+        states = _states(request)
+        read = await read_columnar(service, request, lambda table: StatesColumnOp.parse(states, op, table))
+        service.check_batch_size(read.work.rows, "rows (times states)")
+        ops = read.work.ops
+    else:
+        read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
+        ops = [read.work]
     work = read.work
     values = await dispatch(
         job, lambda: perform(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
     )
-    service.metrics.count_ops(Counter({(job.descriptor(state).kind, op): work.rows}))
+    service.metrics.count_ops(Counter({(job.descriptor(one.state).kind, op): one.rows for one in ops}))
     if values is not None:
-        return arrow_response(work.answer(values))
+        return arrow_response(work.answer(values))  # type: ignore[arg-type]  # each work answers its own kind
     return read.written(op, work.rows)
 
 
+def _states(request: Request) -> list[str]:
+    raw = request.query_params.get("states")
+    if not raw:
+        raise ApiError("invalid_argument", "query parameter 'states' names the states, comma-separated (states=a,b)")
+    return raw.split(",")
+
+
 _PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P<op>[^/]+)")
-_ROUTE = router.routes[0]  # its path template labels the metrics, as when FastAPI routes the request
+_STATES_PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/columns/(?P<op>[^/]+)")
+# Their path templates label the metrics, as when FastAPI routes the request.
+_ROUTE, _STATES_ROUTE = router.routes[0], router.routes[1]
 
 
 class ColumnsFastPath:
@@ -71,12 +105,16 @@ class ColumnsFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PATH.fullmatch(route_path(scope))
+            path = route_path(scope)
+            match = _PATH.fullmatch(path)
+            route = _ROUTE
+            if match is None:
+                match, route = _STATES_PATH.fullmatch(path), _STATES_ROUTE
             if match is not None and match["op"] in COLUMN_OPS:
-                scope["route"], scope["path_params"] = _ROUTE, match.groupdict()
+                scope["route"], scope["path_params"] = route, match.groupdict()
                 request = Request(scope, receive)
                 try:
-                    response = await self._serve(request, match["job"], match["state"], match["op"])
+                    response = await self._serve(request, match["job"], match.groupdict().get("state"), match["op"])
                 except StateError as exc:
                     response = state_error(request, exc)
                 await response(scope, receive, send)
@@ -84,7 +122,7 @@ class ColumnsFastPath:
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _serve(request: Request, job: str, state: str, op: str) -> Response:
+    async def _serve(request: Request, job: str, state: str | None, op: str) -> Response:
         check_target(request.scope)
         await require_token(request)
         service = service_of(request)
