@@ -74,6 +74,7 @@ OPERATION_IDS: dict[str, str] = {
     "get_key": "getKeyedValue",
     "put_key": "putKeyedValue",
     "add_to_key": "addToKeyedValue",
+    "add_get_key": "addToKeyedValueAndGet",
     "clear_key": "clearKeyedValue",
     "get_entry": "getMapEntry",
     "put_entry": "putMapEntry",
@@ -85,6 +86,7 @@ OPERATION_IDS: dict[str, str] = {
     "state_sizes": "getStateSizes",
     "batch": "applyBatch",
     "columns": "applyColumns",
+    "states_columns": "applyStatesColumns",
     # task attempts' epochs
     "describe_epoch": "getEpoch",
     "prepare_epoch": "prepareEpoch",
