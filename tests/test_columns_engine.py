@@ -101,7 +101,7 @@ def states_columns(job, states, op, **cols):
 def test_several_states_over_the_same_rows_are_each_states_operation_in_one_transaction(job):
     """One request over several states is the one-state operation per state, state after state,
     all or nothing: a bad row of the second state leaves the first one untouched."""
-    from statehouse.backends.errors import InvalidArgument
+    from statehouse.errors import InvalidArgument
 
     job.register_state(StateDescriptor("total", "reducing", function="sum"))
     job.register_state(StateDescriptor("events", "reducing", function="sum", value_type="int64"))
