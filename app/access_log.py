@@ -2,7 +2,8 @@
 
 A Spark job's executors call the data plane (the batch, columnar and timer-columnar endpoints)
 thousands of times a second; a line for each successful call costs ~6% of a small request's
-server CPU and says less than ``/metrics``, which counts them per route and status. By default
+server CPU and says less than ``/metrics``, which counts them per route and status (and
+``app/serve.py`` does not even make the record a filter would drop). By default
 (``control``) those lines are left out; every other request, and every refused or failed data
 plane request, is still logged. ``all`` logs every request.
 """
@@ -19,22 +20,38 @@ ACCESS_LOGGER = "uvicorn.access"
 _DATA_PLANE = re.compile(r"/v1/jobs/[^/?]+/(?:batch|states/[^/?]+/columns/[^/?]+|timers/[^/?]+/columns/[^/?]+)(?:\?|$)")
 
 
+_quiet = False  # the mode is "control" (set by :func:`configure`)
+
+
+def left_out(method: object, path: object, status: object) -> bool:
+    """Whether ``control`` leaves out the line of this request: a successful data-plane POST."""
+    succeeded = isinstance(status, int) and 200 <= status < 300
+    return method == "POST" and succeeded and isinstance(path, str) and _DATA_PLANE.search(path) is not None
+
+
+def quiet(method: str, path: str, status: int) -> bool:
+    """Whether the line of this request is left out now (the mode is ``control``): the server
+    (``app/serve.py``) asks before uvicorn builds the record the filter would drop."""
+    return _quiet and left_out(method, path, status)
+
+
 class QuietDataPlane(logging.Filter):
-    """Drops uvicorn's access line of a successful data-plane POST."""
+    """Drops uvicorn's access line of a successful data-plane POST (under ``uvicorn
+    statehouse.app.main:app``; ``python -m statehouse.app.serve`` does not make those records)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args  # uvicorn's: client address, method, path with query, HTTP version, status
-        if not (isinstance(args, tuple) and len(args) == 5 and args[1] == "POST"):
+        if not (isinstance(args, tuple) and len(args) == 5):
             return True
-        path, status = args[2], args[4]
-        succeeded = isinstance(status, int) and 200 <= status < 300
-        return not (succeeded and isinstance(path, str) and _DATA_PLANE.search(path))
+        return not left_out(args[1], args[2], args[4])
 
 
 def configure(mode: AccessLog) -> None:
     """Install (``control``) or remove (``all``) the filter on uvicorn's access logger."""
+    global _quiet
     logger = logging.getLogger(ACCESS_LOGGER)
     for installed in [f for f in logger.filters if isinstance(f, QuietDataPlane)]:
         logger.removeFilter(installed)
-    if mode == "control":
+    _quiet = mode == "control"
+    if _quiet:
         logger.addFilter(QuietDataPlane())

@@ -88,6 +88,21 @@ def _dictionary(metadata: bytes, batch: int) -> tuple[int, bool]:
     return (struct.unpack_from("<q", metadata, at)[0] if at else 0), bool(delta and metadata[delta])
 
 
+def _compressed() -> ApiError:
+    return ApiError(
+        "unsupported_media_type",
+        "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
+    )
+
+
+def _too_many_batches(max_batches: int, name: str) -> ApiError:
+    return ApiError(
+        "batch_too_large",
+        f"the stream holds more than {max_batches} {name} messages (STATEHOUSE_MAX_BATCH_OPS); "
+        "send fewer, larger record batches",
+    )
+
+
 def _check_messages(raw: bytes, max_bytes: int, max_batches: int) -> None:
     """Refuse compressed batches, more record (or dictionary) batches than a request may have
     rows (each costs Python work before a row is seen: 120,000 empty ones held the event loop for
@@ -106,17 +121,10 @@ def _check_messages(raw: bytes, max_bytes: int, max_batches: int) -> None:
         metadata = message.metadata.to_pybytes()
         kind, batch = _header(metadata)
         if batch and _compresses(metadata, kind, batch):
-            raise ApiError(
-                "unsupported_media_type",
-                "compressed Arrow IPC buffers (zstd, lz4) are not accepted; send the stream uncompressed",
-            )
+            raise _compressed()
         counts[name] += 1
         if counts[name] > max_batches:
-            raise ApiError(
-                "batch_too_large",
-                f"the stream holds more than {max_batches} {name} messages (STATEHOUSE_MAX_BATCH_OPS); "
-                "send fewer, larger record batches",
-            )
+            raise _too_many_batches(max_batches, name)
         if batch and kind == _DICTIONARY_BATCH:
             key, delta = _dictionary(metadata, batch)
             size = message.body.size if message.body is not None else 0
@@ -264,13 +272,43 @@ def check_size(table: pa.Table, max_bytes: int) -> None:
             )
 
 
+def _read_plain(raw: bytes, max_batches: int) -> tuple[pa.Table | None, pa.BufferReader]:
+    """The stream read in one pass over its messages, each checked as :func:`_check_messages`
+    checks it, when it is a schema and record batches only (what every client sends); ``None``
+    for anything else (dictionaries, a stream that does not start with its schema), which the
+    two-pass reading handles and words the errors of. Reading the framing once saves ~15 µs of
+    a one-row request."""
+    source = pa.BufferReader(raw)
+    messages = pa.ipc.MessageReader.open_stream(source)
+    first = messages.read_next_message() if raw else None
+    if first is None or first.type != "schema":
+        return None, source
+    schema = pa.ipc.read_schema(first)
+    if any(pa.types.is_dictionary(field.type) for field in schema):  # its dictionaries: two passes
+        return None, source
+    batches = []
+    for message in messages:
+        if message.type != "record batch":
+            return None, source
+        metadata = message.metadata.to_pybytes()
+        kind, batch = _header(metadata)
+        if batch and _compresses(metadata, kind, batch):
+            raise _compressed()
+        if len(batches) == max_batches:
+            raise _too_many_batches(max_batches, "record batch")
+        batches.append(pa.ipc.read_record_batch(message, schema))
+    return pa.Table.from_batches(batches, schema), source
+
+
 def read_stream(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
     """An Arrow IPC stream as one table, checked as the module's docstring says, then fully
     validated (UTF-8 included); 400/413/415/422 when it is not fit to use."""
     try:
-        _check_messages(raw, max_bytes, max_batches)
-        source = pa.BufferReader(raw)
-        table = pa.ipc.open_stream(source).read_all()
+        table, source = _read_plain(raw, max_batches)
+        if table is None:
+            _check_messages(raw, max_bytes, max_batches)
+            source = pa.BufferReader(raw)
+            table = pa.ipc.open_stream(source).read_all()
         if source.tell() != len(raw):  # a second stream, or anything else after the end marker
             raise ValueError(f"{len(raw) - source.tell()} bytes follow the stream's end-of-stream marker")
         table.validate()  # offsets and buffer sizes in bounds: what counting the sizes relies on

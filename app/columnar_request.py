@@ -98,4 +98,6 @@ async def read_columnar(service: Service, request: Request, parse: Callable[[pa.
     table = read_arrow(raw, settings.max_body_bytes, settings.max_batch_ops)
     service.check_batch_size(table.num_rows, "rows")
     work = parse(table)
+    if not request.scope.get("query_string"):  # no attempt, no epoch: nothing to parse
+        return ColumnarRequest(work, len(raw), None, None)
     return ColumnarRequest(work, len(raw), request_attempt(request), query_count(request, "epoch"))

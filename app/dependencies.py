@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from starlette.types import Scope
 
 from statehouse.app.metrics import Metrics
 from statehouse.app.problems import ApiError
@@ -66,7 +67,12 @@ class Service:
 
 
 def service_of(request: Request) -> Service:
-    service = getattr(request.app.state, "service", None)
+    return service_in(request.scope)
+
+
+def service_in(scope: Scope) -> Service:
+    """The service of the app a request (its ASGI ``scope``) reached: 503 while it starts."""
+    service = getattr(scope["app"].state, "service", None)
     if service is None:
         raise ApiError("not_ready", "the service is starting; retry shortly")
     return service
@@ -92,23 +98,23 @@ JobDep = Annotated[Job, Depends(get_job)]
 UNAUTHORIZED = "missing or invalid bearer token: send 'Authorization: Bearer <token>'"
 
 
-def _presented_token(request: Request) -> bytes | None:
+def _presented_token(scope: Scope) -> bytes | None:
     """The bearer token of the request as raw bytes (headers are bytes; any byte may arrive)."""
-    for name, value in request.scope.get("headers", ()):
+    for name, value in scope.get("headers", ()):
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
             return token.strip() if scheme.lower() == b"bearer" else None
     return None
 
 
-def authenticate(request: Request, job: str | None) -> Grant:
+def authenticate(scope: Scope, job: str | None) -> Grant:
     """The grant of the request's bearer token (``OPEN`` when auth is off), else 401
     ``unauthorized``; 403 ``forbidden`` when ``job`` is given and the token is not scoped to it.
     Called by ``app/intake.py`` before the body is received, for every path under ``/v1``."""
-    service = service_of(request)
+    service = service_in(scope)
     if not service.token_digests:  # auth off (not settings.grants: a pydantic private attribute, slower)
         return OPEN
-    token = _presented_token(request)
+    token = _presented_token(scope)
     found = grant_of(token, service.token_digests) if token else None
     if found is None:
         raise ApiError("unauthorized", UNAUTHORIZED)

@@ -114,9 +114,12 @@ class Intake:
             await self.app(scope, receive, send)
             return
         try:
-            self._check(scope)
+            declared = self._check(scope)
         except ApiError as exc:
             await state_error(Request(scope), exc)(scope, receive, send)
+            return
+        if declared:  # the HTTP parser reads no more than Content-Length, checked above
+            await self.app(scope, receive, send)
             return
         received = 0
 
@@ -132,11 +135,12 @@ class Intake:
 
         await self.app(scope, counting_receive, send)
 
-    def _check(self, scope: Scope) -> None:
+    def _check(self, scope: Scope) -> bool:
+        """The checks; whether the body's length is declared (Content-Length), so already checked."""
         path = route_path(scope)
         if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
             job = _JOB.match(path)
-            scope[GRANT] = authenticate(Request(scope), job[1] if job else None)
+            scope[GRANT] = authenticate(scope, job[1] if job else None)
         entries = self.routes.get(scope["method"])
         rule = next((e.rule for e in entries if e.path.match(path)), None) if entries else None
         if rule is not None and not (rule.optional and not _has_body(scope)):
@@ -145,5 +149,8 @@ class Intake:
             if media_type(text) not in rule.accepted:
                 raise unsupported(text, rule.accepted)
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+        if length is None or not length.isdigit():
+            return False
+        if int(length) > self.max_bytes:
             raise ApiError("body_too_large", self.too_large)
+        return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,6 +64,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Label children by their values: ``labels()`` validates and locks on every call, three
+        # per request (5.6 -> 2.2 µs for a request's two); the same children prometheus_client keeps.
+        self._request_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._op_children: dict[tuple[str, str], Any] = {}
+
     def watch(self, catalog: JobCatalog) -> None:
         """Read the resource gauges from ``catalog`` at each scrape."""
         self.jobs.set_function(lambda: len(catalog))
@@ -75,7 +81,23 @@ class Metrics:
 
     def count_ops(self, tally: Tally[tuple[str, str]]) -> None:
         for (kind, op), n in tally.items():
-            self.state_ops.labels(kind, op).inc(n)
+            self.count_op(kind, op, n)
+
+    def count_op(self, kind: str, op: str, n: int) -> None:
+        child = self._op_children.get((kind, op))
+        if child is None:
+            child = self._op_children[(kind, op)] = self.state_ops.labels(kind, op)
+        child.inc(n)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One request answered: counted by method, route template and status, and its latency."""
+        key = (method, route, str(status))
+        children = self._request_children.get(key)
+        if children is None:
+            children = (self.requests.labels(*key), self.latency.labels(method, route))
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class MetricsMiddleware:
@@ -107,8 +129,5 @@ class MetricsMiddleware:
             status = 500
             await answer_fault(scope, receive, send, self.metrics.errors)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
-            method = scope["method"]
-            self.metrics.requests.labels(method, template, str(status or 500)).inc()
-            self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)
+            template = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.observe_request(scope["method"], template, status or 500, time.perf_counter() - start)

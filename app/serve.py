@@ -31,8 +31,9 @@ from typing import Any, ClassVar
 import orjson
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from statehouse.app import access_log
 from statehouse.app.problems import STATUS_BY_CODE, problem_type
 from statehouse.app.settings import Settings, load_settings
 
@@ -54,6 +55,74 @@ def _refusal(code: str, detail: str, docs_url: str) -> bytes:
         + f"content-length: {len(body)}\r\n\r\n".encode()
     )
     return head + body
+
+
+class _HeldHead:
+    """Stands in for the transport while uvicorn writes a response's head: keeps the bytes."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+class _HeadFirst:
+    """Stands in for the transport while uvicorn writes a response's first body part: the held
+    head goes out in the same write."""
+
+    __slots__ = ("head", "transport")
+
+    def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
+        self.transport, self.head = transport, head
+
+    def write(self, data: bytes) -> None:
+        head, self.head = self.head, b""
+        self.transport.write(head + data if head else data)
+
+    def close(self) -> None:  # a response on a connection that closes after it
+        if self.head:  # no body bytes (HEAD, an empty body)
+            self.write(b"")
+        self.transport.close()
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request cycle, writing a response's head and its first body part with one
+    ``transport.write``: uvicorn writes them apart, two ``send`` system calls (and two TCP
+    segments) per answer of the data plane's small responses. The head is held from
+    ``http.response.start`` until the first ``http.response.body``; a response that never sends
+    one (the app failed in between) has its connection closed, as before, without the head.
+    An access line ``STATEHOUSE_ACCESS_LOG`` leaves out is not made at all (``app/access_log.py``)."""
+
+    _head: bytes | None = None
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            transport, held = self.transport, _HeldHead()
+            self.transport = held  # type: ignore[assignment]
+            logged = self.access_log
+            if logged and access_log.quiet(self.scope["method"], self.scope["path"], message["status"]):
+                self.access_log = False  # not even the record the filter would drop
+            try:
+                await super().send(message)
+            finally:
+                self.transport, self.access_log = transport, logged
+            self._head = held.data
+            return
+        head, self._head = self._head, None
+        if not head:
+            await super().send(message)
+            return
+        transport, first = self.transport, _HeadFirst(self.transport, head)
+        self.transport = first  # type: ignore[assignment]
+        try:
+            await super().send(message)
+        finally:
+            self.transport = transport
+        if first.head and not self.disconnected:  # no body bytes written (HEAD, an empty body)
+            first.write(b"")
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -117,6 +186,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._body_pending = True
         super().on_headers_complete()
+        if self.cycle is not None and type(self.cycle) is RequestResponseCycle:
+            # Its task is created, not yet run: from its first send on, one write per answer.
+            self.cycle.__class__ = OneWriteCycle
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -212,11 +284,11 @@ def log_config(level: str) -> dict[str, Any]:
     return conf
 
 
-def config(settings: Settings, host: str, port: int, **options: Any) -> uvicorn.Config:
+def config(settings: Settings, host: str, port: int, app: str = APP, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration of the server: the app, the guarded protocol, the keep-alive
-    timeout, the log."""
+    timeout, the log. ``app`` is another ASGI app only for bench/bare_asgi.py (the stack's floor)."""
     return uvicorn.Config(
-        APP,
+        app,
         host=host,
         port=port,
         http=guarded_protocol(settings),
