@@ -61,6 +61,7 @@ def open_store(settings: Settings) -> Store:
         return RocksDBStore(
             settings.data_dir,
             incremental_checkpoints=settings.incremental_checkpoints,
+            compact_moving=settings.rescale_compact_moving,
             max_open=settings.max_open_jobs,
             disk_reserve_bytes=settings.disk_reserve_bytes,
         )

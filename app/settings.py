@@ -79,6 +79,11 @@ class Settings(BaseSettings):
         "zstd", description="per-key-group compression of full snapshots"
     )
     incremental_checkpoints: bool = Field(True, description="RocksDB checkpoints upload only new SST files")
+    rescale_compact_moving: bool = Field(
+        True,
+        description="before a live rescale's incremental checkpoint, RocksDB compacts the key groups that move into "
+        "4 MiB files, so each load downloads about its share rather than files spanning every key group",
+    )
 
     max_key_bytes: int = Field(4096, ge=1, description="largest key, namespace or map user key, in bytes")
     max_value_bytes: int = Field(1 << 20, ge=1, description="largest encoded value, in bytes")

@@ -105,12 +105,14 @@ class CallLog:
         """Each replica's answer to its (last) load."""
         return {c.url: c.answer for c in self.calls if c.path == "/v1/topology/load"}
 
-    def parts(self, job: str) -> dict[str, int]:
-        """The bytes of each replica's part of the move's checkpoint of ``job`` (uploaded + reused)."""
+    def parts(self, job: str, *, uploaded_only: bool = False) -> dict[str, int]:
+        """The bytes of each replica's part of the move's checkpoint of ``job`` (uploaded + reused), or
+        (``uploaded_only``) what the move's checkpoint uploaded: its cost on the old replicas."""
         done = [
             c for c in self.calls if c.path.startswith(f"/v1/jobs/{job}/checkpoints/") and c.path.endswith("/complete")
         ]
-        return {c.url: c.answer.get("bytes_uploaded", 0) + c.answer.get("bytes_reused", 0) for c in done}
+        reused = 0 if uploaded_only else 1
+        return {c.url: c.answer.get("bytes_uploaded", 0) + reused * c.answer.get("bytes_reused", 0) for c in done}
 
 
 def step_of(path: str) -> str | None:
@@ -179,6 +181,7 @@ def measure(log: CallLog, replicas: ReplicaSet, step: Rescale, rescale: Callable
         "steps_s": log.steps(),
         "loads": log.loads(),
         "parts": log.parts(BULK),
+        "uploaded": log.parts(BULK, uploaded_only=True),
         "sizes": sizes,
         "cpu_s": {url: (process_cpu_ns(pid) - cpu[url]) / 1e9 for url, pid in pids.items()},
         "driver_cpu_s": time.process_time() - own_cpu,
@@ -249,6 +252,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shrink-at", type=int, default=10)
     p.add_argument("--events", type=int, default=200, help="events per micro-batch")
     p.add_argument("--no-spark", action="store_true", help="rescale with LiveRescale alone, no query")
+    p.add_argument(
+        "--no-compact-moving",
+        action="store_true",
+        help="STATEHOUSE_RESCALE_COMPACT_MOVING=false: the move's checkpoint takes the files as they are",
+    )
     p.add_argument("--s3-endpoint", help="use this SeaweedFS S3 (bucket 'snapshots') instead of starting one")
     p.add_argument("--json")
     return p.parse_args(argv)
@@ -275,7 +283,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         storage = s3_settings(stack, cfg.s3_endpoint, "rescale-live")
         workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-rescale-live-"))
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        replicas = ReplicaSet(workdir / "replicas", storage)
+        extra = {"STATEHOUSE_RESCALE_COMPACT_MOVING": "false"} if cfg.no_compact_moving else {}
+        replicas = ReplicaSet(workdir / "replicas", storage, extra=extra)
         stack.callback(replicas.stop)
         seeds = replicas.start(2)
         new = replicas.add(2, 3, version=2)
@@ -327,8 +336,18 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     for r in rescales:
         steps = ", ".join(f"{s} {r['steps_s'][s]:.2f}" for s in STEPS if s in r["steps_s"])
         cpu = sum(r["cpu_s"].values())
-        rows.append([f"{r['from']} → {r['to']}", f"{r['wall_s']:.2f}", steps, f"{cpu:.2f}", f"{r['driver_cpu_s']:.2f}"])
-    print(table(["rescale", "wall s", "steps (s)", "replicas' CPU s", "driver CPU s"], rows))
+        uploaded = sum(r["uploaded"].values()) / 1e6
+        rows.append(
+            [
+                f"{r['from']} → {r['to']}",
+                f"{r['wall_s']:.2f}",
+                steps,
+                f"{uploaded:,.1f}",
+                f"{cpu:.2f}",
+                f"{r['driver_cpu_s']:.2f}",
+            ]
+        )
+    print(table(["rescale", "wall s", "steps (s)", "checkpoint uploaded MB", "replicas' CPU s", "driver CPU s"], rows))
     print("\nBytes each replica's load read from S3 against its share of the bulk job (share: of the stored bytes;")
     print("checkpoint MB: the move's checkpoint parts' bytes times the fraction of their key groups taken):")
     share = [row for r in rescales for row in share_rows(r, urls)]

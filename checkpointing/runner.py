@@ -29,6 +29,7 @@ class SnapshotStrategyRunner:
         part propagates here (nothing runs in the background then).
         """
         started = time.monotonic()
+        strategy.settle(job)
         job.partition.flush()  # the slow part of a RocksDB freeze, while writes continue
         with job.exclusive():  # a consistent view: no write in the middle of the freeze
             async_part = strategy.prepare(job, ctx)

@@ -92,6 +92,10 @@ class AsyncSnapshot:
 class SnapshotStrategy(ABC, Generic[JobT]):
     format: SnapshotFormat
 
+    def settle(self, job: JobT) -> None:
+        """Before the synchronous part, while the job's writes go on: slow work that makes the
+        snapshot cheaper to take or to read."""
+
     @abstractmethod
     def prepare(self, job: JobT, ctx: SnapshotContext) -> AsyncSnapshot:
         """The synchronous part, with the job's writes held off: freeze, capture meta info,

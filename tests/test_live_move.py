@@ -17,6 +17,7 @@ from statehouse.backends.errors import BatchInFlight, KeyNotOwned, RescaleInProg
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import NON_KEYED_TABLES
+from statehouse.backends.rocksdb import store as rocksdb_store
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
@@ -690,3 +691,31 @@ def test_an_incremental_handle_without_spans_reads_every_file():
     assert set(new.files_for(KeyGroupRange(40, 41))) == {"000009.sst", "MANIFEST-000005"}
     assert set(new.files_for(KeyGroupRange(39, 40))) == {"000007.sst", "000009.sst", "MANIFEST-000005"}
     assert set(new.files_for(KeyGroupRange(0, 0))) == {"000007.sst", "MANIFEST-000005"}
+
+
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_moves_checkpoint_compacts_what_moves_so_a_load_reads_about_its_share(
+    make_catalog, make_manager, tmp_path, monkeypatch, compact
+):
+    """Memtable flushes (level 0) span every key group, so a load would download them whole
+    (``compact=False``: every file of the part); the move's checkpoint first compacts the frozen
+    key groups into small files, and the load downloads about its share."""
+    monkeypatch.setattr(rocksdb_store, "MOVE_FILE_BYTES", 16 << 10 if compact else None)  # of ~200 KB
+    storage = open_storage(str(tmp_path / "checkpoints"))
+    move, _ = _share_move(make_catalog, make_manager, tmp_path, storage, incremental=True)
+    (part,) = [p for p in move.parts if p.metadata.replica_index == 1]  # old replica 1 holds 64-127
+    handle = part.metadata.keyed
+    keyed = sum(h.size for h in handle.shared.values())
+    load = _reads_its_share(move, 0)  # 86-127: every entry, no other key group
+    operator = sum(p.metadata.operator.size for p in move.parts)
+    taken = load.bytes_read - operator - sum(h.size for h in handle.private.values())
+    share = len(move.moving_in(2)[0]) / len(part.metadata.key_group_range)  # 42 of 64 key groups
+    if compact:  # its share, give or take the key groups' sizes, and at most a file at each edge
+        edges = 2 * max(h.size for h in handle.shared.values())
+        assert taken < 0.9 * keyed and taken <= 1.1 * share * keyed + edges, (taken, share * keyed, edges)
+    else:
+        assert taken == keyed  # every table file spans every key group it holds: all are read
+    move.load(1)
+    move.commit()
+    assert sum(len(dump(c.get("orders"))) for c in move.catalogs) == 20_000  # every key, once

@@ -36,7 +36,18 @@ from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy
-from rocksdict import AccessType, BlockBasedOptions, Checkpoint, ColumnFamily, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    BottommostLevelCompaction,
+    Checkpoint,
+    ColumnFamily,
+    CompactOptions,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+)
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.errors import InsufficientStorage
@@ -68,6 +79,8 @@ _SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
 
 
+# RocksDB's default size of the table files a compaction writes (target_file_size_base).
+_TARGET_FILE_BYTES = 64 << 20
 # A job's write-ahead logs without a data volume's reserve to fit in (staged restores, readers).
 _DEFAULT_WAL_LIMIT = 64 << 20
 
@@ -703,17 +716,38 @@ class RocksDBPartition(StorePartition):
                 batch.delete_range(begin, end, handle)
         self._db.write(batch)
 
-    @_leased
     def reclaim_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
         # A range tombstone hides the data but the table files keep it until a compaction reaches
         # them, which nothing may trigger: the disk, and every later incremental checkpoint's
         # files (what the next rescale downloads), would carry it. Compacting just those ranges
         # rewrites the files they touch (~1 s per million entries), while writes go on.
+        self.compact_key_groups(tables, ranges)
+
+    @_leased
+    def compact_key_groups(
+        self, tables: Sequence[str], ranges: Sequence[KeyGroupRange], file_bytes: int | None = None
+    ) -> None:
+        """Compact these key groups of these tables (RocksDB rewrites every table file that holds
+        any of them, level 0's included, down the levels), while writes go on. ``file_bytes``: cut
+        the files it writes at about that size instead of the table's target, so each holds a
+        narrow run of key groups."""
+        options = CompactOptions()
+        if file_bytes is not None:
+            # Rewrite files already at the last level too: a lone file RocksDB would otherwise
+            # move down whole (a trivial move) keeps spanning what it spanned.
+            options.set_bottommost_level_compaction(BottommostLevelCompaction.force_optimized())
         for table in tables:
             family = self._families.get(table)
-            if family is not None:
+            if family is None:
+                continue
+            if file_bytes is not None:
+                family.set_options({"target_file_size_base": str(file_bytes)})
+            try:
                 for begin, end in self._key_group_bounds(ranges):
-                    family.compact_range(begin, end)
+                    family.compact_range(begin, end, options)
+            finally:
+                if file_bytes is not None:
+                    family.set_options({"target_file_size_base": str(_TARGET_FILE_BYTES)})
 
     def _key_group_bounds(self, ranges: Sequence[KeyGroupRange]) -> list[tuple[bytes, bytes]]:
         """Each range of key groups as the byte range [begin, end) its keys fill."""

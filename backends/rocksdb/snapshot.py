@@ -45,8 +45,30 @@ def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str,
     return {name: handle.under(previous.directory) for name, handle in keyed.shared.items()}
 
 
+# The size of the table files a live rescale's checkpoint compacts the moving key groups into: a
+# load downloads the files overlapping its share, so at most about two such files more than it.
+MOVE_FILE_BYTES = 4 << 20
+
+
 class IncrementalSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "incremental"
+
+    def __init__(self, move_file_bytes: int | None = MOVE_FILE_BYTES) -> None:
+        self.move_file_bytes = move_file_bytes  # None: no compaction before a move's checkpoint
+
+    def settle(self, job: Job) -> None:
+        """A checkpoint of a job a live rescale froze is the one the move's loads read: compact
+        the key groups moving out into files of about ``move_file_bytes`` first, so that no
+        file of them spans key groups that stay (table files flushed from memtables, level 0,
+        span every key group, and the load would download them whole). Frozen key groups do
+        not change, so the files stay as compacted; writes to the others go on meanwhile."""
+        frozen = job.keyspace.frozen
+        if self.move_file_bytes is None or not frozen:
+            return
+        partition = job.partition
+        assert isinstance(partition, RocksDBPartition), "the RocksDB store only opens RocksDB partitions"
+        partition.flush()
+        partition.compact_key_groups(list(keyed_tables(partition.tables())), frozen, self.move_file_bytes)
 
     def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
@@ -96,9 +118,6 @@ class IncrementalSnapshotStrategy(JobStrategy):
             )
 
         return AsyncSnapshot(view, body)
-
-
-INCREMENTAL = IncrementalSnapshotStrategy()
 
 
 def incremental_records(

@@ -9,7 +9,7 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
-from statehouse.backends.rocksdb.snapshot import INCREMENTAL
+from statehouse.backends.rocksdb.snapshot import MOVE_FILE_BYTES, IncrementalSnapshotStrategy
 from statehouse.backends.rocksdb.space import DataVolume
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.snapshots.layout import SnapshotKind
@@ -28,11 +28,13 @@ class RocksDBStore(Store):
         data_dir: str,
         *,
         incremental_checkpoints: bool = True,
+        compact_moving: bool = True,
         max_open: int | None = None,
         disk_reserve_bytes: int = 0,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
+        self._incremental = IncrementalSnapshotStrategy(None if not compact_moving else MOVE_FILE_BYTES)
         # Jobs' databases kept open at once (None: no bound); staged restores are not counted.
         self.instances = OpenInstances(max_open)
         os.makedirs(self.data_dir, exist_ok=True)
@@ -82,7 +84,7 @@ class RocksDBStore(Store):
 
     def snapshot_strategy(self, kind: SnapshotKind) -> JobStrategy:
         # Savepoints are always canonical (portable to the heap backend and across rescales).
-        return INCREMENTAL if kind == "checkpoint" and self.incremental_checkpoints else FULL
+        return self._incremental if kind == "checkpoint" and self.incremental_checkpoints else FULL
 
     def open_staging(self, job: str, max_parallelism: int) -> RocksDBPartition:
         path = os.path.join(self._staging, validate_name(job, "job"))
