@@ -1,8 +1,10 @@
 """format("statehouse").option("checkpoint", N) on real local Spark, against two real replicas per
-backend whose checkpoints go to real S3 (SeaweedFS): a checkpoint's and a savepoint's operator
-state read straight from storage (no replica involved) equals the live read at that moment and a
-plain-Python oracle, stays what it was after the live state moves on, and refusals (an unknown
-checkpoint, keyed state, storage down) are one error whose first line says what to fix."""
+backend whose checkpoints go to real S3 (SeaweedFS): a checkpoint's and a savepoint's keyed state
+(every kind; RocksDB's checkpoints incremental, its savepoints and the heap's checkpoints full) and
+operator state read straight from storage (no replica involved) equal the live read at that moment
+and a plain-Python oracle, stay what they were after the live state moves on, a one-key filter
+reads one key group of one part, a million keys read back exactly, and refusals (an unknown
+checkpoint or state, storage down) are one error whose first line says what to fix."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import pytest
 from harness.server import start_server
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
-from statehouse.client.datasource import register
-from tests.test_spark_source import fill_operator, first_line, read
+from statehouse.client.datasource import StatehouseDataSource, register
+from tests.test_spark_source import STATES, as_dict, fill, fill_operator, first_line, read
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -64,6 +66,91 @@ def rows(df) -> list[tuple]:
     return sorted((tuple(r) for r in df.collect()), key=repr)
 
 
+def checkpoint_options(job, checkpoint, storage, endpoint, **options) -> dict[str, str]:
+    given = {"job": job, "checkpoint": str(checkpoint), "checkpoint_storage": storage, "s3_endpoint_url": endpoint}
+    return {**given, **options}
+
+
+def formats(job, checkpoint, storage, endpoint) -> set[str]:
+    """The keyed formats of a snapshot's parts ("full" or "incremental")."""
+    from statehouse.client.datasource.checkpoint import CheckpointOptions, snapshot_parts
+
+    parsed = CheckpointOptions.parse(checkpoint_options(job, checkpoint, storage, endpoint, state="x"))
+    return {part.metadata.format for part in snapshot_parts(parsed)}
+
+
+def test_keyed_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3_server):
+    """Every kind reads from a checkpoint as the live read does at that moment (same schema, rows,
+    key groups and expiries) and as the oracle; after the live state moves on, the checkpoint
+    stays what it was and a savepoint holds the new state."""
+    urls, storage, backend = deployment
+    job, endpoint = "keyed", s3_server.endpoint
+    expected = fill(urls, job)
+    live = {state: read(source, urls, job, state) for state in STATES}
+    at_checkpoint = {state: rows(df) for state, df in live.items()}
+    with StatehouseClient(urls) as client:
+        j = client.job(job)
+        checkpoint = CheckpointCoordinator(j).checkpoint().checkpoint_id
+        assert formats(job, checkpoint, storage, endpoint) == {"incremental" if backend == "rocksdb" else "full"}
+        for state in STATES:
+            found = from_checkpoint(source, job, checkpoint, storage, endpoint, state=state, partitions_per_replica=3)
+            assert found.schema == live[state].schema, state
+            assert found.rdd.getNumPartitions() == 6  # one per part and key-group sub-range
+            assert rows(found) == at_checkpoint[state], state
+            assert as_dict(found.collect(), state) == expected[state], state
+
+        j.columns().put("score", ["user-0", "user-new"], [-1, 5])
+        savepoint = CheckpointCoordinator(j).savepoint().checkpoint_id
+    assert formats(job, savepoint, storage, endpoint) == {"full"}
+    assert rows(from_checkpoint(source, job, checkpoint, storage, endpoint, state="score")) == at_checkpoint["score"]
+    saved = as_dict(from_checkpoint(source, job, savepoint, storage, endpoint, state="score").collect(), "score")
+    assert saved == {**expected["score"], ("user-0", ""): -1, ("user-new", ""): 5}
+    for state in ("recent", "counts", "stats"):
+        found = from_checkpoint(source, job, savepoint, storage, endpoint, state=state)
+        assert as_dict(found.collect(), state) == expected[state], state
+
+
+def test_a_one_key_filter_reads_one_key_group_of_one_part(source, deployment, s3_server):
+    """A key filter plans one partition per key's key group, which reads that key group's range of
+    the part holding it (a full part: the header and one section) and answers the key's rows."""
+    from pyspark.sql.datasource import EqualTo, In
+
+    from statehouse.client.datasource.checkpoint import part_records
+    from statehouse.keygroups import KeyGroupRange, assign_to_key_group
+
+    urls, storage, _backend = deployment
+    job, endpoint = "one-key", s3_server.endpoint
+    expected = fill(urls, job)
+    with StatehouseClient(urls) as client:
+        checkpoint = CheckpointCoordinator(client.job(job)).checkpoint().checkpoint_id
+    options = checkpoint_options(job, checkpoint, storage, endpoint, state="score")
+    data_source = StatehouseDataSource(options)
+    reader = data_source.reader(data_source.schema())
+    assert list(reader.pushFilters([EqualTo(("key",), "user-7")])) == []
+    (partition,) = reader.partitions()
+    group = assign_to_key_group("user-7", "string", 32)
+    assert (partition.start, partition.end, partition.keys) == (group, group, ["user-7"])
+    found = [row for batch in reader.read(partition) for row in batch.to_pylist()]
+    assert [(r["key"], r["value"], r["key_group"]) for r in found] == [("user-7", 7, group)]
+    # What that partition read from storage: the key group's records, not the part's.
+    part = reader.parts[partition.part]
+    in_group = list(part_records(reader.options.open(), part, "score", KeyGroupRange(group, group)))
+    assert len(in_group) == sum(1 for k, _ns in expected["score"] if assign_to_key_group(k, "string", 32) == group)
+    assert len(in_group) < len(expected["score"]) // 8
+
+    reader = data_source.reader(data_source.schema())
+    list(reader.pushFilters([In(("key",), ("user-1", "user-200", "nobody"))]))
+    assert sum(len(p.keys) for p in reader.partitions()) == 3
+    df = from_checkpoint(source, job, checkpoint, storage, endpoint, state="score")
+    assert [(r["key"], r["value"]) for r in df.filter("key = 'user-7'").collect()] == [("user-7", 7)]
+    picked = df.filter(df.key.isin("user-1", "user-200", "nobody")).select("key", "value").collect()
+    assert sorted(map(tuple, picked)) == [("user-1", 1), ("user-200", 200)]
+    narrowed = {r["key"] for r in df.filter("key_group between 3 and 5").collect()}
+    assert narrowed == {k for k, _ns in expected["score"] if 3 <= assign_to_key_group(k, "string", 32) <= 5}
+    longs = from_checkpoint(source, job, checkpoint, storage, endpoint, state="by_id").filter("key = -3").collect()
+    assert [(r["key"], r["value"]) for r in longs] == [(-3, 47 / 4)]
+
+
 def test_operator_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3_server):
     urls, storage, _backend = deployment
     job = "operators"
@@ -105,7 +192,7 @@ def test_checkpoint_refusals_say_what_to_fix(source, deployment, s3_server):
     assert "has no completed checkpoint or savepoint 999" in first_line(raised)
     with pytest.raises(AnalysisException) as raised:
         from_checkpoint(source, job, "latest", storage, endpoint, state="score").collect()
-    assert "keyed state cannot be read yet" in first_line(raised)
+    assert "has no state 'score'" in first_line(raised)
     with pytest.raises(AnalysisException) as raised:
         from_checkpoint(source, job, "soon", storage, endpoint, operator="source").collect()
     assert "a checkpoint or savepoint id, or 'latest'" in first_line(raised)
@@ -113,6 +200,9 @@ def test_checkpoint_refusals_say_what_to_fix(source, deployment, s3_server):
     try:
         with pytest.raises(AnalysisException) as raised:
             from_checkpoint(source, job, "latest", storage, endpoint, operator="source").collect()
+        assert "storage" in first_line(raised).lower(), first_line(raised)
+        with pytest.raises(AnalysisException) as raised:
+            from_checkpoint(source, job, "latest", storage, endpoint, state="score").collect()
         assert "storage" in first_line(raised).lower(), first_line(raised)
     finally:
         s3_server.start()

@@ -7,25 +7,51 @@ reads one part's files on an executor, through the server's own format code
 boto3 and zstandard). S3 credentials come the standard AWS way (environment, profile, instance
 role), the endpoint of an S3-compatible server from ``option("s3_endpoint_url", ...)``.
 
-Operator state (``option("operator", ...)``) is read so; keyed state is not yet (its rows need
-the engine's value decoding in a layer the client shares), and is refused with what to do.
+Keyed state (``option("state", ...)``) reads as the live read does (the same schema, built by
+the same code, ``statehouse.stored.arrow``): one input partition per part and key-group sub-range.
+A full or savepoint part (the canonical format) is range-read: the header and just the sections
+of the partition's key groups; an incremental RocksDB part's files are downloaded to a temporary
+directory of the task, opened read-only, and removed after. Key filters read the keys' key
+groups only. Operator state (``option("operator", ...)``) is one partition per part.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import broadcast_rows, list_rows
 from statehouse.client.datasource.options import SourceError
 from statehouse.errors import StateError
+from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
+from statehouse.snapshots.full_format import fetch_key_groups
+from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorStateData, list_elements
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
+from statehouse.stored.arrow import Row, decode_record, rows_table
+from statehouse.stored.codec import encode_key
+from statehouse.stored.descriptors import StateDescriptor
+from statehouse.stored.keys import (
+    DEFAULT_FAMILY,
+    column_family,
+    key_group_prefix,
+    key_group_prefix_width,
+    prefix_successor,
+    split_key,
+)
+
+Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, record
 
 
 @dataclass(frozen=True)
@@ -34,8 +60,9 @@ class CheckpointOptions:
     checkpoint_id: int | None  # None: the latest checkpoint every replica completed
     storage: str  # the replicas' STATEHOUSE_CHECKPOINT_DIR: a path or s3://bucket/prefix
     s3_endpoint_url: str | None
-    operator: str
-    state: str  # one of the operator's states, or "" for all
+    operator: str | None  # None: keyed state
+    state: str  # keyed: the state; operator: one of the operator's states, or "" for all
+    partitions_per_part: int  # keyed: input partitions per part (its key groups, split evenly)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> CheckpointOptions:
@@ -57,12 +84,17 @@ class CheckpointOptions:
             )
         if given.get("timers") is not None or given.get("what") is not None:
             raise SourceError("option('timers') and option('what') read the live replicas, not a checkpoint")
-        operator = given.get("operator")
-        if not operator:
+        operator = given.get("operator") or None
+        if operator is None and not given.get("state"):
             raise SourceError(
-                "a checkpoint's keyed state cannot be read yet (option('operator', name) reads its operator state): "
-                "restore the checkpoint into a deployment (POST /v1/jobs/{job}/restore) and read the live replicas"
+                "reading a checkpoint needs .option('state', ...) (a keyed state) or .option('operator', ...)"
             )
+        try:
+            splits = int(given.get("partitions_per_replica", "1"))
+        except ValueError as exc:
+            raise SourceError(f"bad option: {exc}") from None
+        if splits < 1:
+            raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
         return cls(
             given["job"],
             checkpoint_id,
@@ -70,6 +102,7 @@ class CheckpointOptions:
             given.get("s3_endpoint_url") or None,
             operator,
             given.get("state", ""),
+            splits,
         )
 
     def open(self) -> CheckpointStorage:
@@ -131,3 +164,128 @@ class CheckpointOperatorReader(DataSourceReader):
                     yield broadcast_rows(name, decoded)
         except StateError as exc:
             raise SourceError(f"statehouse: reading operator {operator!r} from {options.named}: {exc}") from None
+
+
+def stored_descriptor(options: CheckpointOptions, parts: Sequence[SnapshotPart]) -> StateDescriptor:
+    """The keyed state's descriptor as the checkpoint recorded it (on the driver)."""
+    recorded = {d["name"]: d for d in parts[0].metadata.states}
+    if options.state not in recorded:
+        raise SourceError(
+            f"statehouse: {options.named} has no state {options.state!r}; its states: "
+            f"{', '.join(sorted(recorded)) or 'none'}"
+        )
+    return StateDescriptor.from_dict(recorded[options.state])
+
+
+class PartRange(InputPartition):
+    """Key groups ``start``..``end`` of part ``part``; with ``keys``, only those keys' rows."""
+
+    def __init__(self, part: int, start: int, end: int, keys: list[Any] | None = None) -> None:
+        super().__init__((part, start, end))
+        self.part, self.start, self.end, self.keys = part, start, end, keys
+
+
+class CheckpointKeyedReader(KeyFilterPushdown, DataSourceReader):
+    """A keyed state in a checkpoint: one partition per part and key-group sub-range, whatever the
+    layout that wrote it (each key group is in exactly one part). TTL visibility is judged at the
+    time Spark plans the read, the same for every partition."""
+
+    def __init__(self, options: CheckpointOptions, parts: Sequence[SnapshotPart], descriptor: StateDescriptor) -> None:
+        self.options, self.parts, self.descriptor = options, list(parts), descriptor
+        self.max_parallelism = self.parts[0].metadata.max_parallelism
+        self.first, self.last = 0, self.max_parallelism - 1
+        self.keys: set[Any] | None = None
+        self.now_ms = time.time_ns() // 1_000_000
+
+    def partitions(self) -> Sequence[InputPartition]:
+        found: list[InputPartition] = []
+        if self.keys is not None:
+            grouped = key_groups_of(self.keys, self.descriptor.key_type, self.max_parallelism, self.first, self.last)
+            for group, keys in grouped.items():
+                found.append(PartRange(self._part_of(group), group, group, keys))
+            return found or [PartRange(0, 0, -1, [])]
+        for index, part in enumerate(self.parts):
+            owned = part.metadata.key_group_range
+            start, end = max(owned.start, self.first), min(owned.end, self.last)
+            if start <= end:
+                ranges = split_range(start, end, self.options.partitions_per_part)
+                found += [PartRange(index, low, high) for low, high in ranges]
+        return found or [PartRange(0, 0, -1, [])]
+
+    def _part_of(self, key_group: int) -> int:
+        return next(i for i, p in enumerate(self.parts) if key_group in p.metadata.key_group_range)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, PartRange)
+        if partition.start > partition.end:
+            return
+        descriptor, part = self.descriptor, self.parts[partition.part]
+        wanted = KeyGroupRange(partition.start, partition.end)
+        prefixes = None if partition.keys is None else [encode_key(k, descriptor.key_type) for k in partition.keys]
+        try:
+            stored = part_records(self.options.open(), part, descriptor.name, wanted)
+            rows: list[Row] = []
+            for kg, primary, secondary, raw in stored:
+                if prefixes is not None and not primary.startswith(tuple(prefixes)):
+                    continue
+                decoded = decode_record(descriptor.kind, descriptor.ttl, raw, self.now_ms)
+                if decoded is not None:
+                    rows.append((kg, primary, secondary, *decoded))
+                if len(rows) >= PAGE_ROWS:
+                    yield from rows_table(descriptor, rows).to_batches()
+                    rows = []
+            if rows:
+                yield from rows_table(descriptor, rows).to_batches()
+        except StateError as exc:
+            doing = f"reading state {descriptor.name!r} from {self.options.named}"
+            raise SourceError(f"statehouse: {doing}: {exc}") from None
+
+
+def part_records(storage: CheckpointStorage, part: SnapshotPart, table: str, wanted: KeyGroupRange) -> Iterator[Stored]:
+    """A table's stored records of ``wanted`` key groups in one part, in key group and key order."""
+    keyed = part.metadata.keyed
+    if isinstance(keyed, KeyGroupsHandle):
+        handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
+        for kg, name, primary, secondary, value in fetch_key_groups(storage, handle, wanted).records():
+            if name == table:
+                yield kg, primary, secondary, value
+        return
+    assert isinstance(keyed, IncrementalHandle)
+    yield from _incremental_records(storage, part, keyed, table, wanted)
+
+
+def _incremental_records(
+    storage: CheckpointStorage, part: SnapshotPart, keyed: IncrementalHandle, table: str, wanted: KeyGroupRange
+) -> Iterator[Stored]:
+    """An incremental part's files downloaded to a directory of this task (removed after) and opened
+    read-only: the RocksDB the replica checkpointed, read by the backend's key layout."""
+    from rocksdict import AccessType, Options, Rdict, ReadOptions
+
+    if table not in keyed.tables:
+        return
+    work = tempfile.mkdtemp(prefix="statehouse-part-")
+    try:
+        for name, file in {**keyed.shared, **keyed.private}.items():
+            storage.download_verified(file.under(part.directory), os.path.join(work, name))
+        options = Options(raw_mode=True)
+        families = {cf: Options(raw_mode=True) for cf in Rdict.list_cf(work, options) if cf != DEFAULT_FAMILY}
+        db = Rdict(work, options, column_families=families, access_type=AccessType.read_only())
+        try:
+            width = key_group_prefix_width(part.metadata.max_parallelism)
+            lower = key_group_prefix(wanted.start, width)
+            read_options = ReadOptions()
+            read_options.set_iterate_lower_bound(lower)
+            upper = prefix_successor(key_group_prefix(wanted.end, width))
+            if upper is not None:
+                read_options.set_iterate_upper_bound(upper)
+            it = db.get_column_family(column_family(table)).iter(read_options)
+            it.seek(lower)
+            nested = keyed.tables[table]
+            while it.valid():
+                yield (*split_key(it.key(), width, nested), it.value())
+                it.next()
+            del it
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -8,7 +8,7 @@ become point reads on the keys' owners; filters on ``key_group`` narrow the part
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,27 +18,20 @@ from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamWriter,
     DataSourceWriter,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    LessThan,
-    LessThanOrEqual,
 )
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from statehouse.client.client import StatehouseClient
+from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import OPERATOR_SCHEMA, broadcast_rows, list_rows
 from statehouse.client.datasource.options import SourceError, SourceOptions, refusal
 from statehouse.client.errors import StatehouseError
 from statehouse.client.transport import ReplicaConnection
-from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from statehouse.keygroups import KeyGroupRange, operator_index
 
 NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
-PAGE_ROWS = 10_000
 MAX_KEYS = 1_000  # keys per point-read request (the server's limit)
 
 
@@ -153,17 +146,36 @@ class StatehouseDataSource(DataSource):
             layout = self._known = describe(SourceOptions.parse(self.options))
         return layout
 
+    def _stored(self, checkpoint: Any) -> tuple[list[Any], Any]:
+        """A checkpoint's parts and, for a keyed read, the state's descriptor it recorded (read once)."""
+        known = getattr(self, "_snapshot", None)
+        if known is None:
+            from statehouse.client.datasource.checkpoint import snapshot_parts, stored_descriptor
+
+            parts = snapshot_parts(checkpoint)
+            descriptor = stored_descriptor(checkpoint, parts) if checkpoint.operator is None else None
+            known = self._snapshot = (parts, descriptor)
+        return known
+
     def schema(self) -> StructType:
-        if self._checkpoint() is not None:
+        checkpoint = self._checkpoint()
+        if checkpoint is not None and checkpoint.operator is None:
+            from statehouse.stored.arrow import schema
+
+            return from_arrow_schema(schema(self._stored(checkpoint)[1]))
+        if checkpoint is not None:
             return from_arrow_schema(OPERATOR_SCHEMA)
         return from_arrow_schema(self._layout().schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         checkpoint = self._checkpoint()
         if checkpoint is not None:
-            from statehouse.client.datasource.checkpoint import CheckpointOperatorReader, snapshot_parts
+            from statehouse.client.datasource.checkpoint import CheckpointKeyedReader, CheckpointOperatorReader
 
-            return CheckpointOperatorReader(checkpoint, snapshot_parts(checkpoint))
+            parts, descriptor = self._stored(checkpoint)
+            if descriptor is not None:
+                return CheckpointKeyedReader(checkpoint, parts, descriptor)
+            return CheckpointOperatorReader(checkpoint, parts)
         options = SourceOptions.parse(self.options)
         if options.timers is not None:
             return TimerReader(options, self._layout())
@@ -192,27 +204,11 @@ class ScanPartition(InputPartition):
         self.replica, self.start, self.end, self.keys = replica, start, end, keys
 
 
-class StatehouseReader(DataSourceReader):
+class StatehouseReader(KeyFilterPushdown, DataSourceReader):
     def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
         self.options, self.layout = options, layout
         self.first, self.last = 0, layout.max_parallelism - 1  # the key groups filters leave
         self.keys: set[Any] | None = None  # the keys filters leave (None: every key)
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        for f in filters:
-            column = getattr(f, "attribute", None)  # every filter but Not names its column
-            if column == ("key",) and isinstance(f, EqualTo | In):
-                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
-                self.keys = wanted if self.keys is None else self.keys & wanted
-            elif column == ("key_group",) and isinstance(f, EqualTo | GreaterThan | GreaterThanOrEqual):
-                low = f.value + 1 if isinstance(f, GreaterThan) else f.value
-                self.first = max(self.first, low)
-                if isinstance(f, EqualTo):
-                    self.last = min(self.last, f.value)
-            elif column == ("key_group",) and isinstance(f, LessThan | LessThanOrEqual):
-                self.last = min(self.last, f.value - 1 if isinstance(f, LessThan) else f.value)
-            else:
-                yield f
 
     def partitions(self) -> Sequence[InputPartition]:
         found = self._partitions()
@@ -243,24 +239,18 @@ class StatehouseReader(DataSourceReader):
             start, end = max(owned.start, self.first), min(owned.end, self.last)
             if start > end:
                 continue
-            splits = min(self.options.partitions_per_replica, end - start + 1)
-            for part in range(splits):
-                sub = KeyGroupRange.for_operator(end - start + 1, splits, part)
-                found.append(ScanPartition(replica, start + sub.start, start + sub.end))
+            for low, high in split_range(start, end, self.options.partitions_per_replica):
+                found.append(ScanPartition(replica, low, high))
         return found or [ScanPartition(0, 0, -1, [])]
 
     def _key_partitions(self, keys: list[Any]) -> list[InputPartition]:
         """One partition per owner of the keys (those in the key-group range filters leave)."""
         layout = self.layout
         by_owner: dict[int, list[Any]] = {}
-        for key in keys:
-            try:
-                group = assign_to_key_group(key, layout.key_type, layout.max_parallelism)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                continue  # no key of this state's type: no row
-            if self.first <= group <= self.last:
-                owner = operator_index(layout.max_parallelism, layout.replica_count, group)
-                by_owner.setdefault(owner, []).append(key)
+        grouped_keys = key_groups_of(keys, layout.key_type, layout.max_parallelism, self.first, self.last)
+        for group, grouped in grouped_keys.items():
+            owner = operator_index(layout.max_parallelism, layout.replica_count, group)
+            by_owner.setdefault(owner, []).extend(grouped)
         found: list[InputPartition] = [
             ScanPartition(owner, self.first, self.last, owned) for owner, owned in sorted(by_owner.items())
         ]
