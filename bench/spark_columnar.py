@@ -8,11 +8,16 @@ Spark's ``noop`` sink:
 * **columnar**: ``exactly_once`` + ``df.repartition("user_id").mapInPandas`` with
   ``with_state_pandas`` (the pattern of ``pipelines/user_features_columnar.py``): per Arrow
   batch the events are grouped by user with pandas (sum, size) and sent as one columnar
-  ``add`` per state; when the partition is done, one columnar ``get`` per state reads its
-  users. Two reducing ``sum`` states, ``value_type`` float64 and int64.
-* **columnar, every row** (``columnar-rows``): the same without the pandas grouping: every
-  event is a row of both ``add`` requests (the server folds a user's rows in order), as the
-  user-features job sends its sums.
+  ``add_get`` request over both states (``Columns.add_get_states``: one key column, a value
+  column per state), which answers each user's new total and count; when the partition is
+  done, each user's last answer is its row (a replayed micro-batch reads them with one
+  ``get_states``). Two reducing ``sum`` states, ``value_type`` float64 and int64.
+* **columnar, before add_get** (``columnar-separate``): the same job as it was written before
+  (issue 32): one columnar ``add`` per state and Arrow batch, then one ``get`` per state when
+  the partition is done.
+* **columnar, every row** (``columnar-rows``): the ``columnar`` job without the pandas
+  grouping: every event is a row of the ``add_get`` request (the server folds a user's rows in
+  order), as the user-features job sends its sums.
 * **grouped** (``--paths grouped``; not among the defaults: it sends four requests per user and
   micro-batch, hours at 1,000,000 users): ``df.groupBy("user_id").applyInPandas`` with
   ``with_state_grouped``: per user, one columnar ``add`` per state of the user's sum and count,
@@ -96,6 +101,7 @@ from statehouse.pipelines.user_features_columnar import PartitionEnd, with_parti
 
 PATHS = (
     "columnar",
+    "columnar-separate",
     "columnar-rows",
     "grouped",
     "rowwise",
@@ -107,11 +113,12 @@ PATHS = (
     "tws-row",
 )
 DEFAULT_PATHS = tuple(p for p in PATHS if p != "grouped")
-STATEHOUSE_PATHS = ("columnar", "columnar-rows", "grouped", "rowwise")
+STATEHOUSE_PATHS = ("columnar", "columnar-separate", "columnar-rows", "grouped", "rowwise")
 REDIS_PATHS = ("redis", "redis-aof")
 TWS_PATHS = ("tws-pandas", "tws-row")
 LABELS = {
     "columnar": "columnar client, mapInPandas (grouped per Arrow batch)",
+    "columnar-separate": "columnar client, mapInPandas (grouped; add, then get, per state: before add_get)",
     "columnar-rows": "columnar client, mapInPandas (every row sent)",
     "grouped": "columnar client, applyInPandas (with_state_grouped: requests per user)",
     "rowwise": "row-wise client, collect_list + mapPartitions",
@@ -128,6 +135,7 @@ SPARK_STATE = "exactly-once, durable (Spark checkpoint), not rescalable (partiti
 # What the user gets from each path's state, beside its speed (the rows of RESULTS §9's table).
 GUARANTEES = {
     "columnar": "exactly-once, durable, rescalable",
+    "columnar-separate": "exactly-once, durable, rescalable",
     "columnar-rows": "exactly-once, durable, rescalable",
     "grouped": "exactly-once, durable, rescalable",
     "rowwise": "exactly-once, durable, rescalable",
@@ -177,37 +185,51 @@ def write_input(directory: Path, batches: int, rows: int, users: int, seed: int)
 # -- the three jobs --------------------------------------------------------------------------
 
 
-def columnar_step(every_row: bool) -> Callable[[Any, Any, BatchContext], Any]:
+def columnar_step(every_row: bool, separate: bool = False) -> Callable[[Any, Any, BatchContext], Any]:
+    """Per Arrow batch one ``add_get_states`` request updating both states and answering their
+    new values; after the partition's last batch each user's last answer is its row (a replay,
+    which must not write, reads them with one ``get_states``). ``separate``: the job before
+    ``add_get`` and several-state requests, an ``add`` per state and batch and a ``get`` per state
+    at the end (four requests where this is one)."""
+    answered: list[pd.DataFrame] = []  # this partition's answers (the function is unpickled per task)
+
     def step(batch: Any, columns: Any, ctx: BatchContext) -> Any:
         if isinstance(batch, PartitionEnd):
             users = batch.users
             if not len(users):
                 return None
             # to_numpy: PySpark cannot send a chunked Arrow-backed column (users concatenated from batches)
-            return pd.DataFrame(
-                {
-                    "user_id": users.to_numpy(),
-                    "total": columns.get("total", users).to_numpy(),
-                    "events": columns.get("events", users).to_numpy(),
-                }
-            )
+            if separate:
+                values = {"total": columns.get("total", users), "events": columns.get("events", users)}
+            elif answered:
+                last = pd.concat(answered).drop_duplicates("user_id", keep="last").set_index("user_id")
+                answered.clear()
+                values = last.reindex(users.to_numpy())
+            else:
+                values = columns.get_states(["total", "events"], users)
+            totals, counts = values["total"].to_numpy(), values["events"].to_numpy()
+            return pd.DataFrame({"user_id": users.to_numpy(), "total": totals, "events": counts})
         if ctx.replay or not len(batch):
             return None
         if every_row:
-            columns.add("total", batch["user_id"], batch["amount"])
-            columns.add("events", batch["user_id"], 1)
+            users, sums, counts = batch["user_id"], batch["amount"], 1
         else:
             grouped = batch.groupby("user_id", sort=False)["amount"].agg(["sum", "size"])
-            columns.add("total", grouped.index, grouped["sum"])
-            columns.add("events", grouped.index, grouped["size"])
+            users, sums, counts = grouped.index, grouped["sum"], grouped["size"]
+        if separate:
+            columns.add("total", users, sums)
+            columns.add("events", users, counts)
+        else:
+            now = columns.add_get_states({"total": sums, "events": counts}, users, as_arrow=True)
+            answered.append(pd.DataFrame({"user_id": np.asarray(users), **{k: v.to_numpy() for k, v in now.items()}}))
         return None
 
     return step
 
 
-def columnar_process(every_row: bool) -> Callable[[Any, BatchContext], None]:
+def columnar_process(every_row: bool, separate: bool = False) -> Callable[[Any, BatchContext], None]:
     def process(df: Any, ctx: BatchContext) -> None:
-        update = with_partition_end(with_state_pandas(ctx, columnar_step(every_row)))
+        update = with_partition_end(with_state_pandas(ctx, columnar_step(every_row, separate)))
         df.repartition("user_id").mapInPandas(update, OUTPUT_SCHEMA).write.format("noop").mode("overwrite").save()
 
     return process
@@ -407,7 +429,7 @@ def start_query(
         elif path == "grouped":
             process = grouped_process
         else:
-            process = columnar_process(every_row=path == "columnar-rows")
+            process = columnar_process(every_row=path == "columnar-rows", separate=path == "columnar-separate")
         writer = events.writeStream.foreachBatch(exactly_once(config, job, process))
     return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
 
@@ -776,8 +798,10 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                 ]
             )
         for path in cfg.paths:
-            for base in ("rowwise", "spark", *REDIS_PATHS, *TWS_PATHS, "nostate"):
-                if path not in ("columnar", "columnar-rows", "grouped", "nostate") or base not in cfg.paths:
+            for base in ("columnar-separate", "rowwise", "spark", *REDIS_PATHS, *TWS_PATHS, "nostate"):
+                if path not in ("columnar", "columnar-separate", "columnar-rows", "grouped", "nostate"):
+                    continue
+                if base not in cfg.paths:
                     continue
                 if path == base:
                     continue

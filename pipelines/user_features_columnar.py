@@ -16,12 +16,13 @@ what is stored and how it folds is the row-wise job's.
 Instead of grouping the events by user in Spark (``collect_list``) and sending one operation
 per event from ``rdd.mapPartitions``, the micro-batch is repartitioned by user and handed to
 ``mapInPandas`` (:func:`~statehouse.client.spark.with_state_pandas`): per Arrow batch, one
-columnar request per state and replica updates it — every event's amount and item as a column
-(the server folds duplicate users in row order, as the row-wise job's ``add_all`` does), the
+request per replica updates both amount states and answers their new values (``add_get`` over
+``total_spent`` and ``avg_amount``: every event's amount as a row, the server folding duplicate
+users in row order as the row-wise job's ``add_all`` does), one adds the items, and one the
 item counts grouped by ``(user, item)`` with pandas first (the row-wise job's ``Counter``).
-When the task's partition is done, one columnar ``get`` per state reads the features of every
-user it saw (its attempt's own writes included), so a user whose events span two Arrow batches
-still gets one row. Run it against a running service:
+When the task's partition is done, each user's amount features are their last answer (its
+attempt's own writes included, so a user whose events span two Arrow batches still gets one
+row) and one columnar ``get`` over the two other states reads the rest. Run it against a running service:
 
     python -m statehouse.pipelines.user_features_columnar --input events/ --output features/ \\
         --checkpoint spark-checkpoint/ --statehouse http://127.0.0.1:8000
@@ -74,11 +75,19 @@ class PartitionEnd:
         self.users = users
 
 
-def update_batch(batch: Any, columns: Any) -> None:
-    """One Arrow batch of events (a pandas DataFrame): one columnar write per state."""
+# The states every event's amount folds into: one add_get request updates both and answers
+# their new values, so the partition's end reads only the other two.
+AMOUNTS = ("total_spent", "avg_amount")
+LISTED = ("recent_items", "item_counts")
+
+
+def update_batch(batch: Any, columns: Any) -> Any:
+    """One Arrow batch of events (a pandas DataFrame): one columnar ``add_get`` over both amount
+    states, one ``add`` of the items and one ``map_add`` of their counts. Returns the amount
+    states' values after each event (a DataFrame with ``user_id``; a user's last row is theirs)."""
     users, amounts = batch["user_id"], batch["amount"]
-    columns.add("total_spent", users, amounts)
-    columns.add("avg_amount", users, amounts)
+    answered = columns.add_get_states({state: amounts for state in AMOUNTS}, users)
+    answered.insert(0, "user_id", users.to_numpy())
     columns.add("recent_items", users, batch["item"])  # one element per event, as add_all does
     counts = batch.groupby(["user_id", "item"], sort=False, dropna=False).size()
     columns.map_add(
@@ -87,16 +96,25 @@ def update_batch(batch: Any, columns: Any) -> None:
         counts.index.get_level_values("item"),
         counts.to_numpy(),
     )
+    return answered
 
 
-def read_features(users: Any, columns: Any, batch_id: int) -> Any:
-    """The features of ``users`` (a pandas Series), one columnar read per state."""
+def read_features(users: Any, columns: Any, batch_id: int, answered: list[Any] | None = None) -> Any:
+    """The features of ``users`` (a pandas Series): the amount states' from what the partition's
+    ``add_get`` requests answered (``answered``: each user's values after their last event), or
+    read when there are none (a replay); the others by one columnar read over both states."""
     import pandas as pd  # type: ignore[import-untyped]  # inside the task: the columnar extra
 
-    read = {state: columns.get(state, users).to_numpy() for state in FEATURES}
+    keys = users.to_numpy()
+    states = list(LISTED) if answered else list(FEATURES)
+    got = columns.get_states(states, users)
+    read = {state: got[state].to_numpy() for state in states}
+    if answered:
+        last = pd.concat(answered).drop_duplicates("user_id", keep="last").set_index("user_id").reindex(keys)
+        read.update({state: last[state].to_numpy() for state in AMOUNTS})
     return pd.DataFrame(
         {
-            "user_id": users.to_numpy(),
+            "user_id": keys,
             "batch_id": batch_id,
             "total_spent": read["total_spent"],
             "avg_amount": read["avg_amount"],
@@ -110,17 +128,19 @@ def update_users(
     on_partition: Callable[[BatchContext], None] | None = None,
 ) -> Callable[[Any, Any, BatchContext], Any]:
     """The function for :func:`with_state_pandas`: writes per Arrow batch, reads at the end."""
+    answered: list[Any] = []  # this task's add_get answers (the function is unpickled per task)
 
     def step(batch: Any, columns: Any, ctx: BatchContext) -> Any:
         if isinstance(batch, PartitionEnd):
             if not len(batch.users):
                 return None
-            features = read_features(batch.users, columns, ctx.batch_id)
+            features = read_features(batch.users, columns, ctx.batch_id, answered)
+            answered.clear()
             if on_partition is not None:
                 on_partition(ctx)
             return features
         if not ctx.replay and len(batch):  # a replay's updates are in the state already: only read
-            update_batch(batch, columns)
+            answered.append(update_batch(batch, columns))
         return None
 
     return step
