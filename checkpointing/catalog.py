@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from statehouse.backends.errors import StateError
 from statehouse.snapshots.catalog import find_snapshot, job_listing, read_metadata
 from statehouse.snapshots.layout import (
+    SnapshotKind,
     metadata_name,
     parse_job_listing,
     parse_snapshot_dir_ids,
@@ -67,6 +68,25 @@ class SnapshotCatalog:
             except StateError as exc:
                 log.warning("ignoring checkpoint %s of job %s: %s", checkpoint_id, job, exc)
         return history
+
+    def other_layouts(self, job: str) -> builtins.list[SnapshotMetadata]:
+        """The snapshots of the job completed under another replica count (every part's
+        ``_metadata`` there): restorable on this layout too. Their replica 0's metadata each."""
+        parts: dict[tuple[SnapshotKind, int, int], set[int]] = {}
+        for kind, checkpoint_id, part_index, part_count in parse_job_listing(job_listing(self.storage, job)):
+            if part_count != self.replica[1]:
+                parts.setdefault((kind, checkpoint_id, part_count), set()).add(part_index)
+        found = []
+        for (kind, checkpoint_id, count), indexes in sorted(parts.items()):
+            if indexes != set(range(count)):
+                continue  # some part is gone (retention removing it) or never completed: not restorable
+            try:
+                found.append(
+                    read_metadata(self.storage, snapshot_dir(job, checkpoint_id, kind), metadata_name(0, count))
+                )
+            except StateError as exc:
+                log.warning("ignoring checkpoint %s of job %s: %s", checkpoint_id, job, exc)
+        return found
 
     def find(self, job: str, checkpoint_id: int | None) -> str:
         """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest

@@ -209,14 +209,20 @@ class CheckpointManager:
             f"job {job!r} has no checkpoint {checkpoint_id} on replica {self.catalog.replica_index}"
         )
 
-    def list(self, job: str, after: int | None = None) -> builtins.list[CheckpointInfo]:
+    def list(self, job: str, after: int | None = None, *, every_layout: bool = False) -> builtins.list[CheckpointInfo]:
         """Checkpoints and savepoints of this replica with ids above ``after``, oldest first:
-        this process's attempts and the completed ones in storage."""
+        this process's attempts and the completed ones in storage. ``every_layout``: also those
+        completed by every replica of another replica count (before a rescale), still in storage
+        and restorable; each described by its replica 0's part (its ``replica_count`` says which
+        layout wrote it)."""
         state = self._state(job)
         infos = {i: self._info_from_metadata(m) for i, m in state.completed.all().items()}
         with self._lock:
             attempts = dict(state.attempts)
         infos.update({i: a.info() for i, a in attempts.items()})
+        if every_layout:
+            for metadata in self.snapshots.other_layouts(job):
+                infos.setdefault(metadata.checkpoint_id, self._info_from_metadata(metadata))
         return [infos[i] for i in sorted(infos) if after is None or i > after]
 
     def next_checkpoint_id(self, job: str) -> int:

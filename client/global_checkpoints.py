@@ -49,15 +49,17 @@ class CheckpointCoordinator:
     def _path(self, suffix: str = "") -> str:
         return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
 
-    def _listings(self) -> list[list[dict[str, Any]]]:
-        return [items for items, _next_id in self._pages()]
+    def _listings(self, every_layout: bool = False) -> list[list[dict[str, Any]]]:
+        return [items for items, _next_id in self._pages(every_layout)]
 
-    def _pages(self) -> list[tuple[list[dict[str, Any]], int]]:
+    def _pages(self, every_layout: bool = False) -> list[tuple[list[dict[str, Any]], int]]:
         listings = []
         for replica in self.job.replicas:
             items, cursor = [], None
             while True:
                 params = f"?limit=1000&cursor={cursor}" if cursor else "?limit=1000"
+                if every_layout:
+                    params += "&layouts=all"
                 page = replica.json("GET", self._path(params))
                 items += page["items"]
                 cursor = page["next_cursor"]
@@ -70,10 +72,12 @@ class CheckpointCoordinator:
         """An id no replica has used (ids keep growing across restarts and rescales)."""
         return max(next_id for _items, next_id in self._pages())
 
-    def completed(self) -> list[GlobalCheckpoint]:
-        """Checkpoints and savepoints completed on every replica, oldest first."""
+    def completed(self, *, every_layout: bool = False) -> list[GlobalCheckpoint]:
+        """Checkpoints and savepoints completed on every replica, oldest first. ``every_layout``: also
+        those every replica of an earlier layout completed (before a rescale), which restore here too."""
         per_replica = [
-            {c["checkpoint_id"]: c for c in listing if c["status"] == "completed"} for listing in self._listings()
+            {c["checkpoint_id"]: c for c in listing if c["status"] == "completed"}
+            for listing in self._listings(every_layout)
         ]
         ids = set.intersection(*(set(d) for d in per_replica)) if per_replica else set()
         result = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Body, Path, Query
 from pydantic import BeforeValidator
@@ -49,10 +49,18 @@ async def list_checkpoints(
     service: ServiceDep,
     job: JobName,
     paging: PageDep,
+    layouts: Annotated[
+        Literal["this", "all"],
+        Query(
+            description="`all`: also the snapshots every replica of an earlier layout completed (before a live "
+            "rescale), still in storage and restorable here; each described by its replica 0's part, whose "
+            "`replica_count` says which layout wrote it"
+        ),
+    ] = "this",
 ) -> Any:
     """This replica's checkpoints and savepoints of the job, oldest first (including completed ones in storage),
     paged by id."""
-    infos = service.checkpoints.list(job, after=paging.after_int())
+    infos = await run_in_threadpool(service.checkpoints.list, job, paging.after_int(), every_layout=layouts == "all")
     page, next_cursor = paging.take(infos, lambda i: str(i.checkpoint_id).encode())
     return {
         "items": page,

@@ -1,5 +1,7 @@
 """``statehouse checkpoints JOB``: the job's global checkpoints and savepoints (complete on every
-replica), oldest first, with their metadata (a micro-batch's id and epoch, a rescale's plan)."""
+replica), oldest first, with their metadata (a micro-batch's id and epoch, a rescale's plan): what a
+restore can take. Those an earlier layout wrote (before a rescale; the replicas remove them once the new
+layout retained its own) are listed too, with the replica count that wrote them."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with open_client(args) as sh:
         coordinator = CheckpointCoordinator(job_client(sh, args.job, sh.topology()))
-        done = coordinator.completed()
+        done = coordinator.completed(every_layout=True)
     items = [
         {
             "checkpoint_id": c.checkpoint_id,
             "kind": c.kind,
+            "replica_count": c.parts[0].get("replica_count"),
             "bytes_uploaded": c.bytes_uploaded,
             "metadata": c.metadata,
             "locations": [part.get("location") for part in c.parts],
@@ -32,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     lines = [f"job {args.job}: {len(items)} global checkpoints" if items else f"job {args.job}: no global checkpoint"]
     lines += [
-        f"  {i['checkpoint_id']:>6} {i['kind']:<10} {i['bytes_uploaded']:>12} bytes  {i['metadata'] or ''}"
+        f"  {i['checkpoint_id']:>6} {i['kind']:<10} {i['bytes_uploaded']:>12} bytes  {i['replica_count']} replicas  "
+        f"{i['metadata'] or ''}"
         for i in items
     ]
     emit(args, {"job": args.job, "checkpoints": items}, lines)
