@@ -358,7 +358,10 @@ class LiveRescale:
         )
 
     def _verify(self, move: _Move) -> dict[str, list[list[int]]]:
-        """Each replica of the new layout holds each job's range under it, serving; the removed are retired."""
+        """Each replica of the new layout holds each job's range under it, serving; the removed are retired.
+        Not key counts: during a live move none is exact (writers run; TTL cleanup still runs in frozen
+        key groups, and snapshots leave expired entries out; loaded groups are unserved until the
+        commit). docs/operations.md, Rescaling, step 6."""
         shown = {url: self._connection(url).json("GET", "/v1/topology") for url in move.everyone}
         ranges: dict[str, list[list[int]]] = {name: [] for name in move.jobs}
         for index, url in enumerate(move.urls):
