@@ -8,7 +8,7 @@ SERVER := $(VENV)/.server-installed
 DEV := $(VENV)/.dev-installed
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: setup run test test-fast lint typecheck clean
+.PHONY: setup run test test-fast test-long lint typecheck clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +26,23 @@ setup: $(DEV)
 run: $(SERVER)
 	$(BIN)/python -m statehouse.app.serve --host $${STATEHOUSE_HOST:-127.0.0.1} --port $${STATEHOUSE_PORT:-8000}
 
+# Two pytest-xdist workers (the 2-core CI machine): the Spark tests on one, the other files spread
+# over both (tests/conftest.py). Serially: make test WORKERS=0.
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
+
+# Everything but the `long` runs (markers in pyproject.toml): those are make test-long.
 test: $(DEV)
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory typecheck
-	$(BIN)/python -m pytest -q
+	$(PYTEST) -m "not long"
 
-# For iteration: no Spark, no browser, none of the slow tests (markers in pyproject.toml).
+# For iteration: no Spark, no browser, none of the slow tests.
 test-fast: $(DEV)
-	$(BIN)/python -m pytest -q -m "not spark and not slow and not browser"
+	$(PYTEST) -m "not spark and not slow and not browser and not long"
+
+test-long: $(DEV)
+	$(PYTEST) -m long
 
 lint: $(DEV)
 	$(BIN)/ruff check .

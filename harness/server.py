@@ -63,6 +63,28 @@ def start_server(
     ``timeout`` is a ceiling for a process that is still starting: on a loaded machine (a whole
     suite on 2 cores, three replicas at once) a start took over 20 s; a process that exits
     fails at once, with its log."""
+    return await_ready(launch_server(workdir, env, port), timeout, probe)
+
+
+def start_servers(
+    specs: list[tuple[Path, dict[str, str]]], timeout: float = 120, probe: str = "/readyz"
+) -> list[ServerProcess]:
+    """:func:`start_server` for each ``(workdir, env)``, all launched before any is awaited: a
+    start is mostly the interpreter importing the app (~3 s of CPU), so on 2 cores two replicas
+    are up in about the time of one. If one fails, all are killed."""
+    servers: list[ServerProcess] = []
+    try:
+        for workdir, env in specs:
+            servers.append(launch_server(workdir, env))
+        return [await_ready(server, timeout, probe) for server in servers]
+    except BaseException:
+        for server in servers:
+            server.stop(signal.SIGKILL)
+        raise
+
+
+def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | None = None) -> ServerProcess:
+    """The server process of :func:`start_server`, started and not awaited."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     full_env = {
@@ -81,17 +103,21 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
-    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
+    return ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
+
+
+def await_ready(server: ServerProcess, timeout: float = 120, probe: str = "/readyz") -> ServerProcess:
+    """Poll ``probe`` until it answers 200 (see :func:`start_server`); kill the server if it never does."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
         try:
             if httpx.get(server.url + probe, timeout=5).status_code == 200:
                 return server
         except httpx.TransportError:  # not listening yet, or too busy to answer in time
             pass
-        time.sleep(0.1)
+        time.sleep(0.05)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server did not become ready in {timeout}s:\n{server.log()}")
 
@@ -99,10 +125,16 @@ def start_server(
 def start_two_replicas(tmp_path_factory) -> list[ServerProcess]:
     """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
     shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
-    return [
-        start_server(
-            tmp_path_factory.mktemp(f"replica-{i}"),
-            {"STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared},
-        )
-        for i in range(2)
-    ]
+    return start_servers(
+        [
+            (
+                tmp_path_factory.mktemp(f"replica-{i}"),
+                {
+                    "STATEHOUSE_REPLICA_INDEX": str(i),
+                    "STATEHOUSE_REPLICA_COUNT": "2",
+                    "STATEHOUSE_CHECKPOINT_DIR": shared,
+                },
+            )
+            for i in range(2)
+        ]
+    )

@@ -162,21 +162,36 @@ def main(argv: list[str] | None = None) -> None:
         Killer(args.kill_at, args.kill_batch, config.urls, kill).install()
 
     spark = local_spark("statehouse-driver-kill")
-    pipeline = PIPELINES[args.pipeline]
-    pipeline.setup(config, args.job)
+    run(spark, args.pipeline, config, args.job, args.input, args.output, args.checkpoint, on_partition)
+    spark.stop()
+
+
+def run(
+    spark: Any,
+    pipeline_name: str,
+    config: ClientConfig,
+    job: str,
+    input_dir: str,
+    output_dir: str,
+    checkpoint_dir: str,
+    on_partition: Callable[[BatchContext], None] | None = None,
+) -> None:
+    """The driver's query, one input file per micro-batch, until it has caught up. A restarted
+    driver is this in any session: all it resumes from is the Spark checkpoint and the replicas."""
+    pipeline = PIPELINES[pipeline_name]
+    pipeline.setup(config, job)
     query = pipeline.start(
         spark,
-        input_dir=args.input,
-        output_dir=args.output,
-        checkpoint_dir=args.checkpoint,
+        input_dir=input_dir,
+        output_dir=output_dir,
+        checkpoint_dir=checkpoint_dir,
         config=config,
-        job=args.job,
+        job=job,
         available_now=True,
         max_files_per_trigger=1,
         on_partition=on_partition,
     )
     query.awaitTermination()
-    spark.stop()
 
 
 if __name__ == "__main__":

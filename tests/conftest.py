@@ -1,4 +1,8 @@
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -38,10 +42,79 @@ def needed_markers(item: pytest.Item) -> set[str]:
     return needs | {marker for name, marker in _MARKER_OF_NAME.items() if name in names}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# Under pytest-xdist (make test: -n 2 --dist loadgroup) a group runs on one worker. Every Spark test
+# shares one: two JVMs on 2 cores only slow each other, and the worker keeps its one Spark session.
+# The rest is grouped by file, so that a file's module-scoped servers start once. A test's own
+# xdist_group mark wins (e.g. builds that write into the source tree).
+SPARK_GROUP = "spark"
+
+
+def xdist_group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+    return SPARK_GROUP if item.get_closest_marker("spark") else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for marker in needed_markers(item) - {m.name for m in item.iter_markers()}:
             item.add_marker(marker)
+    # The Spark tests first (a stable sort): the longest group starts at once on its worker while
+    # the other works through the files, instead of last on a worker that is already behind.
+    items.sort(key=lambda item: item.get_closest_marker("spark") is None)
+    directory = getattr(config, "workerinput", {}).get(GROUPS_DIR)
+    if directory is not None:  # an xdist worker: tell the controller each test's group
+        groups = {item.nodeid: xdist_group(item) for item in items}
+        path = Path(directory, config.workerinput["workerid"])
+        path.with_suffix(".part").write_text(json.dumps(groups))
+        path.with_suffix(".part").replace(path.with_suffix(".json"))
+
+
+# xdist's loadgroup learns a test's group from a suffix its worker writes into the test's node id,
+# which pytest 9.2's structured node ids no longer take (pytest-xdist issue #1386: every test would be
+# scheduled on its own). So each worker writes its tests' groups to a file in a directory the
+# controller made, and the controller's scheduler reads them from there.
+GROUPS_DIR = "statehouse_xdist_groups"
+_groups_dir = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Controller, for each worker it starts: where to write the groups."""
+    if _groups_dir not in node.config.stash:
+        node.config.stash[_groups_dir] = tempfile.mkdtemp(prefix="statehouse-xdist-groups-")
+    node.workerinput[GROUPS_DIR] = node.config.stash[_groups_dir]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    # Groups in collection order (the Spark group first), not reordered by their number of tests.
+    config.option.loadscopereorder = False
+
+    class WorkerGroups(LoadGroupScheduling):
+        """Called once every worker has collected, so every worker's file is written."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for path in Path(config.stash[_groups_dir]).glob("*.json"):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+    return WorkerGroups(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _groups_dir in config.stash:
+        shutil.rmtree(config.stash[_groups_dir], ignore_errors=True)
 
 
 @pytest.fixture(params=["heap", "rocksdb"])
@@ -105,7 +178,7 @@ import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
-from harness.server import free_port, start_server, start_two_replicas  # noqa: E402
+from harness.server import start_server, start_servers, start_two_replicas  # noqa: E402
 from harness.spark import local_spark  # noqa: E402
 
 _job_numbers = itertools.count()
@@ -143,18 +216,19 @@ def two_replicas(tmp_path_factory):
 def own_replicas(tmp_path_factory):
     """Two RocksDB replicas this test may kill and restart in place (same port, same disk)."""
     storage = tmp_path_factory.mktemp("shared-checkpoints")
-    servers = [
-        start_server(
-            tmp_path_factory.mktemp(f"replica-{i}"),
-            {
-                "STATEHOUSE_REPLICA_INDEX": str(i),
-                "STATEHOUSE_REPLICA_COUNT": "2",
-                "STATEHOUSE_CHECKPOINT_DIR": str(storage),
-            },
-            port=free_port(),
-        )
-        for i in range(2)
-    ]
+    servers = start_servers(
+        [
+            (
+                tmp_path_factory.mktemp(f"replica-{i}"),
+                {
+                    "STATEHOUSE_REPLICA_INDEX": str(i),
+                    "STATEHOUSE_REPLICA_COUNT": "2",
+                    "STATEHOUSE_CHECKPOINT_DIR": str(storage),
+                },
+            )
+            for i in range(2)
+        ]
+    )
     yield servers
     for server in servers:
         with contextlib.suppress(Exception):

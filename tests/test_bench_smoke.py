@@ -26,7 +26,9 @@ from bench import (
     timers,
 )
 
-pytestmark = [pytest.mark.s3, pytest.mark.spark, pytest.mark.slow]
+# spark: only the tests that take the session (tests/conftest.py marks them from the fixture), so
+# that the others need not wait for the Spark tests' xdist worker.
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not on PATH")
 
@@ -67,6 +69,10 @@ def test_latency_redis_baseline():
     assert {r["system"] for r in out["results"]} == {"redis-py"}
 
 
+# The three longest smokes (a minute or more each on 2 cores) drive what tests of their own cover
+# (incremental checkpoints: test_snapshot_incremental; restore: test_snapshot_*; the live rescale:
+# test_spark_live_rescale, test_rescale_live_*): make test-long runs them, CI does not.
+@pytest.mark.long
 def test_checkpoint_writes_local_dir():
     args = ["--runs", "1", "--keys", "2000", "--rate", "200", "--baseline-seconds", "0.5", "--max-seconds", "20"]
     out = checkpoint_writes.main([*args, "--storage", "local"])
@@ -75,6 +81,7 @@ def test_checkpoint_writes_local_dir():
         assert r["runs"][0]["bytes_uploaded"] > 0
 
 
+@pytest.mark.long
 def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
     endpoint = ["--s3-endpoint", s3_server.endpoint]  # the session's SeaweedFS (s3_location: it is running)
     cost = checkpoint_cost.main(["--runs", "1", "--sizes", "2000", *endpoint])
@@ -86,6 +93,7 @@ def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
     assert all(r["runs"][0]["entries_restored"] > 0 for r in out["results"])
 
 
+@pytest.mark.long
 def test_rescale_live_on_s3(spark, s3_server, s3_location):
     args = ["--keys", "2000", "--batches", "5", "--grow-at", "2", "--shrink-at", "4", "--events", "20"]
     out = rescale_live.main([*args, "--s3-endpoint", s3_server.endpoint], spark=spark)

@@ -130,6 +130,7 @@ def test_the_documented_restore_command_restores_and_fails_visibly(server):
 # -- the client wheel's size ---------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("in-tree-build")  # with test_packaging's: setuptools builds in the source tree
 def test_the_client_wheel_is_the_size_the_docs_say(tmp_path):
     (documented,) = re.findall(r"statehouse_client-[\w.-]+\.whl \(~(\d+) KB\)", SPARK_DOC.read_text())
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)]

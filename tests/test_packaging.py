@@ -24,7 +24,9 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from tests.test_import_graph import CLIENT_FOLDERS, SERVER_FOLDERS
 
-pytestmark = [pytest.mark.http, pytest.mark.slow]
+# setuptools builds in the source tree (build/, *.egg-info): one xdist worker runs every such build
+# (test_first_hour's wheel too), so that two never share those directories.
+pytestmark = [pytest.mark.http, pytest.mark.slow, pytest.mark.xdist_group("in-tree-build")]
 
 SERVER_ONLY = ("fastapi", "uvicorn", "rocksdict", "boto3", "pydantic", "starlette")
 

@@ -1,9 +1,11 @@
 """The Spark driver SIGKILLed at each step of the exactly-once protocol, then restarted from its Spark
 checkpoint: every user's state equals a plain-Python oracle over all input (nothing lost, nothing twice).
 
-Each case runs real local Spark in a child session (harness/spark_driver.py) against two fresh RocksDB
-replicas: once killed during micro-batch 1, once more to completion. The row-wise job is killed at every
-step; the columnar job where its tasks' staged rows are in play (a task dead after staging them, the
+Each case runs real local Spark in a child session (harness/spark_driver.py) against two RocksDB replicas,
+killed during micro-batch 1; then the query restarts from its Spark checkpoint in the tests' own Spark
+session: a restarted driver resumes from that checkpoint and the replicas only (the dead JVM is gone
+either way), and a second driver process per case was a second JVM start. The row-wise job is killed
+at every step; the columnar job where its tasks' staged rows are in play (a task dead after staging them, the
 epoch sealed over them, one replica committed them and the other not): the other steps are the driver's
 own, the same calls for both jobs.
 """
@@ -15,12 +17,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.server import REPO, ServerProcess, start_server
+from harness.server import REPO, ServerProcess, start_servers
 from harness.spark_driver import STEPS, kill_session
-from statehouse.client import StatehouseClient
+from harness.spark_driver import run as run_query
+from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from tests.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
 
@@ -48,30 +52,24 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     sees each batch's), for every case: each case has a job of its own (checkpoints, epochs,
     attempts and retention are per job), and two server starts per case cost ~10% of the file."""
     shared = str(tmp_path_factory.mktemp("checkpoints"))
+    env = {"STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared, "STATEHOUSE_NUM_RETAINED": "20"}
+    specs = [(tmp_path_factory.mktemp(f"replica-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}) for i in range(2)]
     servers: list[ServerProcess] = []
     try:
-        for i in range(2):
-            env = {
-                "STATEHOUSE_REPLICA_INDEX": str(i),
-                "STATEHOUSE_REPLICA_COUNT": "2",
-                "STATEHOUSE_CHECKPOINT_DIR": shared,
-                "STATEHOUSE_NUM_RETAINED": "20",
-            }
-            servers.append(start_server(tmp_path_factory.mktemp(f"replica-{i}"), env))
+        servers = start_servers(specs)
         yield [s.url for s in servers]
     finally:
         for server in servers:
             server.stop()
 
 
-def run_driver(tmp_path: Path, urls: list[str], job: str, pipeline: str, log: Path, kill_at: str | None = None) -> int:
+def run_driver(tmp_path: Path, urls: list[str], job: str, pipeline: str, log: Path, kill_at: str) -> int:
     """Run the driver in a session of its own; whatever is left of that session afterwards is killed."""
     args = [sys.executable, "-m", "harness.spark_driver", "--job", job, "--statehouse", ",".join(urls)]
     args += ["--pipeline", pipeline]
     args += ["--input", str(tmp_path / "input"), "--output", str(tmp_path / "output")]
     args += ["--checkpoint", str(tmp_path / "spark-checkpoint")]
-    if kill_at is not None:
-        args += ["--kill-at", kill_at, "--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
+    args += ["--kill-at", kill_at, "--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
     with open(log, "wb") as out:
         driver = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -98,7 +96,7 @@ def tail(log: Path) -> str:
 
 @pytest.mark.parametrize(("pipeline", "step"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
 def test_driver_killed_then_restarted_matches_oracle(
-    tmp_path: Path, replicas: list[str], pipeline: str, step: str
+    spark: Any, tmp_path: Path, replicas: list[str], pipeline: str, step: str
 ) -> None:
     job = f"kill-{pipeline}-{step}"
     batches = make_events(11, files=3, per_file=60)
@@ -117,8 +115,8 @@ def test_driver_killed_then_restarted_matches_oracle(
     else:
         assert statuses == expected_statuses
 
-    restarted_log = tmp_path / "restarted.log"
-    assert run_driver(tmp_path, replicas, job, pipeline, restarted_log) == 0, tail(restarted_log)
+    paths = [str(tmp_path / name) for name in ("input", "output", "spark-checkpoint")]
+    run_query(spark, pipeline, ClientConfig.of(replicas), job, *paths)
 
     expected = reference(batches)
     assert_matches(state_of(replicas, job, expected), expected)
