@@ -306,7 +306,8 @@ class Columns:
     def _send_part(self, state: Target, op: str, table: pa.Table, part: _Part, failed: threading.Event) -> None:
         try:
             rows = table if part.positions is None else table.take(pa.array(part.positions))
-            step = chunk_rows(rows, self.max_rows)
+            # Several states: every row is a write per state, and the server's row limit counts them.
+            step = chunk_rows(rows, max(1, self.max_rows // (len(state) if isinstance(state, tuple) else 1)))
             for start in range(0, rows.num_rows, step):
                 if failed.is_set():
                     raise _NotSent("not sent: another part of this columnar call failed")

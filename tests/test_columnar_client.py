@@ -285,6 +285,11 @@ def test_inputs_above_the_row_limit_go_in_chunks(small_server, job_name, monkeyp
         with pytest.raises(InvalidRequest) as too_many:
             job.columns(max_rows=51).get("total", keys)
         assert too_many.value.code == "batch_too_large"
+        job.register("events", "reducing", function="sum", value_type="int64")
+        counting.requests[0].clear()
+        # Two states: each row is two writes, and the server's limit counts writes.
+        assert job.columns().add_states({"total": 1.0, "events": 1}, keys[:100]) == 200
+        assert [rows for _op, rows, _p in counting.requests[0]] == [25] * 4
 
 
 def test_big_rows_go_in_chunks_of_at_most_the_request_bytes(job, monkeypatch):

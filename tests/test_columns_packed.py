@@ -178,3 +178,22 @@ def test_a_typed_get_of_many_rows_follows_ttl_and_defaults(job, clock):
     read = columns(job, "v", "get", key=keys)
     assert read == ["a"] * 150 + [None] * 150  # expired: returned once, then cleared
     assert columns(job, "d", "get", key=keys) == ["none"] * ROWS
+
+
+def test_numbers_packed_at_once_are_the_packers_bytes():
+    """A column of floats, or of ints of one msgpack format, packs in numpy to exactly what
+    ``pack_value`` gives one by one; anything else is left to it (``None``)."""
+    from statehouse.backends.columnar_codec import pack_numbers
+    from statehouse.stored.codec import pack_value
+
+    packed = [
+        [0, 1, 127], [-1, -32], [128, 255], [256, 65535], [65536, 2**32 - 1], [-33, -128], [-129, -32768],
+        [-32769, -(2**31)], [1.5, -0.0, 1e300, 5e-324, 0.1],
+    ]  # fmt: skip
+    for values in packed:
+        numbers = pack_numbers(values)
+        assert numbers is not None, values
+        assert numbers.payloads == [pack_value(v) for v in values], values
+        assert numbers.longest == max(map(len, numbers.payloads)) and not numbers.deletes
+    for values in ([2**32], [0, 128], [1, -1], [True], [1, 2.0], [float("nan")], [2**63], [None, 1.0], []):
+        assert pack_numbers(values) is None, values

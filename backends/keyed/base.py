@@ -8,6 +8,7 @@ from itertools import repeat
 from typing import Any, Protocol, TypeVar
 
 from statehouse.backends.base.transaction import PartitionTransaction
+from statehouse.backends.columnar_codec import pack_numbers
 from statehouse.backends.errors import StateError
 from statehouse.backends.keyed.cleaner import ttl_cleaner
 from statehouse.backends.keyspace import KeySpace, Rows
@@ -220,6 +221,9 @@ class KeyedState:
 
     def _records_many(self, values: Sequence[Any]) -> list[bytes]:
         """:meth:`_record` of many values (``None`` stays ``None``: a row that deletes)."""
+        numbers = pack_numbers(values)  # a column of sums or counts: packed at once
+        if numbers is not None:
+            return self._records_of(*numbers)
         if not all_plain(values):
             each_row(values, check_value)
         return self._records_of(each_row(values, pack_or_none))
