@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pyarrow as pa
 
-from harness.server import ServerProcess, start_server
+from harness.server import ServerProcess, start_server, start_servers
 from statehouse.keygroups import operator_index
 
 NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
@@ -41,9 +41,8 @@ class ReplicaSet:
         return [s.url for s in self.servers]
 
     def start(self, count: int) -> list[str]:
-        """Replicas 0..count-1 of a fresh set, at topology version 1."""
-        for index in range(count):
-            self.servers.append(self._start(index, count, version=None))
+        """Replicas 0..count-1 of a fresh set, at topology version 1 (started together)."""
+        self.servers += start_servers([self._spec(index, count, None) for index in range(count)], probe="/healthz")
         return self.urls
 
     def add(self, index: int, count: int, version: int) -> ServerProcess:
@@ -58,6 +57,9 @@ class ReplicaSet:
         return server
 
     def _start(self, index: int, count: int, version: int | None) -> ServerProcess:
+        return start_server(*self._spec(index, count, version), probe="/healthz")
+
+    def _spec(self, index: int, count: int, version: int | None) -> tuple[Path, dict[str, str]]:
         env = {
             "STATEHOUSE_BACKEND": self.backend,
             "STATEHOUSE_REPLICA_INDEX": str(index),
@@ -67,7 +69,7 @@ class ReplicaSet:
         }
         if version is not None:
             env["STATEHOUSE_TOPOLOGY_VERSION"] = str(version)
-        return start_server(self.root / f"replica-{index}-of-{count}", env, probe="/healthz")
+        return self.root / f"replica-{index}-of-{count}", env
 
     def restart(self, index: int, sig: int = signal.SIGKILL) -> ServerProcess:
         """Kill replica ``index`` (SIGKILL: no shutdown runs) and start it again in place: the same
