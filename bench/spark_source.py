@@ -7,7 +7,11 @@ One value state of float64 (16-byte keys) on Statehouse replicas; the same rows 
   rows under their attempts, the driver commits one epoch on every replica and takes a checkpoint
   (all of it in the time) — beside ``df.write.parquet`` of the same rows;
 * full read: ``spark.read.format("statehouse")...load()`` counted and summed (every row and column
-  goes through Spark) beside ``spark.read.parquet`` of the same rows.
+  goes through Spark) beside ``spark.read.parquet`` of the same rows;
+* the same keyed state read from checkpoint storage (local here), no replica involved:
+  ``option("checkpoint", N)`` of the checkpoint the bootstrap's commit took (RocksDB's incremental:
+  each task downloads its part and opens it read-only) and of a savepoint (the full format,
+  range-read per key-group sub-range).
 
 * operator state, live and from a checkpoint: an operator's split list state (``--operator-elements``
   ints over 32 subtasks) read with ``option("operator", ...)`` from the replicas, and with
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         "read": [],
         "parquet_write": [],
         "parquet_read": [],
+        "checkpoint_read": [],
+        "savepoint_read": [],
         "operator_live": [],
         "operator_checkpoint": [],
     }
@@ -95,6 +101,14 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                 seconds, found = timed(lambda f=frame: f.agg(F.count("key"), F.sum("value")).collect()[0])
                 assert (found[0], found[1]) == (cfg.keys, expected_sum), found
                 results["read"].append(cfg.keys / seconds)
+                storage = str(workdir / "checkpoints")
+                for name, snapshot in stored_snapshots(urls, job):
+                    frame = session.read.format("statehouse").option("job", job).option("state", "value")
+                    frame = frame.option("checkpoint", snapshot).option("checkpoint_storage", storage)
+                    frame = frame.option("partitions_per_replica", cfg.partitions_per_replica).load()
+                    seconds, found = timed(lambda f=frame: f.agg(F.count("key"), F.sum("value")).collect()[0])
+                    assert (found[0], found[1]) == (cfg.keys, expected_sum), found
+                    results[name].append(cfg.keys / seconds)
 
                 parquet = str(workdir / f"rows-{run}.parquet")
                 seconds, _ = timed(lambda p=parquet: rows.write.parquet(p))
@@ -128,6 +142,16 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     f"{summaries['read'].median / summaries['parquet_read'].median:.2f}x",
                 ],
                 ["spark.read.parquet", summaries["parquet_read"].fmt(), "1x"],
+                [
+                    "full read from the checkpoint (option checkpoint)",
+                    summaries["checkpoint_read"].fmt(),
+                    f"{summaries['checkpoint_read'].median / summaries['parquet_read'].median:.2f}x",
+                ],
+                [
+                    "full read from a savepoint (full format)",
+                    summaries["savepoint_read"].fmt(),
+                    f"{summaries['savepoint_read'].median / summaries['parquet_read'].median:.2f}x",
+                ],
                 ["operator state, live (option operator)", summaries["operator_live"].fmt(), ""],
                 [
                     "operator state, from a checkpoint (option checkpoint)",
@@ -143,6 +167,18 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
 
 
 SUBTASKS = 32
+
+
+def stored_snapshots(urls: str, job: str) -> list[tuple[str, int]]:
+    """The checkpoint the bootstrap's commit took, and a savepoint taken now (nothing written between)."""
+    from statehouse.client import StatehouseClient
+    from statehouse.client.coordinator import CheckpointCoordinator
+
+    with StatehouseClient(urls) as client:
+        coordinator = CheckpointCoordinator(client.job(job))
+        latest = coordinator.latest()
+        assert latest is not None
+        return [("checkpoint_read", latest.checkpoint_id), ("savepoint_read", coordinator.savepoint().checkpoint_id)]
 
 
 def operator_state(session: Any, urls: str, storage: str, job: str, cfg: argparse.Namespace) -> tuple[float, float]:

@@ -171,6 +171,8 @@ def test_spark_source(spark):
         "read": 1,
         "parquet_write": 1,
         "parquet_read": 1,
+        "checkpoint_read": 1,
+        "savepoint_read": 1,
         "operator_live": 1,
         "operator_checkpoint": 1,
     }
