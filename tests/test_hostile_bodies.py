@@ -53,7 +53,7 @@ PARAMETERS = {
     "checkpoint_id": "1",
     "key_group": "0",
 }
-OPS = {"states": "put", "timers": "register"}  # the columnar routes' {op}
+OPS = {"states": "put", "timers": "register", "columns": "put"}  # the columnar routes' {op}
 
 
 def body_routes() -> list[tuple[str, str, tuple[str, ...]]]:
