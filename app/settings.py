@@ -80,9 +80,10 @@ class Settings(BaseSettings):
     )
     incremental_checkpoints: bool = Field(True, description="RocksDB checkpoints upload only new SST files")
     rescale_compact_moving: bool = Field(
-        True,
+        False,
         description="before a live rescale's incremental checkpoint, RocksDB compacts the key groups that move into "
-        "4 MiB files, so each load downloads about its share rather than files spanning every key group",
+        "4 MiB files, so each load downloads about its share rather than files spanning every key group (costs the "
+        "old replicas that compaction and the upload of what it rewrote)",
     )
 
     max_key_bytes: int = Field(4096, ge=1, description="largest key, namespace or map user key, in bytes")

@@ -253,9 +253,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=200, help="events per micro-batch")
     p.add_argument("--no-spark", action="store_true", help="rescale with LiveRescale alone, no query")
     p.add_argument(
-        "--no-compact-moving",
+        "--compact-moving",
         action="store_true",
-        help="STATEHOUSE_RESCALE_COMPACT_MOVING=false: the move's checkpoint takes the files as they are",
+        help="STATEHOUSE_RESCALE_COMPACT_MOVING=true: the move's checkpoint compacts what moves into small files",
     )
     p.add_argument("--s3-endpoint", help="use this SeaweedFS S3 (bucket 'snapshots') instead of starting one")
     p.add_argument("--json")
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         storage = s3_settings(stack, cfg.s3_endpoint, "rescale-live")
         workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-rescale-live-"))
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        extra = {"STATEHOUSE_RESCALE_COMPACT_MOVING": "false"} if cfg.no_compact_moving else {}
+        extra = {"STATEHOUSE_RESCALE_COMPACT_MOVING": "true"} if cfg.compact_moving else {}
         replicas = ReplicaSet(workdir / "replicas", storage, extra=extra)
         stack.callback(replicas.stop)
         seeds = replicas.start(2)

@@ -17,7 +17,7 @@ from statehouse.backends.errors import BatchInFlight, KeyNotOwned, RescaleInProg
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import NON_KEYED_TABLES
-from statehouse.backends.rocksdb import store as rocksdb_store
+from statehouse.backends.rocksdb.snapshot import IncrementalSnapshotStrategy
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
@@ -472,12 +472,18 @@ def _within(entries: dict, ranges: list[KeyGroupRange]) -> dict:
     return {e: v for e, v in entries.items() if any(e[1] in r for r in ranges)}
 
 
-def _share_move(make_catalog, make_manager, tmp_path, storage, incremental: bool) -> tuple[Move, int]:
+def _share_move(
+    make_catalog, make_manager, tmp_path, storage, incremental: bool, move_file_bytes: int | None = None
+) -> tuple[Move, int]:
     """Two replicas of 20,000 keys, frozen and checkpointed for a move to three; and the bytes of the
-    checkpoint's full keyed streams (0 for incremental parts)."""
+    checkpoint's full keyed streams (0 for incremental parts). ``move_file_bytes``: the old replicas
+    compact what moves into files of that size first (STATEHOUSE_RESCALE_COMPACT_MOVING)."""
     catalogs = _layout(make_catalog, tmp_path, 2, 3, incremental)
     if incremental and catalogs[0].store.name == "heap":
         pytest.skip("the heap backend takes full checkpoints only")
+    if move_file_bytes is not None:
+        for catalog in catalogs[:2]:
+            catalog.store.incremental = IncrementalSnapshotStrategy(move_file_bytes)
     for catalog in catalogs[:2]:
         job, _ = catalog.create("orders", P)
         job.register_state(StateDescriptor("v", "value"))
@@ -696,14 +702,14 @@ def test_an_incremental_handle_without_spans_reads_every_file():
 @pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)
 @pytest.mark.parametrize("compact", [True, False])
 def test_a_moves_checkpoint_compacts_what_moves_so_a_load_reads_about_its_share(
-    make_catalog, make_manager, tmp_path, monkeypatch, compact
+    make_catalog, make_manager, tmp_path, compact
 ):
     """Memtable flushes (level 0) span every key group, so a load would download them whole
     (``compact=False``: every file of the part); the move's checkpoint first compacts the frozen
     key groups into small files, and the load downloads about its share."""
-    monkeypatch.setattr(rocksdb_store, "MOVE_FILE_BYTES", 16 << 10 if compact else None)  # of ~200 KB
     storage = open_storage(str(tmp_path / "checkpoints"))
-    move, _ = _share_move(make_catalog, make_manager, tmp_path, storage, incremental=True)
+    files = 16 << 10 if compact else None  # of ~200 KB
+    move, _ = _share_move(make_catalog, make_manager, tmp_path, storage, incremental=True, move_file_bytes=files)
     (part,) = [p for p in move.parts if p.metadata.replica_index == 1]  # old replica 1 holds 64-127
     handle = part.metadata.keyed
     keyed = sum(h.size for h in handle.shared.values())

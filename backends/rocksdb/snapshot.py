@@ -53,7 +53,7 @@ MOVE_FILE_BYTES = 4 << 20
 class IncrementalSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "incremental"
 
-    def __init__(self, move_file_bytes: int | None = MOVE_FILE_BYTES) -> None:
+    def __init__(self, move_file_bytes: int | None = None) -> None:
         self.move_file_bytes = move_file_bytes  # None: no compaction before a move's checkpoint
 
     def settle(self, job: Job) -> None:
