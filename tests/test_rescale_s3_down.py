@@ -209,6 +209,9 @@ def test_s3_down_at_the_decision(tmp_path, s3, s3_location):
             [line] = refused.stderr.strip().splitlines()[-1:]
             assert line.startswith("statehouse rescale: the rescale to 3 replicas (topology version 2) could not be")
             assert "Traceback" not in refused.stderr and "S3" in line, refused.stderr
+            unread = cli("rescale", "--resume", urls=seeds, code=4)  # where the move stands needs its decision
+            assert unread.stderr.startswith("statehouse rescale: checkpoint storage (S3) failed to read"), unread.stderr
+            assert unread.stderr.strip().endswith("run the command again once checkpoint storage answers")
 
             s3.start()
             assert decision(seeds[0]).status_code == 404  # undecided: nothing was written while S3 was down

@@ -43,6 +43,7 @@ from statehouse.client.cli.common import (
 from statehouse.client.cli.serve import read_state, state_path
 from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
+from statehouse.client.errors import Unavailable
 from statehouse.client.job import JobClient
 from statehouse.client.rescale import (
     LiveRescale,
@@ -135,6 +136,14 @@ def _live(args: argparse.Namespace) -> int:
                     report = move.run()
             except (RescalePending, NewReplicasMissing, RescaleLeftPending) as exc:
                 raise CommandError(exc.detail, EXIT_OPERATOR) from None
+            except Unavailable as exc:
+                if exc.code != "storage_unavailable":
+                    raise
+                # Reading where the move stands (its decision) needs the storage: nothing was changed.
+                raise CommandError(
+                    f"{exc.detail}: the rescale is where it was; run the command again once checkpoint storage answers",
+                    EXIT_OPERATOR,
+                ) from None
             except RescaleFailed:
                 if serve_dir is not None and args.to > count and move.pending() is None:
                     _change(args, serve_dir, "shrink", count, None)  # aborted: the added replicas go
