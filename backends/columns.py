@@ -34,12 +34,26 @@ from statehouse.stored.codec import decode_many
 from statehouse.stored.descriptors import StateDescriptor
 
 
-class ColumnOp:
-    """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
-    what a columnar request asks (``attempts.Work``)."""
+class _ColumnWork:
+    """What a columnar request's op says of it, for one state or several (``attempts.Work``)."""
 
     STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
     held_bytes = 0  # the run's memory is in the request's bytes and the overhead per row
+    op: str
+
+    @property
+    def writes(self) -> bool:
+        return OPS[self.op].writes
+
+    @property
+    def answers(self) -> bool:
+        """Whether it answers a value per row (a read, or a write such as ``add_get``)."""
+        return self.op in ANSWERING_COLUMN_OPS
+
+
+class ColumnOp(_ColumnWork):
+    """One operation on one state over the rows of ``columns`` (validated by :meth:`parse`):
+    what a columnar request asks (``attempts.Work``)."""
 
     def __init__(self, state: str, op: str, columns: pa.Table) -> None:
         self.state, self.op, self.columns = state, op, columns
@@ -50,15 +64,6 @@ class ColumnOp:
 
     def apply(self, tx: JobTransaction) -> pa.Array | None:
         return apply_columns(tx, self)
-
-    @property
-    def writes(self) -> bool:
-        return OPS[self.op].writes
-
-    @property
-    def answers(self) -> bool:
-        """Whether it answers a value per row (a read, or a write such as ``add_get``)."""
-        return self.op in ANSWERING_COLUMN_OPS
 
     def answer(self, values: pa.Array) -> pa.Table:
         """What a request that answers sends back: its columns with ``value`` (a read's appended;
@@ -89,15 +94,12 @@ class ColumnOp:
 STATE_VALUE = "value:"
 
 
-class StatesColumnOp:
+class StatesColumnOp(_ColumnWork):
     """One operation on several states over the same rows, in one request and transaction: the
     rows' ``key`` (and ``ns``, ``user_key``) columns once, and one value column per state
     (``value:<state>``) for an operation that takes values. It runs as one :class:`ColumnOp` (one
     run) per state, in the order the states are named (``attempts.Work``): the Spark job that
     updates a sum and a count per user sends one request where it sent one per state."""
-
-    STAGED_OVERHEAD: ClassVar[int] = STAGED_ROW_OVERHEAD
-    held_bytes = 0
 
     def __init__(self, op: str, ops: list[ColumnOp], columns: pa.Table) -> None:
         self.op, self.ops, self.columns = op, ops, columns
@@ -106,14 +108,6 @@ class StatesColumnOp:
     def rows(self) -> int:
         """Rows times states: the writes it stages, and the work it is (one run per state)."""
         return self.columns.num_rows * len(self.ops)
-
-    @property
-    def writes(self) -> bool:
-        return OPS[self.op].writes
-
-    @property
-    def answers(self) -> bool:
-        return self.op in ANSWERING_COLUMN_OPS
 
     def apply(self, tx: JobTransaction) -> list[pa.Array] | None:
         located: dict[str, Rows] = {}  # the rows' keys, encoded and owner-checked once per key type
