@@ -17,7 +17,7 @@ from typing import Literal
 AccessLog = Literal["all", "control"]
 ACCESS_LOGGER = "uvicorn.access"
 # The path as uvicorn logs it (the app's root path, the path, the query string).
-_DATA_PLANE = re.compile(r"/v1/jobs/[^/?]+/(?:batch|states/[^/?]+/columns/[^/?]+|timers/[^/?]+/columns/[^/?]+)(?:\?|$)")
+_DATA_PLANE = re.compile(r"/v1/jobs/[^/?]+/(?:batch|(?:states/[^/?]+/|timers/[^/?]+/)?columns/[^/?]+)(?:\?|$)")
 
 
 _quiet = False  # the mode is "control" (set by :func:`configure`)

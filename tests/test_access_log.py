@@ -74,6 +74,8 @@ def test_the_filter_reads_uvicorns_access_record():
     keep = QuietDataPlane().filter
     assert not keep(record("POST", "/v1/jobs/j/timers/event/columns/register", 200))
     assert not keep(record("POST", "/prefix/v1/jobs/j/states/s/columns/add?epoch=3&seq=1", 200))
+    assert not keep(record("POST", "/v1/jobs/j/columns/add_get?states=total,events&epoch=3", 200))
+    assert keep(record("POST", "/v1/jobs/j/columns/add_get?states=total,events", 400))
     assert keep(record("POST", "/v1/jobs/j/states/s/columns/add", 409))
     assert keep(record("POST", "/v1/jobs/j/epochs/3/commit", 200))
     assert keep(record("GET", "/v1/jobs/j/batch", 405))
