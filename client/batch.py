@@ -75,7 +75,7 @@ class Batch:
         self.max_ops = max_ops
         self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in range(len(replicas))]
         self._sending: list[Future[None]] = []
-        self._failed = False
+        self._failure: BaseException | None = None  # the first part's error; later parts are not sent
         self._routed = replicas.version  # the topology version the queued operations were routed under
 
     def _owner(self, op: dict[str, Any]) -> int:
@@ -111,8 +111,8 @@ class Batch:
         self._sending.append(self._replicas.send_in_order(replica, self._send, replica, self._take(replica)))
 
     def _send(self, replica: int, chunk: list[tuple[dict[str, Any], PendingResult]]) -> None:
-        if self._failed:
-            raise StatehouseError("not sent: an earlier part of this batch failed")
+        if self._failure is not None:
+            raise StatehouseError("not sent: an earlier part of this batch failed") from self._failure
         ops = [op for op, _pending in chunk]
         attempt = self.attempt
         if attempt is not None:
@@ -135,7 +135,8 @@ class Batch:
                 self._resend(chunk, fields, idempotent)
                 return
         except BaseException as exc:
-            self._failed = True
+            if self._failure is None:
+                self._failure = exc
             if attempt is not None and isinstance(exc, StatehouseError) and 400 <= (exc.status or 0) < 500:
                 attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
             raise
@@ -239,7 +240,7 @@ class Batch:
 
     def flush(self) -> None:
         """Send everything queued (replicas in parallel) and wait for every part; raises the
-        first error. With nothing in flight and one replica to send to, it sends inline."""
+        first part's error. With nothing in flight and one replica to send to, it sends inline."""
         busy = [i for i, queue in enumerate(self._queued) if queue]
         if not self._sending and len(busy) == 1:
             self._send(busy[0], self._take(busy[0]))
@@ -248,9 +249,9 @@ class Batch:
             self._send_in_background(replica)
         sending, self._sending = self._sending, []
         errors = [future.exception() for future in sending]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
+        if any(e is not None for e in errors):
+            # The cause, not a later part's "not sent" that a parallel sender may have finished first.
+            raise self._failure or next(e for e in errors if e is not None)
 
     def __enter__(self) -> Batch:
         return self
