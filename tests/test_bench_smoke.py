@@ -158,6 +158,7 @@ def _spark_columnar_quick(spark, paths: list[str]) -> dict:
     return runs
 
 
+@pytest.mark.long  # ~30 s of Spark's own state stores; make test-long runs it
 def test_spark_columnar_state_apis(spark):
     """Spark 4's transformWithStateInPandas and transformWithState on the RocksDB state store."""
     _spark_columnar_quick(spark, ["tws-pandas", "tws-row"])
