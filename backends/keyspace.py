@@ -54,6 +54,11 @@ _SIGN_U64 = np.uint64(_SIGN)
 _OPERATOR_TABLES = frozenset({LIST_TABLE, BROADCAST_TABLE})
 # One tag byte per key type: a timer's identity includes its key's type ("7" and 7 are two timers).
 _KEY_TYPE_TAGS = {kt: bytes([i]) for i, kt in enumerate(KEY_TYPES)}
+# Up to this many rows, a column is located row by row in Python (:meth:`KeySpace.locate_column`):
+# the whole-column path's ~30 numpy and pyarrow calls cost ~150 µs however few the rows, a row
+# here ~3 µs. Tests force it both ways (tests/test_columns_few_rows.py).
+FEW_ROWS = 16
+_STRINGS = (pa.string(), pa.large_string())
 
 
 def encode_timestamp(timestamp: int) -> bytes:
@@ -265,6 +270,10 @@ class KeySpace:
     def locate_column(self, keys: pa.Array, key_type: KeyType, namespaces: pa.Array | str, subject: str) -> Rows:
         """:meth:`locate` for every row: key groups and stored keys at once, the same checks; an
         error names its row. ``subject`` names what the keys are of in errors (``state 'v'``)."""
+        if len(keys) <= FEW_ROWS:
+            few = self._locate_few(keys, key_type, namespaces)
+            if few is not None:
+                return few
         column: pa.Array | Utf8Column = keys
         try:
             if key_type == "string":  # checked and taken apart once, for key groups and stored keys
@@ -288,6 +297,43 @@ class KeySpace:
             self._refuse_too_long(encoded.key_bytes, "key")
         self._refuse_too_long(encoded.namespace_bytes, "namespace")
         return Rows(groups.tolist(), encoded.primaries)
+
+    def _locate_few(self, keys: pa.Array, key_type: KeyType, namespaces: pa.Array | str) -> Rows | None:
+        """:meth:`locate_column` of a few rows, one at a time as :meth:`locate` does (the same
+        stored keys, the memoized key groups), when every row passes every check; ``None`` for
+        anything else: the whole-column path then finds the first bad row and names it, so a
+        refusal reads the same whichever path met it."""
+        if not isinstance(keys, pa.Array) or keys.null_count:
+            return None
+        if not (keys.type in _STRINGS if key_type == "string" else pa.types.is_integer(keys.type)):
+            return None
+        spaces: list[str] | None = None
+        try:
+            keys.validate(full=True)  # offsets in bounds and valid UTF-8, before reading the values
+            if not isinstance(namespaces, str):
+                if namespaces.type not in _STRINGS or namespaces.null_count or len(namespaces) != len(keys):
+                    return None
+                namespaces.validate(full=True)
+                spaces = namespaces.to_pylist()
+        except pa.ArrowInvalid:
+            return None
+        limit, owned, assign = self.limits.max_key_bytes, self.owned, self._assign
+        one_space = encode_namespace(namespaces) if spaces is None else b""
+        groups, primaries = [], []
+        for row, key in enumerate(keys.to_pylist()):
+            try:
+                key_bytes = encode_key(key, key_type)  # an integer out of its type's range: refused
+            except InvalidKey:
+                return None
+            ns_bytes = one_space if spaces is None else encode_namespace(spaces[row])
+            if len(key_bytes) > limit or len(ns_bytes) > limit:
+                return None
+            key_group = assign(key, key_type)  # after the length check: a long key is not hashed
+            if not owned.start <= key_group <= owned.end:
+                return None
+            groups.append(key_group)
+            primaries.append(key_bytes + ns_bytes)
+        return Rows(groups, primaries)
 
     def locate_timer_column(
         self, keys: pa.Array, key_type: KeyType, namespaces: pa.Array | str, timestamps: np.ndarray
