@@ -306,6 +306,9 @@ class EpochBody(Strict):
     attempts: list[AttemptModel] = Field(description="the winning attempts of the micro-batch that wrote here")
 
 
+MAX_WAIT_MS = 10_000  # the longest a request waits for a checkpoint's upload to end (a long poll)
+
+
 class TriggerBody(Strict):
     checkpoint_id: int | None = Field(
         None, ge=1, le=MAX_CHECKPOINT_ID, description="the id to use (the coordinator's); default last + 1"
@@ -313,6 +316,20 @@ class TriggerBody(Strict):
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
     metadata: dict[str, JsonValue] = Field(
         default_factory=dict, description="kept with the checkpoint, e.g. the coordinator's batch id"
+    )
+    wait_ms: int = Field(
+        0,
+        ge=0,
+        le=MAX_WAIT_MS,
+        description="answer when the upload has ended (200, `uploaded` or `failed`) or after this many milliseconds "
+        "(202, `in_progress`), whichever is first: the trigger and the coordinator's first wait in one round trip",
+    )
+    complete: bool = Field(
+        False,
+        description="once uploaded, also complete this part (notifyCheckpointComplete) and answer 200 `completed`: "
+        "trigger, wait and complete in one round trip. Only where this replica's part is the whole checkpoint (a "
+        "deployment of one replica; otherwise 422 `invalid_argument`): with several, no part may complete before "
+        "every part is uploaded",
     )
 
     @model_validator(mode="after")
@@ -393,10 +410,18 @@ EpochReportModel = _report_model(
 
 class FenceBody(Strict):
     epoch: int = Field(ge=0, le=MAX_EPOCH, description="raise the job's writer epoch to at least this")
+    next: bool = Field(
+        False,
+        description="raise it to at least one past the current epoch too: an epoch no writer had here (a "
+        "coordinator's fence without first reading the job)",
+    )
 
 
 class FenceResponse(BaseModel):
     epoch: int
+    committed_epoch: int = Field(
+        description="the last epoch whose task attempts' staged writes were committed (as in `GET /v1/jobs/{job}`)"
+    )
 
 
 # Declared, not "an object of JSON values": generated clients then have a `value` field.

@@ -300,7 +300,10 @@ RAW_OPERATOR_REPLACE = errors(
 )
 RAW_OPERATOR_CLEAR = errors(*OPERATOR, *MOVING, "stale_epoch")
 
-TRIGGER = errors(*JOB, "invalid_argument", "checkpoint_conflict", *CHECKPOINT_STORAGE)
+# With `complete` the trigger completes too (a deployment of one replica): the complete's codes as well.
+TRIGGER = errors(
+    *JOB, "invalid_argument", "checkpoint_conflict", "checkpoint_not_ready", "checkpoint_failed", *CHECKPOINT_STORAGE
+)
 LIST_CHECKPOINTS = errors(*PAGED, *CHECKPOINT_STORAGE)
 GET_CHECKPOINT = errors("checkpoint_not_found", *CHECKPOINT_STORAGE)
 COMPLETE = errors(*JOB, "checkpoint_not_found", "checkpoint_not_ready", "checkpoint_failed", *CHECKPOINT_STORAGE)

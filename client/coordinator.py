@@ -171,10 +171,25 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        infos = self._undo_half_commit(anchor)
-        plan = BatchPlan(batch_id, self.job.fence(max(info["epoch"] for info in infos) + 1), replay=False)
+        plan = BatchPlan(batch_id, self._fence_past(anchor), replay=False)
         self._open = plan
         return plan
+
+    def _fence_past(self, anchor: GlobalCheckpoint) -> int:
+        """Fence a new epoch on every replica, past any it had, in one round trip when all goes
+        well: each fence answers the replica's committed epoch, and a replica that committed an
+        epoch other than the anchor's (a driver died in the middle of a commit) has every replica
+        restored to the anchor, then fenced again."""
+        fenced = self._fence_next(anchor.metadata["epoch"] + 1)
+        if any(answer["committed_epoch"] != anchor.metadata["epoch"] for answer in fenced):
+            self.restore(anchor.checkpoint_id)
+            fenced = self._fence_next(anchor.metadata["epoch"] + 1)  # the restore moved the writer epochs
+        epochs = {answer["epoch"] for answer in fenced}
+        return self.job.fence(max(epochs)) if len(epochs) > 1 else epochs.pop()
+
+    def _fence_next(self, at_least: int) -> list[dict[str, Any]]:
+        """Every replica's writer epoch raised past its own (and to ``at_least``): the fences' answers."""
+        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", {"epoch": at_least, "next": True})
 
     def _undo_half_commit(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
         infos = self.job.infos()  # one read for both epochs (a round trip per micro-batch)
@@ -191,14 +206,23 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         self._open = None  # committed or not, this batch is over: a re-run begins again
         bodies = commit_bodies(winners(messages), len(self.job.replicas))
         path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
+        # One replica: its commit checks exactly what its prepare would (the winners' writes, the
+        # epoch) under the same lock, and applies all or nothing, so the prepare's round trip is
+        # left out. Several: every replica seals before any applies (two phases).
+        one_phase = len(self.job.replicas) == 1
         try:
-            self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
+            if one_phase:
+                self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
+            else:
+                self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
         except StatehouseError as exc:
-            self.abort_epoch(plan.epoch)
+            if not one_phase or (exc.status is not None and exc.status < 500):  # else: it may have applied
+                self.abort_epoch(plan.epoch)
             if exc.code in ("attempt_lost", "stale_epoch"):
                 raise MicroBatchLost(f"micro-batch {plan.batch_id} was not committed: {exc}") from exc
             raise
-        self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
+        if not one_phase:
+            self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
         return self.checkpoint(metadata={"batch_id": plan.batch_id, "epoch": plan.epoch})
 
     def abort_epoch(self, epoch: int) -> None:

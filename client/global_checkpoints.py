@@ -17,6 +17,7 @@ from statehouse.client.errors import StatehouseError
 
 if TYPE_CHECKING:
     from statehouse.client.job import JobClient
+    from statehouse.client.transport import ReplicaConnection
 
 
 class CheckpointFailed(StatehouseError):
@@ -40,11 +41,20 @@ class GlobalCheckpoint:
 _LONG_POLL_MS = 5_000  # one wait of a replica's checkpoint (the server's limit is 10 s)
 
 
+def _uploading(info: dict[str, Any]) -> bool:
+    """Whether a part's trigger answered before its upload ended (a failed upload is seen by the wait)."""
+    return info["status"] not in ("uploaded", "completed")
+
+
 class CheckpointCoordinator:
     def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
         self.job = job
         self.timeout = timeout
         self.poll_interval = poll_interval
+        # The next id every replica takes, from this coordinator's last listing or checkpoint (a
+        # micro-batch's begin lists them: its checkpoint needs no second listing). A stale one is
+        # refused whole (checkpoint_conflict) and asked afresh.
+        self._next_listed: int | None = None
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
@@ -66,6 +76,7 @@ class CheckpointCoordinator:
                 if cursor is None:
                     break
             listings.append((items, page["next_checkpoint_id"]))
+        self._next_listed = max((next_id for _items, next_id in listings), default=None)
         return listings
 
     def next_id(self) -> int:
@@ -93,26 +104,75 @@ class CheckpointCoordinator:
     def checkpoint(
         self, checkpoint_id: int | None = None, *, kind: str = "checkpoint", metadata: dict[str, Any] | None = None
     ) -> GlobalCheckpoint:
-        """Trigger on every replica, wait for every upload, complete everywhere; abort everywhere on failure."""
-        checkpoint_id = checkpoint_id or self.next_id()
-        body = {"checkpoint_id": checkpoint_id, "kind": kind, "metadata": metadata or {}}
+        """Trigger on every replica, wait for every upload, complete everywhere; abort everywhere on failure.
+
+        Flink's trigger, acknowledge and notify-complete in as few round trips as keep its rule (no
+        part completes before every part is uploaded): the trigger waits for the upload (a long
+        poll), and a deployment of one replica completes in that request too. Without
+        ``checkpoint_id``, the next id the last listing gave (a micro-batch's begin lists them), or
+        a new listing's."""
+        body: dict[str, Any] = {"kind": kind, "metadata": metadata or {}, "wait_ms": _LONG_POLL_MS}
+        if len(self.job.replicas) == 1:
+            body["complete"] = True
+        checkpoint_id, infos = self._triggered(checkpoint_id, body)
         try:
-            self.job.replicas.on_all("POST", self._path(), body, idempotent=False)
-            self._wait_uploaded(checkpoint_id)
-            parts = self.job.replicas.on_all("POST", self._path(f"/{checkpoint_id}/complete"))
+            if any(info["status"] != "completed" for info in infos):
+                uploading = [r for r, info in zip(self.job.replicas, infos, strict=True) if _uploading(info)]
+                self._wait_uploaded(checkpoint_id, uploading)
+                infos = self.job.replicas.on_all("POST", self._path(f"/{checkpoint_id}/complete"))
         except Exception as exc:
             self.abort(checkpoint_id)
             raise CheckpointFailed(f"checkpoint {checkpoint_id} of job {self.job.name!r} failed: {exc}") from exc
-        return GlobalCheckpoint(checkpoint_id, kind, metadata or {}, tuple(parts))
+        return GlobalCheckpoint(checkpoint_id, kind, metadata or {}, tuple(infos))
+
+    def _triggered(self, checkpoint_id: int | None, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """Trigger the checkpoint on every replica: its id and every replica's answer. On a failure,
+        abort it everywhere but where another's checkpoint of that id refused the trigger, and raise
+        CheckpointFailed; a listed id another checkpoint took since is listed again, once."""
+        listed = checkpoint_id is None
+        for retry in (False, True):
+            if checkpoint_id is None:
+                checkpoint_id = self._next_listed or self.next_id()
+            body["checkpoint_id"] = checkpoint_id
+            self._next_listed = checkpoint_id + 1  # taken, or another's: either way not free
+            replicas = list(self.job.replicas)
+            futures = [self.job.replicas.submit(r.json, "POST", self._path(), body, idempotent=False) for r in replicas]
+            answers: list[dict[str, Any]] = []
+            refused: list[StatehouseError] = []
+            for replica, future in zip(replicas, futures, strict=True):
+                try:
+                    answers.append(future.result())
+                except StatehouseError as exc:
+                    if exc.code == "checkpoint_not_ready":  # triggered; still uploading when the complete gave up
+                        answers.append({"checkpoint_id": checkpoint_id, "status": "in_progress"})
+                        continue
+                    refused.append(exc)
+                    if exc.code == "checkpoint_conflict":
+                        continue  # the id is another checkpoint's there: leave that one be
+                    with contextlib.suppress(StatehouseError):
+                        replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+            if not refused:
+                return checkpoint_id, answers
+            for replica, future in zip(replicas, futures, strict=True):
+                if future.exception() is None:  # this one took it: the checkpoint is ours there
+                    with contextlib.suppress(StatehouseError):
+                        replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+            if listed and not retry and all(e.code == "checkpoint_conflict" for e in refused):
+                checkpoint_id = None  # listed before another checkpoint took it: list again
+                self._next_listed = None
+                continue
+            raise CheckpointFailed(
+                f"checkpoint {checkpoint_id} of job {self.job.name!r} could not be triggered: {refused[0]}"
+            ) from refused[0]
+        raise AssertionError("unreachable")
 
     def savepoint(self, checkpoint_id: int | None = None, *, metadata: dict[str, Any] | None = None):
         return self.checkpoint(checkpoint_id, kind="savepoint", metadata=metadata)
 
-    def _wait_uploaded(self, checkpoint_id: int) -> None:
-        """Until every replica's upload has ended: a long poll per replica (``wait_ms``), which
-        answers as soon as its upload ends."""
+    def _wait_uploaded(self, checkpoint_id: int, pending: list[ReplicaConnection]) -> None:
+        """Until the upload of every replica in ``pending`` has ended: a long poll per replica
+        (``wait_ms``), which answers as soon as its upload ends."""
         deadline = time.monotonic() + self.timeout
-        pending = list(self.job.replicas)
         while pending:
             still = []
             for replica in pending:

@@ -237,6 +237,10 @@ class Replicas:
         futures = [self._fan_out.submit(r.json, method, path, body, idempotent=idempotent) for r in self]
         return [f.result() for f in futures]
 
+    def submit(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        """Run ``call`` on the fan-out threads (one call per replica at once: see :meth:`on_all`)."""
+        return self._fan_out.submit(call, *args, **kwargs)
+
     def on_each(self, method: str, path: str, bodies: list[Any], *, idempotent: bool = True) -> list[Any]:
         """One JSON call per replica in parallel, ``bodies[i]`` to replica ``i``; the answers in order."""
         calls = zip(self, bodies, strict=True)

@@ -78,6 +78,40 @@ def test_a_long_poll_answers_when_the_upload_has_ended(http, job):
     assert missing.status_code == 404 and missing.json()["code"] == "checkpoint_not_found"
 
 
+def test_a_trigger_waits_for_its_upload_and_with_one_replica_completes_it(http, job):
+    """The coordinator's round trips folded: `wait_ms` answers once the upload has ended (200
+    `uploaded`; nothing completed yet), `complete` completes the part in the same request (one
+    replica: it is the whole checkpoint); a bad wait or flag is a 422, nothing triggered."""
+    add(http, job, "a", 1)
+    waited = http.post(f"{job}/checkpoints", json={"checkpoint_id": 1, "wait_ms": 10_000})
+    assert waited.status_code == 200 and waited.json()["status"] == "uploaded"
+    assert http.post(f"{job}/checkpoints/1/complete").json()["status"] == "completed"
+    add(http, job, "a", 2)
+    done = http.post(f"{job}/checkpoints", json={"metadata": {"batch_id": 7}, "complete": True})
+    assert done.status_code == 200, done.text
+    info = done.json()
+    assert (info["checkpoint_id"], info["status"], info["metadata"]) == (2, "completed", {"batch_id": 7})
+    listed = http.get(f"{job}/checkpoints").json()
+    assert [(c["checkpoint_id"], c["status"]) for c in listed["items"]] == [(1, "completed"), (2, "completed")]
+    for bad in ({"wait_ms": 10_001}, {"wait_ms": -1}, {"wait_ms": "5"}, {"complete": "yes"}, {"complete": 1}):
+        refused = http.post(f"{job}/checkpoints", json=bad)
+        assert refused.status_code == 422 and refused.json()["code"] == "validation_error", (bad, refused.text)
+    assert http.get(f"{job}/checkpoints").json()["next_checkpoint_id"] == 3  # nothing was triggered
+    http.post(f"{job}/restore", json={"checkpoint_id": 2}).raise_for_status()
+    assert total(http, job, "a") == 3
+
+
+def test_a_replica_of_several_refuses_to_complete_its_part_alone(two_replicas, job_name):
+    """No part may complete before every part is uploaded (it would subsume the checkpoint before):
+    with several replicas, `complete` on the trigger is a 422 saying so, and nothing is triggered."""
+    with httpx.Client(base_url=two_replicas[0].url + "/v1", timeout=10) as http:
+        http.put(f"/jobs/{job_name}", json={"max_parallelism": 128}).raise_for_status()
+        refused = http.post(f"/jobs/{job_name}/checkpoints", json={"complete": True})
+        assert refused.status_code == 422 and refused.json()["code"] == "invalid_argument"
+        assert "every part is uploaded" in refused.json()["detail"]
+        assert http.get(f"/jobs/{job_name}/checkpoints").json()["items"] == []
+
+
 def test_restore_aborts_pending_checkpoints_and_says_so(http, job):
     """A pending checkpoint froze the state that a restore replaces: completing it afterwards
     would record state that no longer exists, so the restore aborts it and reports it."""
@@ -175,7 +209,7 @@ def test_restore_advances_the_writer_epoch(http, job):
     http.post(f"{job}/checkpoints", json={"checkpoint_id": 1})
     wait_status(http, job, 1)
     http.post(f"{job}/checkpoints/1/complete").raise_for_status()
-    assert http.post(f"{job}/fence", json={"epoch": 7}).json() == {"epoch": 7}
+    assert http.post(f"{job}/fence", json={"epoch": 7}).json()["epoch"] == 7
     http.post(f"{job}/restore", json={"checkpoint_id": 1}).raise_for_status()
     assert http.get(job).json()["epoch"] == 8
     for epoch in (6, 7):

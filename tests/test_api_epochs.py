@@ -22,7 +22,7 @@ def job(http, job_name):
 
 
 def fence(http, job, epoch):
-    assert http.post(f"{job}/fence", json={"epoch": epoch}).json() == {"epoch": epoch}
+    assert http.post(f"{job}/fence", json={"epoch": epoch}).json()["epoch"] == epoch
 
 
 def staged(http, job, epoch, partition, attempt, seq, ops):
@@ -202,3 +202,19 @@ def test_a_checkpoint_records_the_committed_epoch_and_a_restore_brings_it_back(h
     info = http.get(job).json()
     assert (info["committed_epoch"], info["epoch"]) == (1, 3)  # the state's epoch back, the writers' advanced
     assert total(http, job) == 1
+
+
+def test_a_fence_with_next_takes_an_epoch_past_any_and_answers_the_committed_one(http, job):
+    """A coordinator's begin in one round trip: `next` raises the epoch past the current one (and to
+    at least `epoch`), and the answer names the last committed epoch, which it would otherwise read."""
+    fence(http, job, 5)
+    assert http.post(f"{job}/fence", json={"epoch": 1, "next": True}).json() == {"epoch": 6, "committed_epoch": 0}
+    assert http.post(f"{job}/fence", json={"epoch": 9, "next": True}).json()["epoch"] == 9
+    assert staged(http, job, 9, 0, "a", 0, [{"op": "add", "state": "total", "key": "u", "value": 2}]).status_code == 200
+    assert http.post(f"{job}/epochs/9/commit", json=winners((0, "a", 1))).status_code == 200
+    assert http.post(f"{job}/fence", json={"epoch": 0, "next": True}).json() == {"epoch": 10, "committed_epoch": 9}
+    assert staged(http, job, 9, 0, "b", 0, [{"op": "add", "state": "total", "key": "u", "value": 2}]).status_code == 409
+    for bad in ({"epoch": 1, "next": "true"}, {"epoch": 1, "next": 1}, {"next": True}):
+        refused = http.post(f"{job}/fence", json=bad)
+        assert refused.status_code == 422, (bad, refused.text)
+    assert http.get(job).json()["epoch"] == 10 and total(http, job) == 2

@@ -267,8 +267,8 @@ def test_writer_epoch_fences_stale_batches(http, job):
     register(http, job, "v", kind="value")
     put = {"op": "put", "state": "v", "key": "k"}
     assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 0}], "epoch": 0}).status_code == 200
-    assert http.post(f"{job}/fence", json={"epoch": 3}).json() == {"epoch": 3}
-    assert http.post(f"{job}/fence", json={"epoch": 2}).json() == {"epoch": 3}  # never lowered
+    assert http.post(f"{job}/fence", json={"epoch": 3}).json() == {"epoch": 3, "committed_epoch": 0}
+    assert http.post(f"{job}/fence", json={"epoch": 2}).json()["epoch"] == 3  # never lowered
     stale = http.post(f"{job}/batch", json={"ops": [{**put, "value": 1}], "epoch": 2})
     assert stale.status_code == 409 and stale.json()["code"] == "stale_epoch" and stale.json()["epoch"] == 3
     assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 2}], "epoch": 3}).status_code == 200

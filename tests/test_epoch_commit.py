@@ -172,3 +172,26 @@ def test_add_get_replays_like_add_when_winners_share_a_key(sums, replays):
     commit_all(sums, 1, [Winner(0, "t0", 1), Winner(1, "t1", 1)])
     assert replays["n"] == 2
     assert totals(sums, "a") == [111]
+
+
+def test_a_commit_without_prepare_checks_what_prepare_would_and_applies_all_or_nothing(sums, replays):
+    """A deployment of one replica commits in one phase (client/coordinator.py): the commit alone
+    must refuse what the prepare refuses, applying nothing, and apply once what it accepts."""
+    from statehouse.errors import StateError
+
+    winners = [stage(sums, 1, 0, "t0", ["a", "b"], [1, 2]), stage(sums, 1, 1, "t1", ["c"], [4])]
+    missing = [*winners, Winner(2, "t2", 1)]  # a winner this replica never staged (it restarted)
+    with pytest.raises(StateError) as lost:
+        commit(sums, 1, missing)
+    assert lost.value.code == "attempt_lost"
+    short = [Winner(0, "t0", 1), winners[1]]  # a winner that reported fewer writes than were staged
+    with pytest.raises(StateError) as miscounted:
+        commit(sums, 1, short)
+    assert miscounted.value.code == "attempt_lost"
+    assert totals(sums, "a", "b", "c") == [100, None, None]  # nothing applied
+    assert commit(sums, 1, winners).ops == 3
+    assert commit(sums, 1, winners).ops == 0  # a re-sent commit: done already, not applied again
+    assert totals(sums, "a", "b", "c") == [101, 2, 4]
+    with pytest.raises(StateError) as stale:
+        commit(sums, 0, winners)  # an epoch fenced off
+    assert stale.value.code == "stale_epoch"

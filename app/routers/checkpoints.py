@@ -7,13 +7,14 @@ import asyncio
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, Path, Query
+from fastapi import Body, Path, Query, Response
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
-from statehouse.app.dependencies import GrantDep, JobDep, JobName, ServiceDep, authorize_restore_location
+from statehouse.app.dependencies import GrantDep, JobDep, JobName, Service, ServiceDep, authorize_restore_location
 from statehouse.app.models import (
+    MAX_WAIT_MS,
     CheckpointInfoModel,
     CheckpointPage,
     RestoreBody,
@@ -24,6 +25,8 @@ from statehouse.app.models import (
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID
+from statehouse.checkpointing.info import CheckpointInfo
+from statehouse.errors import InvalidArgument
 
 router = api_router(prefix="/v1", tags=["checkpoints"])
 
@@ -34,14 +37,36 @@ CheckpointId = Annotated[
 ]
 
 
-@router.post("/jobs/{job}/checkpoints", response_model=CheckpointInfoModel, status_code=202, responses=doc.TRIGGER)
+@router.post(
+    "/jobs/{job}/checkpoints",
+    response_model=CheckpointInfoModel,
+    status_code=202,
+    responses={200: {"model": CheckpointInfoModel}, **doc.TRIGGER},
+)
 async def trigger(
-    service: ServiceDep, job: JobDep, body: Annotated[TriggerBody, Body(default_factory=TriggerBody)]
+    service: ServiceDep,
+    job: JobDep,
+    response: Response,
+    body: Annotated[TriggerBody, Body(default_factory=TriggerBody)],
 ) -> Any:
     """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
-    in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it."""
+    in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it. With
+    `wait_ms`, answers once the upload has ended (200) or the wait is over (202); with `complete` (one replica
+    only), completes the part once uploaded and answers 200 `completed`."""
+    if body.complete and service.catalog.replica_count != 1:
+        raise InvalidArgument(
+            f"complete: true completes this replica's part at once, but it is one of {service.catalog.replica_count} "
+            "replicas: no part may complete before every part is uploaded; trigger on every replica, then complete"
+        )
     # Off the event loop: a RocksDB freeze first flushes memtables (writes go on meanwhile).
-    return await run_in_threadpool(service.checkpoints.trigger, job.name, body.checkpoint_id, body.kind, body.metadata)
+    info = await run_in_threadpool(service.checkpoints.trigger, job.name, body.checkpoint_id, body.kind, body.metadata)
+    if body.complete:
+        info = await run_in_threadpool(service.checkpoints.complete, job.name, info.checkpoint_id)
+    elif body.wait_ms:
+        info = await _waited(service, job.name, info.checkpoint_id, body.wait_ms)
+    if info.status != "in_progress":
+        response.status_code = 200
+    return info
 
 
 @router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage, responses=doc.LIST_CHECKPOINTS)
@@ -69,7 +94,6 @@ async def list_checkpoints(
     }
 
 
-MAX_WAIT_MS = 10_000
 WaitMs = Annotated[
     int,
     Query(
@@ -86,6 +110,11 @@ _WAIT_STEP_S = 0.002  # how often a waiting request looks again: an upload takes
 @router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
 async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: CheckpointId, wait_ms: WaitMs = 0) -> Any:
     """This replica's part of checkpoint N; with `wait_ms`, once its upload has ended (or the wait is over)."""
+    return await _waited(service, job, checkpoint_id, wait_ms)
+
+
+async def _waited(service: Service, job: str, checkpoint_id: int, wait_ms: int) -> CheckpointInfo:
+    """The checkpoint's info once its upload has ended, or after ``wait_ms``."""
     info = service.checkpoints.get(job, checkpoint_id)
     # Looked at again on the event loop, not waited for in a worker thread: waiting requests
     # then hold no thread, however many there are.

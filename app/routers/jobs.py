@@ -71,9 +71,16 @@ async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="
 
 @router.post("/jobs/{job}/fence", response_model=FenceResponse, responses=doc.FENCE)
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
-    """Raise the job's writer epoch (never lowers it). Batches that carry an older epoch are then refused,
-    so a stale attempt of a Spark micro-batch cannot overwrite a newer one."""
-    return FenceResponse(epoch=await dispatch(job, lambda: job.fence(body.epoch)))
+    """Raise the job's writer epoch (never lowers it); with `next`, to at least one past the current one. Batches
+    that carry an older epoch are then refused, so a stale attempt of a Spark micro-batch cannot overwrite a newer
+    one. Answers the epoch now in force and the last committed one."""
+
+    def fenced() -> FenceResponse:
+        with job.exclusive():  # the epoch read and raised at once, and the committed one read as of then
+            epoch = job.fence(max(body.epoch, job.epoch + 1) if body.next else body.epoch)
+            return FenceResponse(epoch=epoch, committed_epoch=job.committed_epoch)
+
+    return await dispatch(job, fenced)
 
 
 @router.put(

@@ -38,3 +38,15 @@ def two_replicas(tmp_path_factory):
 def job_name():
     # A per-process prefix keeps names unique when two runs share one deployment.
     return f"client-{os.getpid()}-{next(_job_numbers)}"
+
+
+@pytest.fixture(scope="session", params=["heap", "rocksdb"])
+def one_replica(request, tmp_path_factory):
+    """A deployment of one replica (the protocol folds round trips there), on each backend."""
+    if os.environ.get("STATEHOUSE_TEST_REPLICAS"):
+        pytest.skip("the client wheel's run has a two-replica deployment only")
+    from harness.server import start_server
+
+    server = start_server(tmp_path_factory.mktemp(f"single-{request.param}"), {"STATEHOUSE_BACKEND": request.param})
+    yield server
+    server.stop()
