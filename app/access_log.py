@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 AccessLog = Literal["all", "control"]
 ACCESS_LOGGER = "uvicorn.access"
-# The path as uvicorn logs it (the app's root path, the path, the query string).
-_DATA_PLANE = re.compile(r"/v1/jobs/[^/?]+/(?:batch|(?:states/[^/?]+/|timers/[^/?]+/)?columns/[^/?]+)(?:\?|$)")
+# The data plane's paths as uvicorn logs them (the app's root path, the path, the query string),
+# from the routes flagged ``routing.data_plane`` (:func:`data_plane_routes`); none until then.
+_DATA_PLANE = re.compile(r"(?!)")
+
+
+def data_plane_routes(path_formats: Iterable[str]) -> None:
+    """The data plane's routes by path template (``/v1/jobs/{job}/batch``): the app gives the ones
+    it flags (``routing.data_plane_paths``)."""
+    global _DATA_PLANE
+    # A parameter matches one segment; the path ends, or its query string starts.
+    alternatives = [re.sub(r"\\\{[^}]*\\\}", "[^/?]+", re.escape(path)) for path in path_formats]
+    _DATA_PLANE = re.compile(f"(?:{'|'.join(alternatives) or '(?!)'})(?:\\?|$)")
 
 
 _quiet = False  # the mode is "control" (set by :func:`configure`)

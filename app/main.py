@@ -36,6 +36,7 @@ from statehouse.app.routers import (
     timers,
     topology,
 )
+from statehouse.app.routing import data_plane_paths
 from statehouse.app.settings import Settings, exit_at_start, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
@@ -286,6 +287,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outermost last: metrics see every response and answer unexpected faults (500s). The
     # columnar endpoint's fast path is innermost: inside the intake (token, content type and
     # size, checked before the body is received), metrics and 500s.
+    access_log.data_plane_routes(data_plane_paths(app.routes))
     app.add_middleware(columns.ColumnsFastPath)
     app.add_middleware(Intake, routes=app.routes, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -11,17 +11,38 @@ once percent-decoded.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote_to_bytes
 
-from fastapi import APIRouter
+from fastapi import APIRouter, routing
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import loads_json, max_values
+
+E = TypeVar("E", bound=Callable[..., Any])
+
+
+def data_plane(endpoint: E) -> E:
+    """Flags a route (under its ``@router.post``) as the data plane: what a Spark job's executors
+    call thousands of times a second. The one list of them: the access log leaves out their
+    successful calls by default (``app/access_log.py``, given the flagged routes by the app)."""
+    endpoint.data_plane = True  # type: ignore[attr-defined]
+    return endpoint
+
+
+def data_plane_paths(routes: list[BaseRoute]) -> list[str]:
+    """The path templates (``/v1/jobs/{job}/batch``) of an app's routes flagged :func:`data_plane`."""
+    return [
+        context.path
+        for context in routing.iter_route_contexts(routes)
+        if context.path is not None
+        and getattr(getattr(context.original_route, "endpoint", None), "data_plane", False) is True
+    ]
 
 
 class StrictJSONRequest(Request):

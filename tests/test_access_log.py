@@ -11,6 +11,8 @@ import urllib3
 
 from harness.server import start_server
 from statehouse.app.access_log import QuietDataPlane
+from statehouse.app.main import app
+from statehouse.app.routing import data_plane_paths
 
 pytestmark = [pytest.mark.http]
 
@@ -66,7 +68,16 @@ def test_the_data_planes_successful_requests_are_logged_only_with_all(tmp_path, 
         assert (line in logged) == (mode == "all"), line
 
 
-def test_the_filter_reads_uvicorns_access_record():
+def test_the_data_plane_is_the_routes_flagged_so():
+    assert set(data_plane_paths(app.routes)) == {
+        "/v1/jobs/{job}/batch",
+        "/v1/jobs/{job}/states/{state}/columns/{op}",
+        "/v1/jobs/{job}/columns/{op}",
+        "/v1/jobs/{job}/timers/{domain}/columns/{op}",
+    }
+
+
+def test_the_filter_reads_uvicorns_access_record():  # the app made (imported above) gave the routes
     def record(method: str, path: str, status: int) -> logging.LogRecord:
         args = ("127.0.0.1:5000", method, path, "1.1", status)
         return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None)
@@ -80,4 +91,6 @@ def test_the_filter_reads_uvicorns_access_record():
     assert keep(record("POST", "/v1/jobs/j/epochs/3/commit", 200))
     assert keep(record("GET", "/v1/jobs/j/batch", 405))
     assert keep(record("POST", "/v1/jobs/batch-job/checkpoints", 200))
+    assert keep(record("POST", "/v1/jobs/j/states/s/columns/add/more", 200))
+    assert not keep(record("POST", "/v1/jobs/j/batch", 200))
     assert keep(logging.LogRecord("uvicorn.access", logging.INFO, "", 0, "other", None, None))

@@ -12,7 +12,7 @@ from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import BatchResponse
 from statehouse.app.offload import dispatch
 from statehouse.app.problems import ApiError
-from statehouse.app.routing import api_router
+from statehouse.app.routing import api_router, data_plane
 from statehouse.app.wire import from_base64, is_msgpack, read_body, render
 from statehouse.backends.attempts import perform
 from statehouse.backends.job import Job
@@ -29,6 +29,7 @@ router = api_router(prefix="/v1", tags=["batch"])
     openapi_extra={"requestBody": doc.BATCH_BODY},
     responses=doc.BATCH,
 )
+@data_plane
 async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     """Many keyed operations in one request, applied in order and atomically: later operations see
     earlier ones; if any fails, nothing is applied and the problem names the failing op's index.

@@ -14,7 +14,7 @@ from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, re
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import dispatch
 from statehouse.app.problems import ApiError, state_error
-from statehouse.app.routing import api_router, check_target, route_path
+from statehouse.app.routing import api_router, check_target, data_plane, route_path
 from statehouse.app.wire import arrow_response
 from statehouse.backends.attempts import perform
 from statehouse.backends.columns import ColumnOp, StatesColumnOp
@@ -31,6 +31,7 @@ router = api_router(prefix="/v1", tags=["batch"])
     openapi_extra={"requestBody": doc.COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
     responses=doc.COLUMNS,
 )
+@data_plane
 async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName, request: Request) -> Response:
     """One operation on one state for every row of an Arrow IPC stream, applied in order and
     atomically, with the rules of the batch endpoint (same state kinds, TTL, ownership, limits).
@@ -46,6 +47,7 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
     openapi_extra={"requestBody": doc.STATES_COLUMNS_BODY, "parameters": [STATES_PARAMETER, *ATTEMPT_PARAMETERS]},
     responses=doc.COLUMNS,
 )
+@data_plane
 async def states_columns(service: ServiceDep, job: JobDep, op: ColumnOpName, request: Request) -> Response:
     """One operation on several states (`states`, comma-separated) for every row of an Arrow IPC
     stream, in one transaction: the rows' `key` (and `ns`, `user_key`) once, and one value column

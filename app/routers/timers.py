@@ -24,7 +24,7 @@ from statehouse.app.models import (
 )
 from statehouse.app.offload import OFF_LOOP, dispatch, in_transaction
 from statehouse.app.paging import PageDep
-from statehouse.app.routing import api_router
+from statehouse.app.routing import api_router, data_plane
 from statehouse.app.wire import render
 from statehouse.backends import ops
 from statehouse.backends import timers as timer_service
@@ -104,6 +104,7 @@ async def delete_timer(
     openapi_extra={"requestBody": doc.TIMER_COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
     responses=doc.TIMER_COLUMNS,
 )
+@data_plane
 async def timer_columns(
     service: ServiceDep,
     job: JobDep,
