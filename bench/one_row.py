@@ -42,13 +42,13 @@ JOB, STATE, KEY = "bench", "v", "user-00001"
 STATE_BODY = {"kind": "value", "value_type": "binary"}
 
 
-def bodies() -> dict[str, bytes]:
-    key = pa.array([KEY])
-    return {"put": ipc({"key": key, "value": pa.array([b"x" * 32], pa.binary())}), "get": ipc({"key": key})}
+def bodies(rows: int = 1) -> dict[str, bytes]:
+    key = pa.array([KEY] if rows == 1 else [f"{KEY}-{i}" for i in range(rows)])
+    return {"put": ipc({"key": key, "value": pa.array([b"x" * 32] * rows, pa.binary())}), "get": ipc({"key": key})}
 
 
-def engine(requests: int) -> dict[str, float]:
-    """Thread CPU µs per one-row put and get through the engine, in this process."""
+def engine(requests: int, rows: int = 1) -> dict[str, float]:
+    """Thread CPU µs per one-row (``rows``-row) put and get through the engine, in this process."""
     from statehouse.backends.attempts import perform
     from statehouse.backends.catalog import JobCatalog
     from statehouse.backends.columns import ColumnOp
@@ -58,7 +58,7 @@ def engine(requests: int) -> dict[str, float]:
     catalog = JobCatalog(HeapStore())
     job, _ = catalog.create(JOB, 128)
     job.register_state(StateDescriptor(STATE, "value", value_type="binary"))
-    tables = {op: pa.ipc.open_stream(body).read_all() for op, body in bodies().items()}
+    tables = {op: pa.ipc.open_stream(body).read_all() for op, body in bodies(rows).items()}
 
     def one(op: str) -> None:
         work = ColumnOp.parse(STATE, op, tables[op])
@@ -84,7 +84,7 @@ def serve_profiled(port: int, stats: str) -> None:
     profiles: list[cProfile.Profile] = []
 
     def start(*_: Any) -> None:
-        profiles.append(cProfile.Profile())  # a new one per measurement
+        profiles.append(cProfile.Profile(time.thread_time))  # CPU, not waits; a new one per measurement
         profiles[-1].enable()
 
     def stop(*_: Any) -> None:
@@ -111,7 +111,7 @@ def _area(filename: str) -> str:
     return "builtins" if filename == "~" else filename
 
 
-def calls(requests: int, env: dict[str, str], keep: str | None = None) -> dict[str, Any]:
+def calls(requests: int, env: dict[str, str], keep: str | None = None, rows: int = 1) -> dict[str, Any]:
     """Python calls per request of a live server: one-row put, then get (each profiled alone);
     ``keep``: a path prefix the cProfile stats are copied to (``<keep>-put.prof``, ...)."""
     out: dict[str, Any] = {}
@@ -131,7 +131,7 @@ def calls(requests: int, env: dict[str, str], keep: str | None = None) -> dict[s
                 response = pool.urlopen("PUT", target, body=json.dumps(fields), headers=json_body)
                 if response.status >= 300:
                     raise RuntimeError(f"PUT {target}: {response.status} {response.data[:300]!r}")
-            for op, body in bodies().items():
+            for op, body in bodies(rows).items():
                 target, headers = f"/v1/jobs/{JOB}/states/{STATE}/columns/{op}", {"content-type": ARROW_STREAM}
                 for _ in range(300):  # warm-up: imports, caches, the first request's work
                     pool.urlopen("POST", target, body=body, headers=headers)
@@ -165,11 +165,11 @@ def calls(requests: int, env: dict[str, str], keep: str | None = None) -> dict[s
     return out
 
 
-def _engine_in(tree: str | None, requests: int) -> dict[str, float]:
+def _engine_in(tree: str | None, requests: int, rows: int) -> dict[str, float]:
     """:func:`engine` in a fresh process running ``tree``'s statehouse (this one's by default)."""
     with contextlib.ExitStack() as stack:
         env = stack.enter_context(source_tree(tree)) if tree else {}
-        command = [sys.executable, "-m", "bench.one_row", "--engine-only", str(requests)]
+        command = [sys.executable, "-m", "bench.one_row", "--engine-only", str(requests), "--rows", str(rows)]
         done = subprocess.run(command, cwd=REPO, env={**os.environ, **env}, capture_output=True, check=True, text=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="engine rounds per tree (a fresh process each)")
     p.add_argument("--requests", type=int, default=2_000, help="requests per measurement")
+    p.add_argument("--rows", type=int, default=1, help="rows per request (1: the one-row request)")
     p.add_argument("--before", help="a source tree to measure the same way (before/after)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--stats", help="a directory to keep the live cProfile stats in (pstats files)")
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--serve-profiled", nargs=2, help=argparse.SUPPRESS)
     cfg = p.parse_args(argv)
     if cfg.engine_only:
-        print(json.dumps(engine(cfg.engine_only)))
+        print(json.dumps(engine(cfg.engine_only, cfg.rows)))
         return {}
     if cfg.serve_profiled:
         serve_profiled(int(cfg.serve_profiled[0]), cfg.serve_profiled[1])
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for n in range(cfg.runs):
         for name, tree in trees.items() if n % 2 == 0 else reversed(trees.items()):
-            rounds[name].append(_engine_in(tree, cfg.requests))
+            rounds[name].append(_engine_in(tree, cfg.requests, cfg.rows))
         load.append(os.getloadavg()[0])
     out: dict[str, Any] = {"benchmark": "one_row", "config": vars(cfg), "load": load, "engine": {}, "calls": {}}
     print("\nengine in process (heap), thread CPU µs per request: median (min-max) of", cfg.runs, "rounds")
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
             env = stack.enter_context(source_tree(tree)) if tree else {}
             keep = f"{cfg.stats}/{name}" if cfg.stats else None
-            measured = out["calls"][name] = calls(cfg.requests, env, keep)
+            measured = out["calls"][name] = calls(cfg.requests, env, keep, cfg.rows)
         for op, found in measured.items():
             where = ", ".join(f"{area} {n:.0f}" for area, n in found["areas"].items())
             print(f"  {name:6} {op}: {found['calls']:.0f}  ({where})")
