@@ -91,6 +91,11 @@ def db_options(max_wal_bytes: int = _DEFAULT_WAL_LIMIT) -> Options:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_max_open_files(MAX_OPEN_FILES)
+    # The table cache that bound makes (~54 files) in one shard: RocksDB's default 64 shards give
+    # each room for one file, and two files of a job hashed to one shard evict each other on
+    # every read, which then reads the file's index and Bloom filter again (a million-key state:
+    # ~1.5 MB a read, point reads 20-50x slower until the files change; measured in bench/replica.py).
+    options.set_table_cache_num_shard_bits(0)
     options.set_keep_log_file_num(3)  # every reopen rolls the info LOG; keep a few, not 1000
     # Past this, RocksDB flushes the column families that keep the oldest log alive (by default it
     # lets logs grow to 4x all memtables): the log an open replays, and the table files that
