@@ -224,8 +224,13 @@ def read_arrow(raw: bytes, max_bytes: int, max_batches: int) -> pa.Table:
     return read_stream(raw, max_bytes, max_batches)
 
 
+# The stream format's defaults, made once: without options, every writer reads two environment
+# variables (pyarrow's pre-1.0 format switches) to make these.
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+
+
 def arrow_response(table: pa.Table) -> Response:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
     return Response(memoryview(sink.getvalue()), media_type=ARROW_STREAM)
