@@ -335,34 +335,6 @@ class RocksDBFrozenView(FrozenView):
         stored = self._family(META_TABLE).get(_MAX_PARALLELISM_KEY)
         return None if stored is None else int(stored)
 
-    def file_spans(self, tables: Iterable[str]) -> dict[str, tuple[str, int, int]]:
-        """Each table file of these (keyed) tables: ``(table, first key group, last key group)``
-        of its smallest and largest key, as this checkpoint's MANIFEST records them (they bound
-        its range deletions too). A key group's keys start with its prefix, so no key of another
-        key group lies in a file; a bound shorter than the prefix is padded with zeros, which
-        only widens the span."""
-        width = self._layout.prefix_width
-        bounds = {
-            int(os.path.basename(f["name"]).split(".")[0]): (f["start_key"], f["end_key"])
-            for f in self._family(META_TABLE).live_files()
-        }
-        owners: dict[int, list[str]] = {}
-        for table in tables:
-            # rocksdict's live_files() does not say a file's column family; the family's own
-            # listing of its files (a debug dump, one " <number>:<size>[..." line per file) does.
-            listing = self._family(table).property_value("rocksdb.sstables") or ""
-            for number in _SST_NUMBER.findall(listing):
-                owners.setdefault(int(number), []).append(table)
-        spans = {}
-        for number, owner in owners.items():
-            if len(owner) != 1 or number not in bounds:
-                continue  # not understood: no span, so the file is always read
-            start, end = bounds[number]
-            first = int.from_bytes(start[:width].ljust(width, b"\0"), "big")
-            last = int.from_bytes(end[:width].ljust(width, b"\0"), "big")
-            spans[f"{number:06d}.sst"] = (owner[0], first, last)
-        return spans
-
     def release(self) -> None:
         # No gc.collect() here: a read-only instance holds no lock that a reopen would wait
         # for, and a full collection stalls the request-serving thread for tens of ms.
@@ -797,6 +769,37 @@ class RocksDBPartition(StorePartition):
         os.makedirs(self._frozen_dir, exist_ok=True)
         Checkpoint(self._db).create_checkpoint(path)
         return RocksDBFrozenView(path, KeyLayout(self.max_parallelism, dict(self._nested)))
+
+    @_leased
+    def file_spans(self, tables: Iterable[str]) -> dict[str, tuple[str, int, int]]:
+        """Each table file of these (keyed) tables: ``(table, first key group, last key group)``
+        of its smallest and largest key, as the MANIFEST records them (they bound its range
+        deletions too). A key group's keys start with its prefix, so no key of another key group
+        lies in a file; a bound shorter than the prefix is padded with zeros, which only widens
+        the span. Read right after :meth:`freeze` (under the job's lock), these are the frozen
+        checkpoint's files, less any that a compaction replaced meanwhile: those get no span, so a
+        restore always reads them."""
+        width = self._layout.prefix_width
+        bounds = {
+            int(os.path.basename(f["name"]).split(".")[0]): (f["start_key"], f["end_key"])
+            for f in self._db.live_files()
+        }
+        owners: dict[int, list[str]] = {}
+        for table in tables:
+            # rocksdict's live_files() does not say a file's column family; the family's own
+            # listing of its files (a debug dump, one " <number>:<size>[..." line per file) does.
+            listing = self._families[table].property_value("rocksdb.sstables") or ""
+            for number in _SST_NUMBER.findall(listing):
+                owners.setdefault(int(number), []).append(table)
+        spans = {}
+        for number, owner in owners.items():
+            if len(owner) != 1 or number not in bounds:
+                continue  # not understood: no span, so the file is always read
+            start, end = bounds[number]
+            first = int.from_bytes(start[:width].ljust(width, b"\0"), "big")
+            last = int.from_bytes(end[:width].ljust(width, b"\0"), "big")
+            spans[f"{number:06d}.sst"] = (owner[0], first, last)
+        return spans
 
     def identity(self) -> str:
         """RocksDB's unique id of this database (a restore or a new job makes a new one)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from statehouse.backends.base.partition import FrozenView
 from statehouse.backends.job import Job
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import write_key_groups
@@ -25,10 +24,10 @@ def descriptor_dicts(job: Job) -> list[dict[str, Any]]:
     return [job.descriptors[name].to_dict() for name in sorted(job.descriptors)]
 
 
-def write_operator_state(ctx: SnapshotContext, view: FrozenView) -> StreamHandle:
+def write_operator_state(ctx: SnapshotContext, operator: OperatorSnapshot) -> StreamHandle:
     """The operator-state file of a part (the same for every strategy); root-relative."""
     with ctx.storage.create_output(ctx.part_path("operator.bin")) as out:
-        out.write(OperatorSnapshot.from_view(view).to_bytes())
+        out.write(operator.to_bytes())
         handle = out.close_and_get_handle()
     ctx.written.append(handle.path)
     return handle
@@ -50,7 +49,7 @@ class FullSnapshotStrategy(JobStrategy):
                 keyed = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
             ctx.written.append(keyed.stream.path)
             ctx.check_cancelled()
-            operator = write_operator_state(ctx, view)
+            operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
             uploaded = keyed.stream.size + operator.size
             keyed = type(keyed)(keyed.stream.relative_to(ctx.directory), keyed.header, keyed.offsets)
             return SnapshotResult(
