@@ -2,6 +2,8 @@
 
 * **engine**: the engine's own work in process (``ColumnOp.parse`` + ``perform`` + the answer
   table; heap), thread CPU µs per request, best of ``--runs`` rounds;
+* **app**: the same requests through the whole ASGI app in process (its lifespan run, no server:
+  the layers, the Arrow body read and the answer on top of the engine), thread CPU µs;
 * **calls**: Python function calls per request of a live server (heap, started as
   ``python -m statehouse.app.serve`` is, under cProfile from its ``--requests`` requests after a
   warm-up; one kept-alive urllib3 connection), with where they are (by package).
@@ -15,6 +17,7 @@ same way, its rounds interleaved with this tree's (each round a fresh process pe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import cProfile
 import json
@@ -75,6 +78,80 @@ def engine(requests: int, rows: int = 1) -> dict[str, float]:
             one(op)
         out[op] = (time.thread_time() - start) / requests * 1e6
     catalog.close()
+    return out
+
+
+def app(requests: int, rows: int = 1) -> dict[str, float]:
+    """Thread CPU µs per one-row (``rows``-row) put and get through the whole ASGI app (heap, its
+    lifespan run, no server), in this process: an HTTP scope, the body in one message."""
+    with tempfile.TemporaryDirectory(prefix="statehouse-bench-one-row-") as workdir:
+        os.environ.update(STATEHOUSE_BACKEND="heap", STATEHOUSE_DATA_DIR=f"{workdir}/data")
+        os.environ["STATEHOUSE_CHECKPOINT_DIR"] = f"{workdir}/checkpoints"
+        from statehouse.app.main import create_app
+
+        return asyncio.run(_app_requests(create_app(), requests, bodies(rows)))
+
+
+async def _app_requests(asgi: Any, requests: int, body_of: dict[str, bytes]) -> dict[str, float]:
+    async def call(method: str, path: str, body: bytes, content_type: bytes = b"application/json") -> int:
+        headers = [(b"host", b"bench"), (b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+            "state": {},
+        }
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # no disconnect while the request runs
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asgi(scope, receive, send)
+        return int(sent[0]["status"])
+
+    startup: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await startup.put({"type": "lifespan.startup"})
+    lifespan = asyncio.create_task(
+        asgi({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, startup.get, events.put)
+    )
+    if (await events.get())["type"] != "lifespan.startup.complete":
+        raise RuntimeError("the app did not start")
+    for method, path, body in (
+        ("PUT", f"/v1/jobs/{JOB}", b"{}"),
+        ("PUT", f"/v1/jobs/{JOB}/states/{STATE}", json.dumps(STATE_BODY).encode()),
+    ):
+        if await call(method, path, body) >= 300:
+            raise RuntimeError(f"{method} {path} failed")
+    out = {}
+    for op in ("put", "get"):
+        path = f"/v1/jobs/{JOB}/states/{STATE}/columns/{op}"
+        for _ in range(200):
+            if await call("POST", path, body_of[op], ARROW_STREAM.encode()) != 200:
+                raise RuntimeError(f"POST {path} failed")
+        start = time.thread_time()
+        for _ in range(requests):
+            await call("POST", path, body_of[op], ARROW_STREAM.encode())
+        out[op] = (time.thread_time() - start) / requests * 1e6
+    await startup.put({"type": "lifespan.shutdown"})
+    await events.get()
+    await lifespan
     return out
 
 
@@ -165,8 +242,8 @@ def calls(requests: int, env: dict[str, str], keep: str | None = None, rows: int
     return out
 
 
-def _engine_in(tree: str | None, requests: int, rows: int) -> dict[str, float]:
-    """:func:`engine` in a fresh process running ``tree``'s statehouse (this one's by default)."""
+def _engine_in(tree: str | None, requests: int, rows: int) -> dict[str, dict[str, float]]:
+    """:func:`engine` and :func:`app` in a fresh process running ``tree``'s statehouse (this one's by default)."""
     with contextlib.ExitStack() as stack:
         env = stack.enter_context(source_tree(tree)) if tree else {}
         command = [sys.executable, "-m", "bench.one_row", "--engine-only", str(requests), "--rows", str(rows)]
@@ -186,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--serve-profiled", nargs=2, help=argparse.SUPPRESS)
     cfg = p.parse_args(argv)
     if cfg.engine_only:
-        print(json.dumps(engine(cfg.engine_only, cfg.rows)))
+        print(json.dumps({"engine": engine(cfg.engine_only, cfg.rows), "app": app(cfg.engine_only, cfg.rows)}))
         return {}
     if cfg.serve_profiled:
         serve_profiled(int(cfg.serve_profiled[0]), cfg.serve_profiled[1])
@@ -194,18 +271,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trees = {"after": None} | ({"before": cfg.before} if cfg.before else {})
     load = [os.getloadavg()[0]]
     print(f"load average (1 min) at start: {load[0]:.2f}", flush=True)
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    rounds: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in trees}
     for n in range(cfg.runs):
         for name, tree in trees.items() if n % 2 == 0 else reversed(trees.items()):
             rounds[name].append(_engine_in(tree, cfg.requests, cfg.rows))
         load.append(os.getloadavg()[0])
-    out: dict[str, Any] = {"benchmark": "one_row", "config": vars(cfg), "load": load, "engine": {}, "calls": {}}
-    print("\nengine in process (heap), thread CPU µs per request: median (min-max) of", cfg.runs, "rounds")
-    for name in trees:
-        for op in ("put", "get"):
-            xs = [r[op] for r in rounds[name]]
-            out["engine"].setdefault(name, {})[op] = {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-            print(f"  {name:6} {op}: {statistics.median(xs):7.1f} ({min(xs):.1f}-{max(xs):.1f})")
+    out: dict[str, Any] = {"benchmark": "one_row", "config": vars(cfg), "load": load, "calls": {}}
+    for what, title in (("engine", "the engine"), ("app", "the whole app")):
+        print(f"\n{title} in process (heap), thread CPU µs per request: median (min-max) of {cfg.runs} rounds")
+        for name in trees:
+            for op in ("put", "get"):
+                xs = [r[what][op] for r in rounds[name]]
+                found = {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+                out.setdefault(what, {}).setdefault(name, {})[op] = found
+                print(f"  {name:6} {op}: {found['median']:7.1f} ({found['min']:.1f}-{found['max']:.1f})")
     print("\nlive server (heap), Python function calls per request (cProfile):")
     for name, tree in trees.items():
         with contextlib.ExitStack() as stack:
