@@ -71,6 +71,17 @@ class RowChanges(FlatChanges):
             self._dict = dict(zip(zip(self.key_groups, self.primaries, strict=True), self.records, strict=True))
         return self._dict
 
+    def to_dict(self) -> dict[tuple[int, bytes], bytes | None]:
+        """The changes as a dict the caller owns and may change: the one :meth:`as_dict` made, if
+        any (forgotten here: the rows make another if need be), else a new one."""
+        made, self._dict = self._dict, None
+        return made if made is not None else dict(self.rows())
+
+    def rows(self) -> Iterator[tuple[tuple[int, bytes], bytes | None]]:
+        """``((key group, primary), record)`` of each row, in order: what updating a dict with
+        them takes, without making :meth:`as_dict` first."""
+        return zip(zip(self.key_groups, self.primaries, strict=True), self.records, strict=True)
+
     def __getitem__(self, key: tuple[int, bytes]) -> bytes | None:
         return self.as_dict()[key]
 

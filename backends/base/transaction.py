@@ -92,8 +92,8 @@ class PartitionTransaction:
         changes = self._flat.get(table)
         if changes is None:
             changes = self._flat[table] = {}
-        elif isinstance(changes, RowChanges):  # a copy: the rows may be another's too (see write_changes)
-            changes = self._flat[table] = dict(changes.as_dict())
+        elif isinstance(changes, RowChanges):  # a dict of its own: the rows may be another's too (see write_changes)
+            changes = self._flat[table] = changes.to_dict()
         return changes
 
     def _pending_flat(self, table: str) -> Mapping[tuple[int, bytes], bytes | None] | None:
@@ -296,7 +296,9 @@ class PartitionTransaction:
                 if not self._flat.get(table):
                     self._flat[table] = changes
                     continue
-                changes = changes.as_dict()
+                # An attempt's later request into its view: its rows in order, no dict of them made
+                self._changes(table).update(changes.rows())
+                continue
             self._changes(table).update(changes)
         for op in ops:
             if op.kind == "put":

@@ -268,19 +268,22 @@ class KeyedState:
         values = self._inputs(values)
         accs = self._read_many(rows, secondaries, for_update=True)
         secs = secondaries if secondaries is not None else [b""] * len(rows)
-        slots = list(zip(rows.key_groups, rows.primaries, secs, strict=True))
         add = function.add
         int64_sum = function.name == "sum" and self.descriptor.value_type == "int64"
         if int64_sum:  # a sum of int64 values must stay an int64
             add = lambda acc, value: COERCE["int64"](function.add(acc, value))  # noqa: E731
+        # Every key once? A primary names its key group: the primaries (and secondaries) say it,
+        # without a tuple per row.
+        once = set(rows.primaries if secondaries is None else zip(rows.primaries, secondaries, strict=True))
         try:
             after: list[Any] | None = None  # each row's accumulator after its fold
-            if len(set(slots)) == len(slots):  # every key once: one add per row, maybe vectorized
+            if len(once) == len(rows):  # every key once: one add per row, maybe vectorized
                 kgs, primaries, results = rows.key_groups, rows.primaries, function.add_each(accs, values)
                 if int64_sum and coerce_many("int64", results) is None:
                     raise InvalidValue("a sum left int64")  # the replay below names the row
                 after = results
             else:
+                slots = list(zip(rows.key_groups, rows.primaries, secs, strict=True))
                 folded: dict[tuple[int, bytes, bytes], Any] = {}
                 current = folded.get
                 if answer:
@@ -295,7 +298,8 @@ class KeyedState:
                 results = list(folded.values())
         except StateError:
             replayed: dict[tuple[int, bytes, bytes], Any] = {}  # fold again, row by row, to name the row
-            for row, (slot, acc, value) in enumerate(zip(slots, accs, values, strict=True)):
+            every = zip(rows.key_groups, rows.primaries, secs, strict=True)
+            for row, (slot, acc, value) in enumerate(zip(every, accs, values, strict=True)):
                 try:
                     replayed[slot] = add(replayed.get(slot, acc), value)
                 except StateError as exc:
