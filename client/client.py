@@ -6,7 +6,7 @@ from typing import Any
 
 from statehouse.client.config import ClientConfig
 from statehouse.client.errors import Conflict, NotFound, StatehouseError
-from statehouse.client.job import JobClient
+from statehouse.client.job import JobClient, known_job, remember_job
 from statehouse.client.replicas import Replicas
 
 
@@ -26,14 +26,27 @@ class StatehouseClient:
             self.replicas.learn()
         return self._checked(name, self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
 
-    def job(self, name: str) -> JobClient:
+    def job(self, name: str, *, version: int | None = None) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
         backup or a coordinator fails instead of creating an empty job.
 
         The layout may come from the process's cache (no round trip per new client); if the
-        replicas contradict it (a rescale since), it is learned afresh and the job asked again."""
+        replicas contradict it (a rescale since), it is learned afresh and the job asked again.
+        ``version``: the topology version the caller knows to be current (a Spark task is handed
+        its driver's): a layout the process remembers at that version is taken as it is, and so
+        is what the process read of the job (no round trip at all: a NotFound, or anything else
+        the replicas now contradict, comes with the first request, which is read again and
+        re-sent); one older is learned afresh."""
         if self.replicas.version is None:
             self.replicas.learn_cached()
+        if version is not None and self.replicas.cached and (self.replicas.version or 0) < version:
+            self.replicas.learn()  # the process's layout is older than the driver's
+        checked = not self.replicas.cached or (version is not None and self.replicas.version == version)
+        known = known_job(self.replicas, name) if checked else None
+        if known is not None:  # read by an earlier client of this process, under this layout
+            job = JobClient(self.replicas, name, known.max_parallelism, known=known, reread=lambda: self._job(name))
+            job.cached = True
+            return job
         if not self.replicas.cached:
             return self._job(name)
         try:
@@ -74,7 +87,9 @@ class StatehouseClient:
         parallelisms = {info["max_parallelism"] for info in infos}
         if len(parallelisms) != 1:
             raise Conflict(f"replicas disagree on job {name!r}'s max_parallelism: {sorted(parallelisms)}")
-        return JobClient(self.replicas, name, parallelisms.pop())
+        max_parallelism = parallelisms.pop()
+        known = remember_job(self.replicas, name, max_parallelism)  # for the process's later clients
+        return JobClient(self.replicas, name, max_parallelism, known=known, reread=lambda: self._job(name))
 
     def close(self) -> None:
         self.replicas.close()

@@ -74,6 +74,8 @@ class ColumnarJob(Protocol):
 
     def key_type(self, state: str) -> str: ...
 
+    def refreshed(self, exc: StatehouseError | None = None) -> bool: ...
+
 
 class _NotSent(StatehouseError):
     """A part left unsent because another part of the same call failed."""
@@ -261,7 +263,17 @@ class Columns:
     def _keys(self, state: str, keys: Any) -> pa.Array:
         """The keys as the state's key type's Arrow type: utf8, int32 or int64, no nulls."""
         key_type = cast(KeyType, self.job.key_type(state))
+        try:
+            return key_column(keys, key_type, f"state {state!r} has {key_type} keys")
+        except InvalidRequest:
+            if not self.job.refreshed():  # the process's key type may be stale: read it again
+                raise
+        key_type = cast(KeyType, self.job.key_type(state))
         return key_column(keys, key_type, f"state {state!r} has {key_type} keys")
+
+    def _retyped(self, state: Target, rows: pa.Table) -> pa.Table:
+        """A chunk's rows with their keys as the (refreshed) key type's Arrow type."""
+        return rows.set_column(0, "key", self._keys(_first(state), rows.column("key").combine_chunks()))
 
     def _route(self, state: str, keys: pa.Array) -> list[np.ndarray | None]:
         """Per replica, the positions of the rows it owns (``None``: every row, in order)."""
@@ -321,12 +333,16 @@ class Columns:
                         url = replicas[part.replica].url
                         answer = self._request(state, op, chunk, part.replica)
                 except StatehouseError as exc:
-                    # The layout changed (a rescale): the request was refused whole, nothing applied,
-                    # so its rows go again to their new owners, once. Not a task attempt's: its
-                    # epoch spans the old layout.
-                    if self.attempt is not None or not replicas.refreshed(exc, part.routed, url):
+                    # The job read afresh (what the process knew of it was stale) or the layout
+                    # changed (a rescale): the request was refused whole, nothing applied, so its
+                    # rows go again to their owners, once. A task attempt's only on one replica
+                    # (its requests stay in order) and never to a new layout (its epoch spans the old).
+                    if self.job.refreshed(exc) and (self.attempt is None or len(replicas) == 1):
+                        answer = self._rerouted(state, op, self._retyped(state, chunk))
+                    elif self.attempt is not None or not replicas.refreshed(exc, part.routed, url):
                         raise _at_row(exc, part.positions, start) from None
-                    answer = self._rerouted(state, op, chunk)
+                    else:
+                        answer = self._rerouted(state, op, chunk)
                 if answer is not None:
                     part.values.append(answer)
         except BaseException as exc:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.batch import Batch
-from statehouse.client.errors import InvalidRequest, StatehouseError
+from statehouse.client.errors import InvalidRequest, NotFound, StatehouseError
 from statehouse.client.raw import RawKeyedState, RawOperatorState
 from statehouse.client.states import (
     HANDLES,
@@ -20,27 +23,92 @@ from statehouse.client.timers import TimerServiceHandle
 from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from statehouse.client.attempts import TaskAttempt
     from statehouse.client.columns import Columns
     from statehouse.client.replicas import Replicas
     from statehouse.client.transport import ReplicaConnection
 
 
+# What a job's clients read about it, kept for the process: every Spark task opens a client, and
+# Spark reuses its Python workers, so a later task's client asks nothing (Replicas keeps the layout
+# the same way). Keyed by the seed URLs, the token (what it may read) and the job; an entry holds
+# for the layout version it was checked under. Whatever a replica contradicts is read again.
+@dataclass
+class KnownJob:
+    set_id: str | None
+    version: int | None
+    max_parallelism: int
+    key_types: dict[str, str] = field(default_factory=dict)
+
+
+_KNOWN: dict[tuple[tuple[str, ...], str | None, str], KnownJob] = {}
+_KNOWN_LOCK = threading.Lock()
+# Refusals a stale entry explains: the job or the state dropped (and maybe made again, with another
+# key type or max_parallelism), keys of the wrong type, a key routed by another max_parallelism.
+_STALE_CODES = frozenset({"job_not_found", "state_not_found", "invalid_key", "key_not_owned"})
+
+
+def _known_key(replicas: Replicas, name: str) -> tuple[tuple[str, ...], str | None, str]:
+    return tuple(sorted(url.rstrip("/") for url in replicas.config.urls)), replicas.config.token, name
+
+
+def known_job(replicas: Replicas, name: str) -> KnownJob | None:
+    """The process's entry for the job, if it was checked under the layout ``replicas`` use now."""
+    with _KNOWN_LOCK:
+        known = _KNOWN.get(_known_key(replicas, name))
+    if known is None or (known.set_id, known.version) != (replicas.set_id, replicas.version):
+        return None
+    return known
+
+
+def remember_job(replicas: Replicas, name: str, max_parallelism: int) -> KnownJob:
+    """Record the job as just read from every replica (its key types are read as they are needed)."""
+    known = KnownJob(replicas.set_id, replicas.version, max_parallelism)
+    with _KNOWN_LOCK:
+        _KNOWN[_known_key(replicas, name)] = known
+    return known
+
+
+def forget_job(replicas: Replicas, name: str) -> None:
+    with _KNOWN_LOCK:
+        _KNOWN.pop(_known_key(replicas, name), None)
+
+
 class JobClient:
-    def __init__(self, replicas: Replicas, name: str, max_parallelism: int) -> None:
+    def __init__(
+        self,
+        replicas: Replicas,
+        name: str,
+        max_parallelism: int,
+        *,
+        known: KnownJob | None = None,
+        reread: Callable[[], JobClient] | None = None,
+    ) -> None:
+        """``known``: the process's entry for the job (key types are looked up there first);
+        ``reread``: how to read the job afresh (``StatehouseClient.job``), for :meth:`refreshed`.
+        ``cached``: the job's description came from the process, not from a replica."""
         self.replicas = replicas
         self.name = name
         self.max_parallelism = max_parallelism
         self._key_types: dict[str, str] = {}
         self._assign = KeyGroupAssigner(max_parallelism)
+        self._known = known
+        self._reread = reread
+        self.cached = False
+        self._refreshing = threading.Lock()
+        self._refreshes = 0
 
     # -- routing -------------------------------------------------------------------------
 
     def _checked_key_type(self, state: str, key: Any) -> str:
         key_type = self.key_type(state)
+        if not _fits(key, key_type) and self.refreshed():  # the process's key type may be stale
+            key_type = self.key_type(state)
         if key_type == "string" and not isinstance(key, str):
             raise InvalidRequest(f"state {state!r} has string keys; got {type(key).__name__} {key!r}")
-        if key_type != "string" and (isinstance(key, bool) or not isinstance(key, int)):
+        if not _fits(key, key_type):
             raise InvalidRequest(f"state {state!r} has {key_type} keys; got {type(key).__name__} {key!r}")
         return key_type
 
@@ -86,11 +154,48 @@ class JobClient:
         return KeyGroupRange.for_operator(self.max_parallelism, len(self.replicas), replica)
 
     def key_type(self, state: str) -> str:
-        """The state's ``key_type`` (``string``, ``int`` or ``long``), read once per state."""
+        """The state's ``key_type`` (``string``, ``int`` or ``long``), read once per state (and
+        process: see :class:`KnownJob`)."""
         key_type = self._key_types.get(state)
+        if key_type is None and self._known is not None:
+            key_type = self._known.key_types.get(state)
+            self.cached = self.cached or key_type is not None
         if key_type is None:
-            key_type = self._key_types[state] = self.describe(state)["key_type"]
+            key_type = self.describe(state)["key_type"]
+            if self._known is not None:
+                self._known.key_types[state] = key_type
+        self._key_types[state] = key_type
         return key_type
+
+    def refreshed(self, exc: StatehouseError | None = None) -> bool:
+        """Whether a refusal (``exc``; None: a key the client itself refused for its type) may come
+        from what this client took from the process (:class:`KnownJob`), and reading the job
+        afresh changed what it routes or types keys by: then the refused request (which applied
+        nothing) may go again, once. The process forgets the job either way, so the next client
+        reads it afresh. A job that is gone raises NotFound here."""
+        if exc is not None and exc.code not in _STALE_CODES:
+            return False
+        with self._refreshing:
+            if not self.cached or self._reread is None:
+                # Refreshed already (by another part of the same call, sent at the same time): the
+                # refused request goes again under what was read; a refusal then is the answer.
+                return self._refreshes > 0 and exc is not None
+            self.cached = False  # asked now: true for this client from here on
+            self._refreshes += 1
+            return self._refresh()
+
+    def _refresh(self) -> bool:
+        assert self._reread is not None
+        forget_job(self.replicas, self.name)
+        fresh = self._reread()
+        before = (self.max_parallelism, dict(self._key_types))
+        self.max_parallelism, self._known = fresh.max_parallelism, fresh._known
+        self._assign = KeyGroupAssigner(self.max_parallelism)
+        self._key_types = {}
+        for state in before[1]:
+            with contextlib.suppress(NotFound):  # dropped: using it raises state_not_found
+                self.key_type(state)
+        return (self.max_parallelism, self._key_types) != before
 
     # -- descriptors ---------------------------------------------------------------------
 
@@ -99,6 +204,8 @@ class JobClient:
         body = {"kind": kind, **{k: v for k, v in descriptor.items() if v is not None}}
         self.replicas.on_all("PUT", f"/v1/jobs/{self.name}/states/{name}", body)
         self._key_types[name] = body.get("key_type", "string")
+        if self._known is not None:
+            self._known.key_types[name] = self._key_types[name]
         return HANDLES[kind](self, name)
 
     def describe(self, state: str) -> dict[str, Any]:
@@ -144,6 +251,7 @@ class JobClient:
             route_key=self.replica_for_key,
             route_key_group=self.replica_for_key_group,
             route_subtask=self.replica_for_subtask,
+            refreshed=self.refreshed,
         )
 
     def raw_keyed(self, epoch: int | None = None) -> RawKeyedState:
@@ -208,3 +316,10 @@ class JobClient:
         self._operator_replica(subtask).request(
             "PUT", path, idempotent=True, json={"value": list(values)}, params={"mode": mode}
         )
+
+
+def _fits(key: Any, key_type: str) -> bool:
+    """Whether ``key`` is of ``key_type`` as the client sends it (a str, or an int that is no bool)."""
+    if key_type == "string":
+        return isinstance(key, str)
+    return isinstance(key, int) and not isinstance(key, bool)

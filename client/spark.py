@@ -65,6 +65,9 @@ class BatchContext:
     replay: bool
     messages: Any = None  # the accumulator of commit messages (absent on a replay)
     attempt: TaskAttempt | None = None
+    # The topology version the driver began the batch under: a task's client takes the layout and
+    # the job its process remembers at that version without asking (StatehouseClient.job).
+    version: int | None = None
 
     def writes(self, job: JobClient) -> Batch:
         """A batch staged under this task attempt: its reads see its own writes; the writes
@@ -152,7 +155,8 @@ def exactly_once(
             for rerun in range(reruns + 1):
                 plan = coordinator.begin(batch_id)
                 messages = None if plan.replay else df.sparkSession.sparkContext.accumulator([], CommitMessages())
-                ctx = BatchContext(config, job, batch_id, plan.epoch, plan.replay, messages)
+                version = client.replicas.version
+                ctx = BatchContext(config, job, batch_id, plan.epoch, plan.replay, messages, version=version)
                 try:
                     process(df, ctx)
                     coordinator.commit(plan, ctx.collected())
@@ -203,7 +207,7 @@ def with_state(
 
     def run(rows: Iterable[Any]) -> Iterator[Any]:
         with StatehouseClient(ctx.config) as client:
-            job = client.job(ctx.job)
+            job = client.job(ctx.job, version=ctx.version)
             task_ctx = ctx.for_task(len(job.replicas), unit)
             yield from fn(rows, job, task_ctx)
             task_ctx.report()
@@ -305,7 +309,7 @@ def _task_session(current: list[_TaskSession], ctx: BatchContext, unit: str) -> 
     current.clear()  # a function kept across tasks: never one attempt for two tasks
     client = StatehouseClient(ctx.config)
     try:
-        job = client.job(ctx.job)
+        job = client.job(ctx.job, version=ctx.version)
         task_ctx = ctx.for_task(len(job.replicas), unit)
         session = _TaskSession(task, client, task_ctx, task_ctx.columns(job))
     except BaseException:
@@ -325,7 +329,7 @@ def _with_columns(
 
     def run(batches: Iterable[Any]) -> Iterator[Any]:
         with StatehouseClient(ctx.config) as client:
-            job = client.job(ctx.job)
+            job = client.job(ctx.job, version=ctx.version)
             task_ctx = ctx.for_task(len(job.replicas), unit)
             columns = task_ctx.columns(job)
             for batch in batches:
