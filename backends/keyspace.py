@@ -55,9 +55,10 @@ _OPERATOR_TABLES = frozenset({LIST_TABLE, BROADCAST_TABLE})
 # One tag byte per key type: a timer's identity includes its key's type ("7" and 7 are two timers).
 _KEY_TYPE_TAGS = {kt: bytes([i]) for i, kt in enumerate(KEY_TYPES)}
 # Up to this many rows, a column is located row by row in Python (:meth:`KeySpace.locate_column`):
-# the whole-column path's ~30 numpy and pyarrow calls cost ~150 µs however few the rows, a row
-# here ~3 µs. Tests force it both ways (tests/test_columns_few_rows.py).
-FEW_ROWS = 16
+# the whole-column path's ~30 numpy and pyarrow calls cost 70-120 µs however few the rows, a row
+# here ~1 µs (its key group memoized) to ~7 µs (a new non-ASCII key hashed): at 32 rows of new
+# keys the two cost about the same. Tests force it both ways (tests/test_columns_few_rows.py).
+FEW_ROWS = 32
 _STRINGS = (pa.string(), pa.large_string())
 
 
