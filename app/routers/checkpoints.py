@@ -60,10 +60,12 @@ async def trigger(
         )
     # Off the event loop: a RocksDB freeze first flushes memtables (writes go on meanwhile).
     info = await run_in_threadpool(service.checkpoints.trigger, job.name, body.checkpoint_id, body.kind, body.metadata)
+    if body.complete or body.wait_ms:
+        # The upload waited for on the event loop (no thread held), then completed: complete waits
+        # on (in a thread) for an upload longer than the wait, up to its own limit.
+        info = await _waited(service, job.name, info.checkpoint_id, body.wait_ms or MAX_WAIT_MS)
     if body.complete:
         info = await run_in_threadpool(service.checkpoints.complete, job.name, info.checkpoint_id)
-    elif body.wait_ms:
-        info = await _waited(service, job.name, info.checkpoint_id, body.wait_ms)
     if info.status != "in_progress":
         response.status_code = 200
     return info
