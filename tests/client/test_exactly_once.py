@@ -237,3 +237,35 @@ def test_a_listed_checkpoint_id_taken_meanwhile_is_listed_again(setup):
     kept = [c for c in coordinator.completed() if c.checkpoint_id == other.checkpoint_id]
     assert [c.metadata for c in kept] == [{"by": "someone else"}]
     assert set(totals(job, KEYS).values()) == {2}
+
+
+def test_one_replica_driver_dying_after_sending_its_one_request_checkpoint(single):
+    """The trigger that completes its part is the checkpoint: sent and the driver gone before the
+    answer, the replica completes it anyway, and the next attempt of the batch is a replay."""
+    job, coordinator = single
+    coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
+    plan = coordinator.begin(1)
+    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 1)
+    job.replicas[0].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/commit", bodies[0])
+    metadata = {"batch_id": 1, "epoch": plan.epoch}
+    job.replicas[0].json("POST", f"/v1/jobs/{job.name}/checkpoints", {"metadata": metadata, "complete": True})
+    # ...and the driver dies before it reads the answer.
+    assert MicroBatchCoordinator(job).begin(1).replay
+    assert set(totals(job, KEYS).values()) == {101}
+    follow = MicroBatchCoordinator(job)
+    follow.commit(nxt := follow.begin(2), [task(job, nxt, 0, 1)])
+    assert set(totals(job, KEYS).values()) == {102}
+
+
+def test_parts_still_uploading_when_the_trigger_answers_are_waited_for(setup, monkeypatch):
+    """A trigger's wait that ends before the upload does (here: no wait at all) leaves the part
+    `in_progress`: the coordinator waits for it as before, and completes every part only then."""
+    from statehouse.client import global_checkpoints
+
+    job, coordinator = setup
+    monkeypatch.setattr(global_checkpoints, "_LONG_POLL_MS", 0)
+    coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
+    checkpoint = coordinator.commit(plan := coordinator.begin(1), [task(job, plan, 0, 1)])
+    assert [part["status"] for part in checkpoint.parts] == ["completed", "completed"]
+    assert coordinator.anchor().checkpoint_id == checkpoint.checkpoint_id
+    assert set(totals(job, KEYS).values()) == {2}
