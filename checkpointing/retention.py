@@ -90,23 +90,28 @@ class CompletedCheckpoints:
         """Keep the newest ``num_retained`` completed checkpoints; delete unreachable shared files."""
         with self._lock:
             checkpoints = self._checkpoint_ids()
-            subsumed = checkpoints[: max(0, len(checkpoints) - self.num_retained)]
-            for checkpoint_id in subsumed:
-                del self._completed[checkpoint_id]
+            subsumed = [self._completed.pop(i) for i in checkpoints[: max(0, len(checkpoints) - self.num_retained)]]
             retained = checkpoints[len(subsumed) :]
             unused = self.registry.unregister_unused(retained[0])
-        for checkpoint_id in subsumed:
-            directory = snapshot_dir(self.job, checkpoint_id, "checkpoint")
+        # Each subsumed part's files and the unused shared files go in one request after the
+        # metadata (a checkpoint after every micro-batch: on S3 each request costs the replica
+        # ~3 ms of CPU, and listing a part ~7; its metadata names every file of it).
+        doomed = [h.path for h in unused]
+        for metadata in subsumed:
+            directory = snapshot_dir(self.job, metadata.checkpoint_id, "checkpoint")
             try:
                 # Metadata first: a half-deleted checkpoint must never look restorable.
                 self.storage.delete([f"{directory}/{metadata_name(*self.replica)}"])
-                self.storage.delete_prefix(f"{directory}/{part_name(*self.replica)}")
             except Exception as exc:
-                log.warning("could not delete subsumed checkpoint %s of job %s: %s", checkpoint_id, self.job, exc)
+                log.warning(
+                    "could not delete subsumed checkpoint %s of job %s: %s", metadata.checkpoint_id, self.job, exc
+                )
+                continue
+            doomed += [f"{directory}/{path}" for path in metadata.part_files()]
         try:
-            self.storage.delete([h.path for h in unused])
+            self.storage.delete(doomed)
         except Exception as exc:
-            log.warning("could not delete %d unused shared files of job %s: %s", len(unused), self.job, exc)
+            log.warning("could not delete %d files of subsumed checkpoints of job %s: %s", len(doomed), self.job, exc)
         if self._foreign and self.replica[0] == 0:
             self._retain_foreign(retained)
 

@@ -47,6 +47,14 @@ class SnapshotMetadata:
     def shared_handles(self) -> dict[str, StreamHandle]:
         return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
 
+    def part_files(self) -> list[str]:
+        """The part's own files, relative to its snapshot directory (not the shared files it uses,
+        nor its ``_metadata``): everything its attempt wrote under the part, so deleting the part
+        needs no listing of it."""
+        keyed = self.keyed
+        own = [*keyed.private.values()] if isinstance(keyed, IncrementalHandle) else [keyed.stream]
+        return sorted(h.path for h in (*own, self.operator))
+
     def to_bytes(self) -> bytes:
         body = {
             "magic": _MAGIC,

@@ -108,3 +108,46 @@ def test_completed_checkpoint_survives_the_process(make_catalog, make_manager, t
     assert info.checkpoint_id == 3
     assert dump(fresh.get("orders")) == expected
     assert restarted.trigger("orders").checkpoint_id == 5  # ids keep increasing past the lost attempt
+
+
+class _CountingStorage(LocalStorage):
+    """Local storage that counts its listings and deletes (each a request on S3)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.lists = self.deletes = 0
+
+    def list(self, prefix: str) -> list[str]:
+        self.lists += 1
+        return super().list(prefix)
+
+    def delete(self, paths) -> None:
+        self.deletes += 1
+        super().delete(paths)
+
+
+def test_retention_deletes_a_subsumed_part_whole_without_listing_it(make_catalog, make_manager, tmp_path):
+    """A checkpoint after every micro-batch subsumes one each time: its metadata goes first, then
+    its files (named by that metadata) with the shared files no retained checkpoint uses, in one
+    more request; nothing of it is left, and the retained ones still restore."""
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    storage = _CountingStorage(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage, num_retained=2)
+    for checkpoint_id in (1, 2):
+        populate(job, 50 * checkpoint_id)
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    kept = set(storage.list("orders/chk-2"))
+    for checkpoint_id in (3, 4):
+        populate(job, 50 * checkpoint_id)
+        expected = dump(job)
+        manager.trigger("orders", checkpoint_id)
+        storage.lists = storage.deletes = 0
+        manager.complete("orders", checkpoint_id)
+        assert (storage.lists, storage.deletes) == (0, 2), f"checkpoint {checkpoint_id}"
+        assert not storage.list(f"orders/chk-{checkpoint_id - 2}"), "a subsumed part left files"
+    assert not os.path.exists(tmp_path / "cp" / "orders" / "chk-1"), "an emptied checkpoint directory stayed"
+    assert not kept & set(storage.list("orders")), "checkpoint 2's own files outlived it"
+    manager.restore("orders", 4)
+    assert dump(catalog.get("orders")) == expected
