@@ -38,29 +38,3 @@ def two_replicas(tmp_path_factory):
 def job_name():
     # A per-process prefix keeps names unique when two runs share one deployment.
     return f"client-{os.getpid()}-{next(_job_numbers)}"
-
-
-@pytest.fixture(scope="session")
-def one_replica_of(tmp_path_factory):
-    """A deployment of one replica (the protocol folds round trips there) per backend, started
-    when first asked for: ``one_replica_of("heap")``."""
-    if os.environ.get("STATEHOUSE_TEST_REPLICAS"):
-        pytest.skip("the client wheel's run has a two-replica deployment only")
-    from harness.server import start_server
-
-    started = {}
-
-    def of(backend: str):
-        if backend not in started:
-            workdir = tmp_path_factory.mktemp(f"single-{backend}")
-            started[backend] = start_server(workdir, {"STATEHOUSE_BACKEND": backend})
-        return started[backend]
-
-    yield of
-    for server in started.values():
-        server.stop()
-
-
-@pytest.fixture(params=["heap", "rocksdb"])
-def one_replica(request, one_replica_of):
-    return one_replica_of(request.param)

@@ -33,19 +33,25 @@ def sent(monkeypatch):
     return log
 
 
-@pytest.fixture(params=["heap", "rocksdb", "two replicas"])
-def urls(request, job_name):
-    """The replicas' URLs, with the job made there (two sums of string keys): one replica on each
-    backend, or two (RocksDB)."""
-    if request.param == "two replicas":
-        urls = [s.url for s in request.getfixturevalue("two_replicas")]
-    else:
-        urls = [request.getfixturevalue("one_replica_of")(request.param).url]
+def made(urls, job_name):
+    """The job made on the replicas (two sums of string keys); their URLs."""
     with StatehouseClient(urls) as client:
         job = client.create_job(job_name, max_parallelism=128)
         job.register("total", "reducing", function="sum", value_type="int64")
         job.register("events", "reducing", function="sum", value_type="int64")
     return urls
+
+
+@pytest.fixture
+def one(server, job_name):
+    """One replica, on each backend, with the job made there."""
+    return made([server.url], job_name)
+
+
+@pytest.fixture
+def two(two_replicas, job_name):
+    """Two replicas (RocksDB), which route by key group, with the job made there."""
+    return made([s.url for s in two_replicas], job_name)
 
 
 def task_job(client, name):
@@ -64,7 +70,7 @@ def read(urls, job_name, state, keys):
         return client.job(job_name).columns().get(state, keys).tolist()
 
 
-def test_a_later_client_of_the_process_asks_nothing_before_its_writes(urls, job_name, sent):
+def check_a_later_client_of_the_process_asks_nothing_before_its_writes(urls, job_name, sent):
     with StatehouseClient(urls) as first:
         task_job(first, job_name).columns().add_get_states({"total": ONES, "events": ONES}, KEYS)
     sent.clear()
@@ -84,7 +90,7 @@ def remake_state(urls, job_name, state, **descriptor):
         )
 
 
-def test_a_state_made_again_with_another_key_type_is_read_again_and_written_right(urls, job_name):
+def check_a_state_made_again_with_another_key_type_is_read_again_and_written_right(urls, job_name):
     with StatehouseClient(urls) as warm:
         task_job(warm, job_name).columns().add("total", KEYS, 1)  # the process knows: string keys
     remake_state(urls, job_name, "total", key_type="long", value_type="int64")
@@ -102,10 +108,10 @@ def test_a_state_made_again_with_another_key_type_is_read_again_and_written_righ
     assert read(urls, job_name, "total", KEYS) == [2] * len(KEYS)
 
 
-def test_a_task_attempt_on_one_replica_goes_again_under_the_state_as_it_is_now(one_replica, job_name):
+def test_a_task_attempt_on_one_replica_goes_again_under_the_state_as_it_is_now(server, job_name):
     """Staged writes too: the refused request staged nothing, so it goes again with the same seq,
     and the micro-batch commits exactly once."""
-    urls = [one_replica.url]
+    urls = [server.url]
     with StatehouseClient(urls) as setup:
         job = setup.create_job(job_name, max_parallelism=128)
         job.register("total", "reducing", function="sum", key_type="int", value_type="int64")
@@ -127,7 +133,7 @@ def test_a_task_attempt_on_one_replica_goes_again_under_the_state_as_it_is_now(o
     assert read(urls, job_name, "total", KEYS) == [4] + [3] * (len(KEYS) - 1)
 
 
-def test_a_dropped_state_or_job_is_refused_as_such_and_forgotten(urls, job_name):
+def check_a_dropped_state_or_job_is_refused_as_such_and_forgotten(urls, job_name):
     with StatehouseClient(urls) as warm:
         task_job(warm, job_name).columns().add_get_states({"total": ONES, "events": ONES}, KEYS)
     with StatehouseClient(urls) as other:
@@ -180,3 +186,27 @@ def test_a_job_made_again_with_another_max_parallelism_is_routed_by_it(two_repli
         for key in KEYS:
             batch.add("total", key, 1)
     assert read(urls, job_name, "total", KEYS) == [3] * len(KEYS)
+
+
+def test_a_later_client_of_the_process_asks_nothing_before_its_writes_on_one_replica(one, job_name, sent):
+    check_a_later_client_of_the_process_asks_nothing_before_its_writes(one, job_name, sent)
+
+
+def test_a_later_client_of_the_process_asks_nothing_before_its_writes_on_two_replicas(two, job_name, sent):
+    check_a_later_client_of_the_process_asks_nothing_before_its_writes(two, job_name, sent)
+
+
+def test_a_state_made_again_with_another_key_type_is_read_again_and_written_right_on_one_replica(one, job_name):
+    check_a_state_made_again_with_another_key_type_is_read_again_and_written_right(one, job_name)
+
+
+def test_a_state_made_again_with_another_key_type_is_read_again_and_written_right_on_two_replicas(two, job_name):
+    check_a_state_made_again_with_another_key_type_is_read_again_and_written_right(two, job_name)
+
+
+def test_a_dropped_state_or_job_is_refused_as_such_and_forgotten_on_one_replica(one, job_name):
+    check_a_dropped_state_or_job_is_refused_as_such_and_forgotten(one, job_name)
+
+
+def test_a_dropped_state_or_job_is_refused_as_such_and_forgotten_on_two_replicas(two, job_name):
+    check_a_dropped_state_or_job_is_refused_as_such_and_forgotten(two, job_name)
