@@ -151,7 +151,8 @@ class IncrementalHandle:
 
     def files_for(self, wanted: KeyGroupRange) -> dict[str, StreamHandle]:
         """The files a read of the ``wanted`` key groups needs: every private file (MANIFEST,
-        OPTIONS, CURRENT, logs), every table file without a span, and those whose span overlaps."""
+        CURRENT, logs), every shared file without a span (OPTIONS; a table file not understood),
+        and the table files whose span overlaps."""
         files = dict(self.private)
         for name, handle in self.shared.items():
             span = self.spans.get(name)

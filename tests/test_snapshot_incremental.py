@@ -124,3 +124,24 @@ def test_registry_and_reuse_survive_restart(make_manager, tmp_path):
     manager.restore("orders", 2)
     assert dump(catalog.get("orders")) == expected
     catalog.close()
+
+
+def test_the_options_file_is_uploaded_once_and_restores_from_a_later_checkpoint(rocks, make_manager, tmp_path):
+    """RocksDB's options file keeps its name while its content stays (a change writes a new one):
+    a later checkpoint of the same database reuses it as it reuses table files, and restores."""
+    catalog, job = rocks
+    storage = open_storage(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage, num_retained=2)
+    for checkpoint_id in (1, 2, 3):
+        _write(job, checkpoint_id * 100, 100)
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    parts = {p: json.loads(storage.read(p))["body"]["keyed"] for p in storage.list("orders") if "/_metadata." in p}
+    options = {n: h["path"] for body in parts.values() for n, h in body["shared"].items() if n.startswith("OPTIONS-")}
+    assert len(options) == 1, parts
+    assert not [n for body in parts.values() for n in body["private"] if n.startswith("OPTIONS-")]
+    assert len([p for p in storage.list("orders/shared") if "OPTIONS-" in p]) == 1, "uploaded again"
+    expected = dump(job)
+    _write(job, 0, 10)
+    manager.restore("orders", 3)
+    assert dump(catalog.get("orders")) == expected

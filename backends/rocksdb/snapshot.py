@@ -3,7 +3,7 @@
 Flink's ``RocksIncrementalSnapshotStrategy``: the synchronous part takes a native checkpoint
 (hard links to the immutable SST files); the asynchronous part uploads the SST files the
 previous completed checkpoint of the same database did not have (shared, by reference from
-then on) and the few other files (private). Savepoints and full checkpoints use the canonical
+then on; the options file too) and the few other files (private). Savepoints and full checkpoints use the canonical
 strategy (``statehouse.backends.snapshot.full_strategy``).
 
 A restore reads an incremental part by opening its downloaded files as a read-only database
@@ -46,6 +46,14 @@ def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str,
     return {name: handle.under(previous.directory) for name, handle in keyed.shared.items()}
 
 
+def _immutable(name: str) -> bool:
+    """Whether a file of a native checkpoint never changes under its name, so that a later
+    checkpoint of the same database may reuse it (shared): a table file, and the options file
+    (RocksDB writes a new one, under a new number, whenever the options change: ~26 KB, and on
+    S3 a request, that every checkpoint uploaded again)."""
+    return name.endswith(".sst") or name.startswith("OPTIONS-")
+
+
 # The size of the table files a live rescale's checkpoint compacts the moving key groups into: a
 # load downloads the files overlapping its share, so at most about two such files more than it.
 MOVE_FILE_BYTES = 4 << 20
@@ -80,14 +88,14 @@ class IncrementalSnapshotStrategy(JobStrategy):
         backend_uid = partition.identity()
         reusable = reusable_files(ctx.previous, backend_uid)
         names = sorted(os.listdir(view.path))
-        ssts = [n for n in names if n.endswith(".sst")]
-        placeholders = {n: reusable[n] for n in ssts if n in reusable}
-        private_names = [n for n in names if not n.endswith(".sst")]
+        shared_names = [n for n in names if _immutable(n)]
+        placeholders = {n: reusable[n] for n in shared_names if n in reusable}
+        private_names = [n for n in names if not _immutable(n)]
         # Read from the live database now, while the job's writes are held off: what the
         # checkpoint holds, without opening it as a database (a read-only open of every column
         # family, ~8 ms of CPU each checkpoint: bench/replica.py).
         operator_state = OperatorSnapshot.from_view(partition)
-        spans = {n: span for n, span in partition.file_spans(tables).items() if n in ssts}
+        spans = {n: span for n, span in partition.file_spans(tables).items() if n in shared_names}
 
         def upload(target: str, name: str) -> StreamHandle:
             ctx.check_cancelled()
@@ -98,7 +106,9 @@ class IncrementalSnapshotStrategy(JobStrategy):
             # A unique name per upload (Flink's physical id): an aborted attempt's file can be
             # deleted without touching another attempt's copy of the same SST.
             uploaded = {
-                n: upload(f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-{n}", n) for n in ssts if n not in placeholders
+                n: upload(f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-{n}", n)
+                for n in shared_names
+                if n not in placeholders
             }
             private = {n: upload(ctx.part_path(f"db/{n}"), n) for n in private_names}
             operator = write_operator_state(ctx, operator_state)
