@@ -27,10 +27,13 @@ Spark task opens its own; that costs the same on both paths).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Summary, keys, print_header, statehouse, table, write_json
+from bench.floor import source_tree
 from statehouse.client import StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.coordinator import (
@@ -84,18 +88,27 @@ class RequestCounter:
     def __init__(self) -> None:
         self.phase = "setup"
         self.counts: dict[str, list[int]] = {}
+        self.sent: list[str] = []  # "phase: METHOD /path" of each request, the job's name as {job}
         self._lock = threading.Lock()  # task threads count at the same time
 
-    def add(self, body_bytes: int) -> None:
+    def add(self, body_bytes: int, method: str = "", url: str = "") -> None:
         with self._lock:
             slot = self.counts.setdefault(self.phase, [0, 0])
             slot[0] += 1
             slot[1] += body_bytes
+            path = url.split("?")[0]
+            for name in JOBS.values():
+                path = path.replace(f"/jobs/{name}", "/jobs/{job}")
+            self.sent.append(f"{self.phase}: {method} {path}")
 
     def take(self) -> dict[str, list[int]]:
         with self._lock:
-            counts, self.counts = self.counts, {}
+            counts, self.counts, self.sent = self.counts, {}, []
             return counts
+
+    def take_sent(self) -> list[str]:
+        with self._lock:
+            return list(self.sent)
 
     def instrument(self, client: StatehouseClient) -> None:
         for connection in client.replicas:
@@ -106,7 +119,7 @@ class RequestCounter:
             def counted(
                 method: str, url: str, body: bytes | None = None, *args: Any, _send: Any = urlopen, **kw: Any
             ) -> Any:
-                self.add(len(body or b""))
+                self.add(len(body or b""), method, url)
                 return _send(method, url, body, *args, **kw)
 
             connection._pool.urlopen = counted  # type: ignore[method-assign,assignment]
@@ -206,6 +219,22 @@ class Deployment:
     counter: RequestCounter
     pids: list[int]
     batch_ids: dict[str, itertools.count] = field(default_factory=dict)
+    fresh_clients: bool = False  # each micro-batch's tasks open their own clients, as Spark's do
+
+    def tasks_jobs(self, path: str, version: int | None) -> tuple[list[JobClient], list[StatehouseClient]]:
+        """The tasks' job clients for one micro-batch (and the clients to close after it)."""
+        if not self.fresh_clients:
+            return self.task_jobs[path], []
+        clients = [StatehouseClient(self.driver.config) for _ in self.task_jobs[path]]
+        jobs = []
+        for client in clients:
+            self.counter.instrument(client)
+            client.replicas.learn_cached()
+            try:  # a task is handed the version its driver began the batch under (since issue 32)
+                jobs.append(client.job(JOBS[path], version=version))  # type: ignore[call-arg,unused-ignore]
+            except TypeError:  # a source tree from before (--before): no such parameter
+                jobs.append(client.job(JOBS[path]))
+        return jobs, clients
 
     def micro_batch(self, path: str, key_list: list[str]) -> dict[str, Any]:
         """One micro-batch of ``len(key_list)`` adds through ``path``; its cost per phase."""
@@ -218,11 +247,14 @@ class Deployment:
         plan = coordinator.begin(next(self.batch_ids.setdefault(path, itertools.count())))
         assert plan.epoch is not None and not plan.replay
         marks.mark("tasks")
+        jobs, clients = self.tasks_jobs(path, coordinator.job.replicas.version)
         futures = [
             self.pool.submit(run_task, job, share, plan.epoch, p, path == "new")
-            for p, (job, share) in enumerate(zip(self.task_jobs[path], shares, strict=True))
+            for p, (job, share) in enumerate(zip(jobs, shares, strict=True))
         ]
         messages = [m for m in (f.result() for f in futures) if m is not None]
+        for client in clients:
+            client.close()
         marks.mark("commit")
         if isinstance(coordinator, MarkedCoordinator):
             coordinator.marks = marks  # marks "checkpoint" once prepare and commit are done
@@ -232,11 +264,13 @@ class Deployment:
             marks.mark("checkpoint")  # the old path commits nothing before its checkpoint
             coordinator.commit(plan)
         marks.mark("end")
+        sent = self.counter.take_sent()
         counts = self.counter.take()
         spans = marks.spans()
         return {
             "ops": len(key_list),
             "requests": {p: counts.get(p, [0, 0])[0] for p in PHASES},
+            "sent": sent,
             "bytes": {p: counts.get(p, [0, 0])[1] for p in PHASES},
             "phases": spans,
             "latency_s": sum(spans[p]["wall_s"] for p in ("begin", "tasks", "commit")),
@@ -245,14 +279,16 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployment(partitions: int) -> Iterator[Deployment]:
-    """Two RocksDB replicas sharing a local checkpoint directory, both jobs created, clients open."""
+def deployment(partitions: int, replicas: int = 2, fresh_clients: bool = False) -> Iterator[Deployment]:
+    """RocksDB replicas sharing a local checkpoint directory, both jobs created, clients open
+    (``fresh_clients``: each micro-batch's tasks open their own, as Spark's do)."""
     shared = tempfile.mkdtemp(prefix="statehouse-bench-attempts-")
-    env = {"STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared}
+    env = {"STATEHOUSE_REPLICA_COUNT": str(replicas), "STATEHOUSE_CHECKPOINT_DIR": shared}
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, shared, True)
         servers = [
-            stack.enter_context(statehouse("rocksdb", {**env, "STATEHOUSE_REPLICA_INDEX": str(i)})) for i in range(2)
+            stack.enter_context(statehouse("rocksdb", {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}))
+            for i in range(replicas)
         ]
         urls = [s.url for s in servers]
         counter = RequestCounter()
@@ -269,10 +305,12 @@ def deployment(partitions: int) -> Iterator[Deployment]:
             counter.instrument(client)
             for path in PATHS:
                 task_job = client.job(JOBS[path])
-                task_job._key_types[STATE] = "string"  # skip the describe round trip, as batch_ops does
+                if not fresh_clients:
+                    task_job._key_types[STATE] = "string"  # skip the describe round trip, as batch_ops does
                 task_jobs[path].append(task_job)
         pool = stack.enter_context(ThreadPoolExecutor(partitions, thread_name_prefix="task"))
-        yield Deployment(driver, coordinators, task_jobs, pool, counter, [s.process.pid for s in servers])
+        pids = [s.process.pid for s in servers]
+        yield Deployment(driver, coordinators, task_jobs, pool, counter, pids, fresh_clients=fresh_clients)
 
 
 def check_totals(dep: Deployment, key_list: list[str], expected: int) -> None:
@@ -354,6 +392,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1_000, 10_000, 100_000])
     p.add_argument("--partitions", type=int, default=4, help="tasks (task attempts) per micro-batch")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured micro-batches per path and size first")
+    p.add_argument("--replicas", type=int, default=2, help="replicas (the Spark bench's job runs on one)")
+    p.add_argument(
+        "--fresh-clients",
+        action="store_true",
+        help="each micro-batch's tasks open their own clients in this process, as Spark's tasks in reused workers",
+    )
+    p.add_argument("--routes", action="store_true", help="list the requests of each path's last micro-batch")
+    p.add_argument("--before", help="a source tree to run the same way afterwards (before/after; request counts)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1,000 ops, 1 run")
     p.add_argument("--json", help="write the results here")
     cfg = p.parse_args(argv)
@@ -369,7 +415,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"load average (1 min) at start: {load:.2f}")
     results: list[dict[str, Any]] = []
     rows: list[list[Any]] = []
-    with deployment(cfg.partitions) as dep:
+    print(f"replicas: {cfg.replicas}, tasks: {cfg.partitions}, fresh task clients: {cfg.fresh_clients}")
+    with deployment(cfg.partitions, cfg.replicas, cfg.fresh_clients) as dep:
         for index, size in enumerate(cfg.sizes):
             key_list = keys(size, prefix=f"s{index}")  # 16 bytes; a fresh set per size
             runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
@@ -392,6 +439,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{s['server_ckpt_ms'].fmt(digits=1)} ms",
                     flush=True,
                 )
+                if cfg.routes:
+                    for line in collections.Counter(runs[path][-1]["sent"]).items():
+                        print(f"      {line[1]} x {line[0]}")
                 results.append(
                     {
                         "ops": size,
@@ -405,7 +455,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print()
     print(table(["ops/micro-batch", "path", *(h for _k, h, _d in COLUMNS)], rows))
     write_json(cfg.json, {"benchmark": "attempts", "load": [load, end_load], "results": results})
+    if cfg.before:
+        _run_before(cfg.before, [a for a in (argv if argv is not None else sys.argv[1:])])
     return {"results": results, "load": [load, end_load]}
+
+
+def _run_before(tree: str, argv: list[str]) -> None:
+    """This bench again, in a fresh process running ``tree``'s statehouse (client and servers)."""
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg == "--before" or arg.startswith("--before="):
+            skip = arg == "--before"
+            continue
+        args.append(arg)
+    print(f"\nbefore: {tree}", flush=True)
+    with source_tree(tree) as env:
+        subprocess.run([sys.executable, "-m", "bench.attempts", *args], env={**os.environ, **env}, check=True)
 
 
 if __name__ == "__main__":
