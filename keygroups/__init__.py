@@ -111,11 +111,17 @@ def assign_to_key_group(key: str | int, key_type: KeyType, max_parallelism: int)
     return murmur_hash(java_hash_code(key, key_type)) % max_parallelism
 
 
+MEMO_KEY_CHARS = 256  # the longest string key a KeyGroupAssigner remembers
+
+
 class KeyGroupAssigner:
     """:func:`assign_to_key_group` for one max parallelism, memoized.
 
     Keys repeat in streams (the same users, again and again), and hashing a string key in
-    Python costs about a microsecond. The memo is bounded: when full it starts over.
+    Python costs about a microsecond. The memo is bounded: when full it starts over; and it keeps
+    no string key longer than ``MEMO_KEY_CHARS`` (full of keys at the 4 KB key limit, it would
+    hold ~0.5 GB; at this bound at most ~60 MB), whose hashing costs more than the lookup saves
+    anyway.
     """
 
     def __init__(self, max_parallelism: int, capacity: int = 1 << 17) -> None:
@@ -129,9 +135,10 @@ class KeyGroupAssigner:
         key_group = memo.get(key)
         if key_group is None:
             key_group = assign_to_key_group(key, key_type, self.max_parallelism)
-            if len(memo) >= self.capacity:
-                memo.clear()
-            memo[key] = key_group
+            if key_type != "string" or len(key) <= MEMO_KEY_CHARS:  # type: ignore[arg-type]
+                if len(memo) >= self.capacity:
+                    memo.clear()
+                memo[key] = key_group
         return key_group
 
 

@@ -30,6 +30,7 @@ from statehouse.backends.operator_state import encode_names, operator_names_row,
 from statehouse.backends.redistribution import JavaHashMap, OperatorSubtaskState, redistribute
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
 from statehouse.keygroups import (
+    MEMO_KEY_CHARS,
     KeyGroupAssigner,
     KeyGroupRange,
     assign_to_key_group,
@@ -69,6 +70,15 @@ def test_key_groups_and_owners(vectors):
         )
 
     assert _mismatches(keys, check) == []
+
+
+def test_the_memo_keeps_no_long_string_key():
+    assigner = KeyGroupAssigner(128)
+    cases = [("k" * MEMO_KEY_CHARS, "string"), ("é" * (MEMO_KEY_CHARS + 1), "string"), (7, "int")]
+    for key, key_type in cases * 2:  # answered alike from the memo or not
+        assert assigner(key, key_type) == assign_to_key_group(key, key_type, 128)
+    kept = assigner._memo
+    assert "k" * MEMO_KEY_CHARS in kept["string"] and len(kept["string"]) == 1 and 7 in kept["int"]
 
 
 def test_key_groups_columnar(vectors):
