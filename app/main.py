@@ -67,6 +67,7 @@ def open_store(settings: Settings) -> Store:
             compact_moving=settings.rescale_compact_moving,
             max_open=settings.max_open_jobs,
             disk_reserve_bytes=settings.disk_reserve_bytes,
+            block_cache_bytes=settings.rocksdb_block_cache_bytes,
         )
     return HeapStore()
 

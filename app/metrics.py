@@ -39,6 +39,11 @@ class Metrics:
             "RocksDB instances (one per job) open now (STATEHOUSE_MAX_OPEN_JOBS bounds it while they are idle)",
             registry=self.registry,
         )
+        self.block_cache = Gauge(
+            "statehouse_rocksdb_block_cache_bytes",
+            "Bytes held by the RocksDB block cache every job shares (STATEHOUSE_ROCKSDB_BLOCK_CACHE_BYTES bounds it)",
+            registry=self.registry,
+        )
         self.volume_free = Gauge(
             "statehouse_data_volume_free_bytes",
             "Free space on the data volume (RocksDB backend; 0 on the heap backend): writes stop below "
@@ -74,6 +79,8 @@ class Metrics:
         self.jobs.set_function(lambda: len(catalog))
         instances = getattr(catalog.store, "instances", None)  # RocksDB only; 0 on the heap backend
         self.open_instances.set_function(lambda: len(instances) if instances is not None else 0)
+        cache = getattr(catalog.store, "block_cache", None)  # RocksDB only, unless set to 0
+        self.block_cache.set_function(lambda: cache.get_usage() if cache is not None else 0)
         volume = getattr(catalog.store, "volume", None)  # RocksDB only
         self.volume_free.set_function(lambda: volume.free_bytes() if volume is not None else 0)
         layout = catalog.layout

@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     max_open_jobs: int = Field(
         128, ge=1, description="RocksDB instances (one per job) kept open; the least recently used idle one closes"
     )
+    rocksdb_block_cache_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="RocksDB backend: one cache of table blocks (data, index, Bloom filters) shared by every job on "
+        "the replica, in bytes (Flink's shared cache per slot); 0 leaves RocksDB's own 8 MiB per job",
+    )
     max_map_read_entries: int = Field(
         100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )

@@ -40,6 +40,7 @@ from rocksdict import (
     AccessType,
     BlockBasedOptions,
     BottommostLevelCompaction,
+    Cache,
     Checkpoint,
     ColumnFamily,
     CompactOptions,
@@ -85,8 +86,9 @@ _TARGET_FILE_BYTES = 64 << 20
 _DEFAULT_WAL_LIMIT = 64 << 20
 
 
-def db_options(max_wal_bytes: int = _DEFAULT_WAL_LIMIT) -> Options:
-    """The options of every job's database and column family."""
+def db_options(max_wal_bytes: int = _DEFAULT_WAL_LIMIT, block_cache: Cache | None = None) -> Options:
+    """The options of every job's database and column family; ``block_cache``: the replica's
+    shared cache of data, index and filter blocks (None: RocksDB's own 8 MiB per database)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
@@ -108,6 +110,8 @@ def db_options(max_wal_bytes: int = _DEFAULT_WAL_LIMIT) -> Options:
     # written before it have none until compaction rewrites them.
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    if block_cache is not None:
+        table.set_block_cache(block_cache)
     options.set_block_based_table_factory(table)
     return options
 
@@ -353,10 +357,12 @@ class RocksDBPartition(StorePartition):
         frozen_dir: str | None = None,
         pool: OpenInstances | None = None,
         volume: DataVolume | None = None,
+        block_cache: Cache | None = None,
     ) -> None:
         self.path = path
         self._volume = volume  # None: no reserve (staged restores, snapshot readers)
-        self._options = db_options(wal_limit(volume.reserve_bytes)) if volume is not None else db_options()
+        wal_bytes = wal_limit(volume.reserve_bytes) if volume is not None else _DEFAULT_WAL_LIMIT
+        self._options = db_options(wal_bytes, block_cache)
         self._degraded = False  # failed for lack of space, or open read-only: no writes until reopened
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 
+from rocksdict import Cache
+
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.rocksdb.partition import RocksDBPartition
@@ -31,6 +33,7 @@ class RocksDBStore(Store):
         compact_moving: bool = False,
         max_open: int | None = None,
         disk_reserve_bytes: int = 0,
+        block_cache_bytes: int = 0,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
@@ -38,6 +41,9 @@ class RocksDBStore(Store):
         self.incremental = IncrementalSnapshotStrategy(MOVE_FILE_BYTES if compact_moving else None)
         # Jobs' databases kept open at once (None: no bound); staged restores are not counted.
         self.instances = OpenInstances(max_open)
+        # One cache of table blocks for every job, as Flink shares one per slot (managed memory):
+        # memory bounded per replica, not per job, and a busy job gets the room idle ones leave.
+        self.block_cache = Cache(block_cache_bytes) if block_cache_bytes > 0 else None
         os.makedirs(self.data_dir, exist_ok=True)
         # Writes (restores' too) stop at the reserve, so that every job can still be reopened.
         self.volume = DataVolume(self.data_dir, disk_reserve_bytes)
@@ -70,7 +76,9 @@ class RocksDBStore(Store):
         # allowed in names.
         frozen_dir = os.path.join(self.data_dir, "$frozen", job)
         shutil.rmtree(frozen_dir, ignore_errors=True)  # views of a previous process are stale
-        return RocksDBPartition(self._path(job), max_parallelism, frozen_dir, self.instances, self.volume)
+        return RocksDBPartition(
+            self._path(job), max_parallelism, frozen_dir, self.instances, self.volume, self.block_cache
+        )
 
     def destroy_partition(self, job: str) -> None:
         shutil.rmtree(self._path(job), ignore_errors=True)
