@@ -210,3 +210,21 @@ def test_a_dropped_state_or_job_is_refused_as_such_and_forgotten_on_one_replica(
 
 def test_a_dropped_state_or_job_is_refused_as_such_and_forgotten_on_two_replicas(two, job_name):
     check_a_dropped_state_or_job_is_refused_as_such_and_forgotten(two, job_name)
+
+
+def test_a_task_handed_a_newer_topology_version_learns_the_layout_first(two, job_name, sent):
+    """A task's driver began the batch under a version the task's process has not seen (a live
+    rescale since the worker's last task): the layout is learned afresh before the job is used,
+    and what the process knew of the job is taken only for the layout it was read under."""
+    with StatehouseClient(two) as first:
+        version = task_job(first, job_name).replicas.version
+    sent.clear()
+    with StatehouseClient(two) as task:
+        job = task.job(job_name, version=version + 1)
+        assert ("GET", "/v1/topology") in sent and not task.replicas.cached
+        job.columns().add("total", KEYS, 1)
+    with StatehouseClient(two) as task:
+        sent.clear()
+        task.job(job_name, version=version).columns().add("total", KEYS, 1)
+        assert [path for _method, path in sent] == [f"/v1/jobs/{job_name}/states/total/columns/add"] * 2
+    assert read(two, job_name, "total", KEYS) == [2] * len(KEYS)
