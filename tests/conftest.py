@@ -203,6 +203,22 @@ def job_name():
     return f"job-{next(_job_numbers)}"
 
 
+@pytest.fixture
+def sent(monkeypatch):
+    """Every request the clients send, as (method, path without the query), in order."""
+    from statehouse.client.transport import ReplicaConnection
+
+    log: list[tuple[str, str]] = []
+    send = ReplicaConnection._send
+
+    def counting(self, method, path, *args, **kwargs):
+        log.append((method, path.split("?")[0]))
+        return send(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(ReplicaConnection, "_send", counting)
+    return log
+
+
 @pytest.fixture(scope="session")
 def two_replicas(tmp_path_factory):
     """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""

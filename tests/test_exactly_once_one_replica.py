@@ -15,22 +15,6 @@ pytestmark = [pytest.mark.http]
 
 
 @pytest.fixture
-def sent(monkeypatch):
-    """Every request the clients send, as (method, path without the query), in order."""
-    from statehouse.client.transport import ReplicaConnection
-
-    log: list[tuple[str, str]] = []
-    send = ReplicaConnection._send
-
-    def counting(self, method, path, *args, **kwargs):
-        log.append((method, path.split("?")[0]))
-        return send(self, method, path, *args, **kwargs)
-
-    monkeypatch.setattr(ReplicaConnection, "_send", counting)
-    return log
-
-
-@pytest.fixture
 def single(server, job_name):
     client = StatehouseClient([server.url])
     job = client.create_job(job_name, max_parallelism=128)

@@ -17,22 +17,6 @@ KEYS = [f"user-{i}" for i in range(40)]
 ONES = np.ones(len(KEYS), dtype=np.int64)
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    """Every request the clients send, as (method, path without the query), in order."""
-    from statehouse.client.transport import ReplicaConnection
-
-    log: list[tuple[str, str]] = []
-    send = ReplicaConnection._send
-
-    def counting(self, method, path, *args, **kwargs):
-        log.append((method, path.split("?")[0]))
-        return send(self, method, path, *args, **kwargs)
-
-    monkeypatch.setattr(ReplicaConnection, "_send", counting)
-    return log
-
-
 def made(urls, job_name):
     """The job made on the replicas (two sums of string keys); their URLs."""
     with StatehouseClient(urls) as client:
