@@ -127,6 +127,21 @@ def test_errors_are_one_line_with_their_exit_code(served, tmp_path):
     assert "needs the 1 new replicas' URLs" in unstarted.stderr and unstarted.stderr.count("\n") == 1
 
 
+def test_status_shows_a_job_that_some_replica_lacks(served):
+    """A job on one replica only (its create stopped half way, a replica restored without it) is
+    listed as not serving, with the replica that lacks it: nothing to crash on."""
+    with StatehouseClient(served.urls) as sh:
+        sh.replicas[0].json("PUT", "/v1/jobs/half", {"max_parallelism": 8})
+        try:
+            shown = cli_json("status", urls=served.urls[0])
+            half = next(job for job in shown["jobs"] if job["job"] == "half")
+            assert half["key_group_ranges"][1:] == [None] * (len(served.urls) - 1) and not half["serving"]
+            line = next(x for x in cli("status", urls=served.urls[0]).stdout.splitlines() if "half:" in x)
+            assert "missing" in line and "NOT SERVING" in line
+        finally:
+            sh.replicas[0].json("DELETE", "/v1/jobs/half")
+
+
 def values(sh: StatehouseClient) -> dict[str, Any]:
     return {k: v for k, v in zip(KEYS, sh.job(JOB).value_state("total").get_many(KEYS), strict=True)}
 

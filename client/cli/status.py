@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             f"({move['phase']}): it ends by itself, or finish it with statehouse rescale --resume (or --abort)",
         )
     for job in jobs:
-        ranges = " ".join(f"{start}-{end}" for start, end in job["key_group_ranges"])
+        # A replica without the job (restored without it, or a create that stopped half way) shows as such.
+        ranges = " ".join(f"{r[0]}-{r[1]}" if r else "missing" for r in job["key_group_ranges"])
         latest = job["latest_checkpoint"]
         checkpoint = f"{latest['kind']} {latest['checkpoint_id']}" if latest else job.get("checkpoint_error", "none")
         serving = "" if job["serving"] else "  NOT SERVING (restore it: statehouse restore)"
