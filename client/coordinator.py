@@ -9,7 +9,7 @@ A *global* checkpoint N is complete when every replica has completed its part of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,10 +180,8 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         well: each fence answers the replica's committed epoch, and a replica that committed an
         epoch other than the anchor's (a driver died in the middle of a commit) has every replica
         restored to the anchor, then fenced again."""
-        fenced = self._fence_next(anchor.metadata["epoch"] + 1)
-        if any(answer["committed_epoch"] != anchor.metadata["epoch"] for answer in fenced):
-            self.restore(anchor.checkpoint_id)
-            fenced = self._fence_next(anchor.metadata["epoch"] + 1)  # the restore moved the writer epochs
+        at_least = anchor.metadata["epoch"] + 1
+        fenced = self._restored_if_half_committed(anchor, lambda: self._fence_next(at_least))
         epochs = {answer["epoch"] for answer in fenced}
         return self.job.fence(max(epochs)) if len(epochs) > 1 else epochs.pop()
 
@@ -192,11 +190,19 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", {"epoch": at_least, "next": True})
 
     def _undo_half_commit(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
-        infos = self.job.infos()  # one read for both epochs (a round trip per micro-batch)
-        if any(info["committed_epoch"] != anchor.metadata["epoch"] for info in infos):
+        return self._restored_if_half_committed(anchor, self.job.infos)
+
+    def _restored_if_half_committed(
+        self, anchor: GlobalCheckpoint, read: Callable[[], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """``read()``'s answers, one per replica, each with its ``committed_epoch``; when a replica
+        committed an epoch other than the anchor's (a driver died in the middle of a commit), every
+        replica is restored to the anchor first and read again (the restore moved the epochs)."""
+        answers = read()
+        if any(answer["committed_epoch"] != anchor.metadata["epoch"] for answer in answers):
             self.restore(anchor.checkpoint_id)
-            infos = self.job.infos()  # the restore moved the writer epochs
-        return infos
+            answers = read()
+        return answers
 
     def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
         """Commit the winning attempts on every replica, then checkpoint the batch."""
