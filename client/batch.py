@@ -63,7 +63,7 @@ class Batch:
         route_key: Callable[[Any, str], int] | None = None,
         route_key_group: Callable[[int], int] | None = None,
         route_subtask: Callable[[int], int] | None = None,
-        refreshed: Callable[[StatehouseError], bool] | None = None,
+        resends_refused: Callable[[StatehouseError, TaskAttempt | None], bool] | None = None,
     ) -> None:
         self._replicas = replicas
         self._job = job
@@ -71,7 +71,7 @@ class Batch:
         self._route_key = route_key  # (key, key type) -> the same, for timers (they name no state)
         self._route_key_group = route_key_group  # key group -> its owner, for raw keyed state
         self._route_subtask = route_subtask  # subtask -> the replica keeping it, for raw operator state
-        self._refreshed = refreshed  # whether a refusal came from a stale description of the job (read afresh)
+        self._resends_refused = resends_refused  # whether a refusal came from a stale description of the job
         self.epoch = attempt.epoch if attempt is not None else epoch
         self.attempt = attempt
         self.max_ops = max_ops
@@ -130,12 +130,11 @@ class Batch:
             try:
                 results = connection.batch(self._job, ops, fields=fields, idempotent=idempotent)
             except StatehouseError as exc:
-                # The job read afresh (what the process knew of it was stale) or the layout changed
-                # (a rescale): the whole part was refused, nothing applied, so it goes again,
-                # re-routed, once. A task attempt's only on one replica (with the same seq: nothing
-                # was staged) and never to a new layout (its epoch spans the old one).
-                stale = self._refreshed is not None and self._refreshed(exc)
-                if stale and (attempt is None or len(self._replicas) == 1):
+                # The job read afresh (what the process knew of it was stale: JobClient.resends_refused)
+                # or the layout changed (a rescale): the whole part was refused, nothing applied, so
+                # it goes again, re-routed, once. A task attempt's never to a new layout (its epoch
+                # spans the old one).
+                if self._resends_refused is not None and self._resends_refused(exc, attempt):
                     self._resend(chunk, fields, idempotent)
                     return
                 if attempt is not None or not self._replicas.refreshed(exc, self._routed, connection.url):

@@ -76,6 +76,8 @@ class ColumnarJob(Protocol):
 
     def refreshed(self, exc: StatehouseError | None = None) -> bool: ...
 
+    def resends_refused(self, exc: StatehouseError, attempt: TaskAttempt | None) -> bool: ...
+
 
 class _NotSent(StatehouseError):
     """A part left unsent because another part of the same call failed."""
@@ -333,11 +335,11 @@ class Columns:
                         url = replicas[part.replica].url
                         answer = self._request(state, op, chunk, part.replica)
                 except StatehouseError as exc:
-                    # The job read afresh (what the process knew of it was stale) or the layout
-                    # changed (a rescale): the request was refused whole, nothing applied, so its
-                    # rows go again to their owners, once. A task attempt's only on one replica
-                    # (its requests stay in order) and never to a new layout (its epoch spans the old).
-                    if self.job.refreshed(exc) and (self.attempt is None or len(replicas) == 1):
+                    # The job read afresh (what the process knew of it was stale: resends_refused)
+                    # or the layout changed (a rescale): the request was refused whole, nothing
+                    # applied, so its rows go again to their owners, once. A task attempt's never
+                    # to a new layout (its epoch spans the old).
+                    if self.job.resends_refused(exc, self.attempt):
                         answer = self._rerouted(state, op, self._retyped(state, chunk))
                     elif self.attempt is not None or not replicas.refreshed(exc, part.routed, url):
                         raise _at_row(exc, part.positions, start) from None

@@ -184,6 +184,13 @@ class JobClient:
             self._refreshes += 1
             return self._refresh()
 
+    def resends_refused(self, exc: StatehouseError, attempt: TaskAttempt | None) -> bool:
+        """Whether a refused request (which applied nothing) goes again: the job was read afresh
+        and that changed what it routes or types keys by (:meth:`refreshed`), and the request is
+        not a task attempt's spread over several replicas (a replica's requests of an attempt stay
+        in order with their seq; Spark's retry of the task reads the job afresh instead)."""
+        return self.refreshed(exc) and (attempt is None or len(self.replicas) == 1)
+
     def _refresh(self) -> bool:
         assert self._reread is not None
         forget_job(self.replicas, self.name)
@@ -251,7 +258,7 @@ class JobClient:
             route_key=self.replica_for_key,
             route_key_group=self.replica_for_key_group,
             route_subtask=self.replica_for_subtask,
-            refreshed=self.refreshed,
+            resends_refused=self.resends_refused,
         )
 
     def raw_keyed(self, epoch: int | None = None) -> RawKeyedState:
