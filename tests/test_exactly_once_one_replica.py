@@ -8,8 +8,8 @@ import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import commit_bodies, winners
-from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost
-from tests.client.test_exactly_once import KEYS, task, totals
+from statehouse.client.coordinator import MicroBatchCoordinator
+from tests.client.test_exactly_once import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
 
 pytestmark = [pytest.mark.http]
 
@@ -40,16 +40,7 @@ def test_one_replica_commits_in_one_phase_and_checkpoints_without_a_listing(sing
 
 
 def test_one_replica_whose_commit_finds_writes_missing_applies_nothing(single):
-    job, coordinator = single
-    plan = coordinator.begin(0)
-    message = task(job, plan, 0, 1)
-    job.replicas[0].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/abort")  # as if it restarted
-    with pytest.raises(MicroBatchLost, match="attempt_lost"):
-        coordinator.commit(plan, [message])
-    assert set(totals(job, KEYS).values()) == {None}
-    retry = coordinator.begin(0)
-    coordinator.commit(retry, [task(job, retry, 0, 1)])
-    assert set(totals(job, KEYS).values()) == {1}
+    check_a_replica_without_the_staged_writes_fails_the_batch(*single)  # the one-phase commit's check
 
 
 def test_one_replica_driver_dying_between_its_one_phase_commit_and_the_checkpoint(single):

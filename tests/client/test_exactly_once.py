@@ -95,13 +95,18 @@ def test_a_driver_dying_mid_commit_is_undone_by_the_next_attempt(setup):
 
 
 def test_a_replica_without_the_staged_writes_fails_the_batch_and_applies_nothing(setup):
-    job, coordinator = setup
+    check_a_replica_without_the_staged_writes_fails_the_batch(*setup)
+
+
+def check_a_replica_without_the_staged_writes_fails_the_batch(job, coordinator):
+    """The last replica loses the attempt's staged writes (as if it restarted): the commit fails
+    whole, nothing is applied anywhere (replica 0 of two neither), and a retry applies once."""
     plan = coordinator.begin(0)
     message = task(job, plan, 0, 1)
-    job.replicas[1].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/abort")  # as if it restarted
+    job.replicas[-1].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/abort")  # as if it restarted
     with pytest.raises(MicroBatchLost, match="attempt_lost"):
         coordinator.commit(plan, [message])
-    assert set(totals(job, KEYS).values()) == {None}  # replica 0 applied nothing either
+    assert set(totals(job, KEYS).values()) == {None}
     retry = coordinator.begin(0)
     coordinator.commit(retry, [task(job, retry, 0, 1)])
     assert set(totals(job, KEYS).values()) == {1}
