@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Summary, keys, print_header, statehouse, table, write_json
-from bench.floor import source_tree
+from bench.common import Summary, keys, print_header, source_tree, statehouse, table, write_json
 from statehouse.client import StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.coordinator import (

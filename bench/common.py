@@ -245,3 +245,18 @@ def wait_ready(url: str, timeout: float = 10) -> None:
                 return
         time.sleep(0.05)
     raise RuntimeError(f"{url} not ready")
+
+
+@contextlib.contextmanager
+def source_tree(directory: str) -> Iterator[dict[str, str]]:
+    """The environment that runs ``statehouse.*`` from ``directory`` instead of this tree: a
+    ``statehouse`` namespace whose subpackages link to ``directory``'s package folders, first on
+    PYTHONPATH (the editable install's finder is consulted after the path): a benchmark's
+    ``--before DIR``."""
+    with tempfile.TemporaryDirectory(prefix="statehouse-bench-tree-") as shim:
+        package = Path(shim, "statehouse")
+        package.mkdir()
+        for folder in Path(directory).iterdir():
+            if (folder / "__init__.py").is_file() and folder.name not in ("tests", "bench", "harness"):
+                (package / folder.name).symlink_to(folder.resolve())
+        yield {"PYTHONPATH": shim}

@@ -26,17 +26,25 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import urllib3
 
 from bench.columnar import ARROW_STREAM, Case, Data, find, ipc, paired, uncommitted
-from bench.common import REPO, Summary, print_header, redis_server, statehouse, table, wait_ready, write_json
+from bench.common import (
+    REPO,
+    Summary,
+    print_header,
+    redis_server,
+    source_tree,
+    statehouse,
+    table,
+    wait_ready,
+    write_json,
+)
 from harness.server import free_port, stop_process
 from statehouse.client import StatehouseClient
 from statehouse.client.config import ClientConfig
@@ -62,20 +70,6 @@ def bare_server() -> Iterator[tuple[str, int]]:
         yield url, process.pid
     finally:
         stop_process(process)
-
-
-@contextlib.contextmanager
-def source_tree(directory: str) -> Iterator[dict[str, str]]:
-    """The environment that runs ``statehouse.*`` from ``directory`` instead of this tree: a
-    ``statehouse`` namespace whose subpackages link to ``directory``'s package folders, first on
-    PYTHONPATH (the editable install's finder is consulted after the path)."""
-    with tempfile.TemporaryDirectory(prefix="statehouse-bench-tree-") as shim:
-        package = Path(shim, "statehouse")
-        package.mkdir()
-        for folder in Path(directory).iterdir():
-            if (folder / "__init__.py").is_file() and folder.name not in ("tests", "bench", "harness"):
-                (package / folder.name).symlink_to(folder.resolve())
-        yield {"PYTHONPATH": shim}
 
 
 def one_row(data: Data) -> tuple[bytes, bytes]:

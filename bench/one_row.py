@@ -37,8 +37,7 @@ import pyarrow as pa
 import urllib3
 
 from bench.columnar import ARROW_STREAM, ipc
-from bench.common import REPO, wait_ready
-from bench.floor import source_tree
+from bench.common import REPO, source_tree, wait_ready
 from harness.server import free_port, stop_process
 
 JOB, STATE, KEY = "bench", "v", "user-00001"

@@ -49,8 +49,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from bench.common import REPO, Summary, print_header, s3_env, seaweed, table, write_json
-from bench.floor import source_tree
+from bench.common import REPO, Summary, print_header, s3_env, seaweed, source_tree, table, write_json
 
 PHASES = ("staging", "prepare", "commit", "checkpoint")
 STATES = {
