@@ -99,3 +99,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "statehouse.replicaUrlTemplate" -}}
 {{- printf "http://%s-{index}.%s.%s.svc.cluster.local:%d" (include "statehouse.fullname" .) (include "statehouse.headlessName" .) .Release.Namespace (int .Values.service.port) }}
 {{- end }}
+
+{{/*
+Labels of the rescale hook Jobs and their pods: not the StatefulSet's selector labels, so that
+neither the Services nor the PodDisruptionBudget select a hook pod.
+*/}}
+{{- define "statehouse.rescaleLabels" -}}
+helm.sh/chart: {{ include "statehouse.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-rescale" (include "statehouse.name" . | trunc 55 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: rescale
+app.kubernetes.io/part-of: statehouse
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
