@@ -5,8 +5,11 @@ everywhere, verify. New replicas must be running first, empty, with STATEHOUSE_R
 STATEHOUSE_TOPOLOGY_VERSION=v+1: give their URLs with --urls-new (or a STATEHOUSE_REPLICA_URLS
 template with {index}); a set run by `statehouse serve` is grown (new replicas started before the
 move) and shrunk (removed replicas stopped after it) by the command itself. Every job of the set
-moves. A move a dead coordinator left is finished with --resume (forward once commit was decided)
-or rolled back with --abort (before that).
+moves. M is checked first (1 <= M <= every job's max_parallelism); a refused command starts and
+changes nothing. A move a dead coordinator left is finished with --resume (forward once commit was
+decided) or rolled back with --abort (before that); a move left pending exits 4 with what to do
+first. --resume with no move pending (one a restarted replica finished, say) says where the set
+stands and exits 0.
 
 With --offline, the earlier procedure: ``statehouse rescale JOB|--all --to M --offline``. For each
 job: refuse while a micro-batch commit is under way, fence the writers (a
@@ -21,6 +24,7 @@ Restart the writers with the new URLs afterwards."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -43,14 +47,18 @@ from statehouse.client.cli.common import (
 from statehouse.client.cli.serve import read_state, state_path
 from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
-from statehouse.client.errors import Unavailable
+from statehouse.client.errors import StatehouseError, Unavailable
 from statehouse.client.job import JobClient
+from statehouse.client.replicas import serving
 from statehouse.client.rescale import (
     LiveRescale,
     NewReplicasMissing,
     RescaleFailed,
     RescaleLeftPending,
     RescalePending,
+    RescaleReport,
+    decision_record,
+    pending_target,
 )
 from statehouse.keygroups import KeyGroupRange
 
@@ -82,8 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--serve-dir",
-        help="the --dir of the `statehouse serve` running the set: restart it with M replicas (default: . when "
-        "its statehouse-serve.json lists the same URLs)",
+        help="the --dir of the `statehouse serve` running the set: grown or restarted with M replicas, fitted to the "
+        "layout that serves after the move (default: . when its statehouse-serve.json lists one of the --urls)",
     )
     parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for savepoints and restarts")
     connection_options(parser)
@@ -98,58 +106,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
-    """The live rescale (client/rescale.py), its progress a line per step on stderr."""
-    if not (args.resume or args.abort) and (args.to is None or args.to < 1):
-        raise CommandError("give the new replica count with --to M", 2)
-
-    def progress(step: str, info: dict[str, Any]) -> None:
-        if step == "waiting" and info["for"] == "batch_in_flight":
-            note(args, f"waiting for a micro-batch to end: {info['detail']}")
-        elif step == "waiting":
-            note(args, f"waiting ({info['for']}) for {info['step']} on {info['url']}: {info['detail']}")
-        else:
-            note(args, f"{step}: {_summary(step, info)}")
-
+    """The live rescale (client/rescale.py), its progress a line per step on stderr. A new move's
+    target is checked before anything starts (a `statehouse serve` set is grown only for a move
+    that will run); whatever the outcome, such a set is then fitted to the layout that serves."""
+    if not (args.resume or args.abort):
+        _check_count(args.to)
     with open_client(args) as sh:
         new_urls = [u.strip() for u in args.urls_new.split(",") if u.strip()]
-        serve_dir = None
-        if not (args.resume or args.abort):
-            shown = sh.topology()
-            count, version = shown[0]["replica_count"], shown[0]["version"]
+        if args.resume or args.abort:
             serve_dir = _managed(args, sh.replicas.urls)
-            if args.to > count and not new_urls:
-                if serve_dir is not None:
-                    new_urls = waiting(
-                        args,
-                        f"starting {args.to - count} new replicas",
-                        lambda: _change(args, serve_dir, "grow", args.to, version + 1),
-                    )[count:]
-                else:
-                    new_urls = _templated(count, args.to)
-        with LiveRescale(sh, args.to, new_urls, wait=args.wait, progress=progress) as move:
-            try:
-                if args.abort:
-                    report = move.abort()
-                elif args.resume:
-                    report = move.resume()
-                else:
-                    report = move.run()
-            except (RescalePending, NewReplicasMissing, RescaleLeftPending) as exc:
-                raise CommandError(exc.detail, EXIT_OPERATOR) from None
-            except Unavailable as exc:
-                if exc.code != "storage_unavailable":
-                    raise
-                # Reading where the move stands (its decision) needs the storage: nothing was changed.
-                raise CommandError(
-                    f"{exc.detail}: the rescale is where it was; run the command again once checkpoint storage answers",
-                    EXIT_OPERATOR,
-                ) from None
-            except RescaleFailed:
-                if serve_dir is not None and args.to > count and move.pending() is None:
-                    _change(args, serve_dir, "shrink", count, None)  # aborted: the added replicas go
-                raise
-    if serve_dir is not None and report.outcome == "committed" and report.to_count < report.from_count:
-        _change(args, serve_dir, "shrink", report.to_count, report.version)
+            pending = pending_target(sh)
+            if pending is None:
+                return _nothing_pending(args, sh, serve_dir)
+            since = pending[0]
+        else:
+            serve_dir, new_urls, since = _before_move(args, sh, new_urls)
+        try:
+            report = _drive(args, sh, new_urls, since)
+        except Exception:
+            if serve_dir is not None:
+                with contextlib.suppress(Exception):  # the move's own error is the one line to show
+                    _fit_serve(args, serve_dir)
+            raise
+    if serve_dir is not None:
+        _fit_serve(args, serve_dir)
     document = {"status": "done" if report.outcome == "committed" else "aborted", **report.to_json()}
     if report.outcome == "committed":
         lines = [
@@ -167,6 +147,184 @@ def _live(args: argparse.Namespace) -> int:
         ]
     emit(args, document, lines)
     return 0
+
+
+def _check_count(to: int | None) -> None:
+    """The target replica count as given: present and at least 1."""
+    if to is None:
+        raise CommandError("give the new replica count with --to M", 2)
+    if to < 1:
+        raise CommandError(f"--to {to}: M must be >= 1 (the replica count after the rescale)", 2)
+
+
+def _check_parallelism(to: int, jobs: dict[str, int]) -> None:
+    """Every job's key groups can spread over ``to`` replicas: ``to`` <= its max_parallelism."""
+    for name, parallelism in sorted(jobs.items(), key=lambda item: (item[1], item[0])):
+        if parallelism < to:
+            raise CommandError(
+                f"--to {to}: job {name!r} has max_parallelism {parallelism}, so it cannot be spread over more than "
+                f"{parallelism} replicas (M must be <= every job's max_parallelism)",
+                2,
+            )
+
+
+def _before_move(
+    args: argparse.Namespace, sh: StatehouseClient, new_urls: list[str]
+) -> tuple[Path | None, list[str], int]:
+    """What a new move needs before it starts: its target checked against the set, and the replicas
+    it adds (a `statehouse serve` set starts them). Nothing is started for a move that will not run:
+    a move pending on the replicas is left to :meth:`LiveRescale.run` (the same target resumed,
+    another refused: exit 4). The serve directory (if a serve runs the set), the new URLs, and the
+    first topology version the move may take."""
+    pending = pending_target(sh)
+    if pending is not None:
+        return _managed(args, sh.replicas.urls), new_urls, pending[0]
+    shown = sh.topology()
+    count, version = shown[0]["replica_count"], shown[0]["version"]
+    if args.to == count:
+        raise CommandError(f"the replica set already has {count} replicas")
+    _check_parallelism(args.to, {job["job"]: job["max_parallelism"] for info in shown for job in info["jobs"]})
+    serve_dir = _managed(args, sh.replicas.urls)
+    if args.to > count and not new_urls:
+        if serve_dir is not None:
+            directory = serve_dir
+            new_urls = waiting(
+                args,
+                f"starting {args.to - count} new replicas",
+                lambda: _change(args, directory, "grow", args.to, version + 1, committed=version),
+            )[count:]
+        else:
+            new_urls = _templated(count, args.to)
+    return serve_dir, new_urls, version + 1
+
+
+def _drive(args: argparse.Namespace, sh: StatehouseClient, new_urls: list[str], since: int) -> RescaleReport:
+    """Run, resume or abort the move (at topology version ``since`` or above); a move left
+    unfinished exits 4 with what to do next."""
+
+    def progress(step: str, info: dict[str, Any]) -> None:
+        if step == "waiting" and info["for"] == "batch_in_flight":
+            note(args, f"waiting for a micro-batch to end: {info['detail']}")
+        elif step == "waiting":
+            note(args, f"waiting ({info['for']}) for {info['step']} on {info['url']}: {info['detail']}")
+        else:
+            note(args, f"{step}: {_summary(step, info)}")
+
+    with LiveRescale(sh, args.to, new_urls, wait=args.wait, progress=progress) as move:
+        try:
+            if args.abort:
+                return move.abort()
+            if args.resume:
+                return move.resume()
+            return move.run()
+        except (RescalePending, NewReplicasMissing, RescaleLeftPending) as exc:
+            raise CommandError(exc.detail, EXIT_OPERATOR) from None
+        except Unavailable as exc:
+            if exc.code != "storage_unavailable":
+                raise
+            # Reading where the move stands (its decision) needs the storage: nothing was changed.
+            raise CommandError(
+                f"{exc.detail}: the rescale is where it was; run the command again once checkpoint storage answers",
+                EXIT_OPERATOR,
+            ) from None
+        except RescaleFailed as exc:
+            # Unfinished: still pending on a replica that answers, or decided commit with a replica
+            # that did not commit (it commits itself when it restarts, or --resume does). The
+            # message says what to do first, then --resume.
+            if pending_target(sh) is not None or _decided_commit(sh, since):
+                raise CommandError(exc.detail, EXIT_OPERATOR) from None
+            raise
+
+
+def _nothing_pending(args: argparse.Namespace, sh: StatehouseClient, serve_dir: Path | None) -> int:
+    """--resume or --abort with no move pending on the replicas: say where the set stands. A move
+    can end without the command (a replica restarted after a decided commit commits itself, one
+    after an abort aborts itself), so --resume of a move that finished, or --abort of one that was
+    aborted, says so and exits 0; --abort with nothing to abort exits 1."""
+    shown = sh.topology()
+    count, version = shown[0]["replica_count"], shown[0]["version"]
+    if serve_dir is not None:
+        _fit_serve(args, serve_dir)
+    made, aborted = _last_moves(sh, version)
+    layout = f"the set serves topology version {version} with {count} replicas"
+    document: dict[str, Any] = {"version": version, "replicas": count, "urls": sh.replicas.urls}
+    if aborted is not None:
+        document |= {"status": "aborted", "aborted": aborted}
+        count_to = aborted["replica_count"]
+        to = (
+            f"{count_to} replicas (topology version {aborted['version']})"
+            if count_to
+            else f"topology version {aborted['version']}"
+        )
+        line = f"the rescale to {to} was aborted: {layout}"
+    elif args.abort:
+        raise CommandError(f"no rescale is pending, nothing to abort: {layout}")
+    elif made is not None:
+        document |= {"status": "done", "from": made.get("from_count"), "to": count}
+        moved = f"{made.get('from_count') or '?'} -> {count} replicas (topology version {version})"
+        line = f"the rescale {moved} is done: nothing to resume, the set serves it"
+    else:
+        document["status"] = "nothing_pending"
+        line = f"no rescale is pending: {layout}"
+    emit(args, document, [line, f"STATEHOUSE_URLS={','.join(sh.replicas.urls)}"])
+    return 0
+
+
+def _last_moves(sh: StatehouseClient, version: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The decision of the live move that made topology ``version``, if one did, and the last
+    attempt decided abort after it, if any. None for either when the decisions cannot be read."""
+    try:
+        made = decision_record(sh.replicas[0], version)
+        later = _decisions(sh, version + 1)
+    except StatehouseError:
+        return None, None
+    aborted = [record for record in later if record["outcome"] == "abort"]
+    return (made if made is not None and made["outcome"] == "commit" else None), (aborted or [None])[-1]
+
+
+def _decisions(sh: StatehouseClient, since: int) -> list[dict[str, Any]]:
+    """The decisions of the moves to topology ``since``, ``since + 1``, ... up to the first version
+    none was decided for (an aborted attempt spends its version: the next one takes the next)."""
+    records = []
+    while (record := decision_record(sh.replicas[0], since + len(records))) is not None:
+        records.append(record)
+    return records
+
+
+def _decided_commit(sh: StatehouseClient, since: int) -> bool:
+    """Whether the last move decided at topology ``since`` or above was decided commit."""
+    try:
+        decided = _decisions(sh, since)
+    except StatehouseError:
+        return False
+    return bool(decided) and decided[-1]["outcome"] == "commit"
+
+
+def _fit_serve(args: argparse.Namespace, directory: Path) -> None:
+    """Fit the ``serve`` in ``directory`` to the layout that serves: stop (and move the data aside
+    of) its replicas from the serving count on — those a committed shrink retired, those an
+    aborted grow left unassigned — so that its processes and statehouse-serve.json name the
+    serving replicas only. Left as it is while a move is pending: a resume needs every replica."""
+    state = read_state(directory)
+    if state is None or state.get("status") != "ready":
+        return
+    urls: list[str] = list(state["urls"])
+    with StatehouseClient(urls, token=args.token, timeout=args.timeout) as sh:
+        if pending_target(sh) is not None:
+            return
+        shown = [sh.replicas.connection(url).json("GET", "/v1/topology") for url in urls]
+    serving_ones = [info for info in shown if serving(info)]
+    if not serving_ones:
+        return
+    version = max(info["version"] for info in serving_ones)
+    count = next(info["replica_count"] for info in serving_ones if info["version"] == version)
+    # serve runs replica i on its i-th URL: the serving layout is the first ``count`` of them
+    if count < len(urls) and all(serving(info) for info in shown[:count]):
+        waiting(
+            args,
+            f"stopping replicas {count}..{len(urls) - 1} (not in the layout that serves)",
+            lambda: _change(args, directory, "shrink", count, version),
+        )
 
 
 def _summary(step: str, info: dict[str, Any]) -> str:
@@ -187,9 +345,14 @@ def _templated(count: int, to: int) -> list[str]:
     return [template.replace("{index}", str(i)) for i in range(count, to)]
 
 
-def _change(args: argparse.Namespace, directory: Path, action: str, count: int, version: int | None) -> list[str]:
-    """Ask the ``serve`` in ``directory`` to grow or shrink its set (SIGHUP); wait until it has."""
-    return _ask_serve(args, directory, {"request": action, "requested_replicas": count, "requested_version": version})
+def _change(
+    args: argparse.Namespace, directory: Path, action: str, count: int, version: int, *, committed: int | None = None
+) -> list[str]:
+    """Ask the ``serve`` in ``directory`` to grow its set to ``count`` replicas (new ones at topology
+    ``version``; ``committed``: the version that serves, which names the data of replicas it has to
+    stop again) or shrink it (``version``: the version that serves); wait until it has."""
+    request = {"request": action, "requested_replicas": count, "requested_version": version}
+    return _ask_serve(args, directory, {**request, "committed_version": committed or version})
 
 
 def _offline(args: argparse.Namespace) -> int:
@@ -197,8 +360,7 @@ def _offline(args: argparse.Namespace) -> int:
     if args.resume:
         resumed = _read_plan(plan_path)
         return _finish(args, resumed, plan_path, resumed["urls_hint"])
-    if args.to is None or args.to < 1:
-        raise CommandError("give the new replica count with --to M", 2)
+    _check_count(args.to)
     if bool(args.job) == bool(args.all):
         raise CommandError("name one job, or give --all", 2)
     with open_client(args) as sh:
@@ -208,9 +370,7 @@ def _offline(args: argparse.Namespace) -> int:
             raise CommandError(f"the replica set already has {count} replicas")
         names = job_names(shown) if args.all else [args.job]
         jobs = {name: job_client(sh, name, shown) for name in names}
-        for name, job in jobs.items():
-            if job.max_parallelism < args.to:
-                raise CommandError(f"job {name!r} has max_parallelism {job.max_parallelism} < {args.to} replicas")
+        _check_parallelism(args.to, {name: job.max_parallelism for name, job in jobs.items()})
         checkpoint_id = max(CheckpointCoordinator(job).next_id() for job in jobs.values()) if jobs else 1
         plan: dict[str, Any] = {
             "set_id": shown[0]["set_id"],
@@ -298,7 +458,7 @@ def _managed(args: argparse.Namespace, urls: list[str]) -> Path | None:
         if args.serve_dir:
             raise CommandError(f"no running `statehouse serve` in {directory} ({state_path(directory)} is missing)")
         return None
-    if not args.serve_dir and sorted(state["urls"]) != sorted(urls):
+    if not args.serve_dir and not {u.rstrip("/") for u in state["urls"]} & {u.rstrip("/") for u in urls}:
         return None
     return directory
 
@@ -314,22 +474,28 @@ def _restart(args: argparse.Namespace, directory: Path, version: int) -> list[st
 def _ask_serve(args: argparse.Namespace, directory: Path, request: dict[str, Any]) -> list[str]:
     """Hand the ``serve`` in ``directory`` a request in its state file (SIGHUP), and wait until it
     reports the set ready with the requested replica count; the set's URLs."""
-    state = read_state(directory) or {}
+    state = {k: v for k, v in (read_state(directory) or {}).items() if k != "failed"}
     path = state_path(directory)
     temporary = path.with_suffix(".request")
     temporary.write_text(json.dumps({**state, **request, "status": "requested"}))
     os.replace(temporary, path)
     os.kill(int(state["pid"]), signal.SIGHUP)
     count = request["requested_replicas"]
-    deadline = time.monotonic() + args.wait
+    # serve ends every change itself, ready or failed, within its own start timeout per replica it
+    # starts and a drain per one it stops: waited for in full, so the set is never left mid-change.
+    bound = float(state.get("start_timeout") or 60) * (count + 1) + 35 * int(state.get("replicas") or 0)
+    wait = max(args.wait, bound)
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         now = read_state(directory)
         if now is None:
             raise CommandError(f"`statehouse serve` in {directory} stopped while changing the set")
+        if now.get("status") == "ready" and now.get("failed"):  # back as it was: nothing changed
+            raise CommandError(now["failed"])
         if now.get("status") == "ready" and now.get("replicas") == count:
             return list(now["urls"])
         time.sleep(0.2)
-    raise CommandError(f"the set did not come up with {count} replicas within {args.wait:.0f}s: see the replicas' logs")
+    raise CommandError(f"the set did not come up with {count} replicas within {wait:.0f}s: see the replicas' logs")
 
 
 def _finish(args: argparse.Namespace, plan: dict[str, Any], plan_path: Path, urls: list[str]) -> int:

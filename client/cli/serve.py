@@ -5,9 +5,11 @@ and each advertises the set's URLs (STATEHOUSE_REPLICA_URLS), so that one URL is
 Ctrl-C or SIGTERM stops them all. It needs the server installed (pip install statehouse).
 
 DIR/statehouse-serve.json describes the running set; ``statehouse rescale`` uses it to grow the set
-live (new empty replicas started with the new count, before the move) and shrink it (the removed
-replicas stopped after the commit, their data moved aside), or, with ``--offline``, to restart the
-set with another replica count."""
+live (new empty replicas started with the new count, once the target is checked, before the move)
+and, once no move is pending, to fit it to the layout that serves (the replicas a committed shrink
+retired, or an aborted grow left unassigned, stopped, their data moved aside to
+data-<i>.removed-v<version>-<time>, the version being the one that serves), or, with ``--offline``,
+to restart the set with another replica count."""
 
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ class ReplicaSet:
 
     def shrink(self, count: int, version: int | None) -> list[str]:
         """Stop the replicas from ``count`` on (a live rescale retired them, or aborted adding
-        them) and move their data aside; the remaining URLs."""
+        them) and move their data aside, named after ``version``, the topology version that serves;
+        the remaining URLs."""
         for process in self.processes[count:]:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -217,9 +220,18 @@ def _requested(args: argparse.Namespace, replicas: ReplicaSet) -> list[str]:
         _write_state(args, replicas, [], status="changing")
         if action == "grow":
             note(args, f"starting replicas {replicas.count}..{count - 1} (empty, topology version {version}) ...")
-            urls = replicas.grow(count, int(version or 0))
+            before = replicas.count
+            try:
+                urls = replicas.grow(count, int(version or 0))
+            except CommandError as exc:
+                # Back to the set as it was, so that the rescale that asked starts no move.
+                note(args, f"{exc}: stopping replicas {before}..{count - 1} again")
+                urls = replicas.shrink(before, state.get("committed_version"))
+                failed = f"could not start replicas {before}..{count - 1} ({exc}); the set is as it was"
+                _announce(args, replicas, urls, first=False, failed=failed)
+                return urls
         else:
-            note(args, f"stopping replicas {count}..{replicas.count - 1} (removed by the rescale) ...")
+            note(args, f"stopping replicas {count}..{replicas.count - 1} (not in the layout that serves) ...")
             urls = replicas.shrink(count, version)
         _announce(args, replicas, urls, first=False)
         return urls
@@ -230,7 +242,8 @@ def _set_aside(directory: Path, index: int, version: Any) -> None:
     """A removed replica's data must never rejoin a later layout as if current: moved aside, kept."""
     data = directory / f"data-{index}"
     if data.exists():
-        data.rename(directory / f"data-{index}.removed-v{version}-{int(time.time())}")
+        serving = f"v{version}-" if version is not None else ""
+        data.rename(directory / f"data-{index}.removed-{serving}{int(time.time())}")
 
 
 def _restart(args: argparse.Namespace, replicas: ReplicaSet, count: int, version: Any) -> list[str]:
@@ -247,8 +260,12 @@ def _restart(args: argparse.Namespace, replicas: ReplicaSet, count: int, version
     return urls
 
 
-def _announce(args: argparse.Namespace, replicas: ReplicaSet, urls: list[str], *, first: bool) -> None:
-    document = _write_state(args, replicas, urls, status="ready")
+def _announce(
+    args: argparse.Namespace, replicas: ReplicaSet, urls: list[str], *, first: bool, failed: str | None = None
+) -> None:
+    """The set is ready with ``urls``; ``failed``: the request that could not be done (the set as
+    it was before it), for the rescale that asked."""
+    document = _write_state(args, replicas, urls, status="ready", failed=failed)
     if first or args.json:
         lines = [f"{len(urls)} replicas ready (Ctrl-C stops them); STATEHOUSE_URLS={','.join(urls)}"]
         lines += [f"  replica {i}: {url}  data {replicas.directory / f'data-{i}'}" for i, url in enumerate(urls)]
@@ -258,14 +275,18 @@ def _announce(args: argparse.Namespace, replicas: ReplicaSet, urls: list[str], *
         note(args, f"{len(urls)} replicas ready: STATEHOUSE_URLS={','.join(urls)}")
 
 
-def _write_state(args: argparse.Namespace, replicas: ReplicaSet, urls: list[str], *, status: str) -> dict[str, Any]:
-    document = {
+def _write_state(
+    args: argparse.Namespace, replicas: ReplicaSet, urls: list[str], *, status: str, failed: str | None = None
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
         "pid": os.getpid(),
         "status": status,
         "replicas": len(urls) if urls else replicas.count,
         "urls": urls,
         "directory": str(replicas.directory),
+        "start_timeout": args.start_timeout,
         "logs": [str(replicas.directory / f"replica-{i}.log") for i in range(len(urls))],
+        **({"failed": failed} if failed else {}),
     }
     path = state_path(args.dir)
     temporary = path.with_suffix(".tmp")
