@@ -222,7 +222,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             restore_locations=settings.restore_location_list,
         )
         rescale = RescaleParticipant(
-            catalog, checkpoints, work_dir=work_dir, on_committed=metrics.rescale_duration.observe
+            catalog,
+            checkpoints,
+            work_dir=work_dir,
+            on_committed=metrics.rescale_duration.observe,
+            batch_lease_s=settings.batch_lease_s,
         )
         with exit_on_start_error("the live rescale pending in STATEHOUSE_DATA_DIR"):
             # A move in the record: committed, undone or kept frozen as its durable decision says.

@@ -88,6 +88,10 @@ class JobInfo(BaseModel):
     states: list[str]
     epoch: int = Field(description="current writer epoch (see /fence)")
     committed_epoch: int = Field(description="the last epoch whose task attempts' staged writes were committed")
+    committed_batch: int | None = Field(
+        None, description="the Spark micro-batch that epoch applied: which micro-batches the state holds (null: none)"
+    )
+    topology_version: int = Field(0, description="the topology version this replica serves the job under")
 
     @classmethod
     def of(cls, job: Job) -> JobInfo:
@@ -101,6 +105,8 @@ class JobInfo(BaseModel):
             states=sorted(job.descriptors),
             epoch=job.epoch,
             committed_epoch=job.committed_epoch,
+            committed_batch=job.committed_batch,
+            topology_version=job.keyspace.layout_version,
         )
 
 
@@ -304,6 +310,13 @@ class AttemptModel(Strict):
 
 class EpochBody(Strict):
     attempts: list[AttemptModel] = Field(description="the winning attempts of the micro-batch that wrote here")
+    batch_id: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_EPOCH,
+        description="commit: the Spark micro-batch the epoch applies, recorded with its writes (the job's "
+        "`committed_batch`, carried by every checkpoint, restore and live rescale)",
+    )
 
 
 MAX_WAIT_MS = 10_000  # the longest a request waits for a checkpoint's upload to end (a long poll)
@@ -361,6 +374,8 @@ CheckpointInfoModel = _report_model(
         "bytes_uploaded": "bytes this replica uploaded for it",
         "bytes_reused": "bytes referenced from earlier checkpoints (incremental)",
         "metadata": "given at trigger, e.g. the coordinator's batch id",
+        "committed_epoch": "the last epoch committed into the frozen state (0 until uploaded)",
+        "committed_batch": "the Spark micro-batch that epoch applied (null: none named)",
     },
 )
 
@@ -404,6 +419,9 @@ EpochReportModel = _report_model(
         "committed_epoch": "the last epoch committed on this replica",
         "attempts": "the attempts staged under the epoch: partition, attempt, ops, bytes",
         "ops": "write operations verified (prepare) or committed (commit)",
+        "committed_batch": "the Spark micro-batch the committed epoch applied (null: none named)",
+        "topology_version": "the topology version this replica serves the job under (a coordinator checks that "
+        "the micro-batch's layout still stands)",
     },
 )
 
@@ -415,6 +433,12 @@ class FenceBody(Strict):
         description="raise it to at least one past the current epoch too: an epoch no writer had here (a "
         "coordinator's fence without first reading the job)",
     )
+    begins_batch: bool = Field(
+        False,
+        description="a coordinator begins a micro-batch under the epoch: a live rescale does not prepare on this "
+        "replica until the epoch is committed or aborted (or the batch shows no sign of life for "
+        "STATEHOUSE_BATCH_LEASE_S)",
+    )
 
 
 class FenceResponse(BaseModel):
@@ -422,6 +446,15 @@ class FenceResponse(BaseModel):
     committed_epoch: int = Field(
         description="the last epoch whose task attempts' staged writes were committed (as in `GET /v1/jobs/{job}`)"
     )
+    committed_batch: int | None = Field(
+        None, description="the Spark micro-batch that epoch applied (as in `GET /v1/jobs/{job}`)"
+    )
+    rescale_version: int | None = Field(
+        None,
+        description="the topology version of a live rescale pending on this replica (null: none): a coordinator "
+        "begins no micro-batch until it has ended",
+    )
+    topology_version: int = Field(0, description="the topology version this replica serves the job under")
 
 
 # Declared, not "an object of JSON values": generated clients then have a `value` field.

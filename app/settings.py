@@ -79,6 +79,14 @@ class Settings(BaseSettings):
         "zstd", description="per-key-group compression of full snapshots"
     )
     incremental_checkpoints: bool = Field(True, description="RocksDB checkpoints upload only new SST files")
+    batch_lease_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="a live rescale prepares at a micro-batch boundary: a micro-batch a coordinator began (its fence) "
+        "holds the prepare off until it is committed or aborted, or shows no sign of life (a staged write, its "
+        "prepare) for this many seconds (its driver died)",
+    )
     rescale_compact_moving: bool = Field(
         False,
         description="before a live rescale's incremental checkpoint, RocksDB compacts the key groups that move into "

@@ -234,6 +234,8 @@ class EpochReport:
     committed_epoch: int
     attempts: list[dict[str, Any]]
     ops: int = 0  # write operations committed (commit) or verified (prepare)
+    committed_batch: int | None = None  # the micro-batch the committed epoch applied
+    topology_version: int = 0  # the layout this replica serves the job under
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -243,6 +245,8 @@ class EpochReport:
             "committed_epoch": self.committed_epoch,
             "attempts": self.attempts,
             "ops": self.ops,
+            "committed_batch": self.committed_batch,
+            "topology_version": self.topology_version,
         }
 
 
@@ -256,7 +260,9 @@ def describe(job: Job, epoch: int, ops_done: int = 0) -> EpochReport:
     else:
         status = "sealed" if staging.sealed else "open"
     attempts = staging.summaries() if staging is not None else []
-    return EpochReport(epoch, status, job.epoch, committed, attempts, ops_done)
+    return EpochReport(
+        epoch, status, job.epoch, committed, attempts, ops_done, job.committed_batch, job.keyspace.layout_version
+    )
 
 
 def prepare(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
@@ -270,8 +276,9 @@ def prepare(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
         return describe(job, epoch, sum(s.ops for s in found))
 
 
-def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
-    """Apply the winners' staged writes atomically and drop the rest; idempotent."""
+def commit(job: Job, epoch: int, winners: list[Winner], batch_id: int | None = None) -> EpochReport:
+    """Apply the winners' staged writes atomically and drop the rest; idempotent. ``batch_id``: the
+    micro-batch they are, recorded with them (``Job.committed_batch``)."""
     with job.exclusive():
         if job.committed_epoch == epoch:
             return describe(job, epoch)  # a re-sent commit: done already
@@ -285,7 +292,7 @@ def commit(job: Job, epoch: int, winners: list[Winner]) -> EpochReport:
             else:
                 for staged in found:
                     _replay(tx, staged)
-            tx.record_commit(epoch)
+            tx.record_commit(epoch, batch_id)
         job.staging.drop(epoch)
         return describe(job, epoch, sum(s.ops for s in found))
 

@@ -36,6 +36,7 @@ from statehouse.backends.operator_state import OperatorState
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
+    COMMITTED_BATCH_META,
     COMMITTED_EPOCH_META,
     EPOCH_META,
     LIST_TABLE,
@@ -158,12 +159,22 @@ class Job:
         with self._lock:
             return self.staging.epochs_touching(ranges)
 
-    def freeze(self, ranges: Sequence[KeyGroupRange], version: int) -> None:
+    def freeze(self, ranges: Sequence[KeyGroupRange], version: int, batch_lease_s: float = 0.0) -> None:
         """Refuse writes into ``ranges`` and to operator state (``rescale_in_progress`` naming
         ``version``) until :meth:`unfreeze` or :meth:`switch_layout`; reads go on. Refused with
-        ``batch_in_flight`` (nothing frozen) while an open epoch's staged writes touch them;
-        checked under the lock, so no staged write slips in between. Freezing again replaces."""
+        ``batch_in_flight`` (nothing frozen) while an open epoch's staged writes touch them, or a
+        micro-batch a coordinator began is in flight (``Staging.in_flight``, within
+        ``batch_lease_s``): a move's cut is a micro-batch boundary. Checked under the lock, so no
+        staged write or begun batch slips in between. Freezing again replaces."""
         with self.exclusive():
+            begun = self.staging.in_flight(batch_lease_s)
+            if begun is not None and self.keyspace.frozen_version != version:
+                raise BatchInFlight(
+                    f"job {self.name!r} is in micro-batch epoch {begun}, begun by its coordinator and not yet "
+                    "committed or aborted: the rescale waits for the micro-batch boundary",
+                    job=self.name,
+                    epochs=[begun],
+                )
             epochs = self.staged_epochs_in(ranges)
             if epochs:
                 spans = ", ".join(f"{r.start}-{r.end}" for r in ranges)
@@ -292,8 +303,9 @@ class Job:
         raw = self.partition.get_meta(EPOCH_META)
         return int(raw) if raw is not None else 0
 
-    def fence(self, epoch: int) -> int:
-        """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off."""
+    def fence(self, epoch: int, *, opens_batch: bool = False) -> int:
+        """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off.
+        ``opens_batch``: a coordinator begins a micro-batch under it (``Staging.in_flight``)."""
         check_range(epoch, "epoch", MAX_EPOCH)  # an epoch past it could never be named again
         with self.exclusive():
             current = self.epoch
@@ -303,6 +315,8 @@ class Job:
                 tx.commit()
                 current = epoch
                 self.staging.drop()  # what older epochs staged can never commit
+            if opens_batch:
+                self.staging.open_batch(current)
             return current
 
     @property
@@ -310,6 +324,13 @@ class Job:
         """The last epoch whose staged writes were committed (0: none); restored with a snapshot."""
         raw = self.partition.get_meta(COMMITTED_EPOCH_META)
         return int(raw) if raw is not None else 0
+
+    @property
+    def committed_batch(self) -> int | None:
+        """The Spark micro-batch the last committed epoch applied (None: no commit named one): the
+        exactly-once anchor, kept with the state, so every snapshot, restore and move carries it."""
+        raw = self.partition.get_meta(COMMITTED_BATCH_META)
+        return int(raw) if raw is not None else None
 
     def check_epoch(self, epoch: int) -> None:
         check_range(epoch, "epoch", MAX_EPOCH)
@@ -474,9 +495,11 @@ class JobTransaction:
         for view in views:
             self._tx.write_changes(*view.changes())
 
-    def record_commit(self, epoch: int) -> None:
-        """Commit with this transaction: the staged writes of ``epoch`` are in it."""
+    def record_commit(self, epoch: int, batch: int | None = None) -> None:
+        """Commit with this transaction: the staged writes of ``epoch`` (micro-batch ``batch``) are in it."""
         self._tx.put(META_TABLE, 0, COMMITTED_EPOCH_META, str(epoch).encode())
+        if batch is not None:
+            self._tx.put(META_TABLE, 0, COMMITTED_BATCH_META, str(batch).encode())
 
     def commit(self) -> bool:
         """Write the transaction's changes; whether there were any."""

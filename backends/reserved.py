@@ -35,6 +35,9 @@ STATE_META = b"state:"  # + state name -> descriptor JSON
 LIST_MODE_META = b"operator-list-mode:"  # + encoded (operator, name) -> b"split" | b"union"
 EPOCH_META = b"writer-epoch"  # -> the job's writer epoch, decimal
 COMMITTED_EPOCH_META = b"committed-epoch"  # -> the last epoch whose staged writes were committed, decimal
+# -> the Spark micro-batch that epoch applied, decimal (absent: no commit named one). The exactly-once
+# anchor: written with the batch's writes, so every snapshot and move carries it with the state.
+COMMITTED_BATCH_META = b"committed-batch"
 # -> the operator state a live rescale loaded for the new layout (an operator snapshot's bytes),
 # applied when the move commits; durable, so a replica restarted in between still applies it.
 # Not state: no snapshot takes it.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -179,15 +180,34 @@ class Staging:
         self._lock = lock
         self._epoch: EpochStaging | None = None
         self.timer_floors = TimerFloors()  # where firing seeks to per key group
+        # The micro-batch a coordinator began (its epoch) and when it last showed life (monotonic
+        # seconds); it ends with the epoch's commit or abort, or a newer fence. In memory only:
+        # a restarted replica holds nothing staged, and a begun batch fails at its prepare.
+        self._in_flight: tuple[int, float] | None = None
 
     def of(self, epoch: int) -> EpochStaging | None:
         """What is staged under ``epoch``, if anything."""
         staging = self._epoch
         return staging if staging is not None and staging.epoch == epoch else None
 
+    def open_batch(self, epoch: int) -> None:
+        """A coordinator began a micro-batch under ``epoch`` (its fence)."""
+        self._in_flight = (epoch, time.monotonic())
+
+    def in_flight(self, lease_s: float) -> int | None:
+        """The epoch of the micro-batch in flight: begun and neither committed nor aborted, with a
+        sign of life (its fence, a staged write, its prepare) within ``lease_s`` seconds; a
+        coordinator that died mid-batch holds nothing past its lease."""
+        in_flight = self._in_flight
+        if in_flight is None or time.monotonic() - in_flight[1] > lease_s:
+            return None
+        return in_flight[0]
+
     def open(self, epoch: int, committed_epoch: int, job_changes: int) -> EpochStaging:
         """The staging of ``epoch``, the job's current epoch (under the job's lock), begun if
         need be; refused once ``epoch`` was committed: what it staged then could never commit."""
+        if self._in_flight is not None and self._in_flight[0] == epoch:
+            self._in_flight = (epoch, time.monotonic())
         staging = self.of(epoch)
         if staging is None:
             if committed_epoch == epoch:
@@ -202,6 +222,8 @@ class Staging:
         """Forget what ``epoch`` staged (after its commit, or an abort), or whatever is staged
         (``None``: a newer epoch was fenced, or the job retired)."""
         with self._lock:
+            if self._in_flight is not None and (epoch is None or self._in_flight[0] == epoch):
+                self._in_flight = None
             staging = self._epoch
             if staging is not None and (epoch is None or staging.epoch == epoch):
                 size, self._epoch, staging = staging.bytes, None, None  # no reference left: freed now

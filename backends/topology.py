@@ -89,7 +89,8 @@ class Move:
     got: ``prepared`` (its moving-out key groups frozen; a ``joining`` replica: recorded, serving
     nothing) or ``loaded`` (its moving-in key groups loaded from ``checkpoints``, not served until
     the commit). ``from_count`` is the replica count before the move (0 on a joining replica: it
-    held nothing); ``started`` (Unix seconds) when this replica prepared."""
+    held nothing); ``started`` (Unix seconds) when this replica prepared; ``initiator`` who started
+    it (``operator``, or a query's coordinator), so a coordinator only ever aborts its own moves."""
 
     version: int
     replica_count: int
@@ -99,6 +100,7 @@ class Move:
     joining: bool = False
     checkpoints: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    initiator: str = "operator"
 
     def moving_out(self, max_parallelism: int, index: int) -> list[KeyGroupRange]:
         """What replica ``index`` holds now and gives away: O_i minus W_i."""
@@ -127,6 +129,7 @@ class Move:
             "joining": self.joining,
             "checkpoints": dict(sorted(self.checkpoints.items())),
             "started": self.started,
+            "initiator": self.initiator,
         }
 
     @classmethod
@@ -143,6 +146,7 @@ class Move:
             bool(data["joining"]),
             {str(k): int(v) for k, v in data["checkpoints"].items()},
             float(data["started"]),
+            str(data.get("initiator", "operator")),  # absent in records of older versions
         )
 
 

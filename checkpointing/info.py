@@ -33,6 +33,8 @@ class CheckpointInfo:
     replica_count: int = 1
     key_group_range: tuple[int, int] = (0, -1)
     metadata: dict[str, Any] = field(default_factory=dict)  # given at trigger, e.g. the coordinator's batch id
+    committed_epoch: int = 0  # what the frozen state holds (once uploaded): the last committed epoch
+    committed_batch: int | None = None  # and the micro-batch it applied
 
     @classmethod
     def completed(cls, metadata: SnapshotMetadata, location: str) -> CheckpointInfo:
@@ -51,6 +53,8 @@ class CheckpointInfo:
             replica_count=metadata.replica_count,
             key_group_range=(metadata.key_group_range.start, metadata.key_group_range.end),
             metadata=metadata.user_metadata,
+            committed_epoch=metadata.committed_epoch,
+            committed_batch=metadata.committed_batch,
         )
 
 

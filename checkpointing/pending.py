@@ -63,6 +63,8 @@ class PendingCheckpoint:
                 self._info.status = "uploaded"
                 self._info.bytes_uploaded = result.bytes_uploaded
                 self._info.bytes_reused = result.bytes_reused
+                self._info.committed_epoch = result.committed_epoch
+                self._info.committed_batch = result.committed_batch
                 self._info.duration_ms = self._elapsed_ms()
                 return
             assert error is not None
@@ -110,6 +112,7 @@ class PendingCheckpoint:
                 duration_ms=info.duration_ms,
                 user_metadata=info.metadata,
                 committed_epoch=result.committed_epoch,
+                committed_batch=result.committed_batch,
             )
 
     def mark_completed(self) -> CheckpointInfo:

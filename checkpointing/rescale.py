@@ -85,6 +85,7 @@ class RescaleParticipant:
         *,
         work_dir: str | None = None,
         on_committed: Callable[[float], None] | None = None,
+        batch_lease_s: float = 60.0,
     ) -> None:
         assert catalog.layout is not None, "a live rescale needs the replica's recorded layout"
         self.catalog = catalog
@@ -93,6 +94,7 @@ class RescaleParticipant:
         self.storage = checkpoints.storage
         self.work_dir = work_dir
         self.on_committed = on_committed  # (seconds from prepare to commit): the duration metric
+        self.batch_lease_s = batch_lease_s  # how long a begun micro-batch holds off a prepare without a sign of life
         self._lock = threading.RLock()
 
     @property
@@ -101,13 +103,14 @@ class RescaleParticipant:
 
     # -- prepare ----------------------------------------------------------------------------------
 
-    def prepare(self, version: int, replica_count: int, replica_urls: list[str]) -> Move:
+    def prepare(self, version: int, replica_count: int, replica_urls: list[str], initiator: str = "operator") -> Move:
         """Record the move to ``replica_count`` replicas at ``version`` and freeze what moves out.
 
         A serving replica (its recorded version below ``version``) freezes, in every job, the key
         groups it gives away and its operator state; refused with ``batch_in_flight`` (nothing
-        frozen, nothing recorded) while an uncommitted micro-batch staged writes there. A new, empty
-        replica records that it joins. The same move again changes nothing."""
+        frozen, nothing recorded) while a micro-batch is in flight (``Job.freeze``). A new, empty
+        replica records that it joins. The same move again changes nothing; the same version with
+        another count or other URLs is refused."""
         if replica_count < 1:
             raise InvalidArgument(f"replica_count must be at least 1; got {replica_count}")
         if replica_urls and len(replica_urls) != replica_count:
@@ -119,6 +122,12 @@ class RescaleParticipant:
             topology = self.layout.topology
             if topology.move is not None:
                 if topology.move.same_target(version, replica_count):
+                    if replica_urls and tuple(replica_urls) != topology.move.replica_urls:
+                        raise RescaleConflict(
+                            f"the move to topology version {version} was prepared here with other replica URLs "
+                            f"({', '.join(topology.move.replica_urls) or 'none'}): resume or abort it as prepared",
+                            version=version,
+                        )
                     return topology.move
                 raise RescalePending(
                     f"a live rescale to {topology.move.replica_count} replicas (topology version "
@@ -156,6 +165,7 @@ class RescaleParticipant:
                 0 if fresh else topology.count,
                 tuple(replica_urls),
                 joining=fresh,
+                initiator=initiator,
             )
             self._freeze(move)
             try:
@@ -189,7 +199,7 @@ class RescaleParticipant:
             self.catalog.serving = False
 
         def freeze(job: Job) -> None:
-            job.freeze(move.moving_out(job.max_parallelism, index), move.version)
+            job.freeze(move.moving_out(job.max_parallelism, index), move.version, self.batch_lease_s)
 
         self.catalog.on_open = freeze
         try:

@@ -198,7 +198,7 @@ class RestoreOperation:
             self.entries += job.partition.load(self._records(item))
         self.entries += job.partition.load(write_ops(operator))
         with job.transaction() as tx:  # the micro-batches the restored state holds
-            tx.record_commit(max(p.metadata.committed_epoch for p in self.parts))
+            tx.record_commit(*_committed(self.parts))
         # Verify what the swapped-in job will serve: the states as stored, after every write.
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
@@ -287,10 +287,10 @@ class MergeRestore(RestoreOperation):
                     self.entries += _load(job, self._records(item))
                     if item.db_dir is not None:
                         shutil.rmtree(item.db_dir, ignore_errors=True)
-                committed = max(p.metadata.committed_epoch for p in self.parts)
-                if job.committed_epoch < committed:  # a new job: the micro-batches the loaded state holds
+                epoch, batch = _committed(self.parts)
+                if job.committed_epoch < epoch:  # a new job: the micro-batches the loaded state holds
                     with job.transaction() as tx:
-                        tx.record_commit(committed)
+                        tx.record_commit(epoch, batch)
                 job.stage_operator_state(operator)
                 return job
         finally:
@@ -368,3 +368,10 @@ def _descriptors(parts: list[SnapshotPart]) -> list[StateDescriptor]:
             descriptor = StateDescriptor.from_dict(data)
             seen.setdefault(descriptor.name, descriptor)
     return [seen[name] for name in sorted(seen)]
+
+
+def _committed(parts: list[SnapshotPart]) -> tuple[int, int | None]:
+    """The committed epoch and micro-batch the parts' state holds: the newest part's (every part
+    of one checkpoint holds the same, unless a commit was half done when it was taken)."""
+    newest = max(parts, key=lambda p: p.metadata.committed_epoch)
+    return newest.metadata.committed_epoch, newest.metadata.committed_batch

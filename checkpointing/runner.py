@@ -33,7 +33,8 @@ class SnapshotStrategyRunner:
         job.partition.flush()  # the slow part of a RocksDB freeze, while writes continue
         with job.exclusive():  # a consistent view: no write in the middle of the freeze
             async_part = strategy.prepare(job, ctx)
-            committed_epoch = job.committed_epoch  # which micro-batches the frozen state holds
+            # which micro-batches the frozen state holds
+            committed = {"committed_epoch": job.committed_epoch, "committed_batch": job.committed_batch}
         log.debug(
             "synchronous part of %s %d of job %s took %.1f ms",
             ctx.kind,
@@ -44,7 +45,7 @@ class SnapshotStrategyRunner:
 
         def run() -> None:
             try:
-                result = dataclasses.replace(async_part.run(), committed_epoch=committed_epoch)
+                result = dataclasses.replace(async_part.run(), **committed)
             except BaseException as exc:
                 done(None, exc)
             else:

@@ -138,15 +138,17 @@ def winners(messages: Iterable[CommitMessage]) -> list[CommitMessage]:
     )
 
 
-def commit_bodies(chosen: list[CommitMessage], replica_count: int) -> list[dict[str, Any]]:
-    """Per replica, the prepare/commit body naming the winners that wrote there."""
+def commit_bodies(chosen: list[CommitMessage], replica_count: int, batch_id: int | None = None) -> list[dict[str, Any]]:
+    """Per replica, the prepare/commit body naming the winners that wrote there (and the
+    micro-batch they are, which the commit records with them)."""
     return [
         {
             "attempts": [
                 {"partition": m.partition, "attempt": m.attempt, "ops": m.ops[replica], "unit": m.unit}
                 for m in chosen
                 if m.ops[replica]
-            ]
+            ],
+            "batch_id": batch_id,
         }
         for replica in range(replica_count)
     ]

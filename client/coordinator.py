@@ -2,29 +2,39 @@
 protocol for Spark micro-batches.
 
 A *global* checkpoint N is complete when every replica has completed its part of N
-(client/global_checkpoints.py). Micro-batches anchor on them, and a live rescale
-(client/rescale.py) runs between two micro-batches.
+(client/global_checkpoints.py). Which micro-batch the state holds is the replicas' (recorded by
+the epoch commit), and a live rescale (client/rescale.py), whoever starts it, runs between two
+micro-batches.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import logging
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError
 from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed, GlobalCheckpoint
-from statehouse.client.rescale import LiveRescale, Progress, RescaleReport, decision_record
+from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
+
+if TYPE_CHECKING:
+    from statehouse.client.job import JobClient
+
+log = logging.getLogger(__name__)
 
 __all__ = [
+    "Applied",
     "BatchPlan",
     "CheckpointCoordinator",
     "CheckpointFailed",
     "GlobalCheckpoint",
     "MicroBatchCoordinator",
     "MicroBatchLost",
+    "MoveWaitTimeout",
     "StateBehind",
 ]
 
@@ -37,6 +47,16 @@ class BatchPlan:
     batch_id: int
     epoch: int | None
     replay: bool
+    version: int | None = None  # the topology version it began under
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a job's state holds, as its replicas report it: micro-batch ``batch_id`` (-1: none),
+    committed under writer epoch ``epoch``."""
+
+    batch_id: int
+    epoch: int
 
 
 class StateBehind(StatehouseError):
@@ -48,67 +68,121 @@ class MicroBatchLost(StatehouseError):
     during the batch, or another writer fenced the job): nothing was committed; re-run it."""
 
 
+class MoveWaitTimeout(StatehouseError):
+    """A live rescale stayed pending past the coordinator's ``move_wait``: the micro-batch did not begin."""
+
+
 class MicroBatchCoordinator(CheckpointCoordinator):
     """Exactly-once state updates for Spark micro-batches, per task attempt.
 
-    Every applied micro-batch ends with a global checkpoint whose metadata records the batch
-    id and its epoch. When an attempt of batch ``b`` begins (:meth:`begin`):
+    Which micro-batch a job's state holds is replica state: every replica records the batch id
+    with the epoch commit that applies it (``committed_batch``), every checkpoint and savepoint
+    records it, a restore restores it and a live rescale carries it to the new owners, whoever
+    triggers them. When an attempt of batch ``b`` begins (:meth:`begin`), a new epoch is fenced
+    on every replica (what older attempts staged is dropped, their late writes refused), and the
+    fence answers what the state holds:
 
-    * if the latest complete checkpoint already covers ``b``, the attempt is a *replay*: it
-      must not write (its outputs can be recomputed from state);
-    * if a replica committed an epoch other than the checkpoint's (a driver died in the
-      middle of a commit), every replica is restored to the checkpoint;
-    * a new epoch is fenced on every replica: what older attempts staged is dropped, and
-      their late writes are refused.
+    * a batch at or past ``b``: the attempt is a *replay*: it must not write (its outputs can
+      be recomputed from state);
+    * replicas that committed different epochs (a driver died in the middle of a commit): every
+      replica is restored to the newest checkpoint that holds the older one, then fenced again;
+    * a live rescale pending (started by anyone: an operator, a chart hook, this driver): the
+      batch waits at its boundary until the move has ended (at most ``move_wait`` seconds,
+      logged), then runs on the layout the move left. A fenced micro-batch holds a move's
+      prepare off until it is committed or aborted (the replicas' ``STATEHOUSE_BATCH_LEASE_S``
+      bounds how long a dead driver's batch does).
 
     Tasks then stage their writes under the epoch (``client/spark.py``). :meth:`commit` takes
     the commit messages of the successful tasks, picks one attempt per partition, *prepares*
     every replica (each checks it holds exactly those writes, and seals the epoch), commits
-    every replica, and takes the checkpoint for ``b``. A failed prepare aborts everywhere
-    and nothing is applied (:class:`MicroBatchLost`: re-run the batch).
+    every replica with the batch id, and takes the checkpoint for ``b`` (after a move that met
+    it, on the new layout). A failed prepare aborts everywhere and nothing is applied
+    (:class:`MicroBatchLost`: re-run the batch).
 
     Between two micro-batches, :meth:`rescale` changes the replica count live (client/rescale.py);
-    a driver restarting after a crash calls :meth:`recover` first, which finishes or undoes a move
-    its predecessor left.
+    a driver restarting after a crash calls :meth:`recover` first: it finishes a move its
+    predecessor left (aborting one that was not decided), never one another initiator started.
     """
 
     _open: BatchPlan | None = None  # the micro-batch begun and not yet committed
 
-    def anchor(self) -> GlobalCheckpoint:
-        """The latest complete checkpoint that records a batch; right after a live rescale (the
-        replicas list only the new layout's checkpoints), the batch the move's checkpoint held,
-        carried over to the new layout; a baseline one (batch -1) if none."""
-        batch = self._latest_batch()
-        if batch is not None:
-            return batch
-        moved = self._moved_batch()
-        if moved is not None:
-            return self.carry_over(moved)
-        return self.checkpoint(metadata={"batch_id": -1, "epoch": max(self.job.committed_epochs())})
+    def __init__(
+        self,
+        job: JobClient,
+        *,
+        initiator: str | None = None,
+        move_wait: float = 600.0,
+        timeout: float = 300.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        super().__init__(job, timeout=timeout, poll_interval=poll_interval)
+        self.initiator = initiator or f"query:{job.name}"
+        self.move_wait = move_wait
+        self._checkpointed_epoch: int | None = None  # the committed epoch this coordinator's last checkpoint holds
 
-    def _moved_batch(self) -> GlobalCheckpoint | None:
-        """The batch the checkpoint of the live rescale to the current layout held, from the move's
-        decision record (a driver that died between the commit and the carry-over leaves only that)."""
-        version = self.job.replicas.version
-        if version is None:
-            return None
-        try:
-            record = decision_record(self.job.replicas[0], version)
-        except StatehouseError:  # no move made this version, or a token without @admin
-            return None
-        if record is None or record.get("outcome") != "commit":
-            return None
-        metadata = ((record.get("metadata") or {}).get("checkpoint_metadata") or {}).get(self.job.name) or {}
-        checkpoint_id = (record.get("checkpoints") or {}).get(self.job.name)
-        if "batch_id" not in metadata or checkpoint_id is None:
-            return None
-        return GlobalCheckpoint(int(checkpoint_id), "checkpoint", metadata, ())
+    # -- what the state holds ------------------------------------------------------------
 
-    def _latest_batch(self) -> GlobalCheckpoint | None:
-        for candidate in reversed(self.completed()):
-            if "batch_id" in candidate.metadata:
-                return candidate
+    def applied(self) -> Applied:
+        """The micro-batch every replica's state holds (``batch_id`` -1: none), undoing a commit a
+        dead driver left half done first (:meth:`recover` without the move)."""
+        return self._applied(self._undo_half_commit(self.job.infos()))
+
+    def _applied(self, answers: list[dict[str, Any]]) -> Applied:
+        """What replicas that agree on their committed epoch hold: their ``committed_batch``, or
+        for state committed before replicas recorded it, the batch its checkpoints' metadata names."""
+        epoch = answers[0]["committed_epoch"]
+        batches = {answer.get("committed_batch") for answer in answers} - {None}
+        if batches:
+            return Applied(max(batches), epoch)
+        for candidate in reversed(self.completed(every_layout=True)):
+            if candidate.metadata.get("epoch") == epoch and "batch_id" in candidate.metadata:
+                return Applied(int(candidate.metadata["batch_id"]), epoch)
+        return Applied(-1, epoch)
+
+    def _undo_half_commit(self, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``answers`` (one per replica, each with its ``committed_epoch``) when they agree; else a
+        driver died in the middle of a commit: every replica is restored to the newest checkpoint
+        (of any layout) whose every part holds the oldest of those epochs, and read again."""
+        epochs = {answer["committed_epoch"] for answer in answers}
+        if len(epochs) == 1:
+            return answers
+        oldest = min(epochs)
+        point = self._restore_point(oldest)
+        if point is None:
+            raise StatehouseError(
+                f"job {self.job.name!r}: replicas committed different micro-batch epochs ({sorted(epochs)}) and no "
+                f"completed checkpoint holds epoch {oldest} on every part: restore a savepoint (statehouse restore)"
+            )
+        log.warning(
+            "job %r: a commit was left half done (replicas at epochs %s); restoring checkpoint %d",
+            self.job.name,
+            sorted(epochs),
+            point.checkpoint_id,
+        )
+        self.restore(point.checkpoint_id)
+        self._checkpointed_epoch = oldest
+        return self.job.infos()
+
+    def _restore_point(self, epoch: int) -> GlobalCheckpoint | None:
+        """The newest checkpoint every part of which holds ``epoch``: of this layout, else of an
+        earlier one (a live rescale's own checkpoint holds what the move carried)."""
+        for every_layout in (False, True):
+            for candidate in reversed(self.completed(every_layout=every_layout)):
+                if all(part.get("committed_epoch") == epoch for part in candidate.parts):
+                    return candidate
         return None
+
+    def _ensure_restore_point(self, applied: Applied) -> None:
+        """A checkpoint holds what the state holds before a batch writes on it, so that a commit
+        left half done can be undone: taken when neither this coordinator's last checkpoint nor a
+        listed one (a move's, a restore's) does."""
+        if self._checkpointed_epoch == applied.epoch:
+            return
+        if self._restore_point(applied.epoch) is None:
+            self.checkpoint(metadata={"batch_id": applied.batch_id, "epoch": applied.epoch})
+        self._checkpointed_epoch = applied.epoch
+
+    # -- a live rescale --------------------------------------------------------------------
 
     def rescale(
         self,
@@ -121,88 +195,116 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         """Change the replica count to ``to``, live, between two micro-batches (refused while this
         coordinator's batch is open: the cut is a batch boundary). ``new_urls``: the added
         replicas' URLs, or the whole new set's (see :class:`~statehouse.client.rescale.LiveRescale`).
-        The state moves with one checkpoint that records the last applied batch, and the new layout
-        anchors on that batch, so the next micro-batch (and a replay) runs on the new layout."""
+        The state moves with the micro-batch it holds, so the next batch (and a replay) runs on
+        the new layout."""
         if self._open is not None:
             raise StatehouseError(
                 f"micro-batch {self._open.batch_id} is open: rescale between micro-batches (after commit)"
             )
-        anchor = self.anchor()
-        metadata = {self.job.name: {"batch_id": anchor.metadata["batch_id"], "epoch": anchor.metadata["epoch"]}}
         with LiveRescale(
-            self.job.replicas, to, new_urls, wait=wait, progress=progress, checkpoint_metadata=metadata
+            self.job.replicas, to, new_urls, wait=wait, progress=progress, initiator=self.initiator
         ) as move:
-            report = move.run()
-        if report.outcome == "committed":
-            # Each replica lists the checkpoints of its current layout only: anchor the batch there.
-            self.carry_over(anchor)
-        return report
+            return move.run()
 
-    def recover(self, anchor: GlobalCheckpoint | None = None) -> list[dict[str, Any]]:
-        """Finish a live rescale a dead driver left (forward when commit was decided; aborted when
-        not), then undo a commit it left half done (a replica committed an epoch other than the
-        anchor's): every replica is restored to the anchor. Returns every replica's job info."""
-        if anchor is None:
-            self._finish_move()
-            anchor = self.anchor()
-        return self._undo_half_commit(anchor)
-
-    def _finish_move(self) -> None:
-        with LiveRescale(self.job.replicas) as move:
+    def recover(self) -> list[dict[str, Any]]:
+        """After a driver's crash: finish the live rescale it left (forward when commit was decided;
+        aborted when not), leaving a move another initiator started to its initiator (the next
+        :meth:`begin` waits for it); then undo a commit it left half done: every replica restored
+        to a checkpoint that holds the older epoch. Returns every replica's job info."""
+        with LiveRescale(self.job.replicas, initiator=self.initiator) as move:
             pending = move.pending()  # (the client now routes to the old replicas)
-            if pending is None:
-                return
-            if pending != "commit":
+            if pending == "commit":
+                move.resume()
+            elif pending is not None and move.pending_initiator() == self.initiator:
                 move.abort()
-                return
-            # The move's checkpoint records the batch it holds; read it while the old layout lists it.
-            batch = self._latest_batch()
-            report = move.resume()
-        if batch is not None and report.outcome == "committed":
-            self.carry_over(batch)
+            elif pending is not None:
+                log.info("job %r: a live rescale by another initiator is pending; left to it", self.job.name)
+                return self.job.infos()
+        self._relearn()
+        return self._undo_half_commit(self.job.infos())
+
+    def _relearn(self) -> None:
+        """Route by the layout the replicas serve now (after a move this client did not drive)."""
+        self.job.replicas.learn()
+        self._next_listed = None  # the new layout's replicas list their own ids
+
+    def _await_move(self, batch_id: int, deadline: float) -> None:
+        """Until no live rescale is pending on the replicas (its initiator ends it), then route by
+        the layout it left; logged once. Past ``deadline``: :class:`MoveWaitTimeout`."""
+        reported = False
+        while True:
+            with LiveRescale(self.job.replicas) as move:
+                shown = move.pending_move_info()
+            if shown is None:
+                break
+            if not reported:
+                reported = True
+                log.warning(
+                    "micro-batch %d of job %r waits for a live rescale to %d replicas (topology version %d, started "
+                    "by %s)",
+                    batch_id,
+                    self.job.name,
+                    shown["replica_count"],
+                    shown["version"],
+                    shown.get("initiator", "operator"),
+                )
+            if time.monotonic() > deadline:
+                raise MoveWaitTimeout(
+                    f"micro-batch {batch_id} of job {self.job.name!r} waited {self.move_wait:.0f} s for the live "
+                    f"rescale to {shown['replica_count']} replicas (topology version {shown['version']}, started by "
+                    f"{shown.get('initiator', 'operator')}): finish it (statehouse rescale --resume) or abort it "
+                    "(statehouse rescale --abort)"
+                )
+            time.sleep(0.5)
+        self._relearn()
+        if reported:
+            log.warning(
+                "micro-batch %d of job %r goes on after the live rescale, on %d replicas",
+                batch_id,
+                self.job.name,
+                len(self.job.replicas),
+            )
+
+    # -- a micro-batch -----------------------------------------------------------------------
 
     def begin(self, batch_id: int) -> BatchPlan:
-        anchor = self.anchor()
-        applied = anchor.metadata["batch_id"]
-        if batch_id <= applied:
+        """Begin an attempt of micro-batch ``batch_id``: a fenced epoch to write under, or a replay."""
+        deadline = time.monotonic() + self.move_wait
+        while True:
+            answers = self._fence_next()
+            moving = [a["rescale_version"] for a in answers if a.get("rescale_version")]
+            stale = {a["topology_version"] for a in answers if "topology_version" in a} - {self.job.replicas.version}
+            if moving or (stale and self.job.replicas.version is not None):
+                self.abort_epoch(max(a["epoch"] for a in answers))  # lets the move's prepare through
+                self._await_move(batch_id, deadline)
+                continue
+            restored = self._undo_half_commit(answers)
+            if restored is answers:
+                break
+        applied = self._applied(answers)
+        epochs = {answer["epoch"] for answer in answers}
+        epoch = max(epochs)
+        if len(epochs) > 1:  # one epoch everywhere, still opening the batch
+            body = {"epoch": epoch, "begins_batch": True}
+            self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", body)
+        if batch_id <= applied.batch_id:
+            self.abort_epoch(epoch)  # a replay writes nothing: no batch in flight
             return BatchPlan(batch_id, None, replay=True)
-        if batch_id > applied + 1:
+        if batch_id > applied.batch_id + 1:
+            self.abort_epoch(epoch)
             raise StateBehind(
-                f"job {self.job.name!r} state holds micro-batches up to {applied}, so batch {batch_id} "
+                f"job {self.job.name!r} state holds micro-batches up to {applied.batch_id}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        plan = BatchPlan(batch_id, self._fence_past(anchor), replay=False)
+        self._ensure_restore_point(applied)
+        plan = BatchPlan(batch_id, epoch, replay=False, version=self.job.replicas.version)
         self._open = plan
         return plan
 
-    def _fence_past(self, anchor: GlobalCheckpoint) -> int:
-        """Fence a new epoch on every replica, past any it had, in one round trip when all goes
-        well: each fence answers the replica's committed epoch, and a replica that committed an
-        epoch other than the anchor's (a driver died in the middle of a commit) has every replica
-        restored to the anchor, then fenced again."""
-        at_least = anchor.metadata["epoch"] + 1
-        fenced = self._restored_if_half_committed(anchor, lambda: self._fence_next(at_least))
-        epochs = {answer["epoch"] for answer in fenced}
-        return self.job.fence(max(epochs)) if len(epochs) > 1 else epochs.pop()
-
-    def _fence_next(self, at_least: int) -> list[dict[str, Any]]:
-        """Every replica's writer epoch raised past its own (and to ``at_least``): the fences' answers."""
-        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", {"epoch": at_least, "next": True})
-
-    def _undo_half_commit(self, anchor: GlobalCheckpoint) -> list[dict[str, Any]]:
-        return self._restored_if_half_committed(anchor, self.job.infos)
-
-    def _restored_if_half_committed(
-        self, anchor: GlobalCheckpoint, read: Callable[[], list[dict[str, Any]]]
-    ) -> list[dict[str, Any]]:
-        """``read()``'s answers, one per replica, each with its ``committed_epoch``; when a replica
-        committed an epoch other than the anchor's (a driver died in the middle of a commit), every
-        replica is restored to the anchor first and read again (the restore moved the epochs)."""
-        answers = read()
-        if any(answer["committed_epoch"] != anchor.metadata["epoch"] for answer in answers):
-            self.restore(anchor.checkpoint_id)
-            answers = read()
-        return answers
+    def _fence_next(self) -> list[dict[str, Any]]:
+        """Every replica's writer epoch raised past its own, opening a micro-batch: the fences' answers."""
+        body = {"epoch": 0, "next": True, "begins_batch": True}
+        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", body)
 
     def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
         """Commit the winning attempts on every replica, then checkpoint the batch."""
@@ -210,7 +312,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
             return None
         assert plan.epoch is not None
         self._open = None  # committed or not, this batch is over: a re-run begins again
-        bodies = commit_bodies(winners(messages), len(self.job.replicas))
+        bodies = commit_bodies(winners(messages), len(self.job.replicas), plan.batch_id)
         path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
         # One replica: its commit checks exactly what its prepare would (the winners' writes, the
         # epoch) under the same lock, and applies all or nothing, so the prepare's round trip is
@@ -220,7 +322,13 @@ class MicroBatchCoordinator(CheckpointCoordinator):
             if one_phase:
                 self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
             else:
-                self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
+                prepared = self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
+                moved = plan.version is not None and any(r["topology_version"] != plan.version for r in prepared)
+                if moved:
+                    raise MicroBatchLost(  # a move met the batch (a driver silent past the lease): re-run it
+                        f"micro-batch {plan.batch_id} was not committed: a live rescale changed the layout during it",
+                        code="stale_epoch",
+                    )
         except StatehouseError as exc:
             if not one_phase or (exc.status is not None and exc.status < 500):  # else: it may have applied
                 self.abort_epoch(plan.epoch)
@@ -229,7 +337,38 @@ class MicroBatchCoordinator(CheckpointCoordinator):
             raise
         if not one_phase:
             self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
-        return self.checkpoint(metadata={"batch_id": plan.batch_id, "epoch": plan.epoch})
+        return self._checkpoint_batch(plan)
+
+    def _checkpoint_batch(self, plan: BatchPlan) -> GlobalCheckpoint:
+        """The committed batch's checkpoint. A live rescale that starts meanwhile can fail it (the
+        move's commit ends the old layout's checkpoints): then it is taken again once the move has
+        ended, on the new layout, where the state still holds the batch."""
+        assert plan.epoch is not None
+        metadata = {"batch_id": plan.batch_id, "epoch": plan.epoch}
+        deadline = time.monotonic() + self.move_wait
+        while True:
+            try:
+                checkpoint = self.checkpoint(metadata=metadata)
+                self._checkpointed_epoch = plan.epoch
+                return checkpoint
+            except CheckpointFailed as exc:
+                if not self._layout_moved(plan):
+                    raise
+                log.warning(
+                    "the checkpoint of micro-batch %d met a live rescale (%s): taken again after it", plan.batch_id, exc
+                )
+                self._await_move(plan.batch_id, deadline)
+
+    def _layout_moved(self, plan: BatchPlan) -> bool:
+        """Whether a live rescale is pending, or committed since the plan's layout."""
+        with LiveRescale(self.job.replicas) as move:
+            if move.pending_move_info() is not None:
+                return True
+        try:
+            versions = {info.get("topology_version") for info in self.job.infos()}
+        except StatehouseError:
+            return True  # a replica the move retired and stopped
+        return versions != {plan.version}
 
     def abort_epoch(self, epoch: int) -> None:
         """Drop what ``epoch`` staged, everywhere (best effort: a new epoch drops it anyway)."""
@@ -238,10 +377,8 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{epoch}/abort")
 
     def moved_on(self, plan: BatchPlan) -> bool:
-        """Whether the job's epoch moved past the plan's (a restore, or another writer fenced it)."""
-        return plan.epoch is not None and self.job.epoch() > plan.epoch
-
-    def carry_over(self, source: GlobalCheckpoint) -> GlobalCheckpoint:
-        """After restoring a savepoint into a new deployment (rescale), anchor its batch there."""
-        metadata = {"batch_id": source.metadata.get("batch_id", -1), "epoch": max(self.job.committed_epochs())}
-        return self.checkpoint(metadata=metadata)
+        """Whether the job moved on under the plan: its epoch past the plan's (a restore, or another
+        writer fenced it), or its layout changed (a live rescale met the batch)."""
+        if plan.epoch is None:
+            return False
+        return self.job.epoch() > plan.epoch or self._layout_moved(plan)

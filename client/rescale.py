@@ -99,6 +99,7 @@ class _Move:
     version: int
     urls: list[str]  # the new layout's replica URLs, index order (``count`` of them)
     jobs: dict[str, int]  # job -> max parallelism
+    initiator: str = "operator"
 
     @property
     def everyone(self) -> list[str]:
@@ -107,7 +108,12 @@ class _Move:
 
     @property
     def body(self) -> dict[str, Any]:
-        return {"version": self.version, "replica_count": self.count, "replica_urls": self.urls}
+        return {
+            "version": self.version,
+            "replica_count": self.count,
+            "replica_urls": self.urls,
+            "initiator": self.initiator,
+        }
 
 
 class LiveRescale:
@@ -118,8 +124,10 @@ class LiveRescale:
     empty with ``STATEHOUSE_REPLICA_COUNT=M`` and ``STATEHOUSE_TOPOLOGY_VERSION=v+1`` (or above);
     or the whole new set's M URLs in index order (the first ones then name the old replicas).
     ``wait`` bounds each wait: a micro-batch holding prepare, a checkpoint, a load, a replica
-    coming back to commit. ``checkpoint_metadata``: per job, what the move's checkpoint records
-    (a Spark driver passes its batch anchor, so the new layout anchors on the same batch)."""
+    coming back to commit. ``initiator``: who starts the move (``operator``, or a query's
+    coordinator), recorded by every replica: a coordinator recovering from a crash aborts only
+    its own. Which micro-batch each job's state holds moves with the state (its checkpoint records
+    it), so a query meeting the move goes on at the next batch on the new layout."""
 
     def __init__(
         self,
@@ -129,14 +137,14 @@ class LiveRescale:
         *,
         wait: float = 300.0,
         progress: Progress | None = None,
-        checkpoint_metadata: dict[str, dict[str, Any]] | None = None,
+        initiator: str = "operator",
     ) -> None:
         self.replicas = client if isinstance(client, Replicas) else client.replicas
         self.to = to
         self.new_urls = [url.rstrip("/") for url in new_urls or []]
         self.wait = wait
         self.progress = progress or (lambda step, info: None)
-        self.checkpoint_metadata = checkpoint_metadata or {}
+        self.initiator = initiator
         self._connections: dict[str, ReplicaConnection] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="statehouse-rescale")
 
@@ -180,7 +188,7 @@ class LiveRescale:
                 f"{len(self.new_urls)}): start them empty with STATEHOUSE_REPLICA_COUNT={self.to}, then give their URLs"
             )
         version = self._free_version(first["version"] + 1)
-        move = _Move(old_urls, self.to, version, (old_urls + self.new_urls)[: self.to], jobs)
+        move = _Move(old_urls, self.to, version, (old_urls + self.new_urls)[: self.to], jobs, self.initiator)
         self._check_new(move, first["set_id"])
         return self._forward(move, count, time.monotonic())
 
@@ -191,6 +199,16 @@ class LiveRescale:
             return None
         move, _from_count = self._pending_move()
         return self._decision(move) or "undecided"
+
+    def pending_initiator(self) -> str | None:
+        """Who started the move pending on the replicas (as they recorded it), or None when none is."""
+        shown = self.pending_move_info()
+        return None if shown is None else shown.get("initiator", "operator")
+
+    def pending_move_info(self) -> dict[str, Any] | None:
+        """The ``move`` some replica's ``GET /v1/topology`` shows pending (its version, count,
+        initiator, ...), or None: one round of asking, resolving nothing."""
+        return next((s["move"] for s in self._survey().values() if s.get("move")), None)
 
     def resume(self) -> RescaleReport:
         """Continue the pending move from where the replicas and the decision say it is."""
@@ -228,10 +246,8 @@ class LiveRescale:
             raise RescaleFailed(
                 f"the rescale to {move.count} replicas was aborted (the old layout serves): {exc}"
             ) from exc
-        # The checkpoints' metadata (a Spark driver's batch anchor) goes into the decision record: once
-        # the replicas serve the new layout they no longer list the old layout's checkpoints.
-        metadata = {"checkpoint_metadata": {name: self._metadata(name, move) for name in checkpoints}}
-        decision = {**move.body, "outcome": "commit", "checkpoints": checkpoints, "metadata": metadata}
+        decision = {**move.body, "outcome": "commit", "checkpoints": checkpoints}
+        del decision["initiator"]
         if from_count:
             decision["from_count"] = from_count
         try:
@@ -267,13 +283,10 @@ class LiveRescale:
         checkpoints = {}
         for name, parallelism in move.jobs.items():
             done = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait).checkpoint(
-                metadata=self._metadata(name, move)
+                metadata={"rescale_version": move.version}
             )
             checkpoints[name] = done.checkpoint_id
         return checkpoints
-
-    def _metadata(self, job: str, move: _Move) -> dict[str, Any]:
-        return {**self.checkpoint_metadata.get(job, {}), "rescale_version": move.version}
 
     def _load_all(self, move: _Move, checkpoints: dict[str, int]) -> dict[str, dict[str, int]]:
         answers = self._each(move.urls, lambda url: self._load(url, move, checkpoints))
@@ -449,7 +462,8 @@ class LiveRescale:
         for shown in surveyed.values():
             jobs.update({job["job"]: job["max_parallelism"] for job in shown["jobs"]})
         self._align_client(old_urls)
-        return _Move(old_urls, count, version, [u.rstrip("/") for u in urls], jobs), from_count
+        initiator = next(iter(moves.values()))["move"].get("initiator", "operator")
+        return _Move(old_urls, count, version, [u.rstrip("/") for u in urls], jobs, initiator), from_count
 
     def _align_client(self, old_urls: list[str]) -> None:
         """The caller's client reaches the old replicas in index order (checkpoints go through it)."""

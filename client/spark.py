@@ -145,8 +145,10 @@ def exactly_once(
     freshly fenced epoch) or is a replay of an applied batch (``ctx.replay``: read only).
     After ``process`` returns, the successful tasks' attempts are committed on every replica
     and the batch's global checkpoint is taken. If ``process`` raises, nothing is committed.
-    When a replica lost the batch's staged writes (it restarted or was restored meanwhile),
-    the micro-batch is re-run, at most ``reruns`` times, before the error reaches Spark.
+    When a replica lost the batch's staged writes (it restarted or was restored meanwhile), or a
+    live rescale met the batch, the micro-batch is re-run, at most ``reruns`` times, before the
+    error reaches Spark; an error that ends it aborts its epoch (a live rescale waits for no
+    failed batch).
     """
 
     def run(df: Any, batch_id: int) -> None:
@@ -163,6 +165,8 @@ def exactly_once(
                     return
                 except Exception as exc:
                     if rerun == reruns or not _lost(coordinator, plan, exc):
+                        if plan.epoch is not None:
+                            coordinator.abort_epoch(plan.epoch)
                         raise
                     log.warning("micro-batch %d of job %r is re-run: %s", batch_id, job, exc)
 

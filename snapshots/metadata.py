@@ -43,6 +43,7 @@ class SnapshotMetadata:
     duration_ms: int
     user_metadata: dict[str, Any] = field(default_factory=dict)  # the coordinator's, e.g. the batch id
     committed_epoch: int = 0  # the last task-attempt epoch committed into this state; restored with it
+    committed_batch: int | None = None  # the micro-batch that epoch applied (None: no commit named one)
 
     def shared_handles(self) -> dict[str, StreamHandle]:
         return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
@@ -77,6 +78,7 @@ class SnapshotMetadata:
             "duration_ms": self.duration_ms,
             "user_metadata": self.user_metadata,
             "committed_epoch": self.committed_epoch,
+            "committed_batch": self.committed_batch,
         }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()
@@ -112,6 +114,7 @@ class SnapshotMetadata:
                 duration_ms=int(body["duration_ms"]),
                 user_metadata=dict(body.get("user_metadata") or {}),
                 committed_epoch=int(body.get("committed_epoch", 0)),  # absent before task-attempt epochs
+                committed_batch=_optional_int(body.get("committed_batch")),  # absent before batches were recorded
             )
         except SnapshotCorrupt:
             raise
@@ -125,3 +128,7 @@ class SnapshotPart:
 
     directory: str  # root-relative; handle paths in the metadata are relative to it
     metadata: SnapshotMetadata
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -73,6 +73,7 @@ class SnapshotResult:
     bytes_uploaded: int
     bytes_reused: int
     committed_epoch: int = 0  # the last task-attempt epoch committed into the frozen state (the runner's)
+    committed_batch: int | None = None  # the micro-batch that epoch applied (the runner's)
 
 
 class AsyncSnapshot:

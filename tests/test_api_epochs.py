@@ -2,6 +2,7 @@
 commit (prepare, commit, abort) that applies each partition's winning attempt exactly once."""
 
 import signal
+import time
 
 import httpx
 import pytest
@@ -185,36 +186,88 @@ def test_a_restarted_replica_fails_the_commit_loudly(tmp_path):
         server.stop()
 
 
-def test_a_checkpoint_records_the_committed_epoch_and_a_restore_brings_it_back(http, job):
+def test_a_checkpoint_records_the_committed_epoch_and_batch_and_a_restore_brings_them_back(http, job):
+    """The micro-batch a commit names is the job's state (the exactly-once anchor): answered by the
+    job and the fence, recorded by every checkpoint whoever triggers it, restored with the state."""
     fence(http, job, 1)
     staged(http, job, 1, 0, "t", 0, [{**ADD, "value": 1}]).raise_for_status()
-    http.post(f"{job}/epochs/1/commit", json=winners((0, "t", 1))).raise_for_status()
-    http.post(f"{job}/checkpoints", json={"checkpoint_id": 1}).raise_for_status()
+    http.post(f"{job}/epochs/1/commit", json={**winners((0, "t", 1)), "batch_id": 7}).raise_for_status()
+    assert http.get(job).json()["committed_batch"] == 7
+    assert http.post(f"{job}/fence", json={"epoch": 1}).json()["committed_batch"] == 7
+    http.post(f"{job}/checkpoints", json={"checkpoint_id": 1}).raise_for_status()  # no metadata: anyone's
     for _ in range(200):
         if http.get(f"{job}/checkpoints/1").json()["status"] == "uploaded":
             break
-    http.post(f"{job}/checkpoints/1/complete").raise_for_status()
+    done = http.post(f"{job}/checkpoints/1/complete").json()
+    assert (done["committed_epoch"], done["committed_batch"]) == (1, 7)
     fence(http, job, 2)
     staged(http, job, 2, 0, "t", 0, [{**ADD, "value": 1}]).raise_for_status()
-    http.post(f"{job}/epochs/2/commit", json=winners((0, "t", 1))).raise_for_status()
-    assert http.get(job).json()["committed_epoch"] == 2
+    http.post(f"{job}/epochs/2/commit", json={**winners((0, "t", 1)), "batch_id": 8}).raise_for_status()
+    assert (http.get(job).json()["committed_epoch"], http.get(job).json()["committed_batch"]) == (2, 8)
     http.post(f"{job}/restore", json={"checkpoint_id": 1}).raise_for_status()
     info = http.get(job).json()
     assert (info["committed_epoch"], info["epoch"]) == (1, 3)  # the state's epoch back, the writers' advanced
-    assert total(http, job) == 1
+    assert info["committed_batch"] == 7 and total(http, job) == 1
+    for bad in (-1, "7", 1.5):
+        refused = http.post(f"{job}/epochs/3/commit", json={**winners(), "batch_id": bad})
+        assert refused.status_code == 422, (bad, refused.text)
+
+
+def test_a_begun_micro_batch_holds_a_live_rescale_prepare_off_until_it_ends(tmp_path):
+    """A fence that begins a micro-batch is its boundary: until its epoch is committed or aborted, a
+    move's prepare on this replica answers 409 batch_in_flight and freezes nothing; a fence during a
+    prepared move names it. Past STATEHOUSE_BATCH_LEASE_S without a sign of life (its driver died),
+    a begun batch holds nothing."""
+    server = start_server(tmp_path, {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_BATCH_LEASE_S": "1"})
+    begins = {"epoch": 0, "next": True, "begins_batch": True}
+    try:
+        with httpx.Client(base_url=server.url + "/v1") as http:
+            http.put("/jobs/j", json={"max_parallelism": 8}).raise_for_status()
+            begun = http.post("/jobs/j/fence", json=begins).json()
+            assert begun["rescale_version"] is None and begun["topology_version"] == 1
+            body = {"version": 2, "replica_count": 2, "initiator": "query:j"}
+            held = http.post("/topology/prepare", json=body)
+            assert held.status_code == 409 and held.json()["code"] == "batch_in_flight", held.text
+            assert http.get("/topology").json()["move"] is None
+            http.post(f"/jobs/j/epochs/{begun['epoch']}/abort").raise_for_status()
+            prepared = http.post("/topology/prepare", json=body)
+            assert prepared.status_code == 200 and prepared.json()["move"]["initiator"] == "query:j"
+            assert http.post("/jobs/j/fence", json=begins).json()["rescale_version"] == 2  # the coordinator waits
+            http.post("/topology/abort", json={"version": 2}).raise_for_status()
+            http.post("/jobs/j/fence", json=begins).raise_for_status()  # begun, then its driver is silent
+            time.sleep(1.5)
+            assert http.post("/topology/prepare", json={"version": 3, "replica_count": 2}).status_code == 200
+            http.post("/topology/abort", json={"version": 3}).raise_for_status()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "urls",
+    [["file:///etc/passwd"], ["javascript:x"], ["http://[::1"], ["http://a:8000/path"], ["x" * 3000]],
+)
+def test_a_prepare_refuses_replica_urls_clients_could_not_use(http, urls):
+    refused = http.post("/topology/prepare", json={"version": 99, "replica_count": len(urls), "replica_urls": urls})
+    assert refused.status_code == 422, refused.text
+    assert http.get("/topology").json()["move"] is None
 
 
 def test_a_fence_with_next_takes_an_epoch_past_any_and_answers_the_committed_one(http, job):
     """A coordinator's begin in one round trip: `next` raises the epoch past the current one (and to
     at least `epoch`), and the answer names the last committed epoch, which it would otherwise read."""
     fence(http, job, 5)
-    assert http.post(f"{job}/fence", json={"epoch": 1, "next": True}).json() == {"epoch": 6, "committed_epoch": 0}
+    assert fenced(http.post(f"{job}/fence", json={"epoch": 1, "next": True})) == (6, 0)
     assert http.post(f"{job}/fence", json={"epoch": 9, "next": True}).json()["epoch"] == 9
     assert staged(http, job, 9, 0, "a", 0, [{"op": "add", "state": "total", "key": "u", "value": 2}]).status_code == 200
     assert http.post(f"{job}/epochs/9/commit", json=winners((0, "a", 1))).status_code == 200
-    assert http.post(f"{job}/fence", json={"epoch": 0, "next": True}).json() == {"epoch": 10, "committed_epoch": 9}
+    assert fenced(http.post(f"{job}/fence", json={"epoch": 0, "next": True})) == (10, 9)
     assert staged(http, job, 9, 0, "b", 0, [{"op": "add", "state": "total", "key": "u", "value": 2}]).status_code == 409
     for bad in ({"epoch": 1, "next": "true"}, {"epoch": 1, "next": 1}, {"next": True}):
         refused = http.post(f"{job}/fence", json=bad)
         assert refused.status_code == 422, (bad, refused.text)
     assert http.get(job).json()["epoch"] == 10 and total(http, job) == 2
+
+
+def fenced(answer) -> tuple[int, int]:
+    body = answer.json()
+    return body["epoch"], body["committed_epoch"]

@@ -8,7 +8,7 @@ import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import commit_bodies, winners
-from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.coordinator import Applied, MicroBatchCoordinator
 from tests.client.test_exactly_once import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
 
 pytestmark = [pytest.mark.http]
@@ -35,7 +35,9 @@ def test_one_replica_commits_in_one_phase_and_checkpoints_without_a_listing(sing
     assert not any(path.endswith("/prepare") for _method, path in sent)
     assert ("GET", f"/v1/jobs/{job.name}/checkpoints") not in sent  # the id came from begin's listing
     assert checkpoint.metadata == {"batch_id": 1, "epoch": plan.epoch}
-    assert coordinator.anchor().checkpoint_id == checkpoint.checkpoint_id
+    assert coordinator.latest().checkpoint_id == checkpoint.checkpoint_id
+    assert [(p["committed_batch"], p["committed_epoch"]) for p in checkpoint.parts] == [(1, plan.epoch)]
+    assert coordinator.applied() == Applied(1, plan.epoch)  # the replica's own record
     assert set(totals(job, KEYS).values()) == {2}
 
 
@@ -44,18 +46,22 @@ def test_one_replica_whose_commit_finds_writes_missing_applies_nothing(single):
 
 
 def test_one_replica_driver_dying_between_its_one_phase_commit_and_the_checkpoint(single):
+    """The commit recorded the batch with its writes: the next driver's attempt of it is a replay,
+    and the batch after it first checkpoints what the state holds (a point to undo a later half commit)."""
     job, coordinator = single
     coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
     plan = coordinator.begin(1)
-    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 1)
+    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 1, plan.batch_id)
     job.replicas[0].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/commit", bodies[0])  # ...dies here
     assert set(totals(job, KEYS).values()) == {101}
-    retry = coordinator.begin(1)  # committed an epoch no checkpoint records: restored to batch 0's
-    assert retry.epoch > plan.epoch and set(totals(job, KEYS).values()) == {1}
+    restarted = MicroBatchCoordinator(job)
+    assert restarted.begin(1).replay and set(totals(job, KEYS).values()) == {101}
     with pytest.raises(StaleEpoch):
-        task(job, plan, 0, 100)
-    coordinator.commit(retry, [task(job, retry, 0, 100)])
-    assert set(totals(job, KEYS).values()) == {101}
+        task(job, plan, 0, 100)  # a late attempt of the committed epoch applies nothing
+    following = restarted.begin(2)
+    assert restarted.latest().parts[0]["committed_epoch"] == plan.epoch  # checkpointed before batch 2 writes
+    restarted.commit(following, [task(job, following, 0, 100)])
+    assert set(totals(job, KEYS).values()) == {201}
 
 
 def test_one_replica_driver_dying_after_sending_its_one_request_checkpoint(single):
@@ -64,7 +70,7 @@ def test_one_replica_driver_dying_after_sending_its_one_request_checkpoint(singl
     job, coordinator = single
     coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
     plan = coordinator.begin(1)
-    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 1)
+    bodies = commit_bodies(winners([task(job, plan, 0, 100)]), 1, plan.batch_id)
     job.replicas[0].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/commit", bodies[0])
     metadata = {"batch_id": 1, "epoch": plan.epoch}
     job.replicas[0].json("POST", f"/v1/jobs/{job.name}/checkpoints", {"metadata": metadata, "complete": True})

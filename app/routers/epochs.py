@@ -46,9 +46,9 @@ def prepare_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
 @router.post("/jobs/{job}/epochs/{epoch}/commit", response_model=EpochReportModel, responses=doc.EPOCH_COMMIT)
 def commit_epoch(job: JobDep, epoch: Epoch, body: EpochBody) -> Any:
     """Apply the winning attempts' staged writes atomically, in (partition, attempt) order, record the epoch as
-    committed and drop everything else staged under it. Idempotent: a commit of the committed epoch does
-    nothing again."""
-    return attempts.commit(job, epoch, _winners(body))
+    committed (with `batch_id`, the micro-batch it applies: the job's `committed_batch`) and drop everything else
+    staged under it. Idempotent: a commit of the committed epoch does nothing again."""
+    return attempts.commit(job, epoch, _winners(body), body.batch_id)
 
 
 @router.post("/jobs/{job}/epochs/{epoch}/abort", response_model=EpochReportModel, responses=doc.JOB_ONLY)

@@ -73,12 +73,22 @@ async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
     """Raise the job's writer epoch (never lowers it); with `next`, to at least one past the current one. Batches
     that carry an older epoch are then refused, so a stale attempt of a Spark micro-batch cannot overwrite a newer
-    one. Answers the epoch now in force and the last committed one."""
+    one. With `begins_batch` (a coordinator beginning a micro-batch), a live rescale does not prepare on this replica
+    until the epoch is committed or aborted. Answers the epoch now in force, the last committed one and the micro-batch
+    it applied, and the version of a live rescale pending here."""
 
     def fenced() -> FenceResponse:
-        with job.exclusive():  # the epoch read and raised at once, and the committed one read as of then
-            epoch = job.fence(max(body.epoch, job.epoch + 1) if body.next else body.epoch)
-            return FenceResponse(epoch=epoch, committed_epoch=job.committed_epoch)
+        with job.exclusive():  # the epoch read and raised at once, the rest read as of then
+            epoch = job.fence(
+                max(body.epoch, job.epoch + 1) if body.next else body.epoch, opens_batch=body.begins_batch
+            )
+            return FenceResponse(
+                epoch=epoch,
+                committed_epoch=job.committed_epoch,
+                committed_batch=job.committed_batch,
+                rescale_version=job.keyspace.frozen_version or None,
+                topology_version=job.keyspace.layout_version,
+            )
 
     return await dispatch(job, fenced)
 

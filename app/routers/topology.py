@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from statehouse.app import openapi as doc
@@ -17,6 +17,7 @@ from statehouse.app.routing import api_router
 from statehouse.app.tokens import Grant
 from statehouse.checkpointing.decision import Decision
 from statehouse.checkpointing.rescale import RescaleParticipant
+from statehouse.protocol.urls import check_url
 
 router = api_router(prefix="/v1", tags=["operations"])
 
@@ -45,6 +46,7 @@ class MoveInfo(BaseModel):
         description="per job, the key groups this replica gives away (frozen until the move commits or aborts)"
     )
     checkpoints: dict[str, int] = Field(description="per job, the checkpoint the load read (after the load)")
+    initiator: str = Field(description="who started the move: `operator`, or a query's coordinator (`query:<job>`)")
 
 
 class TopologyInfo(BaseModel):
@@ -108,6 +110,7 @@ def topology_info(service: Service, grant: Grant) -> TopologyInfo:
             joining=topology.move.joining,
             frozen_key_groups={job: ranges for job, ranges in frozen.items() if grant.allows(job)},
             checkpoints={job: cid for job, cid in topology.move.checkpoints.items() if grant.allows(job)},
+            initiator=topology.move.initiator,
         )
     return TopologyInfo(
         set_id=topology.set_id,
@@ -146,11 +149,24 @@ Checkpoints = Annotated[
 ]
 
 
+def _replica_url(url: str) -> str:
+    check_url(url)
+    return url
+
+
 class PrepareBody(BaseModel):
     version: Version
     replica_count: int = Field(ge=1, le=32768, description="M: the replica count after the move")
-    replica_urls: list[str] = Field(
-        default_factory=list, max_length=32768, description="every replica's URL after the move, in index order"
+    replica_urls: list[Annotated[str, Field(max_length=2048), AfterValidator(_replica_url)]] = Field(
+        default_factory=list,
+        max_length=32768,
+        description="every replica's URL after the move, in index order (`http(s)://host[:port]`)",
+    )
+    initiator: str = Field(
+        "operator",
+        pattern=r"^[A-Za-z0-9_.:@/-]{1,128}$",
+        description="who starts the move: `operator` (the CLI, a chart hook), or a query's coordinator "
+        "(`query:<job>`); a coordinator recovering from a crash aborts only the moves it started",
     )
 
 
@@ -225,7 +241,9 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
     answer 503 `rescale_in_progress`; reads go on); a new, empty replica records that it joins. 409
     `batch_in_flight` (nothing frozen) while an uncommitted micro-batch staged writes there: retry."""
     admin_only(grant)
-    await run_in_threadpool(participant(service).prepare, body.version, body.replica_count, body.replica_urls)
+    await run_in_threadpool(
+        participant(service).prepare, body.version, body.replica_count, body.replica_urls, body.initiator
+    )
     return await run_in_threadpool(topology_info, service, grant)
 
 

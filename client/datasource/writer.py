@@ -183,7 +183,7 @@ class BatchWriter(_Writer, DataSourceArrowWriter):
                 coordinator = MicroBatchCoordinator(_job(client, options))
                 # A write is no micro-batch: it goes in between two of a stream on the same job,
                 # and its checkpoint keeps the last one's batch id (with this write's epoch).
-                applied = coordinator.anchor().metadata["batch_id"]
+                applied = coordinator.applied().batch_id
                 self.plan = BatchPlan(applied, coordinator.begin(applied + 1).epoch, replay=False)
         except StatehouseError as exc:
             raise refusal(exc, f"writing state {options.state!r} of job {options.job!r}") from None
@@ -216,7 +216,7 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
                 # When the query starts (and again before each commit, which makes a writer too): a
                 # commit a dead driver left half done is undone before any task stages.
                 coordinator = MicroBatchCoordinator(_job(client, options))
-                coordinator.recover(coordinator.anchor())
+                coordinator.recover()
         except StatehouseError as exc:
             raise refusal(exc, f"writing state {options.state!r} of job {options.job!r}") from None
 
@@ -235,7 +235,7 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
         try:
             with StatehouseClient(self.options.config) as client:
                 coordinator = MicroBatchCoordinator(_job(client, self.options))
-                applied = coordinator.anchor().metadata["batch_id"]
+                applied = coordinator.applied().batch_id
                 if batchId <= applied:  # a replay: the state holds this batch already
                     for epoch in epochs:
                         coordinator.abort_epoch(epoch)

@@ -5,7 +5,7 @@ import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt, commit_bodies, merged, winners
-from statehouse.client.coordinator import MicroBatchCoordinator, MicroBatchLost, StateBehind
+from statehouse.client.coordinator import Applied, MicroBatchCoordinator, MicroBatchLost, StateBehind
 from statehouse.client.spark import CommitMessages
 
 pytestmark = [pytest.mark.http]
@@ -169,7 +169,8 @@ def test_a_listed_checkpoint_id_taken_meanwhile_is_listed_again(setup):
     other = MicroBatchCoordinator(job).savepoint(metadata={"by": "someone else"})  # an operator's savepoint
     checkpoint = coordinator.commit(plan, [message])
     assert checkpoint.checkpoint_id > other.checkpoint_id
-    assert coordinator.anchor().metadata == {"batch_id": 1, "epoch": plan.epoch}
+    assert checkpoint.metadata == {"batch_id": 1, "epoch": plan.epoch}
+    assert coordinator.applied() == Applied(1, plan.epoch)
     kept = [c for c in coordinator.completed() if c.checkpoint_id == other.checkpoint_id]
     assert [c.metadata for c in kept] == [{"by": "someone else"}]
     assert set(totals(job, KEYS).values()) == {2}
@@ -185,5 +186,5 @@ def test_parts_still_uploading_when_the_trigger_answers_are_waited_for(setup, mo
     coordinator.commit(first := coordinator.begin(0), [task(job, first, 0, 1)])
     checkpoint = coordinator.commit(plan := coordinator.begin(1), [task(job, plan, 0, 1)])
     assert [part["status"] for part in checkpoint.parts] == ["completed", "completed"]
-    assert coordinator.anchor().checkpoint_id == checkpoint.checkpoint_id
+    assert coordinator.latest().checkpoint_id == checkpoint.checkpoint_id
     assert set(totals(job, KEYS).values()) == {2}
