@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from harness.replica_set import ReplicaSet, misplaced
-from harness.server import ServerProcess, start_server
+from harness.server import ServerProcess, await_ready, launch_server
 from harness.writers import Writers
 from statehouse.client import StatehouseClient
 
@@ -49,6 +49,8 @@ POD_URL = re.compile(
 )
 S3 = {"enabled": True, "bucket": "state-bucket", "prefix": "statehouse"}
 TOKENS = ["app-token:orders", "ops-token:@admin"]
+# What the rendered StatefulSet tells a pod about its place in the set (and which the test keeps).
+TOPOLOGY_SETTINGS = ("STATEHOUSE_REPLICA_COUNT", "STATEHOUSE_REPLICA_SET_ID", "STATEHOUSE_TOPOLOGY_VERSION")
 
 JOB = "orders"
 STATE = "appended"
@@ -195,27 +197,35 @@ class Cluster:
     def url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.decade}{index}"
 
-    def start_pod(self, docs: list[dict[str, Any]], index: int) -> ServerProcess:
+    def launch_pod(self, docs: list[dict[str, Any]], index: int) -> tuple[int, ServerProcess]:
         """Replica ``index`` with the rendered StatefulSet's topology settings (its count, the set's
         id, the advertised URLs, a topology version if any), on its own data directory, which a
-        restart with other settings finds as it left it."""
+        restart with other settings finds as it left it; launched, not awaited."""
         (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
         (container,) = sts["spec"]["template"]["spec"]["containers"]
         env = {"STATEHOUSE_REPLICA_INDEX": str(index), "STATEHOUSE_BACKEND": "rocksdb", **self.replicas.storage}
         for var in container["env"]:
-            if var["name"] in ("STATEHOUSE_REPLICA_COUNT", "STATEHOUSE_REPLICA_SET_ID", "STATEHOUSE_TOPOLOGY_VERSION"):
+            if var["name"] in TOPOLOGY_SETTINGS:
                 env[var["name"]] = var["value"]
             elif var["name"] == "STATEHOUSE_REPLICA_URLS":
                 env[var["name"]] = self.local(var["value"])
         if self.auth:
             env["STATEHOUSE_API_TOKENS"] = ",".join(TOKENS)
-        server = start_server(self.replicas.root / f"pod-{index}", env, port=self.decade * 10 + index, probe="/healthz")
-        if index < len(self.replicas.servers):
-            self.replicas.servers[index] = server
-        else:
-            assert index == len(self.replicas.servers)
-            self.replicas.servers.append(server)
-        return server
+        return index, launch_server(self.replicas.root / f"pod-{index}", env, port=self.decade * 10 + index)
+
+    def await_pods(self, launched: list[tuple[int, ServerProcess]]) -> list[ServerProcess]:
+        """The launched pods, once each is live (podManagementPolicy: Parallel), as the set's replicas."""
+        servers = [await_ready(server, probe="/healthz") for _index, server in launched]
+        for (index, _launched), server in zip(launched, servers, strict=True):
+            if index < len(self.replicas.servers):
+                self.replicas.servers[index] = server
+            else:
+                assert index == len(self.replicas.servers)
+                self.replicas.servers.append(server)
+        return servers
+
+    def start_pods(self, docs: list[dict[str, Any]], indexes: list[int]) -> list[ServerProcess]:
+        return self.await_pods([self.launch_pod(docs, index) for index in indexes])
 
     def run_hook(self, docs: list[dict[str, Any]], phase: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """The rendered hook Job's container of ``phase``, run as the kubelet would: its command with
@@ -267,8 +277,7 @@ def last_line(done: subprocess.CompletedProcess) -> str:
 def test_upgrade_hooks_grow_and_shrink_live(chart: hp.Chart, cluster: Cluster) -> None:
     two = render_upgrade(chart, {"replicaCount": 2, "s3": S3})
     three = render_upgrade(chart, {"replicaCount": 3, "s3": S3})
-    old = [cluster.start_pod(two, i) for i in range(2)]
-    seeds = [server.url for server in old]
+    seeds = [server.url for server in cluster.start_pods(two, [0, 1])]
     assert seeds == [cluster.url(0), cluster.url(1)]
     with StatehouseClient(seeds) as client:
         client.create_job(JOB, MAX_PARALLELISM).register(STATE, "list")
@@ -281,15 +290,14 @@ def test_upgrade_hooks_grow_and_shrink_live(chart: hp.Chart, cluster: Cluster) -
         pre = cluster.run_hook(three, "pre")
         assert pre.returncode == 0, pre.stderr
         assert "growing 2 -> 3 replicas after the upgrade" in pre.stderr
-        cluster.start_pod(three, 2)
+        cluster.start_pods(three, [2])
         grown = cluster.run_hook(three, "post")
         assert grown.returncode == 0, grown.stdout + grown.stderr
         assert "rescaled 2 -> 3 replicas live (topology version 2)" in grown.stdout
         writers.progress()
-        for phase in ("post", "pre"):  # a re-run (or an upgrade keeping replicaCount) moves nothing
-            again = cluster.run_hook(three, phase)
-            assert again.returncode == 0, again.stderr
-            assert last_line(again).endswith("the replica set has 3 replicas (topology version 2): nothing to move")
+        again = cluster.run_hook(three, "post")  # a re-run (or an upgrade keeping replicaCount) moves nothing
+        assert again.returncode == 0, again.stderr
+        assert last_line(again).endswith("the replica set has 3 replicas (topology version 2): nothing to move")
 
         # helm upgrade --set replicaCount=2: the pre-upgrade hook moves the state off pod 2 while it
         # runs; then the StatefulSet removes it, and the post-upgrade hook has nothing left to do.
@@ -311,9 +319,10 @@ def test_upgrade_hooks_grow_and_shrink_live(chart: hp.Chart, cluster: Cluster) -
     # The pods after the moves, restarted on their volumes: pod 0 deleted and made again from the
     # upgraded template (OnDelete), pod 1's container restarted in a pod that kept the template from
     # before the shrink (3 replicas). Both serve the layout the move recorded; nothing is lost.
-    for index, docs in ((0, two), (1, three)):
-        cluster.replicas.servers[index].stop()
-        cluster.start_pod(docs, index)
+    for server in cluster.replicas.servers:
+        server.stop()
+    cluster.await_pods([cluster.launch_pod(two, 0), cluster.launch_pod(three, 1)])
+    for index in (0, 1):
         assert httpx.get(f"{cluster.url(index)}/readyz", timeout=10).status_code == 200
         shown = httpx.get(f"{cluster.url(index)}/v1/topology", timeout=10).json()
         assert (shown["replica_index"], shown["replica_count"], shown["version"]) == (index, 2, 3)
@@ -328,7 +337,7 @@ def test_hooks_with_auth_use_the_admin_token_of_the_chart_secret(chart: hp.Chart
     try:
         values = {"replicaCount": 1, "s3": S3, "auth": {"enabled": True, "tokens": TOKENS}}
         one = render_upgrade(chart, values)
-        cluster.start_pod(one, 0)
+        cluster.start_pods(one, [0])
         headers = {"Authorization": "Bearer app-token"}
         assert httpx.put(f"{cluster.url(0)}/v1/jobs/{JOB}", json={"max_parallelism": 8}, headers=headers).is_success
 
@@ -337,7 +346,7 @@ def test_hooks_with_auth_use_the_admin_token_of_the_chart_secret(chart: hp.Chart
         assert last_line(same).endswith("the replica set has 1 replicas (topology version 1): nothing to move")
 
         two = render_upgrade(chart, {**values, "replicaCount": 2})
-        cluster.start_pod(two, 1)
+        cluster.start_pods(two, [1])
         grown = cluster.run_hook(two, "post")
         assert grown.returncode == 0, grown.stdout + grown.stderr
         assert "rescaled 1 -> 2 replicas live (topology version 2)" in grown.stdout
