@@ -119,10 +119,9 @@ def test_errors_are_one_line_with_their_exit_code(served, tmp_path):
         "rescale", "--offline", "--resume", "--plan", str(tmp_path / "none.json"), urls=served.urls[0], code=2
     )
     assert "no rescale plan at" in no_plan.stderr
-    nothing = cli("rescale", "--resume", urls=served.urls[0], code=1)
-    assert nothing.stderr == (
-        "statehouse rescale: no rescale is pending on the replicas (statehouse status shows the layout)\n"
-    )
+    nothing = cli("rescale", "--abort", urls=served.urls[0], code=1)
+    assert nothing.stderr.startswith("statehouse rescale: no rescale is pending, nothing to abort: the set serves ")
+    assert nothing.stderr.count("\n") == 1
     unstarted = cli("rescale", "--to", "4", urls=served.urls[0], code=4)
     assert "needs the 1 new replicas' URLs" in unstarted.stderr and unstarted.stderr.count("\n") == 1
 
