@@ -7,8 +7,9 @@ rendered environment: Secret references resolved from the rendered Secrets (or t
 for an existing one), the pod-index label from the replica's ordinal, every volume mount mapped to a
 temporary directory, the container port to a free one. A pod passes when its readiness probe's path
 answers 200; it fails if the process exits first. Then the client snippet the chart's NOTES print,
-and the one in helm/statehouse/README.md, run against those replicas. Last, the rescale step: a pod
-restarted on its volume with another replicaCount refuses to start unless adoptTopology is set.
+and the one in helm/statehouse/README.md, run against those replicas. Last, a pod started on its volume
+under another replicaCount with no move between (what the rescale hook Jobs make: tests/test_chart_rescale.py)
+refuses to start unless adoptTopology is set (the offline procedure).
 """
 
 from __future__ import annotations
@@ -292,8 +293,9 @@ def test_every_integer_value_renders_as_an_integer():
 
 
 def test_a_replica_count_change_starts_only_with_adopt_topology(tmp_path):
-    """``helm upgrade --set replicaCount=2`` restarts pod 0 on its volume: the rendered pod refuses to
-    start (its volume records 1 replica), and starts with ``adoptTopology=true`` (the rescale procedure)."""
+    """Pod 0 made again on its volume from a template of replicaCount 2 with no move between (the
+    rescale hooks off, or a pod deleted before the grow's move): it refuses to start (its volume records
+    1 replica), and starts with ``adoptTopology=true`` (the offline procedure)."""
     docs, _ = render({})
     pod = Pod(docs, 0, tmp_path)
     try:
@@ -325,10 +327,10 @@ def test_a_replica_count_change_starts_only_with_adopt_topology(tmp_path):
 
 
 def test_a_live_rescale_upgrade_restarts_no_pod_and_reaches_the_joining_ones():
-    """The grow path's ``helm upgrade --set replicaCount=M --set topologyVersion=v+1`` changes the pod
-    template; with OnDelete the old pods keep running (a RollingUpdate would restart them with the new
-    count mid-move), and the headless Service publishes the new, not-ready pods so the CLI can load them."""
-    docs, notes = render({"replicaCount": 3, "topologyVersion": 2})
+    """A grow's ``helm upgrade --set replicaCount=M`` changes the pod template; with OnDelete the old pods
+    keep running (a RollingUpdate would restart them with the new count around the move), and the
+    headless Service publishes the new pods, not ready until the move commits, so the hook's CLI loads them."""
+    docs, notes = render({"replicaCount": 3})
     (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
     assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
     (headless,) = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
