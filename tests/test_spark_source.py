@@ -363,7 +363,7 @@ def test_the_sink_writes_past_an_epoch_a_dead_driver_sealed(source, replicas, tm
     with StatehouseClient(replicas) as client:
         j = client.create_job(job, 32)
         j.register("spent", "reducing", function="sum", value_type="float64")
-        MicroBatchCoordinator(j).anchor()  # the baseline checkpoint
+        MicroBatchCoordinator(j).checkpoint()  # the baseline checkpoint
         epoch = j.fence(j.epoch() + 1)
         j.replicas.on_all("POST", f"/v1/jobs/{job}/epochs/{epoch}/prepare", {"attempts": []})
     events = [[(f"u{(f + i) % 13}", float(i)) for i in range(40)] for f in range(2)]
