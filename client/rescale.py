@@ -588,11 +588,3 @@ def _pending(surveyed: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
 
 def _jobs(shown: list[dict[str, Any]]) -> dict[str, int]:
     return {job["job"]: job["max_parallelism"] for info in shown for job in info["jobs"]}
-
-
-def pending_target(client: StatehouseClient | Replicas) -> tuple[int, int] | None:
-    """(topology version, replica count) of the live rescale some replica of ``client``'s set
-    records as pending, or None. What an operator's command asks before it starts anything: a
-    pending move of the same count is resumed by :meth:`LiveRescale.run`, another one refused."""
-    with LiveRescale(client) as driver:
-        return _pending(driver._survey())

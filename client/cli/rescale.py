@@ -58,7 +58,6 @@ from statehouse.client.rescale import (
     RescalePending,
     RescaleReport,
     decision_record,
-    pending_target,
 )
 from statehouse.keygroups import KeyGroupRange
 
@@ -147,6 +146,15 @@ def _live(args: argparse.Namespace) -> int:
         ]
     emit(args, document, lines)
     return 0
+
+
+def pending_target(sh: StatehouseClient) -> tuple[int, int] | None:
+    """(topology version, replica count) of the move some replica of the set records as pending,
+    or None: asked before anything starts (:meth:`LiveRescale.run` resumes a pending move of the
+    same count and refuses another) and after a move, to tell a finished one from one left."""
+    with LiveRescale(sh) as driver:
+        move = driver.pending_move_info()
+    return None if move is None else (move["version"], move["replica_count"])
 
 
 def _check_count(to: int | None) -> None:
