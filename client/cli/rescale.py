@@ -287,13 +287,13 @@ def _last_moves(sh: StatehouseClient, version: int) -> tuple[dict[str, Any] | No
     except StatehouseError:
         return None, None
     aborted = [record for record in later if record["outcome"] == "abort"]
-    return (made if made is not None and made["outcome"] == "commit" else None), (aborted or [None])[-1]
+    return (made if made is not None and made["outcome"] == "commit" else None), (aborted[-1] if aborted else None)
 
 
 def _decisions(sh: StatehouseClient, since: int) -> list[dict[str, Any]]:
     """The decisions of the moves to topology ``since``, ``since + 1``, ... up to the first version
     none was decided for (an aborted attempt spends its version: the next one takes the next)."""
-    records = []
+    records: list[dict[str, Any]] = []
     while (record := decision_record(sh.replicas[0], since + len(records))) is not None:
         records.append(record)
     return records
