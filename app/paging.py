@@ -48,7 +48,7 @@ class PageRequest:
         """The cursor of a listing that pages by a non-negative integer (e.g. checkpoint ids)."""
         if self.after is None:
             return None
-        if not self.after.isdigit():
+        if not self.after.isdigit() or len(self.after) > 20:  # past any id (and Python's int() digit limit)
             raise ApiError("invalid_argument", _INVALID)
         return int(self.after)
 
