@@ -287,7 +287,9 @@ class RescaleParticipant:
         answers the record that stands). A version this replica already serves (or an older one)
         is refused unless its move is pending here or was decided: a stray decision would spend
         that version for every later move. ``from_count`` (the count the move started from) is
-        this replica's record of it when not given and it is an old replica of the move."""
+        this replica's record of it when not given and it is an old replica of the move. Commit
+        is refused (``rescale_incomplete``) until what it commits exists: a checkpoint of every
+        job this replica has, each completed in storage, so that a resume can always finish it."""
         topology = self.layout.topology
         pending = topology.move is not None and topology.move.version == version
         if from_count is None and topology.move is not None and pending and not topology.move.joining:
@@ -298,6 +300,8 @@ class RescaleParticipant:
                 f"or decided; a move goes to version {topology.version + 1} or later",
                 version=topology.version,
             )
+        if outcome == "commit" and self.decision(version) is None:
+            self._check_committable(checkpoints or {})
         decision = Decision(
             self.layout.topology.set_id,
             version,
@@ -309,6 +313,27 @@ class RescaleParticipant:
             from_count=from_count,
         )
         return decide(self.storage, decision)
+
+    def _check_committable(self, checkpoints: dict[str, int]) -> None:
+        missing = sorted(set(self.catalog.names()) - set(checkpoints))
+        if missing:
+            raise RescaleIncomplete(
+                f"a commit decision must name the move's checkpoint of every job; none for "
+                f"{', '.join(map(repr, missing))}: take the global checkpoints and load them first",
+                jobs=missing,
+            )
+        for job, checkpoint_id in sorted(checkpoints.items()):
+            validate_name(job, "job")  # before it names a path in storage
+            try:
+                parts = read_parts(self.storage, self.checkpoints.snapshots.find(job, checkpoint_id))
+            except CheckpointNotFound:
+                parts = []
+            if not parts:
+                raise RescaleIncomplete(
+                    f"checkpoint {checkpoint_id} of job {job!r} has no completed part in storage: a commit "
+                    "decision names the move's completed checkpoints (take them and load them first)",
+                    jobs=[job],
+                )
 
     def decision(self, version: int) -> Decision | None:
         return read_decision(self.storage, self.layout.topology.set_id, version)

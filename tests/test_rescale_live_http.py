@@ -342,7 +342,11 @@ def grow_and_shrink(replica_set: ReplicaSet) -> None:
     checkpoint(urls, 2)
     for url in urls:
         ok(step(url, "load", version=3, checkpoints={JOB: 2}))
-    ok(step(urls[1], "decide", version=3, outcome="commit", replica_count=2))
+    # A commit decision names what it commits, completed: a forged one would wedge the set.
+    assert problem(step(urls[1], "decide", version=3, outcome="commit", replica_count=2), 409, "rescale_incomplete")
+    forged = step(urls[1], "decide", version=3, outcome="commit", replica_count=2, checkpoints={JOB: 99})
+    assert "checkpoint 99" in problem(forged, 409, "rescale_incomplete")["detail"]
+    ok(step(urls[1], "decide", version=3, outcome="commit", replica_count=2, checkpoints={JOB: 2}))
     for url in urls:
         ok(step(url, "commit", version=3))
     assert topology(urls[2])["retired"] and not topology(urls[0])["retired"]
@@ -395,7 +399,7 @@ def test_restarts_follow_the_decision_and_an_aborted_move_is_retried_at_the_next
         # The new replica killed before its load: it starts joining, and a commit waits for its load.
         replicas.restart(2)
         assert topology(urls[2])["move"]["joining"]
-        ok(step(urls[1], "decide", version=3, outcome="commit", replica_count=3))
+        ok(step(urls[1], "decide", version=3, outcome="commit", replica_count=3, checkpoints={JOB: 2}))
         problem(step(urls[2], "commit", version=3), 409, "rescale_not_loaded")
         ok(step(urls[2], "load", version=3, checkpoints={JOB: 2}))
 

@@ -261,10 +261,15 @@ async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> 
     return LoadInfo(jobs={job: JobLoad(**info) for job, info in loaded.items()})
 
 
-@router.post("/topology/decide", response_model=DecisionInfo, responses=doc.errors(*STEP, "rescale_decided"))
+@router.post(
+    "/topology/decide",
+    response_model=DecisionInfo,
+    responses=doc.errors(*STEP, *doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_decided", "rescale_incomplete"),
+)
 async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody) -> DecisionInfo:
     """Step 4, on any one replica: write the durable decision of the move (once; the same outcome again answers it,
-    the other is 409 `rescale_decided`). Commit only after every replica that stays or joins answered its load."""
+    the other is 409 `rescale_decided`). Commit only after every replica that stays or joins answered its load:
+    a commit names the move's completed checkpoint of every job this replica has (409 `rescale_incomplete`)."""
     admin_only(grant)
     decision = await run_in_threadpool(
         participant(service).decide,
