@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,10 +168,14 @@ def test_hooks_follow_the_values(chart: hp.Chart) -> None:
 
 def free_decade() -> int:
     """A D such that ports D0..D9 are free: replica i listens on D*10+i, so one URL template with
-    {index} (``http://127.0.0.1:D{index}``) names them all, as the chart's headless names do."""
-    for decade in range(2400, 6500, 37):
+    {index} (``http://127.0.0.1:D{index}``) names them all, as the chart's headless names do. Below
+    the ephemeral range (free_port's), and drawn at random so that tests running at once (pytest-xdist)
+    do not reach for the same one."""
+    draw = random.Random()
+    for _attempt in range(200):
+        decade = draw.randrange(2000, 3200)
         try:
-            for i in range(4):
+            for i in range(10):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", decade * 10 + i))
         except OSError:
@@ -216,6 +222,12 @@ class Cluster:
     def await_pods(self, launched: list[tuple[int, ServerProcess]]) -> list[ServerProcess]:
         """The launched pods, once each is live (podManagementPolicy: Parallel), as the set's replicas."""
         servers = [await_ready(server, probe="/healthz") for _index, server in launched]
+        for server in servers:  # the answer came from this process, not from another that holds the port
+            bound = f"Uvicorn running on {server.url} "
+            deadline = time.monotonic() + 30
+            while bound not in server.log():
+                assert server.process.poll() is None and time.monotonic() < deadline, server.log()
+                time.sleep(0.05)
         for (index, _launched), server in zip(launched, servers, strict=True):
             if index < len(self.replicas.servers):
                 self.replicas.servers[index] = server
@@ -339,14 +351,31 @@ def test_hooks_with_auth_use_the_admin_token_of_the_chart_secret(chart: hp.Chart
         one = render_upgrade(chart, values)
         cluster.start_pods(one, [0])
         headers = {"Authorization": "Bearer app-token"}
+        admin = {"Authorization": "Bearer ops-token"}
         assert httpx.put(f"{cluster.url(0)}/v1/jobs/{JOB}", json={"max_parallelism": 8}, headers=headers).is_success
 
         same = cluster.run_hook(one, "pre")
         assert same.returncode == 0, same.stderr
         assert last_line(same).endswith("the replica set has 1 replicas (topology version 1): nothing to move")
 
+        # A grow whose new pod does not start moves nothing and says which pod to look at.
+        early = cluster.run_hook(
+            render_upgrade(chart, {**values, "replicaCount": 2, "rescale": {"waitSeconds": 1}}), "post"
+        )
+        assert early.returncode == 1
+        assert last_line(early).startswith(f"statehouse rescale hook: new replica 1 ({cluster.url(1)}) did not start")
+
         two = render_upgrade(chart, {**values, "replicaCount": 2})
         cluster.start_pods(two, [1])
+        # A move the command refuses fails the Job with the command's own line, last in its log.
+        tiny = f"{cluster.url(0)}/v1/jobs/tiny"
+        assert httpx.put(tiny, json={"max_parallelism": 1}, headers=admin).is_success
+        refused = cluster.run_hook(two, "post")
+        assert refused.returncode not in (0, None), refused.stderr
+        assert last_line(refused).startswith("statehouse rescale: ") and "tiny" in last_line(refused)
+        deleted = httpx.delete(tiny, headers=admin)
+        assert deleted.is_success, (deleted.text, refused.stdout, refused.stderr)
+
         grown = cluster.run_hook(two, "post")
         assert grown.returncode == 0, grown.stdout + grown.stderr
         assert "rescaled 1 -> 2 replicas live (topology version 2)" in grown.stdout
