@@ -33,8 +33,7 @@ class SnapshotStrategyRunner:
         job.partition.flush()  # the slow part of a RocksDB freeze, while writes continue
         with job.exclusive():  # a consistent view: no write in the middle of the freeze
             async_part = strategy.prepare(job, ctx)
-            # which micro-batches the frozen state holds
-            committed = {"committed_epoch": job.committed_epoch, "committed_batch": job.committed_batch}
+            committed_epoch, committed_batch = job.committed_epoch, job.committed_batch  # what the frozen state holds
         log.debug(
             "synchronous part of %s %d of job %s took %.1f ms",
             ctx.kind,
@@ -45,7 +44,9 @@ class SnapshotStrategyRunner:
 
         def run() -> None:
             try:
-                result = dataclasses.replace(async_part.run(), **committed)
+                result = dataclasses.replace(
+                    async_part.run(), committed_epoch=committed_epoch, committed_batch=committed_batch
+                )
             except BaseException as exc:
                 done(None, exc)
             else:

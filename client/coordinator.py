@@ -131,7 +131,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         """What replicas that agree on their committed epoch hold: their ``committed_batch``, or
         for state committed before replicas recorded it, the batch its checkpoints' metadata names."""
         epoch = answers[0]["committed_epoch"]
-        batches = {answer.get("committed_batch") for answer in answers} - {None}
+        batches = [answer["committed_batch"] for answer in answers if answer.get("committed_batch") is not None]
         if batches:
             return Applied(max(batches), epoch)
         for candidate in reversed(self.completed(every_layout=True)):
