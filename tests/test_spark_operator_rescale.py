@@ -1,0 +1,303 @@
+"""The test that matters for rescaling by anyone, at any time: an operator rescales the replica set from outside,
+three times, while a real local Spark exactly-once query runs, and the query never notices more than a wait.
+
+The query (harness/operator_query.py, the user-features job of docs/spark.md: ``exactly_once`` + ``with_state``,
+``local[2,2]``) is configured with the set's ORIGINAL two URLs throughout, also after its restart, and takes one
+input file per micro-batch as the test drops them in. Meanwhile, as an operator would, the test runs the CLI:
+``statehouse rescale --to 3`` (the joining replica started empty first, as docs/operations.md says), started
+while a micro-batch's commit is held in flight; ``--to 2``, after which the removed replica is stopped and its
+data deleted; and ``--to 3`` again, started as a file is dropped, with the joining replica SIGKILLed once loaded,
+restarted, and the move finished with ``--resume``. Around the cuts: a task failing after its writes (Spark
+retries it) after each one, and the driver SIGKILLed mid-task once the removed replica is gone, then restarted
+from the same Spark checkpoint location. A plain client (built once, with the original URLs) adds 1 to counters
+of another job the whole time.
+
+Afterwards: the query never failed (exit 0; only the deliberately killed run -9), it waited at a batch boundary
+for a move at least once (its log says so), every user's state equals a plain-Python oracle, every acknowledged
+add of the plain client is there exactly once, and every key is stored only on its Flink owner of the final layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.replica_set import ReplicaSet, holders, misplaced
+from harness.s3server import ACCESS_KEY, SECRET_KEY
+from harness.server import REPO
+from harness.spark_driver import kill_session
+from statehouse.client import StatehouseClient
+from tests.test_spark_pipeline import assert_matches, make_events, reference, state_of
+
+pytestmark = [pytest.mark.http, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
+
+JOB = "operator-rescale"
+WRITER_JOB, COUNTERS = "operator-writer", "hits"
+MAX_PARALLELISM = 128  # user_features.setup's default
+STATES = ["total_spent", "avg_amount", "recent_items", "item_counts"]
+BATCHES = 32
+HOLD_AT = 4  # the micro-batch whose commit is in flight when the first grow starts
+SHRINK_AFTER = 10  # the shrink starts once this batch is done
+KILL_AT = 15  # the driver dies in a task of this batch, once the removed replica is gone
+REGROW_AFTER = 21  # the last grow starts as the next batch's file is dropped
+FAIL_TASKS = (HOLD_AT + 1, SHRINK_AFTER + 2, REGROW_AFTER + 2)
+LIMIT = 240.0  # a ceiling for a step that hangs, not a timed assertion
+STATEHOUSE = str(Path(sys.executable).parent / "statehouse")
+
+
+@pytest.fixture
+def replica_set(tmp_path: Path, s3_server) -> Iterator[ReplicaSet]:
+    storage = {
+        "STATEHOUSE_CHECKPOINT_DIR": f"s3://{s3_server.bucket}/{uuid.uuid4().hex}",
+        "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    replicas = ReplicaSet(tmp_path / "replicas", storage)
+    try:
+        yield replicas
+    finally:
+        replicas.stop()
+
+
+class Feeder(threading.Thread):
+    """Drops input file ``i`` into the query's input directory once micro-batch ``i - 1`` is done and
+    ``i < limit`` (written aside, then renamed in: the file source never sees half a file)."""
+
+    def __init__(self, tmp_path: Path, batches: list[list[dict]], markers: Path) -> None:
+        super().__init__(name="feeder", daemon=True)
+        self.input, self.aside, self.batches, self.markers = tmp_path / "input", tmp_path / "aside", batches, markers
+        self.input.mkdir()
+        self.aside.mkdir()
+        self.limit = 0
+        self.dropped = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set() and self.dropped < len(self.batches):
+            n = self.dropped
+            if n < self.limit and (n == 0 or (self.markers / f"done-{n - 1}").exists()):
+                aside = self.aside / f"events-{n:03d}.json"
+                aside.write_text("".join(json.dumps(e) + "\n" for e in self.batches[n]))
+                os.replace(aside, self.input / aside.name)
+                self.dropped += 1
+            else:
+                time.sleep(0.02)
+
+
+class CounterWriter(threading.Thread):
+    """A plain client (one ``StatehouseClient`` with the original URLs, built once) adding 1 to counters of
+    another job through the batch door until stopped: ``acked`` adds per key, ``unsure`` ones (a request
+    that failed without a clear answer: applied at most once) and the failures."""
+
+    def __init__(self, seeds: list[str], keys: int = 40) -> None:
+        super().__init__(name="counter-writer", daemon=True)
+        self.client = StatehouseClient(seeds)
+        self.keys = [f"counter-{i}" for i in range(keys)]
+        self.acked: Counter[str] = Counter()
+        self.unsure: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        job = self.client.job(WRITER_JOB)
+        n = 0
+        while not self.halt.is_set():
+            key = self.keys[n % len(self.keys)]
+            n += 1
+            try:
+                with job.batch() as batch:
+                    batch.add(COUNTERS, key, 1)
+            except Exception as exc:  # recorded: the assertions show it
+                self.unsure[key] += 1
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            else:
+                self.acked[key] += 1
+            time.sleep(0.02)
+
+
+class Driver:
+    """Runs of harness/operator_query.py, each in a session of its own, with the original seeds."""
+
+    def __init__(self, tmp_path: Path, seeds: list[str]) -> None:
+        self.tmp_path, self.seeds, self.runs = tmp_path, seeds, 0
+        self.markers = tmp_path / "markers"
+        self.markers.mkdir()
+        self.logs: list[Path] = []
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        self.runs += 1
+        log = self.tmp_path / f"driver-{self.runs}.log"
+        self.logs.append(log)
+        args = [sys.executable, "-m", "harness.operator_query", "--job", JOB, "--statehouse", ",".join(self.seeds)]
+        args += ["--input", str(self.tmp_path / "input"), "--output", str(self.tmp_path / "output")]
+        args += ["--checkpoint", str(self.tmp_path / "spark-checkpoint"), "--markers", str(self.markers)]
+        args += ["--batches", str(BATCHES), *extra] + (["--restart"] if self.runs > 1 else [])
+        with open(log, "wb") as out:
+            return subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finish(self, process: subprocess.Popen) -> int:
+        try:
+            return process.wait(LIMIT)
+        finally:
+            kill_session(process.pid)
+            process.wait(10)
+
+    def await_marker(self, name: str, process: subprocess.Popen) -> None:
+        deadline = time.monotonic() + LIMIT
+        while not (self.markers / name).exists():
+            assert process.poll() is None, f"the driver ended ({process.returncode}) before {name}:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"no {name}:\n{self.tail()}"
+            time.sleep(0.05)
+
+    def tail(self) -> str:
+        return "\n".join(self.logs[-1].read_text(errors="replace").splitlines()[-60:]) if self.logs else ""
+
+
+class Operator:
+    """``statehouse rescale`` from outside, as an operator runs it: each command's stderr (its progress) kept."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.runs = tmp_path, 0
+        self.logs: list[Path] = []
+
+    def start(self, *args: str) -> tuple[subprocess.Popen, Path]:
+        self.runs += 1
+        log = self.tmp_path / f"rescale-{self.runs}.log"
+        self.logs.append(log)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")}
+        with open(log, "wb") as out:
+            command = [STATEHOUSE, "rescale", *args, "--wait", "120"]
+            return subprocess.Popen(command, cwd=self.tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT), log
+
+    def run(self, *args: str) -> tuple[int, str]:
+        process, log = self.start(*args)
+        return self.finish(process), log.read_text(errors="replace")
+
+    @staticmethod
+    def finish(process: subprocess.Popen) -> int:
+        try:
+            return process.wait(LIMIT)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+    @staticmethod
+    def await_line(process: subprocess.Popen, log: Path, text: str) -> None:
+        deadline = time.monotonic() + LIMIT
+        while text not in log.read_text(errors="replace"):
+            assert process.poll() is None, (
+                f"the command ended ({process.returncode}) before {text!r}:\n{log.read_text()}"
+            )
+            assert time.monotonic() < deadline, f"no {text!r}:\n{log.read_text()}"
+            time.sleep(0.05)
+
+
+def topology(url: str) -> dict:
+    return httpx.get(f"{url}/v1/topology", timeout=30).json()
+
+
+def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path, replica_set: ReplicaSet) -> None:
+    batches = make_events(39, files=BATCHES, per_file=30, users=60)
+    seeds = replica_set.start(2)
+    with StatehouseClient(seeds) as client:
+        client.create_job(WRITER_JOB, MAX_PARALLELISM).register(COUNTERS, kind="reducing", function="sum")
+    driver = Driver(tmp_path, seeds)
+    feeder = Feeder(tmp_path, batches, driver.markers)
+    writer = CounterWriter(seeds)
+    operator = Operator(tmp_path)
+    fail = [arg for batch in FAIL_TASKS for arg in ("--fail-task", str(batch))]
+    query = driver.start(*fail, "--hold-commit", str(HOLD_AT), "--kill-in-task", str(KILL_AT))
+    feeder.limit = HOLD_AT + 1
+    feeder.start()
+    writer.start()
+    try:
+        # Grow 2 -> 3, started while micro-batch HOLD_AT's commit is in flight: the move's prepare waits for it.
+        joining = replica_set.add(2, 3, version=topology(seeds[0])["version"] + 1)
+        driver.await_marker(f"at-commit-{HOLD_AT}", query)
+        feeder.limit = SHRINK_AFTER + 1
+        grow, grow_log = operator.start("--to", "3", "--urls", ",".join(seeds), "--urls-new", joining.url)
+        operator.await_line(grow, grow_log, "waiting for a micro-batch to end")
+        (driver.markers / f"go-commit-{HOLD_AT}").touch()
+        assert operator.finish(grow) == 0, grow_log.read_text()
+
+        # Shrink 3 -> 2 while batches run; then the removed replica is stopped and its data deleted.
+        driver.await_marker(f"done-{SHRINK_AFTER}", query)
+        feeder.limit = KILL_AT
+        code, shown = operator.run("--to", "2", "--urls", ",".join(seeds))
+        assert code == 0, shown
+        removed = replica_set.servers[2]
+        removed.stop()
+        shutil.rmtree(removed.log_path.parent / "data")
+
+        # The driver dies in a task of the next batch, and restarts with the same seeds and Spark checkpoint.
+        feeder.limit = KILL_AT + 1
+        assert driver.finish(query) == -9, driver.tail()
+        assert (driver.markers / "killed").read_text().split() == ["mid-task"], driver.tail()
+        query = driver.start(*fail)
+        feeder.limit = REGROW_AFTER + 1
+        joining = replica_set.add(2, 3, version=topology(seeds[0])["version"] + 1)  # empty again, same place
+
+        # Grow 2 -> 3 again, started as a file is dropped; the joining replica is SIGKILLed once it has loaded.
+        driver.await_marker(f"done-{REGROW_AFTER}", query)
+        regrow, regrow_log = operator.start("--to", "3", "--urls", ",".join(seeds), "--urls-new", joining.url)
+        feeder.limit = BATCHES
+        operator.await_line(regrow, regrow_log, "loaded:")
+        replica_set.restart(2)
+        code = operator.finish(regrow)
+        assert code in (0, 4), regrow_log.read_text()  # 4: a replica did not commit; --resume finishes
+        code, shown = operator.run("--resume", "--urls", ",".join(seeds))
+        assert code == 0, shown
+
+        assert driver.finish(query) == 0, driver.tail()
+    finally:
+        if query.poll() is None:  # a failed step: whatever is left of the driver's session
+            kill_session(query.pid)
+        feeder.halt.set()
+        writer.halt.set()
+        writer.join(60)
+        writer.client.close()
+    assert feeder.dropped == BATCHES
+
+    logs = "\n".join(log.read_text(errors="replace") for log in driver.logs)
+    assert "waits for a live rescale" in logs, driver.tail()
+    assert all((driver.markers / f"task-failed-{batch}").exists() for batch in FAIL_TASKS)
+
+    urls = replica_set.urls
+    shown_topology = [topology(url) for url in urls]
+    assert [(t["replica_index"], t["replica_count"]) for t in shown_topology] == [(0, 3), (1, 3), (2, 3)]
+
+    expected = reference(batches)
+    assert_matches(state_of(seeds, JOB, expected), expected)
+
+    assert writer.failures == []
+    with StatehouseClient(seeds) as client, client.job(WRITER_JOB).batch() as reads:
+        counted = {key: reads.get(COUNTERS, key) for key in writer.keys}
+    totals = {key: counted[key].value or 0 for key in writer.keys}
+    assert sum(writer.acked.values()) > 0
+    wrong = {
+        key: (totals[key], writer.acked[key], writer.unsure[key])
+        for key in writer.keys
+        if not writer.acked[key] <= totals[key] <= writer.acked[key] + writer.unsure[key]
+    }
+    assert wrong == {}, "acknowledged adds lost or doubled: (total, acked, unsure)"
+
+    # Every key on its Flink owner under the final layout only.
+    assert misplaced(urls, JOB, STATES, MAX_PARALLELISM, count=3) == {state: [] for state in STATES}
+    assert misplaced(urls, WRITER_JOB, [COUNTERS], MAX_PARALLELISM, count=3) == {COUNTERS: []}
+    held = holders(urls, JOB, "total_spent", MAX_PARALLELISM)
+    assert set(held) == set(expected) and all(len(at) == 1 for at in held.values())
