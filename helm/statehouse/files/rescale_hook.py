@@ -18,6 +18,8 @@ The environment, rendered by the chart:
 - ``RESCALE_URLS``: the M replicas' URLs in index order (a grow's whole new set);
 - ``RESCALE_WAIT``: seconds, ``statehouse rescale --wait`` and how long a grow waits for its new pods;
 - ``RESCALE_SHARED_STORAGE``: ``true`` when every replica reads the same checkpoint storage (S3);
+- ``RESCALE_STATEFULSET_REPLICAS``: the StatefulSet's replicas when the chart was rendered (Helm's
+  ``lookup``; empty offline): with no replica answering, the same count as M means nothing to move;
 - ``RESCALE_TOKENS_FILE`` (auth on): the chart's token Secret as a file; its first ``@admin`` token
   is the CLI's ``STATEHOUSE_TOKEN`` (every step of a live rescale needs one).
 """
@@ -74,6 +76,49 @@ def status(env: dict[str, str]) -> dict[str, Any] | None:
     return shown
 
 
+def survey(seeds: list[str], token: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """``GET /v1/topology`` of the seeds and of every replica they advertise: the answers, and the
+    URLs that did not answer. Used when ``statehouse status`` cannot see one whole set."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answers: dict[str, dict[str, Any]] = {}
+    silent: list[str] = []
+    todo = list(reversed(seeds))
+    while todo:
+        url = todo.pop().rstrip("/")
+        if url in answers or url in silent:
+            continue
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/topology", headers=headers), timeout=10) as r:
+                shown: dict[str, Any] = json.load(r)
+        except (OSError, ValueError):
+            silent.append(url)
+            continue
+        answers[url] = shown
+        todo += shown.get("replica_urls") or []
+        todo += (shown.get("move") or {}).get("replica_urls") or []
+    return list(answers.values()), silent
+
+
+def settled_at(to: int, urls: list[str], env: dict[str, str]) -> str | None:
+    """Why there is nothing to move although ``statehouse status`` failed, or None. The replicas that
+    answer record no pending move and serve ``to`` replicas (the others are down, not moving); or none
+    answers and the StatefulSet already ran ``to`` pods when the chart was rendered (nothing can move
+    now, and the upgrade may be what brings them back: a new image for crash-looping pods)."""
+    answers, silent = survey([env["STATEHOUSE_URLS"], *urls], env.get("STATEHOUSE_TOKEN"))
+    if any(shown.get("move") for shown in answers):
+        return None
+    serving = [s for s in answers if not s.get("retired") and not s.get("unassigned")]
+    if serving and {s["replica_count"] for s in serving} == {to}:
+        down = f"; not answering: {', '.join(silent)}" if silent else ""
+        return f"the replicas that answer serve {to} replicas with no move pending{down}: nothing to move"
+    if not answers and os.environ.get("RESCALE_STATEFULSET_REPLICAS") == str(to):
+        return (
+            f"no replica answers, and the StatefulSet already runs {to} pods: nothing to move (a move could not "
+            "run anyway)"
+        )
+    return None
+
+
 def wait_for(urls: list[str], first: int, seconds: float) -> None:
     """Until each new replica (index ``first`` on) answers ``GET /healthz``: Helm runs the post
     hook as soon as the StatefulSet is updated, before its new pods are scheduled and started."""
@@ -112,6 +157,9 @@ def main() -> None:
         env["STATEHOUSE_TOKEN"] = admin_token(tokens)
 
     shown = status(env)
+    if shown is None and (why := settled_at(to, urls, env)) is not None:
+        say(why)
+        return
     grow = False
     if shown is not None and shown["move"] is None:
         count, version = shown["replica_count"], shown["version"]
