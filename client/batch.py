@@ -11,6 +11,7 @@ from statehouse.protocol.ops import IDEMPOTENT_OPS, OPS, READ_OPS
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.job import Routed
     from statehouse.client.replicas import Replicas
 
 # A batch made only of idempotent operations may be retried after a timeout (``add`` is not
@@ -63,7 +64,8 @@ class Batch:
         route_key: Callable[[Any, str], int] | None = None,
         route_key_group: Callable[[int], int] | None = None,
         route_subtask: Callable[[int], int] | None = None,
-        resends_refused: Callable[[StatehouseError, TaskAttempt | None], bool] | None = None,
+        routing: Callable[[], Routed] | None = None,
+        reroutes: Callable[[StatehouseError, Routed, str | None, TaskAttempt | None], bool] | None = None,
     ) -> None:
         self._replicas = replicas
         self._job = job
@@ -71,14 +73,19 @@ class Batch:
         self._route_key = route_key  # (key, key type) -> the same, for timers (they name no state)
         self._route_key_group = route_key_group  # key group -> its owner, for raw keyed state
         self._route_subtask = route_subtask  # subtask -> the replica keeping it, for raw operator state
-        self._resends_refused = resends_refused  # whether a refusal came from a stale description of the job
+        # What the operations are routed under now, and whether a refusal routed under an earlier
+        # one goes again (JobClient.routing, JobClient.reroutes); without a job: the layout only.
+        self._routing = routing or (lambda: (replicas.version, 0))
+        self._reroutes = reroutes or (
+            lambda exc, routed, url, attempt: attempt is None and replicas.refreshed(exc, routed[0], url)
+        )
         self.epoch = attempt.epoch if attempt is not None else epoch
         self.attempt = attempt
         self.max_ops = max_ops
         self._queued: list[list[tuple[dict[str, Any], PendingResult]]] = [[] for _ in range(len(replicas))]
         self._sending: list[Future[None]] = []
         self._failure: BaseException | None = None  # the first part's error; later parts are not sent
-        self._routed = replicas.version  # the topology version the queued operations were routed under
+        self._routed = self._routing()  # what the queued operations were routed under
 
     def _owner(self, op: dict[str, Any]) -> int:
         """The replica an operation goes to, by what it acts on (``protocol/ops.py``: its target)."""
@@ -115,36 +122,50 @@ class Batch:
     def _send(self, replica: int, chunk: list[tuple[dict[str, Any], PendingResult]]) -> None:
         if self._failure is not None:
             raise StatehouseError("not sent: an earlier part of this batch failed") from self._failure
-        ops = [op for op, _pending in chunk]
         attempt = self.attempt
         if attempt is not None:
             fields, idempotent = attempt.fields(replica), True
         else:
             fields = {"epoch": self.epoch} if self.epoch is not None else {}
-            idempotent = all(op["op"] in IDEMPOTENT_OPS for op in ops)
+            idempotent = all(op["op"] in IDEMPOTENT_OPS for op, _pending in chunk)
         try:
-            if attempt is None and self._routed != self._replicas.version:
-                self._resend(chunk, fields, idempotent)  # queued before the layout was refreshed
-                return
-            connection = self._replicas[replica]
-            try:
-                results = connection.batch(self._job, ops, fields=fields, idempotent=idempotent)
-            except StatehouseError as exc:
-                # The job read afresh (what the process knew of it was stale: JobClient.resends_refused)
-                # or the layout changed (a rescale): the whole part was refused, nothing applied, so
-                # it goes again, re-routed, once. A task attempt's never to a new layout (its epoch
-                # spans the old one).
-                if self._resends_refused is not None and self._resends_refused(exc, attempt):
-                    self._resend(chunk, fields, idempotent)
-                    return
-                if attempt is not None or not self._replicas.refreshed(exc, self._routed, connection.url):
-                    raise
-                self._resend(chunk, fields, idempotent)
-                return
+            if attempt is None and self._routed != self._routing():
+                self._resend(chunk, fields, idempotent)  # queued before the layout or the job was read afresh
+            else:
+                self._deliver(replica, chunk, self._routed, fields, idempotent)
         except BaseException as exc:
             if self._failure is None:
                 self._failure = exc
-            if attempt is not None and isinstance(exc, StatehouseError) and 400 <= (exc.status or 0) < 500:
+            raise
+
+    def _deliver(
+        self,
+        replica: int,
+        chunk: list[tuple[dict[str, Any], PendingResult]],
+        routed: Routed,
+        fields: dict[str, Any],
+        idempotent: bool,
+    ) -> None:
+        """One replica's part, routed under ``routed``. A refusal that a changed layout (a
+        rescale) or a job read afresh explains (``reroutes``) applied nothing: the part goes
+        again, each operation to its owner as the client routes now; a task attempt's only to
+        the same single replica with the same seq (its epoch spans the old layout)."""
+        attempt = self.attempt
+        ops = [op for op, _pending in chunk]
+        try:
+            connection = self._replicas[replica]
+        except IndexError:  # the layout shrank since the part was routed
+            if attempt is not None:
+                raise
+            self._resend(chunk, fields, idempotent)
+            return
+        try:
+            results = connection.batch(self._job, ops, fields=fields, idempotent=idempotent)
+        except StatehouseError as exc:
+            if self._reroutes(exc, routed, connection.url, attempt):
+                self._resend(chunk, fields, idempotent)
+                return
+            if attempt is not None and 400 <= (exc.status or 0) < 500:
                 attempt.refused(replica, fields["seq"])  # answered with an error: nothing staged
             raise
         if attempt is not None:
@@ -153,15 +174,13 @@ class Batch:
             pending._result = result
 
     def _resend(self, chunk: list[tuple[dict[str, Any], PendingResult]], fields: dict[str, Any], idempotent: bool):
-        """A refused part, each operation to its owner under the refreshed layout; errors raised."""
+        """A refused part, each operation to its owner as the client routes now."""
+        routed = self._routing()
         parts: dict[int, list[tuple[dict[str, Any], PendingResult]]] = {}
         for op, pending in chunk:
             parts.setdefault(self._owner(op), []).append((op, pending))
         for replica, part in parts.items():
-            ops = [op for op, _pending in part]
-            results = self._replicas[replica].batch(self._job, ops, fields=fields, idempotent=idempotent)
-            for (_op, pending), result in zip(part, results, strict=True):
-                pending._result = result
+            self._deliver(replica, part, routed, fields, idempotent)
 
     @staticmethod
     def _op(op: str, state: str, key: Any, ns: str, **fields: Any) -> dict[str, Any]:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from statehouse.client.config import ClientConfig
 from statehouse.client.errors import Conflict, NotFound, StatehouseError
 from statehouse.client.job import JobClient, known_job, remember_job
 from statehouse.client.replicas import Replicas
+from statehouse.client.transport import ReplicaConnection
 
 
 class StatehouseClient:
-    """Connections to every replica of one Statehouse deployment, in replica-index order (learned
-    from the replicas before the first job: the URLs may come in any order)."""
+    """Connections to every replica of one Statehouse deployment, in replica-index order, learned
+    from the replicas before the first job. The URLs given are seeds: any order, any that answer,
+    one enough when the set advertises its replicas; the client follows the set through live
+    rescales by itself (``client/replicas.py``)."""
 
     def __init__(self, urls: str | list[str] | ClientConfig, **options: Any) -> None:
         self.config = urls if isinstance(urls, ClientConfig) else ClientConfig.of(urls, **options)
@@ -24,7 +28,7 @@ class StatehouseClient:
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
         if self.replicas.version is None or self.replicas.cached:  # creating: never on a remembered layout
             self.replicas.learn()
-        return self._checked(name, self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
+        return self._agreed(name, lambda: self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
 
     def job(self, name: str, *, version: int | None = None) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
@@ -40,7 +44,7 @@ class StatehouseClient:
         if self.replicas.version is None:
             self.replicas.learn_cached()
         if version is not None and self.replicas.cached and (self.replicas.version or 0) < version:
-            self.replicas.learn()  # the process's layout is older than the driver's
+            self.replicas.relearn()  # the process's layout is older than the driver's
         checked = not self.replicas.cached or (version is not None and self.replicas.version == version)
         known = known_job(self.replicas, name) if checked else None
         if known is not None:  # read by an earlier client of this process, under this layout
@@ -51,39 +55,56 @@ class StatehouseClient:
             return self._job(name)
         try:
             return self._job(name)
-        except StatehouseError:
-            self.replicas.learn()
+        except StatehouseError:  # the remembered layout is stale: a replica it names was removed
+            self.replicas.relearn()
             return self._job(name)
 
     def _job(self, name: str) -> JobClient:
-        infos = []
-        for replica in self.replicas:
-            try:
-                infos.append(replica.json("GET", f"/v1/jobs/{name}"))
-            except NotFound as exc:
-                raise NotFound(
-                    f"job {name!r} does not exist on {replica.url}; create it with create_job({name!r}, ...)",
-                    status=exc.status,
-                    code=exc.code,
-                    problem=exc.problem,
-                ) from None
-        return self._checked(name, infos)
+        return self._agreed(name, lambda: [self._info(replica, name) for replica in self.replicas])
+
+    @staticmethod
+    def _info(replica: ReplicaConnection, name: str) -> dict[str, Any]:
+        try:
+            return replica.json("GET", f"/v1/jobs/{name}")
+        except NotFound as exc:
+            raise NotFound(
+                f"job {name!r} does not exist on {replica.url}; create it with create_job({name!r}, ...)",
+                status=exc.status,
+                code=exc.code,
+                problem=exc.problem,
+            ) from None
 
     def topology(self) -> list[dict[str, Any]]:
-        """Every replica's ``GET /v1/topology``, in replica-index order, learned afresh: the URLs
-        may be given in any order (or one seed URL, when the replicas advertise their peers with
-        ``STATEHOUSE_REPLICA_URLS``). LayoutError, naming what to fix, unless they are one complete
-        replica set at one topology version."""
+        """Every replica's ``GET /v1/topology``, in replica-index order, learned afresh from the
+        seed URLs (any order; one is enough when the set advertises its replicas' URLs: see
+        ``client/replicas.py``). LayoutError, naming what to fix, unless they lead to one whole
+        serving replica set at one topology version."""
         return self.replicas.learn()
 
-    def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
-        """The job's client, once every replica is where the URL list says and they agree on the job."""
+    def _agreed(self, name: str, read: Callable[[], list[dict[str, Any]]]) -> JobClient:
+        """The job's client from every replica's answer about it (``read``, in replica order). A
+        replica that reports another place in the set than the layout in use (a rescale since it
+        was learned) makes the client learn the layout again and ask again; Conflict when the
+        layout learned afresh is the same (the replicas contradict themselves)."""
+        infos = read()
+        while (moved := self._moved(infos)) is not None:
+            if not self.replicas.relearn():
+                raise Conflict(moved)
+            infos = read()
+        return self._checked(name, infos)
+
+    def _moved(self, infos: list[dict[str, Any]]) -> str | None:
+        """What a replica reports against the layout in use, if anything."""
         for index, info in enumerate(infos):
             if info["replica_count"] != len(self.replicas) or info["replica_index"] != index:
-                raise Conflict(
+                return (
                     f"{self.replicas[index].url} is replica {info['replica_index']} of {info['replica_count']}, "
                     f"but the client has it as replica {index} of {len(self.replicas)}: fix the URL list"
                 )
+        return None
+
+    def _checked(self, name: str, infos: list[dict[str, Any]]) -> JobClient:
+        """The job's client, once the replicas (where the layout says) agree on the job."""
         parallelisms = {info["max_parallelism"] for info in infos}
         if len(parallelisms) != 1:
             raise Conflict(f"replicas disagree on job {name!r}'s max_parallelism: {sorted(parallelisms)}")

@@ -26,9 +26,10 @@ too). Only the columnar modules import numpy, pandas and pyarrow (the ``columnar
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
@@ -54,7 +55,9 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from statehouse.client.attempts import TaskAttempt
+    from statehouse.client.job import Routed
     from statehouse.client.replicas import Replicas
+    from statehouse.client.transport import ReplicaConnection
 
 __all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]
 
@@ -74,9 +77,11 @@ class ColumnarJob(Protocol):
 
     def key_type(self, state: str) -> str: ...
 
-    def refreshed(self, exc: StatehouseError | None = None) -> bool: ...
+    def refreshed(self) -> bool: ...
 
-    def resends_refused(self, exc: StatehouseError, attempt: TaskAttempt | None) -> bool: ...
+    def routing(self) -> Routed: ...
+
+    def reroutes(self, exc: StatehouseError, routed: Routed, url: str | None, attempt: TaskAttempt | None) -> bool: ...
 
 
 class _NotSent(StatehouseError):
@@ -91,7 +96,7 @@ class _Part:
     replica: int
     positions: np.ndarray | None
     values: list[pa.Array]
-    routed: int | None = None  # the topology version the rows were routed under
+    routed: Routed = (None, 0)  # what the rows were routed under (JobClient.routing)
     error: BaseException | None = None
 
 
@@ -294,7 +299,7 @@ class Columns:
 
     def _run(self, state: Target, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
         """Send every replica its rows, the replicas in parallel; raise the first error."""
-        routed = self.job.replicas.version
+        routed = self.job.routing()
         parts = [
             _Part(replica, positions, [], routed)
             for replica, positions in enumerate(routes)
@@ -326,47 +331,64 @@ class Columns:
                 if failed.is_set():
                     raise _NotSent("not sent: another part of this columnar call failed")
                 chunk = rows.slice(start, step)
-                replicas = self.job.replicas
-                url = None
-                try:
-                    if self.attempt is None and part.routed != replicas.version:
-                        answer = self._rerouted(state, op, chunk)  # routed before the layout was refreshed
-                    else:
-                        url = replicas[part.replica].url
-                        answer = self._request(state, op, chunk, part.replica)
-                except StatehouseError as exc:
-                    # The job read afresh (what the process knew of it was stale: resends_refused)
-                    # or the layout changed (a rescale): the request was refused whole, nothing
-                    # applied, so its rows go again to their owners, once. A task attempt's never
-                    # to a new layout (its epoch spans the old).
-                    if self.job.resends_refused(exc, self.attempt):
-                        answer = self._rerouted(state, op, self._retyped(state, chunk))
-                    elif self.attempt is not None or not replicas.refreshed(exc, part.routed, url):
-                        raise _at_row(exc, part.positions, start) from None
-                    else:
-                        answer = self._rerouted(state, op, chunk)
+                if self.attempt is None and part.routed != self.job.routing():
+                    answer = self._rerouted(state, op, chunk)  # routed before the layout or the job was read afresh
+                else:
+                    located = functools.partial(_at_row, positions=part.positions, start=start)
+                    answer = self._deliver(state, op, chunk, part.replica, part.routed, located)
                 if answer is not None:
                     part.values.append(answer)
         except BaseException as exc:
             failed.set()
             part.error = exc
 
+    def _deliver(
+        self,
+        state: Target,
+        op: str,
+        rows: pa.Table,
+        replica: int,
+        routed: Routed,
+        located: Callable[[StatehouseError], StatehouseError] | None = None,
+    ) -> pa.Array | None:
+        """One request of ``rows`` to ``replica``, routed under ``routed``. A refusal that a changed
+        layout (a rescale) or a job read afresh explains (``JobClient.reroutes``) applied nothing:
+        the rows go again, each to its owner as the client routes now (a task attempt's only to
+        the same single replica, with the same seq: its epoch spans the old layout). ``located``
+        names the caller's row in this request's own refusal."""
+        try:
+            connection = self.job.replicas[replica]
+        except IndexError:  # the layout shrank since the rows were routed
+            if self.attempt is not None:
+                raise
+            return self._rerouted(state, op, rows)
+        try:
+            return self._request(state, op, rows, replica, connection)
+        except StatehouseError as exc:
+            if not self.job.reroutes(exc, routed, connection.url, self.attempt):
+                if located is None:
+                    raise
+                raise located(exc) from None
+        return self._rerouted(state, op, self._retyped(state, rows))
+
     def _rerouted(self, state: Target, op: str, rows: pa.Table) -> pa.Array | None:
-        """One chunk's rows, each sent to its owner under the current layout (errors raised); a
+        """One chunk's rows, each sent to its owner as the client routes now (errors raised); a
         read's values in the chunk's row order."""
+        routed = self.job.routing()
         routes = self._route(_first(state), rows.column("key").combine_chunks())
-        parts = [_Part(r, positions, []) for r, positions in enumerate(routes) if positions is None or len(positions)]
+        parts = [_Part(r, p, [], routed) for r, p in enumerate(routes) if p is None or len(p)]
         for part in parts:
-            answer = self._request(
-                state, op, rows if part.positions is None else rows.take(pa.array(part.positions)), part.replica
-            )
+            chunk = rows if part.positions is None else rows.take(pa.array(part.positions))
+            answer = self._deliver(state, op, chunk, part.replica, part.routed)
             if answer is not None:
                 part.values.append(answer)
         return _assemble(parts, rows.num_rows, state) if op in ANSWERING_COLUMN_OPS else None
 
-    def _request(self, state: Target, op: str, rows: pa.Table, replica: int) -> pa.Array | None:
-        """One request: a read's ``value`` column (several states': a struct of them, a field per
-        state), or ``None`` for a write."""
+    def _request(
+        self, state: Target, op: str, rows: pa.Table, replica: int, connection: ReplicaConnection
+    ) -> pa.Array | None:
+        """One request to ``connection``, replica ``replica``: a read's ``value`` column (several
+        states': a struct of them, a field per state), or ``None`` for a write."""
         attempt = self.attempt
         if attempt is not None:
             fields, idempotent = attempt.fields(replica), True  # a re-sent seq is answered, not applied again
@@ -374,7 +396,7 @@ class Columns:
             fields = {"epoch": self.epoch} if self.epoch is not None else {}
             idempotent = op in IDEMPOTENT_OPS
         try:
-            content = self.job.replicas[replica].columns(
+            content = connection.columns(
                 self.job.name, state, op, ipc_stream(rows), params=fields, idempotent=idempotent
             )
         except StatehouseError as exc:
@@ -395,7 +417,7 @@ class Columns:
         return None
 
 
-def _at_row(exc: StatehouseError, positions: np.ndarray | None, start: int) -> StatehouseError:
+def _at_row(exc: StatehouseError, *, positions: np.ndarray | None, start: int) -> StatehouseError:
     """The server names a row of its request (``row`` in the problem): name the caller's row."""
     row = exc.problem.get("row")
     if not isinstance(row, int) or isinstance(row, bool):

@@ -45,6 +45,8 @@ class KnownJob:
 
 _KNOWN: dict[tuple[tuple[str, ...], str | None, str], KnownJob] = {}
 _KNOWN_LOCK = threading.Lock()
+# What a request was routed under: the layout's topology version, and JobClient._generation.
+Routed = tuple[int | None, int]
 # Refusals a stale entry explains: the job or the state dropped (and maybe made again, with another
 # key type or max_parallelism), keys of the wrong type, a key routed by another max_parallelism.
 _STALE_CODES = frozenset({"job_not_found", "state_not_found", "invalid_key", "key_not_owned"})
@@ -77,6 +79,12 @@ def forget_job(replicas: Replicas, name: str) -> None:
 
 
 class JobClient:
+    """One job of the replica set: routes each key to its owner by the layout in use and the job's
+    description (max_parallelism, key types), and opens batches, columnar calls and typed state
+    handles over it. A request refused because either changed since it was routed (a live
+    rescale, a job or state made again) goes again re-routed (:meth:`reroutes`), so a long-lived
+    client follows the set through rescales by itself."""
+
     def __init__(
         self,
         replicas: Replicas,
@@ -98,7 +106,7 @@ class JobClient:
         self._reread = reread
         self.cached = False
         self._refreshing = threading.Lock()
-        self._refreshes = 0
+        self._generation = 0  # times the job was read afresh and that changed it (see routing())
 
     # -- routing -------------------------------------------------------------------------
 
@@ -167,29 +175,52 @@ class JobClient:
         self._key_types[state] = key_type
         return key_type
 
-    def refreshed(self, exc: StatehouseError | None = None) -> bool:
-        """Whether a refusal (``exc``; None: a key the client itself refused for its type) may come
-        from what this client took from the process (:class:`KnownJob`), and reading the job
-        afresh changed what it routes or types keys by: then the refused request (which applied
-        nothing) may go again, once. The process forgets the job either way, so the next client
-        reads it afresh. A job that is gone raises NotFound here."""
-        if exc is not None and exc.code not in _STALE_CODES:
-            return False
-        with self._refreshing:
-            if not self.cached or self._reread is None:
-                # Refreshed already (by another part of the same call, sent at the same time): the
-                # refused request goes again under what was read; a refusal then is the answer.
-                return self._refreshes > 0 and exc is not None
-            self.cached = False  # asked now: true for this client from here on
-            self._refreshes += 1
-            return self._refresh()
+    def routing(self) -> Routed:
+        """What a request is routed under now: the layout's topology version, and how many times
+        the job was read afresh since this client was made (:meth:`reroutes` compares them)."""
+        return self.replicas.version, self._generation
 
-    def resends_refused(self, exc: StatehouseError, attempt: TaskAttempt | None) -> bool:
-        """Whether a refused request (which applied nothing) goes again: the job was read afresh
-        and that changed what it routes or types keys by (:meth:`refreshed`), and the request is
-        not a task attempt's spread over several replicas (a replica's requests of an attempt stay
-        in order with their seq; Spark's retry of the task reads the job afresh instead)."""
-        return self.refreshed(exc) and (attempt is None or len(self.replicas) == 1)
+    def reroutes(self, exc: StatehouseError, routed: Routed, url: str | None, attempt: TaskAttempt | None) -> bool:
+        """Whether a refused request (which applied nothing), routed under ``routed`` (see
+        :meth:`routing`) and sent to ``url``, goes again, each of its operations to its owner as
+        the client routes now. It does when the layout changed (a rescale: a 421 naming a newer
+        topology version, a removed replica; :meth:`Replicas.refreshed`), or when what the
+        process knew of the job was stale and reading it afresh changed what it routes or types
+        keys by (:meth:`refreshed`), or either changed since the request was routed (another
+        request saw it first). A request goes again only under a newer layout or description
+        than it was routed under, so it is refused again only as often as they change.
+
+        A task attempt's request never goes to a new layout (its epoch spans the old one: the
+        micro-batch is re-run), nor goes again when spread over several replicas (a replica's
+        requests of an attempt stay in order with their seq; Spark's retry reads the job afresh)."""
+        version, generation = routed
+        if attempt is None and self.replicas.refreshed(exc, version, url):
+            return True
+        if exc.code not in _STALE_CODES or (attempt is not None and len(self.replicas) > 1):
+            return False
+        return self._read_afresh(generation) or (attempt is None and self.replicas.version != version)
+
+    def refreshed(self) -> bool:
+        """Whether the job, read afresh because the client refused a key for the type the process
+        knew (:class:`KnownJob`), now types or routes keys otherwise."""
+        return self._read_afresh(None)
+
+    def _read_afresh(self, generation: int | None) -> bool:
+        """Read the job from the replicas if its description came from the process, and say
+        whether that changed it; true at once when it was read afresh since ``generation``. The
+        process forgets the job first, so its next client reads it afresh too. A job that is gone
+        raises NotFound here; a read that fails leaves the description as it was (the next
+        refusal reads it again)."""
+        with self._refreshing:
+            if generation is not None and generation != self._generation:
+                return True  # read afresh since the request was routed: it goes again under what was read
+            if not self.cached or self._reread is None:
+                return False  # read from the replicas already: the refusal is the answer
+            changed = self._refresh()
+            self.cached = False  # asked now: true for this client from here on
+            if changed:
+                self._generation += 1
+            return changed
 
     def _refresh(self) -> bool:
         assert self._reread is not None
@@ -258,7 +289,8 @@ class JobClient:
             route_key=self.replica_for_key,
             route_key_group=self.replica_for_key_group,
             route_subtask=self.replica_for_subtask,
-            resends_refused=self.resends_refused,
+            routing=self.routing,
+            reroutes=self.reroutes,
         )
 
     def raw_keyed(self, epoch: int | None = None) -> RawKeyedState:
