@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -156,9 +157,12 @@ class Driver:
             kill_session(process.pid)
             process.wait(10)
 
-    def await_marker(self, name: str, process: subprocess.Popen) -> None:
+    def await_marker(self, name: str, process: subprocess.Popen, or_end: bool = False) -> None:
+        """Until marker ``name`` exists (or, ``or_end``, the run has ended)."""
         deadline = time.monotonic() + LIMIT
         while not (self.markers / name).exists():
+            if or_end and process.poll() is not None:
+                return
             assert process.poll() is None, f"the driver ended ({process.returncode}) before {name}:\n{self.tail()}"
             assert time.monotonic() < deadline, f"no {name}:\n{self.tail()}"
             time.sleep(0.05)
@@ -197,20 +201,35 @@ class Operator:
                 process.wait(10)
 
     @staticmethod
-    def await_line(process: subprocess.Popen, log: Path, text: str) -> None:
+    def await_line(process: subprocess.Popen, log: Path, text: str, or_end: bool = False) -> bool:
+        """Until the command's output has ``text`` (polled often: a kill on a progress line races the next
+        step); whether it has (``or_end``: False when the command ended first)."""
         deadline = time.monotonic() + LIMIT
         while text not in log.read_text(errors="replace"):
-            assert process.poll() is None, (
-                f"the command ended ({process.returncode}) before {text!r}:\n{log.read_text()}"
-            )
+            ended = process.poll()
+            if or_end and ended is not None:
+                return text in log.read_text(errors="replace")
+            assert ended is None, f"the command ended ({ended}) before {text!r}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"no {text!r}:\n{log.read_text()}"
-            time.sleep(0.05)
+            time.sleep(0.005)
+        return True
 
 
 def topology(url: str) -> dict:
     return httpx.get(f"{url}/v1/topology", timeout=30).json()
 
 
+class QueryFailed(Exception):
+    """The query failed (exited non-zero) at least once; raised once everything else was checked."""
+
+
+@pytest.mark.xfail(
+    raises=QueryFailed,
+    strict=True,
+    reason="a micro-batch waiting at its boundary for a live rescale fails the query (Unavailable from "
+    "Replicas.learn in MicroBatchCoordinator._await_move) when the move's joining replica is down (restarting) "
+    "after the old replicas committed: the wait ends once no replica that answers shows the move pending",
+)
 def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path, replica_set: ReplicaSet) -> None:
     batches = make_events(39, files=BATCHES, per_file=30, users=60)
     seeds = replica_set.start(2)
@@ -220,6 +239,7 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
     feeder = Feeder(tmp_path, batches, driver.markers)
     writer = CounterWriter(seeds)
     operator = Operator(tmp_path)
+    failed: list[str] = []  # the query's failures (a supervisor restarted it)
     fail = [arg for batch in FAIL_TASKS for arg in ("--fail-task", str(batch))]
     query = driver.start(*fail, "--hold-commit", str(HOLD_AT), "--kill-in-task", str(KILL_AT))
     feeder.limit = HOLD_AT + 1
@@ -252,18 +272,31 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
         feeder.limit = REGROW_AFTER + 1
         joining = replica_set.add(2, 3, version=topology(seeds[0])["version"] + 1)  # empty again, same place
 
-        # Grow 2 -> 3 again, started as a file is dropped; the joining replica is SIGKILLed once it has loaded.
+        # Grow 2 -> 3 again, started as a file is dropped, the next file once the move is prepared (its batch
+        # meets the move); the joining replica is SIGKILLed once it has loaded, and stays down until the old
+        # replicas have committed and a batch has begun meanwhile (restarted, it commits itself).
         driver.await_marker(f"done-{REGROW_AFTER}", query)
         regrow, regrow_log = operator.start("--to", "3", "--urls", ",".join(seeds), "--urls-new", joining.url)
+        feeder.limit = REGROW_AFTER + 2
+        operator.await_line(regrow, regrow_log, "prepared:")
         feeder.limit = BATCHES
         operator.await_line(regrow, regrow_log, "loaded:")
+        replica_set.servers[2].stop(signal.SIGKILL)
+        # Unless the move committed on it before the kill landed (then it is restarted at once).
+        if operator.await_line(regrow, regrow_log, "waiting (unreachable) for commit", or_end=True):
+            driver.await_marker(f"begun-{REGROW_AFTER + 2}", query, or_end=True)
+            time.sleep(2)  # a batch waiting for the move looks every 0.5 s
         replica_set.restart(2)
         code = operator.finish(regrow)
         assert code in (0, 4), regrow_log.read_text()  # 4: a replica did not commit; --resume finishes
         code, shown = operator.run("--resume", "--urls", ",".join(seeds))
         assert code == 0, shown
 
-        assert driver.finish(query) == 0, driver.tail()
+        # A query that failed is restarted, as its supervisor would: the rest is checked, then the failure shown.
+        while (code := driver.finish(query)) != 0:
+            failed.append(f"driver run {driver.runs} exited {code}:\n{driver.tail()}")
+            assert len(failed) < 3, "\n".join(failed)
+            query = driver.start(*fail)
     finally:
         if query.poll() is None:  # a failed step: whatever is left of the driver's session
             kill_session(query.pid)
@@ -284,7 +317,8 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
     expected = reference(batches)
     assert_matches(state_of(seeds, JOB, expected), expected)
 
-    assert writer.failures == []
+    # An add fails only while its key group's owner is down: the joining replica killed mid-move, after the commit.
+    assert [f for f in writer.failures if not (f.startswith("Unavailable") and joining.url in f)] == []
     with StatehouseClient(seeds) as client, client.job(WRITER_JOB).batch() as reads:
         counted = {key: reads.get(COUNTERS, key) for key in writer.keys}
     totals = {key: counted[key].value or 0 for key in writer.keys}
@@ -301,3 +335,5 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
     assert misplaced(urls, WRITER_JOB, [COUNTERS], MAX_PARALLELISM, count=3) == {COUNTERS: []}
     held = holders(urls, JOB, "total_spent", MAX_PARALLELISM)
     assert set(held) == set(expected) and all(len(at) == 1 for at in held.values())
+    if failed:
+        raise QueryFailed("\n".join(failed))
