@@ -259,7 +259,8 @@ class Columns:
             if isinstance(state, tuple):
                 return _by_state(pa.StructArray.from_arrays([pa.nulls(0)] * len(state), names=state), index, as_arrow)
             return read_result(pa.nulls(0), index, state, as_arrow)
-        parts = self._run(state, op, table, self._route(_first(state), key_array))
+        routed = self.job.routing()  # before routing: a layout learned meanwhile re-routes the rows
+        parts = self._run(state, op, table, self._route(_first(state), key_array), routed)
         if not reads:
             return rows * (len(state) if isinstance(state, tuple) else 1)
         answered = _assemble(parts, rows, state)
@@ -297,9 +298,11 @@ class Columns:
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         return [order[bounds[r] : bounds[r + 1]] for r in range(count)]
 
-    def _run(self, state: Target, op: str, table: pa.Table, routes: list[np.ndarray | None]) -> list[_Part]:
-        """Send every replica its rows, the replicas in parallel; raise the first error."""
-        routed = self.job.routing()
+    def _run(
+        self, state: Target, op: str, table: pa.Table, routes: list[np.ndarray | None], routed: Routed
+    ) -> list[_Part]:
+        """Send every replica its rows (``routes``, made under ``routed``), the replicas in
+        parallel; raise the first error."""
         parts = [
             _Part(replica, positions, [], routed)
             for replica, positions in enumerate(routes)
