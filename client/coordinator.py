@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.attempts import CommitMessage, commit_bodies, winners
-from statehouse.client.errors import StatehouseError
+from statehouse.client.errors import StatehouseError, Unavailable
 from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed, GlobalCheckpoint
 from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
 
@@ -224,8 +224,9 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         return self._undo_half_commit(self.job.infos())
 
     def _relearn(self) -> None:
-        """Route by the layout the replicas serve now (after a move this client did not drive)."""
-        self.job.replicas.learn()
+        """Route by the layout the replicas serve now (after a move this client did not drive; a
+        replica of it still restarting is waited for by the calls that reach it)."""
+        self.job.replicas.relearn()
         self._next_listed = None  # the new layout's replicas list their own ids
 
     def _await_move(self, batch_id: int, deadline: float) -> None:
@@ -271,7 +272,15 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         """Begin an attempt of micro-batch ``batch_id``: a fenced epoch to write under, or a replay."""
         deadline = time.monotonic() + self.move_wait
         while True:
-            answers = self._fence_next()
+            try:
+                answers = self._fence_next()
+            except Unavailable as exc:  # a replica restarting (a move's joining one, say): wait for it
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("micro-batch %d of job %r waits for a replica: %s", batch_id, self.job.name, exc.detail)
+                time.sleep(0.5)
+                self._relearn()
+                continue
             moving = [a["rescale_version"] for a in answers if a.get("rescale_version")]
             stale = {a["topology_version"] for a in answers if "topology_version" in a} - {self.job.replicas.version}
             if moving or (stale and self.job.replicas.version is not None):
