@@ -2,7 +2,8 @@
 test (tests/test_spark_operator_rescale.py)::
 
     python -m harness.operator_query --input D --output D --checkpoint D --statehouse URL1,URL2 --job NAME \\
-        --markers DIR --batches N [--fail-task BATCH]... [--hold-commit BATCH]... [--kill-in-task BATCH] [--restart]
+        --markers DIR --batches N [--fail-task BATCH]... [--hold-commit BATCH]... [--hold-checkpoint BATCH]... \\
+        [--kill-in-task BATCH] [--restart]
 
 The query (``user_features.start`` with a continuous trigger, one input file per micro-batch) takes each file as
 it appears in ``--input`` and stops, exit 0, once micro-batch ``N - 1`` is done; a failed query exits non-zero.
@@ -14,6 +15,8 @@ What the test watches and steers, as files in ``--markers``: ``begun-B`` when ``
 restarts): ``--fail-task B`` fails the first attempt of a task of batch ``B`` after its writes (Spark retries it);
 ``--hold-commit B`` holds the commit of batch ``B`` (its first epoch prepare) once its tasks are done: touches
 ``at-commit-B`` and waits for ``go-commit-B``, so the test can start a move while the batch is in flight;
+``--hold-checkpoint B`` likewise holds batch ``B``'s checkpoint once its epoch commit was sent (``at-checkpoint-B``,
+``go-checkpoint-B``), so that a move can run between a batch's commit and its checkpoint;
 ``--kill-in-task B`` SIGKILLs the driver's session once a task of batch ``B`` has staged its writes. As in
 harness/spark_driver.py, faults wrap things in this process only: the product code has no test hooks.
 """
@@ -42,35 +45,46 @@ from statehouse.pipelines import user_features
 
 HOLD_LIMIT = 120.0  # seconds a held commit waits for the test's go (a test that died leaves no go)
 PREPARE = re.compile(r"/v1/jobs/[^/]+/epochs/\d+/prepare$")
+COMMIT = re.compile(r"/v1/jobs/[^/]+/epochs/\d+/commit$")
+TRIGGER = re.compile(r"/v1/jobs/[^/]+/checkpoints$")  # a global checkpoint's trigger
 
 
 class Markers:
     """The marker directory: what the driver reports, and the holds the test releases."""
 
-    def __init__(self, directory: str, hold_commit: frozenset[int]) -> None:
+    def __init__(self, directory: str, hold_commit: frozenset[int], hold_checkpoint: frozenset[int]) -> None:
         self.directory = Path(directory)
-        self.hold_commit = hold_commit
+        self.hold_commit, self.hold_checkpoint = hold_commit, hold_checkpoint
         self.running: int | None = None  # the micro-batch foreachBatch is running
+        self.committed: int | None = None  # the micro-batch whose epoch commit was sent
 
     def touch(self, name: str) -> None:
         (self.directory / name).touch()
 
     def install(self) -> None:
-        """Wrap the driver's JSON calls: a held batch's epoch prepare waits for the test's go."""
+        """Wrap the driver's JSON calls: a held batch's epoch prepare, or its checkpoint's trigger after its
+        commit, waits for the test's go."""
         original = ReplicaConnection.json
 
         def json(conn: ReplicaConnection, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> Any:
             batch = self.running
             if method == "POST" and batch in self.hold_commit and PREPARE.search(path):
-                self.hold(batch)
+                self.hold("commit", batch)
+            if method == "POST" and COMMIT.search(path):
+                self.committed = batch
+            elif (
+                method == "POST" and TRIGGER.search(path) and batch in self.hold_checkpoint and self.committed == batch
+            ):
+                self.hold("checkpoint", batch)
             return original(conn, method, path, body, idempotent=idempotent)
 
         ReplicaConnection.json = json  # type: ignore[method-assign,assignment]
 
-    def hold(self, batch: int) -> None:
-        """Every replica's prepare of ``batch`` waits here (they are sent in parallel) until ``go-commit-B``."""
-        self.touch(f"at-commit-{batch}")
-        go = self.directory / f"go-commit-{batch}"
+    def hold(self, step: str, batch: int) -> None:
+        """Every replica's request of ``step`` of ``batch`` waits here (they are sent in parallel) until
+        ``go-STEP-B``."""
+        self.touch(f"at-{step}-{batch}")
+        go = self.directory / f"go-{step}-{batch}"
         deadline = time.monotonic() + HOLD_LIMIT
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -105,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, required=True, help="stop once micro-batch N-1 is done")
     parser.add_argument("--fail-task", action="append", default=[], type=int, help="a micro-batch id")
     parser.add_argument("--hold-commit", action="append", default=[], type=int, help="a micro-batch id")
+    parser.add_argument("--hold-checkpoint", action="append", default=[], type=int, help="a micro-batch id")
     parser.add_argument("--kill-in-task", type=int, help="a micro-batch id")
     parser.add_argument("--restart", action="store_true", help="a driver restarted after a crash: recover first")
     args = parser.parse_args(argv)
@@ -115,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     kill = Kill(os.getpid() if os.getsid(0) == os.getpid() else None, os.path.join(args.markers, "killed"))
     config = ClientConfig.of(args.statehouse)  # the defaults, as docs/spark.md configures the query
-    markers = Markers(args.markers, frozenset(args.hold_commit))
+    markers = Markers(args.markers, frozenset(args.hold_commit), frozenset(args.hold_checkpoint))
     markers.install()
 
     user_features.setup(config, args.job)  # idempotent
