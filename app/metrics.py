@@ -51,7 +51,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # A live rescale (RESCALE.md): pending here, bytes its loads read, prepare to commit.
+        # A live rescale (docs/rescale.md): pending here, bytes its loads read, prepare to commit.
         self.rescale_moves = Gauge(
             "statehouse_rescale_moves_in_progress",
             "Live rescales pending on this replica (0 or 1): prepared, not yet committed or aborted",

@@ -151,7 +151,7 @@ class Job:
         with self._lock:
             self._replaced = False
 
-    # -- a live rescale: freeze, switch, drop (RESCALE.md "Engine API") ------------------------
+    # -- a live rescale: freeze, switch, drop (docs/rescale.md, "Engine API") ------------------------
 
     def staged_epochs_in(self, ranges: Sequence[KeyGroupRange]) -> list[int]:
         """The open epochs whose staged writes (an uncommitted micro-batch's) touch these key

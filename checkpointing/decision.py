@@ -9,7 +9,7 @@ written once: deciding the same outcome again answers the record, the other outc
 Write-once over storages without a conditional put (a local directory, S3-compatible servers):
 the record is read, written if absent, and read back; two coordinators deciding at the same
 instant could both pass the first read, and the read-back then tells the loser whose outcome
-stands. One coordinator drives a move (RESCALE.md), so this is a guard, not a lock service;
+stands. One coordinator drives a move (docs/rescale.md), so this is a guard, not a lock service;
 within one process a lock serializes deciders.
 
 "_topology" cannot be a job's directory: a job name cannot start with "_".

@@ -1,4 +1,4 @@
-"""One replica's side of a live rescale (RESCALE.md; issue 30): prepare, load, decide, commit,
+"""One replica's side of a live rescale (docs/rescale.md): prepare, load, decide, commit,
 abort, and what a restart does about a move it finds in its record.
 
 The coordinator (``client/rescale.py``) drives every replica through the steps; each is
@@ -450,8 +450,8 @@ class RescaleParticipant:
     # -- a start with a move in the record --------------------------------------------------------
 
     def resume_at_start(self) -> str:
-        """What a starting replica does about its record (RESCALE.md, "Start of a replica with a
-        move in its record"); the line it logged ("" when there was nothing to do)."""
+        """What a starting replica does about its record (docs/rescale.md, "Start of a replica
+        with a move in its record"); the line it logged ("" when there was nothing to do)."""
         with self._lock:
             topology = self.layout.topology
             if topology.previous is not None and not topology.previous.dropped:

@@ -1,4 +1,4 @@
-"""The driver of a live rescale (RESCALE.md, docs/operations.md "Rescaling"): N replicas to M while
+"""The driver of a live rescale (docs/rescale.md, docs/operations.md "Rescaling"): N replicas to M while
 writers keep running. The CLI (``statehouse rescale --to M``) and a Spark driver
 (``MicroBatchCoordinator.rescale``) share it.
 

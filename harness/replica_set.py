@@ -1,7 +1,7 @@
 """A replica set that changes size while it serves, for the live-rescale tests and benchmark.
 
 Replicas (RocksDB unless told) over one checkpoint storage (S3 or a directory): started at topology version 1,
-grown by a new empty replica at the next version (as RESCALE.md's step 0 has the operator start
+grown by a new empty replica at the next version (as docs/rescale.md has the operator start
 it), SIGKILLed and restarted in place (same port, same data directory, same settings), and asked
 what each one stores, key by key (``GET .../scan`` over every key group, not only the owned ones),
 so that a test can say every key lives only on its owner.

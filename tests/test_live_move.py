@@ -1,4 +1,4 @@
-"""The engine's primitives of a live rescale (RESCALE.md "Engine API"), in process, both backends:
+"""The engine's primitives of a live rescale (docs/rescale.md, "Engine API"), in process, both backends:
 freezing the key groups that move (writes refused through every door, reads served), switching
 a job's layout, dropping key groups, and merge-restoring moving-in key groups into live jobs."""
 

@@ -1,4 +1,4 @@
-"""The server side of a live rescale (RESCALE.md, issue 30): the move recorded in each replica's
+"""The server side of a live rescale (docs/rescale.md): the move recorded in each replica's
 topology, the durable decision, and the steps prepare / load / decide / commit / abort over HTTP.
 
 In process first (the record, the ranges, the decision, the restart rules), then real servers
