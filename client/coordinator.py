@@ -321,7 +321,8 @@ class MicroBatchCoordinator(CheckpointCoordinator):
             return None
         assert plan.epoch is not None
         self._open = None  # committed or not, this batch is over: a re-run begins again
-        bodies = commit_bodies(winners(messages), len(self.job.replicas), plan.batch_id)
+        batch_id = plan.batch_id if plan.batch_id >= 0 else None  # -1: a write before any micro-batch
+        bodies = commit_bodies(winners(messages), len(self.job.replicas), batch_id)
         path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
         # One replica: its commit checks exactly what its prepare would (the winners' writes, the
         # epoch) under the same lock, and applies all or nothing, so the prepare's round trip is
