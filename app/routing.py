@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Scope
 
+from statehouse.app.dependencies import GRANT
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import loads_json, max_values
 
@@ -33,6 +34,19 @@ def data_plane(endpoint: E) -> E:
     successful calls by default (``app/access_log.py``, given the flagged routes by the app)."""
     endpoint.data_plane = True  # type: ignore[attr-defined]
     return endpoint
+
+
+def admin_route(reason: str) -> Callable[[E], E]:
+    """Flags a route (under its ``@router.post``) as needing an ``@admin`` token. The route class
+    checks it before the handler receives or validates the body, as ``app/intake.py`` checks a
+    job's scope: a refused caller gets 403 ``forbidden`` (``reason`` says why) whatever it sends,
+    never a 422 about a body it may not send."""
+
+    def flag(endpoint: E) -> E:
+        endpoint.admin_reason = reason  # type: ignore[attr-defined]
+        return endpoint
+
+    return flag
 
 
 def data_plane_paths(routes: list[BaseRoute]) -> list[str]:
@@ -76,8 +90,12 @@ def route_path(scope: Scope) -> str:
 class StrictRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        admin_reason: str | None = getattr(self.endpoint, "admin_reason", None)
 
         async def strict_handler(request: Request) -> Response:
+            # Authorise before anything about the request is validated (the grant is app/intake.py's).
+            if admin_reason is not None and not request.scope[GRANT].admin:
+                raise ApiError("forbidden", admin_reason)
             check_target(request.scope)
             return await handler(StrictJSONRequest(request.scope, request.receive))
 

@@ -13,7 +13,7 @@ from statehouse.app import openapi as doc
 from statehouse.app.dependencies import GrantDep, Service, ServiceDep
 from statehouse.app.models import KeyGroupRange
 from statehouse.app.problems import ApiError
-from statehouse.app.routing import api_router
+from statehouse.app.routing import admin_route, api_router
 from statehouse.app.tokens import Grant
 from statehouse.checkpointing.decision import Decision
 from statehouse.checkpointing.rescale import RescaleParticipant
@@ -134,12 +134,12 @@ def participant(service: Service) -> RescaleParticipant:
     return service.rescale
 
 
+ADMIN_STEP = "a live rescale moves every job's state: its steps need an @admin token (STATEHOUSE_API_TOKENS)"
+
+
 def admin_only(grant: Grant) -> None:
     if not grant.admin:
-        raise ApiError(
-            "forbidden",
-            "a live rescale moves every job's state: its steps need an @admin token (STATEHOUSE_API_TOKENS)",
-        )
+        raise ApiError("forbidden", ADMIN_STEP)
 
 
 Version = Annotated[int, Field(ge=1, le=2**31 - 1, description="the topology version the move goes to (v+1)")]
@@ -252,10 +252,10 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
     response_model=LoadInfo,
     responses=doc.errors(*STEP, *LOAD),
 )
+@admin_route(ADMIN_STEP)
 async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> LoadInfo:
     """Step 3: load the key groups moving in to this replica from each job's checkpoint into the live job (not
     served until the commit); synchronous. Every job the replica has must be named (409 `rescale_incomplete`)."""
-    admin_only(grant)
     loaded = await run_in_threadpool(participant(service).load, body.version, body.checkpoints)
     service.metrics.rescale_bytes_loaded.inc(sum(job["bytes_read"] for job in loaded.values()))
     return LoadInfo(jobs={job: JobLoad(**info) for job, info in loaded.items()})
@@ -266,11 +266,11 @@ async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> 
     response_model=DecisionInfo,
     responses=doc.errors(*STEP, *doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_decided", "rescale_incomplete"),
 )
+@admin_route(ADMIN_STEP)
 async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody) -> DecisionInfo:
     """Step 4, on any one replica: write the durable decision of the move (once; the same outcome again answers it,
     the other is 409 `rescale_decided`). Commit only after every replica that stays or joins answered its load:
     a commit names the move's completed checkpoint of every job this replica has (409 `rescale_incomplete`)."""
-    admin_only(grant)
     decision = await run_in_threadpool(
         participant(service).decide,
         body.version,
