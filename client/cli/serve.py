@@ -2,7 +2,7 @@
 on port PORT+i, keeps its data in DIR/data-<i> and logs to DIR/replica-<i>.log; all share the
 checkpoint storage DIR/checkpoints (or $STATEHOUSE_CHECKPOINT_DIR), as a set's replicas share S3,
 and each advertises the set's URLs (STATEHOUSE_REPLICA_URLS), so that one URL is enough for a client.
-Ctrl-C or SIGTERM stops them all. It needs the server installed (pip install statehouse).
+Ctrl-C or SIGTERM stops them all. It needs the server installed (pip install statehouse-server).
 
 DIR/statehouse-serve.json describes the running set; ``statehouse rescale`` uses it to grow the set
 live (new empty replicas started with the new count, once the target is checked, before the move)
@@ -179,7 +179,9 @@ class ReplicaSet:
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("statehouse.app") is None:
-        raise CommandError("serve runs the Statehouse server, which is not installed here: pip install statehouse")
+        raise CommandError(
+            "serve runs the Statehouse server, which is not installed here: pip install statehouse-server"
+        )
     if args.replicas < 1:
         raise CommandError("--replicas must be at least 1", 2)
     directory = Path(args.dir).resolve()
