@@ -2,23 +2,34 @@
 
 Two RocksDB replicas hold a job of ``--keys`` keys (16-byte keys, 100 random bytes each, 128 key groups)
 and the user-features job of a Spark streaming query (``--batches`` micro-batches, one file each); every
-checkpoint goes to S3. A third replica starts empty. The query's driver rescales the set to 3 replicas
-before micro-batch ``--grow-at`` and back to 2 before ``--shrink-at`` (``MicroBatchCoordinator.rescale``,
-through harness/rescale_driver.py's wrapper, as the live-rescale test does). Reported per rescale:
+checkpoint goes to S3. A third replica starts empty. Who moves the state:
 
-- wall time from the request to the new layout serving (the rescale call returns after every commit),
-  split by step (prepare, checkpoint, load, decide, commit, and the batch anchor's carry-over to the new
-  layout) as the driver's calls span them;
-- per replica that takes key groups: the bytes its load read from S3 against its share, the stored bytes
-  of the key groups it takes (``GET .../sizes`` before the move) and the checkpoint's bytes scaled to
-  those key groups;
-- CPU seconds of each replica process and of this (driver) process during the rescale, beside the wall;
-- every micro-batch's duration (Spark's triggerExecution): the batch that crosses the cut against the
-  batches around it.
+- by default the query's driver rescales the set to 3 replicas before micro-batch ``--grow-at`` and back
+  to 2 before ``--shrink-at`` (``MicroBatchCoordinator.rescale``, through harness/rescale_driver.py's
+  wrapper, as the live-rescale test does): the cut is a batch boundary;
+- ``--external``: the query has no rescale plan; this process runs ``statehouse rescale --to 3`` and later
+  ``--to 2`` from outside, as an operator does (the CLI as a subprocess, its defaults), each as micro-batch
+  ``--grow-at`` / ``--shrink-at`` begins. The batch in flight holds the move's prepare off, a batch that
+  begins during the move waits at its boundary; both are marked;
+- ``--no-spark``: ``LiveRescale`` alone, no query.
+
+Reported per rescale:
+
+- wall time from the request to the new layout serving (every replica committed), split by step
+  (prepare, checkpoint, load, decide, commit) as the driver's calls span them, or, ``--external``, as the
+  CLI's progress lines (stderr, timed as they arrive) bound them;
+- per replica that takes key groups (driver and ``--no-spark``): the bytes its load read from S3 against
+  its share, the stored bytes of the key groups it takes (``GET .../sizes`` before the move) and the
+  checkpoint's bytes scaled to those key groups;
+- CPU seconds of each replica process and of this (driver) process, or of the CLI process, during the
+  rescale, beside the wall;
+- every micro-batch's duration (Spark's triggerExecution): the batch(es) that meet a move against the
+  batches around them; the machine's load average (``os.getloadavg()``) while the query ran.
 
 The machine is shared (other sessions' tests run beside it): figures of one run spread widely.
 
     .venv/bin/python -m bench.rescale_live --keys 1000000
+    .venv/bin/python -m bench.rescale_live --keys 1000000 --external   # an operator's moves from outside
     .venv/bin/python -m bench.rescale_live --keys 1000000 --no-spark   # LiveRescale alone, no query
 """
 
@@ -28,9 +39,13 @@ import argparse
 import contextlib
 import functools
 import json
+import logging
 import os
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -55,7 +70,20 @@ from statehouse.pipelines import user_features
 BULK = "bulk"
 FEATURES = "features"
 MAX_PARALLELISM = 128
-STEPS = ("prepare", "checkpoint", "load", "decide", "commit", "carry-over")
+STEPS = ("prepare", "checkpoint", "load", "decide", "commit")
+STATEHOUSE = str(Path(sys.executable).parent / "statehouse")  # the command, as installed beside this Python
+# The CLI's progress lines (client/cli/rescale.py, on stderr) that end each step of a move, in order.
+CLI_STEPS = (
+    ("prepared", "prepare"),
+    ("checkpointed", "checkpoint"),
+    ("loaded", "load"),
+    ("decided", "decide"),
+    ("committed", "commit"),
+    ("verified", "verify"),
+)
+COORDINATOR_LOG = "statehouse.client.coordinator"  # its warnings name the batches that meet a move
+HELD = "waiting for a micro-batch to end"  # the CLI's line when a batch in flight refused its prepare
+AROUND = 3  # micro-batches on each side of the ones that met a move make its "around" median
 
 
 @dataclass
@@ -89,14 +117,10 @@ class CallLog:
         ReplicaConnection.json = json_call  # type: ignore[method-assign,assignment]
 
     def steps(self) -> dict[str, float]:
-        """Seconds from the first to the last call of each step. Checkpoint calls after the commits are
-        the batch anchor's carry-over to the new layout (MicroBatchCoordinator.rescale), not the move's."""
-        commits = [c.ended for c in self.calls if c.path == "/v1/topology/commit"]
+        """Seconds from the first to the last call of each step."""
         spans: dict[str, list[float]] = {}
         for call in self.calls:
             step = step_of(call.path)
-            if step == "checkpoint" and commits and call.started >= max(commits):
-                step = "carry-over"
             if step is not None:
                 spans.setdefault(step, []).extend((call.started, call.ended))
         return {step: max(s) - min(s) for step, s in spans.items()}
@@ -188,6 +212,217 @@ def measure(log: CallLog, replicas: ReplicaSet, step: Rescale, rescale: Callable
     }
 
 
+@dataclass
+class Timeline:
+    """When ``foreachBatch`` ran each micro-batch (this process's monotonic clock), and the batches whose
+    begin waited for a live rescale or whose checkpoint met one (the coordinator's warnings, caught by
+    :class:`CoordinatorLog`)."""
+
+    begun: dict[int, float] = field(default_factory=dict)
+    ended: dict[int, float] = field(default_factory=dict)
+    waits: dict[int, list[float]] = field(default_factory=dict)  # batch -> [wait logged, "goes on" logged]
+    checkpoint_met: set[int] = field(default_factory=set)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    finished: bool = False
+
+    def wrap(self, run: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+        def wrapped(df: Any, batch_id: int) -> None:
+            with self.changed:
+                self.begun[batch_id] = time.monotonic()
+                self.changed.notify_all()
+            try:
+                run(df, batch_id)
+            finally:
+                self.ended[batch_id] = time.monotonic()
+
+        return wrapped
+
+    def await_begun(self, batch: int) -> bool:
+        """Wait until micro-batch ``batch`` begins (True) or the query ended first (False)."""
+        with self.changed:
+            self.changed.wait_for(lambda: batch in self.begun or self.finished)
+            return batch in self.begun
+
+    def finish(self) -> None:
+        with self.changed:
+            self.finished = True
+            self.changed.notify_all()
+
+
+class CoordinatorLog(logging.Handler):
+    """The coordinator's warnings of a micro-batch meeting a live rescale, timed into a :class:`Timeline`."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        super().__init__(logging.WARNING)
+        self.timeline = timeline
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = str(record.msg)
+        batch = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if not isinstance(batch, int):
+            return
+        print(f"driver log: {record.getMessage()}", file=sys.stderr, flush=True)  # as the driver's log shows it
+        if message.startswith("micro-batch %d of job %r waits for a live rescale") or message.startswith(
+            "micro-batch %d of job %r goes on after the live rescale"
+        ):
+            self.timeline.waits.setdefault(batch, []).append(time.monotonic())
+        elif message.startswith("the checkpoint of micro-batch %d met a live rescale"):
+            self.timeline.checkpoint_met.add(batch)
+
+
+class LoadSampler:
+    """The machine's 1-minute load average (``os.getloadavg()``) every ``every`` seconds, from a thread."""
+
+    def __init__(self, every: float = 2.0) -> None:
+        self.every = every
+        self.samples: list[tuple[float, float]] = []  # (monotonic time, load)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic(), os.getloadavg()[0]))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, start: float = 0.0, end: float = float("inf")) -> dict[str, float]:
+        """Min, mean and max of the samples from ``start`` to ``end`` (the latest sample before
+        ``start`` included: a short span may hold none of its own)."""
+        inside = [load for t, load in self.samples if start <= t <= end]
+        before = [load for t, load in self.samples if t < start]
+        values = inside + before[-1:] or [os.getloadavg()[0]]
+        return {"min": min(values), "mean": statistics.fmean(values), "max": max(values)}
+
+
+def operator_rescale(replicas: ReplicaSet, step: Rescale, workdir: Path, load: LoadSampler) -> dict[str, Any]:
+    """Run ``statehouse rescale --to M`` from outside, as an operator does (the command as a subprocess,
+    its defaults, no STATEHOUSE_* environment), and time it: from the request (the command's start) to
+    each progress line on its stderr, to the new layout serving (its ``committed`` line: every replica
+    committed) and to its exit; beside it the CPU of every replica and of the command."""
+    old = 2 if step.count == 3 else 3
+    urls = replicas.urls[:old]
+    added = [url for url in step.urls if url not in urls]
+    command = [STATEHOUSE, "rescale", "--to", str(step.count), "--urls", ",".join(urls)]
+    command += ["--urls-new", ",".join(added)] if added else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")}
+    pids = {s.url: s.process.pid for s in replicas.servers}
+    cpu = {url: process_cpu_ns(pid) for url, pid in pids.items()}
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.append(process.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
+    lines = [(time.monotonic() - started, line.rstrip("\n")) for line in process.stderr]
+    _, status, usage = os.wait4(process.pid, 0)  # its rusage: the command's own CPU
+    exited = time.monotonic()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    reader.join()
+    text = "".join(stdout)
+    if process.returncode != 0:
+        shown = "\n".join(line for _, line in lines)
+        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}:\n{shown}\n{text}")
+    steps, at = cli_steps(lines)
+    reported = re.search(r" in (\d+(?:\.\d+)?)s\b", text)
+    return {
+        "requested_as_batch": step.batch,
+        "from": old,
+        "to": step.count,
+        "command": ["statehouse", *command[1:]],
+        "t0": started,
+        "serving_s": at["committed"],
+        "exit_s": exited - started,
+        "command_s": float(reported.group(1)) if reported else None,  # the command's own "in X s"
+        "steps_s": steps,
+        "lines": lines,
+        "stdout": text,
+        "cpu_s": {url: (process_cpu_ns(pid) - cpu[url]) / 1e9 for url, pid in pids.items()},
+        "cli_cpu_s": usage.ru_utime + usage.ru_stime,
+        "load": load.summary(started, exited),
+    }
+
+
+def cli_steps(lines: list[tuple[float, str]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each step's seconds as the CLI's progress lines bound it (``prepare``: from the request, so the
+    command's start, its checks and any wait for a batch in flight; each next step from the line
+    before; ``held``: from its first wait for a micro-batch to end to its prepare), and when each line
+    first came, from the request."""
+    at: dict[str, float] = {}
+    for t, line in lines:
+        at.setdefault(line.split(":", 1)[0], t)
+    steps: dict[str, float] = {}
+    last = 0.0
+    for word, step in CLI_STEPS:
+        if word in at:
+            steps[step], last = at[word] - last, at[word]
+    held = [t for t, line in lines if line.startswith(HELD)]
+    if held and "prepared" in at:
+        steps["held"] = at["prepared"] - held[0]
+    return steps, at
+
+
+def operator_moves(
+    plan: list[Rescale],
+    timeline: Timeline,
+    replicas: ReplicaSet,
+    workdir: Path,
+    load: LoadSampler,
+    rescales: list[dict[str, Any]],
+    failures: list[BaseException],
+) -> None:
+    """The operator: each move of ``plan`` is requested as its micro-batch begins (a thread's body)."""
+    try:
+        for step in plan:
+            if not timeline.await_begun(step.batch):
+                return
+            rescales.append(operator_rescale(replicas, step, workdir, load))
+    except BaseException as exc:  # reported by the main thread once the query ended
+        failures.append(exc)
+
+
+def meetings(rescales: list[dict[str, Any]], timeline: Timeline) -> dict[int, list[str]]:
+    """How each micro-batch met each external move, if it did: ``held`` (in flight when the move's
+    prepare was refused: the command waited for it to end), ``waited`` (it began during the move and
+    waited at its boundary: the coordinator's warning), ``checkpoint met`` (its checkpoint met the move
+    and was taken again), ``beside`` (it ran while the command started, before any prepare, and met
+    nothing but the command's start)."""
+    notes: dict[int, list[str]] = {}
+    for r in rescales:
+        t0, end = r["t0"], r["t0"] + r["serving_s"]
+        name = f"{r['from']} → {r['to']}"
+        held = [t0 + t for t, line in r["lines"] if line.startswith(HELD)]
+        for batch, begun in timeline.begun.items():
+            ended = timeline.ended.get(batch, float("inf"))
+            if ended < t0 or begun > end:
+                continue
+            wait = timeline.waits.get(batch)
+            if wait and begun <= wait[0] <= end:
+                notes.setdefault(batch, []).append(f"waited {wait[-1] - wait[0]:.1f} s at its boundary for {name}")
+            elif any(begun <= t <= ended for t in held):
+                notes.setdefault(batch, []).append(f"held {name}'s prepare off")
+            else:
+                notes.setdefault(batch, []).append(f"beside {name}'s start")
+            if batch in timeline.checkpoint_met:
+                notes[batch].append("its checkpoint met the move")
+    return notes
+
+
+def around(batches: dict[int, float], met: list[int], noted: set[int]) -> tuple[float, list[int]]:
+    """The median of up to ``AROUND`` micro-batches on each side of those that met a move (``met``),
+    leaving out batch 0 (it warms Spark up) and any batch that met or ran beside a move (``noted``)."""
+    lo, hi = min(met), max(met)
+    near = [b for b in batches if b > 0 and b not in noted and (lo - AROUND <= b < lo or hi < b <= hi + AROUND)]
+    return (statistics.median(batches[b] for b in near) if near else float("nan")), near
+
+
 def measured_before(
     log: CallLog, replicas: ReplicaSet, config: ClientConfig, plan: list[Rescale], rescales: list[dict[str, Any]]
 ) -> Callable[[Callable[[Any, int], None]], Callable[[Any, int], None]]:
@@ -253,6 +488,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=200, help="events per micro-batch")
     p.add_argument("--no-spark", action="store_true", help="rescale with LiveRescale alone, no query")
     p.add_argument(
+        "--external",
+        action="store_true",
+        help="no rescale plan in the query: `statehouse rescale` runs from outside as --grow-at / --shrink-at begin",
+    )
+    p.add_argument(
         "--compact-moving",
         action="store_true",
         help="STATEHOUSE_RESCALE_COMPACT_MOVING=true: the move's checkpoint compacts what moves into small files",
@@ -278,7 +518,12 @@ def write_input(directory: Path, batches: int, events: int) -> None:
 def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     """``spark``: a session to use (the caller's, kept running) instead of one made and stopped here."""
     cfg = parse(argv)
-    print_header("Live rescale 2 -> 3 -> 2 under a Spark query, through S3 (SeaweedFS)")
+    if cfg.external and cfg.no_spark:
+        raise SystemExit("--external moves the set under a running query: not with --no-spark")
+    who = "an operator's `statehouse rescale` from outside" if cfg.external else "the driver"
+    print_header(f"Live rescale 2 -> 3 -> 2 under a Spark query, through S3 (SeaweedFS), by {who}")
+    timeline = Timeline()
+    load = LoadSampler()
     with contextlib.ExitStack() as stack:
         storage = s3_settings(stack, cfg.s3_endpoint, "rescale-live")
         workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-rescale-live-"))
@@ -305,32 +550,72 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     rescales.append(measure(log, replicas, step, move.run))
                     move.close()
         else:
+            # foreachBatch: timed (outermost), the driver's rescale before its batch (not --external), the batch.
+            inner = (lambda run: run) if cfg.external else measured_before(log, replicas, config, plan, rescales)
             original = user_features.exactly_once
-            wrap = measured_before(log, replicas, config, plan, rescales)
-            user_features.exactly_once = lambda *a, **k: wrap(original(*a, **k))  # start() looks it up there
+            user_features.exactly_once = lambda *a, **k: timeline.wrap(inner(original(*a, **k)))  # start() looks it up
             stack.callback(setattr, user_features, "exactly_once", original)
+            watcher = CoordinatorLog(timeline)
+            logging.getLogger(COORDINATOR_LOG).addHandler(watcher)
+            stack.callback(logging.getLogger(COORDINATOR_LOG).removeHandler, watcher)
             write_input(workdir / "input", cfg.batches, cfg.events)
             user_features.setup(config, FEATURES)
             if spark is None:
                 spark = local_spark("statehouse-bench-rescale-live")
                 stack.callback(spark.stop)
-            query = user_features.start(
-                spark,
-                input_dir=str(workdir / "input"),
-                output_dir=str(workdir / "output"),
-                checkpoint_dir=str(workdir / "spark-checkpoint"),
-                config=config,
-                job=FEATURES,
+            failures: list[BaseException] = []
+            operator = threading.Thread(
+                target=operator_moves,
+                args=(plan, timeline, replicas, workdir, load, rescales, failures),
+                name="operator",
+                daemon=True,
             )
-            query.awaitTermination()
+            with load:
+                query = user_features.start(
+                    spark,
+                    input_dir=str(workdir / "input"),
+                    output_dir=str(workdir / "output"),
+                    checkpoint_dir=str(workdir / "spark-checkpoint"),
+                    config=config,
+                    job=FEATURES,
+                )
+                if cfg.external:
+                    operator.start()
+                try:
+                    query.awaitTermination()
+                finally:
+                    timeline.finish()
+                    if cfg.external:
+                        operator.join()
             if query.exception() is not None:
                 raise RuntimeError(f"the query failed: {query.exception()}")
+            if failures:
+                raise RuntimeError("an operator's rescale failed") from failures[0]
+            if len(rescales) != len(plan):
+                raise RuntimeError(f"the query ended before every move was requested ({len(rescales)} of {len(plan)})")
             progress = [p for p in query.recentProgress if p["numInputRows"]]
         urls = replicas.urls
 
     batches = {p["batchId"]: p["durationMs"]["triggerExecution"] / 1000 for p in progress}
-    cuts = {r["before_batch"]: r for r in rescales}
-    others = [s for b, s in batches.items() if b not in cuts and b > 0]  # batch 0 warms Spark up
+    if cfg.external:
+        notes = meetings(rescales, timeline)
+        report_external(rescales)
+    else:
+        notes = {r["before_batch"]: [f"cut {r['from']} → {r['to']} (its rescale included)"] for r in rescales}
+        report_driver(rescales, urls)
+    result: dict[str, Any] = {"keys": cfg.keys, "external": cfg.external, "rescales": rescales, "batches_s": batches}
+    if batches:
+        result.update(report_batches(rescales, batches, notes, external=cfg.external))
+        result["load"] = load.summary()
+        shown = result["load"]
+        print(f"\nload average (1 min) while the query ran: {shown['min']:.1f}-{shown['max']:.1f}", end="")
+        print(f", mean {shown['mean']:.1f}")
+    write_json(cfg.json, result)
+    return result
+
+
+def report_driver(rescales: list[dict[str, Any]], urls: list[str]) -> None:
+    """The driver's (or LiveRescale's) moves: steps as its calls span them, CPU, each load's bytes."""
     print("\nRescales (wall from the request to the new layout serving; steps as the driver's calls span them):")
     rows = []
     for r in rescales:
@@ -351,32 +636,76 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     print("\nBytes each replica's load read from S3 against its share of the bulk job (share: of the stored bytes;")
     print("checkpoint MB: the move's checkpoint parts' bytes times the fraction of their key groups taken):")
     share = [row for r in rescales for row in share_rows(r, urls)]
-    print(
-        table(
+    headers = ["rescale", "replica", "key groups in", "share", "stored MB", "checkpoint MB", "read MB", "read/share"]
+    print(table([*headers, "CPU s"], share))
+
+
+def report_external(rescales: list[dict[str, Any]]) -> None:
+    """The operator's moves: each command, its progress lines timed from the request, the steps they
+    bound, the CPU of the replicas and of the command, the load while it ran."""
+    print("\nRescales from outside (wall from the request, the command's start, to the new layout serving: its")
+    print("`committed` line; steps as its progress lines bound them, prepare from the request):")
+    rows = []
+    for r in rescales:
+        print(f"\n$ {' '.join(r['command'])}   # as micro-batch {r['requested_as_batch']} began")
+        for t, line in r["lines"]:
+            print(f"  +{t:6.2f} s  {line[:160]}")
+        steps = ", ".join(f"{s} {r['steps_s'][s]:.2f}" for _, s in (*CLI_STEPS, ("", "held")) if s in r["steps_s"])
+        rows.append(
             [
-                "rescale",
-                "replica",
-                "key groups in",
-                "share",
-                "stored MB",
-                "checkpoint MB",
-                "read MB",
-                "read/share",
-                "CPU s",
-            ],
-            share,
+                f"{r['from']} → {r['to']}",
+                r["requested_as_batch"],
+                f"{r['serving_s']:.2f}",
+                f"{r['exit_s']:.2f}",
+                f"{r['command_s']:.1f}" if r["command_s"] is not None else "-",
+                steps,
+                f"{sum(r['cpu_s'].values()):.2f}",
+                f"{r['cli_cpu_s']:.2f}",
+                f"{r['load']['min']:.1f}-{r['load']['max']:.1f}",
+            ]
         )
-    )
-    if not batches:
-        write_json(cfg.json, {"keys": cfg.keys, "rescales": rescales})
-        return {"keys": cfg.keys, "rescales": rescales, "batches_s": {}}
-    print("\nMicro-batch durations (triggerExecution, s); the cut's batch includes its rescale:")
+    headers = ["rescale", "requested at batch", "to serving s", "command exit s", "command's own s", "steps (s)"]
+    print()
+    print(table([*headers, "replicas' CPU s", "command CPU s", "load (1 min)"], rows))
+
+
+def report_batches(
+    rescales: list[dict[str, Any]], batches: dict[int, float], notes: dict[int, list[str]], *, external: bool
+) -> dict[str, Any]:
+    """Every micro-batch's duration with its notes, and per move the batches that met it against the
+    median of those around them."""
+    print("\nMicro-batch durations (triggerExecution, s):")
+    print(table(["batch", "s", "note"], [[b, f"{s:.2f}", "; ".join(notes.get(b, []))] for b, s in batches.items()]))
+    others = [s for b, s in batches.items() if b not in notes and b > 0]  # batch 0 warms Spark up
     median = statistics.median(others) if others else float("nan")
-    print(table(["batch", "s", "note"], [[b, f"{s:.2f}", "cut" if b in cuts else ""] for b, s in batches.items()]))
-    print(f"median of the other batches (batch 0 left out: it warms Spark up): {median:.2f} s")
-    result = {"keys": cfg.keys, "rescales": rescales, "batches_s": batches, "median_other_s": median}
-    write_json(cfg.json, result)
-    return result
+    print(f"median of the batches that met no move (batch 0 left out: it warms Spark up): {median:.2f} s")
+    rows, met_by = [], []
+    for r in rescales:
+        name = f"{r['from']} → {r['to']}"
+        if external:
+            met = sorted(
+                b for b, n in notes.items() if b in batches and any(name in x and "beside" not in x for x in n)
+            )
+        else:
+            met = [r["before_batch"]]
+        near_median, near = around(batches, met or [r.get("requested_as_batch", 0)], set(notes))
+        met_by.append({"rescale": name, "batches": met, "around": near, "around_median_s": near_median})
+        for b in met:
+            how = "; ".join(notes[b])
+            rows.append(
+                [
+                    name,
+                    b,
+                    f"{batches[b]:.2f}",
+                    how,
+                    f"{near_median:.2f} ({', '.join(map(str, near))})",
+                    f"{batches[b] - near_median:+.2f}",
+                ]
+            )
+    print("\nThe batches that met each move against the median of those around them (up to 3 each side, none that")
+    print("met or ran beside a move, not batch 0):")
+    print(table(["rescale", "batch", "s", "how", "median around s (batches)", "over it s"], rows))
+    return {"notes": notes, "median_other_s": median, "met": met_by}
 
 
 if __name__ == "__main__":
