@@ -1,8 +1,10 @@
 """RFC 9457 problem+json: every error leaves the service through here, with a stable code.
 
 Domain exceptions from the engine carry a ``code``; ``STATUS_BY_CODE`` is the one place
-that decides their HTTP status. A problem's ``type`` is ``<STATEHOUSE_PROBLEM_DOCS_URL>#<code>``:
-the anchor in docs/api.md that explains the code and what to do about it.
+that decides their HTTP status. A problem's ``type`` is ``/problems/<code>``, a relative reference
+to the page this service serves for the code (app/problem_pages.py: what it means, what to do);
+with ``STATEHOUSE_PROBLEM_DOCS_URL`` set, ``<that URL>#<code>``, an anchor of a published copy of
+the codes' table (app/problems.md).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
+from statehouse.app.problem_pages import page_path
 from statehouse.app.settings import Settings
 from statehouse.backends.errors import StateError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+# The setting's default means "not set": the service's own pages (its value names no page of ours).
 DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default
 
 # Codes whose answer says when to retry: the client retries them without backing off further.
@@ -99,8 +103,12 @@ class ApiError(StateError):
         self.code = code
 
 
-def problem_type(code: str, docs_url: str = DEFAULT_PROBLEM_DOCS_URL) -> str:
-    """The problem ``type`` URI of a code: its anchor in the published docs/api.md."""
+def problem_type(code: str, docs_url: str = DEFAULT_PROBLEM_DOCS_URL, root_path: str = "") -> str:
+    """The problem ``type`` of a code: ``/problems/<code>``, its page on this service (behind a
+    proxy's ``root_path``), or its anchor in a published copy of the table when
+    ``STATEHOUSE_PROBLEM_DOCS_URL`` (``docs_url``) is set."""
+    if docs_url in ("", DEFAULT_PROBLEM_DOCS_URL):
+        return page_path(code, root_path)
     return f"{docs_url}#{code}"
 
 
@@ -110,23 +118,25 @@ def _docs_url(scope: Scope) -> str:
 
 
 class ProblemResponse(Response):
-    """A problem+json response. Its ``type`` URI is filled in when it is sent, from the settings of
-    the app sending it, so that every sender (handlers, middleware, probes) honours
-    ``STATEHOUSE_PROBLEM_DOCS_URL`` without being handed the settings."""
+    """A problem+json response. Its ``type`` is filled in when it is sent, from the settings of
+    the app sending it and the request's ``root_path``, so that every sender (handlers,
+    middleware, probes) honours ``STATEHOUSE_PROBLEM_DOCS_URL`` without being handed the settings."""
 
     media_type = PROBLEM_MEDIA_TYPE
 
     def __init__(self, problem: dict[str, Any], status_code: int, headers: dict[str, str] | None = None) -> None:
         self.problem = problem
-        super().__init__(self._render(DEFAULT_PROBLEM_DOCS_URL), status_code, headers)
+        self.problem_type = problem_type(problem["code"])
+        super().__init__(self._render(), status_code, headers)
 
-    def _render(self, docs_url: str) -> bytes:
-        return orjson.dumps({"type": problem_type(self.problem["code"], docs_url), **self.problem})
+    def _render(self) -> bytes:
+        return orjson.dumps({"type": self.problem_type, **self.problem})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        docs_url = _docs_url(scope)
-        if docs_url != DEFAULT_PROBLEM_DOCS_URL:
-            self.body = self._render(docs_url)
+        sent = problem_type(self.problem["code"], _docs_url(scope), scope.get("root_path", ""))
+        if sent != self.problem_type:
+            self.problem_type = sent
+            self.body = self._render()
             self.headers["content-length"] = str(len(self.body))
         await super().__call__(scope, receive, send)
 

@@ -21,7 +21,7 @@ import pytest
 
 from harness.server import REPO, start_server
 from statehouse.app.openapi import OPERATION_IDS
-from statehouse.app.problems import DEFAULT_PROBLEM_DOCS_URL, STATUS_BY_CODE
+from statehouse.app.problems import STATUS_BY_CODE
 from statehouse.keygroups import KeyGroupRange, assign_to_key_group
 
 pytestmark = [pytest.mark.http]
@@ -100,13 +100,14 @@ def ok(response, status: int = 200):
     return response.parsed
 
 
-def problem(gen, response, status: int, code: str, docs_url: str = DEFAULT_PROBLEM_DOCS_URL):
-    """The generated client parsed the error into its typed Problem, with the right code and type."""
+def problem(gen, response, status: int, code: str, docs_url: str | None = None):
+    """The generated client parsed the error into its typed Problem, with the right code and type
+    (the service's own page of the code, or its anchor at ``docs_url`` when that setting is set)."""
     assert response.status_code == status, response.content
     parsed = response.parsed
     assert isinstance(parsed, gen.m.Problem), response.content
     assert (parsed.status, parsed.code) == (status, code)
-    assert parsed.type_ == f"{docs_url}#{code}"
+    assert parsed.type_ == (f"/problems/{code}" if docs_url is None else f"{docs_url}#{code}")
     assert parsed.title and parsed.detail
     return parsed
 
@@ -403,27 +404,25 @@ def test_msgpack_value_reads_answer_as_declared(server, job_name):
         http.delete(f"/jobs/{job_name}")
 
 
-# -- problem types resolve to docs/api.md ------------------------------------------------------
+# -- problem types: the service's own page of each code ----------------------------------------
 
 
-def test_every_code_has_its_anchor_in_the_api_docs():
-    text = (REPO / "docs" / "api.md").read_text()
+def test_every_code_has_its_anchor_in_the_problem_codes_table():
+    text = (REPO / "app" / "problems.md").read_text()
     anchors = re.findall(r'<a id="([a-z_]+)"></a>', text)
     assert len(anchors) == len(set(anchors)), "an anchor appears twice"
     missing = (set(STATUS_BY_CODE) | {"internal_error"}) - set(anchors)
-    assert not missing, f"docs/api.md has no anchor for {sorted(missing)}"
+    assert not missing, f"app/problems.md has no anchor for {sorted(missing)}"
     for code, status in STATUS_BY_CODE.items():  # each entry states the code's status
         row = next(line for line in text.splitlines() if f'<a id="{code}"></a>' in line)
         assert f"| {status} |" in row, row
 
 
-def test_problem_type_is_the_docs_url_and_the_code(server, guarded):
+def test_problem_type_is_the_services_page_or_the_docs_url_and_the_code(server, guarded):
     default = httpx.get(server.url + "/v1/jobs/no-such-job", timeout=10).json()
-    assert (
-        default["type"]
-        == DEFAULT_PROBLEM_DOCS_URL + "#job_not_found"
-        == "https://statehouse.dev/docs/api#job_not_found"
-    )
+    assert default["type"] == "/problems/job_not_found"
+    page = httpx.get(server.url + default["type"], timeout=10)  # resolved against the answering replica
+    assert page.status_code == 200 and "<code>job_not_found</code>" in page.text
     too_big = httpx.put(
         guarded.url + "/v1/jobs/x",
         content=b" " * (MAX_BODY_BYTES + 1),
