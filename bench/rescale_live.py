@@ -389,11 +389,12 @@ def operator_moves(
 
 
 def meetings(rescales: list[dict[str, Any]], timeline: Timeline) -> dict[int, list[str]]:
-    """How each micro-batch met each external move, if it did: ``held`` (in flight when the move's
-    prepare was refused: the command waited for it to end), ``waited`` (it began during the move and
-    waited at its boundary: the coordinator's warning), ``checkpoint met`` (its checkpoint met the move
-    and was taken again), ``beside`` (it ran while the command started, before any prepare, and met
-    nothing but the command's start)."""
+    """How each micro-batch met each external move, if it did, with when (seconds from the move's
+    request): ``held`` (in flight when the move's prepare was refused: the command waited for it to
+    end), ``waited`` (it began during the move and waited at its boundary: when its ``foreachBatch``
+    began, when the coordinator logged the wait and when it logged going on), ``checkpoint met`` (its
+    checkpoint met the move and was taken again), ``beside`` (it ran while the command started, before
+    any prepare, and met nothing but the command's start)."""
     notes: dict[int, list[str]] = {}
     for r in rescales:
         t0, end = r["t0"], r["t0"] + r["serving_s"]
@@ -405,9 +406,14 @@ def meetings(rescales: list[dict[str, Any]], timeline: Timeline) -> dict[int, li
                 continue
             wait = timeline.waits.get(batch)
             if wait and begun <= wait[0] <= end:
-                notes.setdefault(batch, []).append(f"waited {wait[-1] - wait[0]:.1f} s at its boundary for {name}")
+                notes.setdefault(batch, []).append(
+                    f"waited at its boundary for {name}: began {begun - t0:+.1f} s, wait logged {wait[0] - t0:+.1f}, "
+                    f"went on {wait[-1] - t0:+.1f}"
+                )
             elif any(begun <= t <= ended for t in held):
-                notes.setdefault(batch, []).append(f"held {name}'s prepare off")
+                notes.setdefault(batch, []).append(
+                    f"held {name}'s prepare off: ran {begun - t0:+.1f} s to {ended - t0:+.1f}"
+                )
             else:
                 notes.setdefault(batch, []).append(f"beside {name}'s start")
             if batch in timeline.checkpoint_met:
@@ -605,7 +611,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         report_driver(rescales, urls)
     result: dict[str, Any] = {"keys": cfg.keys, "external": cfg.external, "rescales": rescales, "batches_s": batches}
     if batches:
-        result.update(report_batches(rescales, batches, notes, external=cfg.external))
+        result.update(report_batches(rescales, batches, notes, timeline, external=cfg.external))
         result["load"] = load.summary()
         shown = result["load"]
         print(f"\nload average (1 min) while the query ran: {shown['min']:.1f}-{shown['max']:.1f}", end="")
@@ -670,12 +676,23 @@ def report_external(rescales: list[dict[str, Any]]) -> None:
 
 
 def report_batches(
-    rescales: list[dict[str, Any]], batches: dict[int, float], notes: dict[int, list[str]], *, external: bool
+    rescales: list[dict[str, Any]],
+    batches: dict[int, float],
+    notes: dict[int, list[str]],
+    timeline: Timeline,
+    *,
+    external: bool,
 ) -> dict[str, Any]:
-    """Every micro-batch's duration with its notes, and per move the batches that met it against the
-    median of those around them."""
-    print("\nMicro-batch durations (triggerExecution, s):")
-    print(table(["batch", "s", "note"], [[b, f"{s:.2f}", "; ".join(notes.get(b, []))] for b, s in batches.items()]))
+    """Every micro-batch's duration (and the part of it in ``foreachBatch``) with its notes, and per move
+    the batches that met it against the median of those around them."""
+    print("\nMicro-batch durations (triggerExecution, s; in foreachBatch: from its start to its end, the rest")
+    print("is Spark's planning and its own commit; times in notes are seconds from the move's request):")
+    inside = {b: timeline.ended[b] - timeline.begun[b] for b in batches if b in timeline.ended and b in timeline.begun}
+    shown = [
+        [b, f"{s:.2f}", f"{inside[b]:.2f}" if b in inside else "-", "; ".join(notes.get(b, []))]
+        for b, s in batches.items()
+    ]
+    print(table(["batch", "s", "in foreachBatch s", "note"], shown))
     others = [s for b, s in batches.items() if b not in notes and b > 0]  # batch 0 warms Spark up
     median = statistics.median(others) if others else float("nan")
     print(f"median of the batches that met no move (batch 0 left out: it warms Spark up): {median:.2f} s")
@@ -705,7 +722,7 @@ def report_batches(
     print("\nThe batches that met each move against the median of those around them (up to 3 each side, none that")
     print("met or ran beside a move, not batch 0):")
     print(table(["rescale", "batch", "s", "how", "median around s (batches)", "over it s"], rows))
-    return {"notes": notes, "median_other_s": median, "met": met_by}
+    return {"notes": notes, "median_other_s": median, "met": met_by, "in_foreach_batch_s": inside}
 
 
 if __name__ == "__main__":
