@@ -72,7 +72,7 @@ def job_a(server):
 def assert_forbidden(response: httpx.Response) -> None:
     assert response.status_code == 403, (response.request.method, response.request.url, response.text)
     problem = response.json()
-    assert problem["code"] == "forbidden" and problem["type"].endswith("#forbidden")
+    assert problem["code"] == "forbidden" and problem["type"] == "/problems/forbidden"
     assert "not scoped to job" in problem["detail"] or "may not read" in problem["detail"]
 
 

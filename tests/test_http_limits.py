@@ -65,7 +65,7 @@ def problem(raw: bytes, status: int, code: str) -> dict:
     assert head.startswith(f"HTTP/1.1 {status} ".encode()), raw[:200]
     assert b"content-type: application/problem+json" in head.lower()
     found = orjson.loads(body)
-    assert found["status"] == status and found["code"] == code and found["type"].endswith(f"#{code}")
+    assert found["status"] == status and found["code"] == code and found["type"] == f"/problems/{code}"
     return found
 
 

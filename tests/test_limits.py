@@ -58,7 +58,7 @@ def gauge(http: httpx.Client, name: str) -> float:
 def assert_problem(r: httpx.Response, code: str, variable: str) -> None:
     assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
     problem = r.json()
-    assert problem["code"] == code and problem["type"].endswith(f"#{code}")
+    assert problem["code"] == code and problem["type"] == f"/problems/{code}"
     assert variable in problem["detail"]
 
 
