@@ -271,6 +271,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     def begin(self, batch_id: int) -> BatchPlan:
         """Begin an attempt of micro-batch ``batch_id``: a fenced epoch to write under, or a replay."""
         deadline = time.monotonic() + self.move_wait
+        relearned = False
         while True:
             try:
                 answers = self._fence_next()
@@ -281,11 +282,20 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 time.sleep(0.5)
                 self._relearn()
                 continue
-            moving = [a["rescale_version"] for a in answers if a.get("rescale_version")]
-            stale = {a["topology_version"] for a in answers if "topology_version" in a} - {self.job.replicas.version}
+            moving = any(a.get("rescale_version") for a in answers)
+            # A layout the client did not learn (a move ended since): learned once; what still differs is no move.
+            stale = not relearned and any(a.get("topology_version") != self.job.replicas.version for a in answers)
             if moving or (stale and self.job.replicas.version is not None):
-                self.abort_epoch(max(a["epoch"] for a in answers))  # lets the move's prepare through
+                self._release(answers)  # lets the move's prepare through
+                if relearned and time.monotonic() > deadline:
+                    raise MoveWaitTimeout(
+                        f"micro-batch {batch_id} of job {self.job.name!r} did not begin within {self.move_wait:.0f} s: "
+                        "its replicas kept answering a live rescale (statehouse status shows it)"
+                    )
+                if relearned:
+                    time.sleep(0.5)  # a fence saw the move its replicas no longer show: look again
                 self._await_move(batch_id, deadline)
+                relearned = True
                 continue
             restored = self._undo_half_commit(answers)
             if restored is answers:
@@ -309,6 +319,12 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         plan = BatchPlan(batch_id, epoch, replay=False, version=self.job.replicas.version)
         self._open = plan
         return plan
+
+    def _release(self, answers: list[dict[str, Any]]) -> None:
+        """Abort the epoch each replica's fence answered (a batch that will not begin there)."""
+        for replica, answer in zip(self.job.replicas, answers, strict=True):
+            with contextlib.suppress(StatehouseError):
+                replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{answer['epoch']}/abort")
 
     def _fence_next(self) -> list[dict[str, Any]]:
         """Every replica's writer epoch raised past its own, opening a micro-batch: the fences' answers."""
