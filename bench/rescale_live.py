@@ -11,7 +11,7 @@ checkpoint goes to S3. A third replica starts empty. Who moves the state:
   ``--to 2`` from outside, as an operator does (the CLI as a subprocess, its defaults), each as micro-batch
   ``--grow-at`` / ``--shrink-at`` begins. The batch in flight holds the move's prepare off, a batch that
   begins during the move waits at its boundary; both are marked;
-- ``--no-spark``: ``LiveRescale`` alone, no query.
+- ``--no-spark``: ``LiveRescale`` alone, no query (with ``--external``: the command's two moves, no query).
 
 Reported per rescale:
 
@@ -302,11 +302,14 @@ class LoadSampler:
         return {"min": min(values), "mean": statistics.fmean(values), "max": max(values)}
 
 
-def operator_rescale(replicas: ReplicaSet, step: Rescale, workdir: Path, load: LoadSampler) -> dict[str, Any]:
+def operator_rescale(
+    replicas: ReplicaSet, step: Rescale, workdir: Path, load: LoadSampler, query: dict[str, int] | None = None
+) -> dict[str, Any]:
     """Run ``statehouse rescale --to M`` from outside, as an operator does (the command as a subprocess,
     its defaults, no STATEHOUSE_* environment), and time it: from the request (the command's start) to
     each progress line on its stderr, to the new layout serving (its ``committed`` line: every replica
-    committed) and to its exit; beside it the CPU of every replica and of the command."""
+    committed) and to its exit; beside it the CPU of every replica, of the command and of the query's
+    processes (``query``: name -> pid)."""
     old = 2 if step.count == 3 else 3
     urls = replicas.urls[:old]
     added = [url for url in step.urls if url not in urls]
@@ -315,6 +318,8 @@ def operator_rescale(replicas: ReplicaSet, step: Rescale, workdir: Path, load: L
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")}
     pids = {s.url: s.process.pid for s in replicas.servers}
     cpu = {url: process_cpu_ns(pid) for url, pid in pids.items()}
+    query = query or {}
+    query_cpu = {name: process_cpu_ns(pid) for name, pid in query.items()}
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stderr is not None
@@ -346,8 +351,19 @@ def operator_rescale(replicas: ReplicaSet, step: Rescale, workdir: Path, load: L
         "stdout": text,
         "cpu_s": {url: (process_cpu_ns(pid) - cpu[url]) / 1e9 for url, pid in pids.items()},
         "cli_cpu_s": usage.ru_utime + usage.ru_stime,
+        "query_cpu_s": {name: (process_cpu_ns(pid) - query_cpu[name]) / 1e9 for name, pid in query.items()},
         "load": load.summary(started, exited),
     }
+
+
+def query_processes(spark: Any) -> dict[str, int]:
+    """The query's processes: this one (the driver's Python) and Spark's JVM (the launcher PySpark
+    started execs it), when the session shows it."""
+    found = {"driver (Python)": os.getpid()}
+    launched = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if launched is not None:
+        found["Spark JVM"] = launched.pid
+    return found
 
 
 def cli_steps(lines: list[tuple[float, str]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -377,13 +393,14 @@ def operator_moves(
     load: LoadSampler,
     rescales: list[dict[str, Any]],
     failures: list[BaseException],
+    query: dict[str, int],
 ) -> None:
     """The operator: each move of ``plan`` is requested as its micro-batch begins (a thread's body)."""
     try:
         for step in plan:
             if not timeline.await_begun(step.batch):
                 return
-            rescales.append(operator_rescale(replicas, step, workdir, load))
+            rescales.append(operator_rescale(replicas, step, workdir, load, query))
     except BaseException as exc:  # reported by the main thread once the query ended
         failures.append(exc)
 
@@ -492,7 +509,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grow-at", type=int, default=5)
     p.add_argument("--shrink-at", type=int, default=10)
     p.add_argument("--events", type=int, default=200, help="events per micro-batch")
-    p.add_argument("--no-spark", action="store_true", help="rescale with LiveRescale alone, no query")
+    p.add_argument("--no-spark", action="store_true", help="rescale with LiveRescale (or the CLI) alone, no query")
     p.add_argument(
         "--external",
         action="store_true",
@@ -524,10 +541,9 @@ def write_input(directory: Path, batches: int, events: int) -> None:
 def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     """``spark``: a session to use (the caller's, kept running) instead of one made and stopped here."""
     cfg = parse(argv)
-    if cfg.external and cfg.no_spark:
-        raise SystemExit("--external moves the set under a running query: not with --no-spark")
     who = "an operator's `statehouse rescale` from outside" if cfg.external else "the driver"
-    print_header(f"Live rescale 2 -> 3 -> 2 under a Spark query, through S3 (SeaweedFS), by {who}")
+    under = "with no query" if cfg.no_spark else "under a Spark query"
+    print_header(f"Live rescale 2 -> 3 -> 2 {under}, through S3 (SeaweedFS), by {who}")
     timeline = Timeline()
     load = LoadSampler()
     with contextlib.ExitStack() as stack:
@@ -549,8 +565,13 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         rescales: list[dict[str, Any]] = []
         plan = [Rescale(cfg.grow_at, 3, (*seeds, new.url)), Rescale(cfg.shrink_at, 2, tuple(seeds))]
         progress: list[dict[str, Any]] = []
-        if cfg.no_spark:
-            with StatehouseClient(config) as client:
+        if cfg.no_spark and cfg.external:
+            with load:
+                rescales += [operator_rescale(replicas, step, workdir, load) for step in plan]
+            for r in rescales:
+                r["requested_as_batch"] = None
+        elif cfg.no_spark:
+            with load, StatehouseClient(config) as client:
                 for step in plan:
                     move = LiveRescale(client, to=step.count, new_urls=list(step.urls))
                     rescales.append(measure(log, replicas, step, move.run))
@@ -572,7 +593,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
             failures: list[BaseException] = []
             operator = threading.Thread(
                 target=operator_moves,
-                args=(plan, timeline, replicas, workdir, load, rescales, failures),
+                args=(plan, timeline, replicas, workdir, load, rescales, failures, query_processes(spark)),
                 name="operator",
                 daemon=True,
             )
@@ -612,10 +633,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     result: dict[str, Any] = {"keys": cfg.keys, "external": cfg.external, "rescales": rescales, "batches_s": batches}
     if batches:
         result.update(report_batches(rescales, batches, notes, timeline, external=cfg.external))
-        result["load"] = load.summary()
-        shown = result["load"]
-        print(f"\nload average (1 min) while the query ran: {shown['min']:.1f}-{shown['max']:.1f}", end="")
-        print(f", mean {shown['mean']:.1f}")
+    result["load"] = shown = load.summary()
+    during = "the moves" if cfg.no_spark else "the query"
+    print(f"\nload average (1 min) while {during} ran: {shown['min']:.1f}-{shown['max']:.1f}, mean {shown['mean']:.1f}")
     write_json(cfg.json, result)
     return result
 
@@ -653,26 +673,32 @@ def report_external(rescales: list[dict[str, Any]]) -> None:
     print("`committed` line; steps as its progress lines bound them, prepare from the request):")
     rows = []
     for r in rescales:
-        print(f"\n$ {' '.join(r['command'])}   # as micro-batch {r['requested_as_batch']} began")
+        when = "" if r["requested_as_batch"] is None else f"   # as micro-batch {r['requested_as_batch']} began"
+        print(f"\n$ {' '.join(r['command'])}{when}")
         for t, line in r["lines"]:
             print(f"  +{t:6.2f} s  {line[:160]}")
         steps = ", ".join(f"{s} {r['steps_s'][s]:.2f}" for _, s in (*CLI_STEPS, ("", "held")) if s in r["steps_s"])
         rows.append(
             [
                 f"{r['from']} → {r['to']}",
-                r["requested_as_batch"],
+                "-" if r["requested_as_batch"] is None else r["requested_as_batch"],
                 f"{r['serving_s']:.2f}",
                 f"{r['exit_s']:.2f}",
                 f"{r['command_s']:.1f}" if r["command_s"] is not None else "-",
                 steps,
                 f"{sum(r['cpu_s'].values()):.2f}",
                 f"{r['cli_cpu_s']:.2f}",
+                " + ".join(f"{name} {cpu:.2f}" for name, cpu in r["query_cpu_s"].items()) or "-",
                 f"{r['load']['min']:.1f}-{r['load']['max']:.1f}",
             ]
         )
     headers = ["rescale", "requested at batch", "to serving s", "command exit s", "command's own s", "steps (s)"]
     print()
-    print(table([*headers, "replicas' CPU s", "command CPU s", "load (1 min)"], rows))
+    print(
+        table(
+            [*headers, "replicas' CPU s", "command CPU s", "query CPU s (JVM: its own threads)", "load (1 min)"], rows
+        )
+    )
 
 
 def report_batches(
