@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
+from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed, s3_env
 from harness.server import REPO, ServerProcess, free_port, start_server, stop_process
 
 KEY_BYTES = 16
@@ -213,17 +213,6 @@ def seaweed() -> Iterator[SeaweedS3 | None]:
         yield server
     finally:
         server.close()
-
-
-def s3_env(endpoint: str, prefix: str, bucket: str = "snapshots") -> dict[str, str]:
-    """The settings that point a Statehouse replica at SeaweedFS S3 on ``endpoint``."""
-    return {
-        "STATEHOUSE_CHECKPOINT_DIR": f"s3://{bucket}/{prefix}",
-        "STATEHOUSE_S3_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
 
 
 def s3_settings(stack: contextlib.ExitStack, endpoint: str | None, prefix: str) -> dict[str, str]:

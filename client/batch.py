@@ -11,8 +11,7 @@ from statehouse.protocol.ops import IDEMPOTENT_OPS, OPS, READ_OPS
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt
-    from statehouse.client.job import Routed
-    from statehouse.client.replicas import Replicas
+    from statehouse.client.replicas import Replicas, Routed
 
 # A batch made only of idempotent operations may be retried after a timeout (``add`` is not
 # one); the server stages everything but the reads of an attempt: ``protocol/ops.py`` says which.

@@ -55,8 +55,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from statehouse.client.attempts import TaskAttempt
-    from statehouse.client.job import Routed
-    from statehouse.client.replicas import Replicas
+    from statehouse.client.replicas import Replicas, Routed
     from statehouse.client.transport import ReplicaConnection
 
 __all__ = ["COLUMN_OPS", "Columns", "ColumnarJob", "READ_COLUMN_OPS"]

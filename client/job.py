@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from statehouse.client.attempts import TaskAttempt
     from statehouse.client.columns import Columns
-    from statehouse.client.replicas import Replicas
+    from statehouse.client.replicas import Replicas, Routed
     from statehouse.client.transport import ReplicaConnection
 
 
@@ -45,8 +45,6 @@ class KnownJob:
 
 _KNOWN: dict[tuple[tuple[str, ...], str | None, str], KnownJob] = {}
 _KNOWN_LOCK = threading.Lock()
-# What a request was routed under: the layout's topology version, and JobClient._generation.
-Routed = tuple[int | None, int]
 # Refusals a stale entry explains: the job or the state dropped (and maybe made again, with another
 # key type or max_parallelism), keys of the wrong type, a key routed by another max_parallelism.
 _STALE_CODES = frozenset({"job_not_found", "state_not_found", "invalid_key", "key_not_owned"})

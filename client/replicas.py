@@ -33,13 +33,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from statehouse.client.config import ClientConfig, check_url
+from statehouse.client.config import ClientConfig
 from statehouse.client.errors import LayoutError, StatehouseError, Unavailable
 from statehouse.client.transport import ReplicaConnection
+from statehouse.protocol.urls import check_url
 
 T = TypeVar("T")
 
 Shown = dict[str, Any]  # one replica's GET /v1/topology
+# What a request was routed under: the layout's topology version, and the job description's
+# generation (``JobClient._generation``): a refused request goes again only under newer ones.
+Routed = tuple[int | None, int]
 
 
 @dataclass(frozen=True)

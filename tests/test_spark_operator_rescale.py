@@ -39,7 +39,7 @@ import httpx
 import pytest
 
 from harness.replica_set import ReplicaSet, holders, misplaced
-from harness.s3server import ACCESS_KEY, SECRET_KEY
+from harness.s3server import s3_env
 from harness.server import REPO
 from harness.spark_driver import kill_session
 from statehouse.client import StatehouseClient
@@ -63,13 +63,7 @@ STATEHOUSE = str(Path(sys.executable).parent / "statehouse")
 
 @pytest.fixture
 def replica_set(tmp_path: Path, s3_server) -> Iterator[ReplicaSet]:
-    storage = {
-        "STATEHOUSE_CHECKPOINT_DIR": f"s3://{s3_server.bucket}/{uuid.uuid4().hex}",
-        "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    storage = s3_env(s3_server.endpoint, uuid.uuid4().hex, s3_server.bucket)
     replicas = ReplicaSet(tmp_path / "replicas", storage)
     try:
         yield replicas
