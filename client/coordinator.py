@@ -172,7 +172,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                     return candidate
         return None
 
-    def _ensure_restore_point(self, applied: Applied) -> None:
+    def ensure_restore_point(self, applied: Applied) -> None:
         """A checkpoint holds what the state holds before a batch writes on it, so that a commit
         left half done can be undone: taken when neither this coordinator's last checkpoint nor a
         listed one (a move's, a restore's) does."""
@@ -315,7 +315,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied.batch_id}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        self._ensure_restore_point(applied)
+        self.ensure_restore_point(applied)
         plan = BatchPlan(batch_id, epoch, replay=False, version=self.job.replicas.version)
         self._open = plan
         return plan

@@ -393,8 +393,8 @@ def test_the_sink_writes_past_an_epoch_a_dead_driver_sealed(source, replicas, tm
     got = read(source, replicas, job, "spent").collect()
     assert {r["key"]: r["value"] for r in got} == pytest.approx(dict(oracle))
     with StatehouseClient(replicas) as client:
-        done = [c.metadata.get("batch_id") for c in MicroBatchCoordinator(client.job(job)).completed()]
-    assert done == [-1, 0, 1]
+        done = [c.parts[0]["committed_batch"] for c in MicroBatchCoordinator(client.job(job)).completed()]
+    assert done == [None, 0, 1]  # what each checkpoint's state holds: no batch, then batches 0 and 1
 
 
 def test_the_states_view(source, replicas, filled):

@@ -235,7 +235,8 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
         try:
             with StatehouseClient(self.options.config) as client:
                 coordinator = MicroBatchCoordinator(_job(client, self.options))
-                applied = coordinator.applied().batch_id
+                state = coordinator.applied()
+                applied = state.batch_id
                 if batchId <= applied:  # a replay: the state holds this batch already
                     for epoch in epochs:
                         coordinator.abort_epoch(epoch)
@@ -248,6 +249,7 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
                 if len(epochs) > 1:
                     raise MicroBatchLost(f"micro-batch {batchId}'s tasks staged under epochs {sorted(epochs)}")
                 epoch = epochs.pop() if epochs else coordinator.job.fence(coordinator.job.epoch() + 1)
+                coordinator.ensure_restore_point(state)  # what undoes this commit if it is left half done
                 coordinator.commit(BatchPlan(batchId, epoch, replay=False), staged)
         except StatehouseError as exc:
             raise refusal(exc, f"committing micro-batch {batchId} to state {self.options.state!r}") from None
