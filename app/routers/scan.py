@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Query, Response
 from pydantic import BaseModel
@@ -24,6 +24,12 @@ router = api_router(prefix="/v1", tags=["keyed state"])
 NEXT_CURSOR = b"statehouse.next_cursor"
 MAX_ROWS = 100_000  # rows per page, at most (the stored bytes bound a page too)
 MAX_KEYS = 1_000  # keys of one point read (query parameters: the request head stays small)
+# A query string carries text: one `key=...` is one key whatever it spells (`key=false` is the
+# key "false"), and the parameter repeated is several. The schema says so (an array, or one
+# string; FastAPI's `anyOf [array, null]` forbade the one string), so that what the document
+# forbids the route refuses. More than MAX_KEYS keys are refused 422 (not `maxItems`: such a query
+# string usually meets the request head's limit first, a 431).
+KEY_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]}
 FirstKeyGroup = Annotated[int | None, Query(ge=0, description="first key group (default: this replica's first)")]
 LastKeyGroup = Annotated[
     int | None, Query(ge=0, description="last key group, inclusive (default: this replica's last)")
@@ -36,7 +42,8 @@ SCAN = {
         "present, is the `cursor` of the next page",
         "content": {doc.ARROW_STREAM: {"schema": doc.ARROW_SCHEMA}},
     },
-    **doc.errors(*doc.JOB, "state_not_found", "invalid_argument", "invalid_key", "untyped_values"),
+    # 431: keys are sent in the query string, which the request head's limit bounds.
+    **doc.errors(*doc.JOB, "state_not_found", "invalid_argument", "invalid_key", "untyped_values", "header_too_large"),
 }
 
 
@@ -60,7 +67,11 @@ async def scan_state(
     key_group_end: LastKeyGroup = None,
     key: Annotated[
         list[str] | None,
-        Query(description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_KEYS}"),
+        Query(
+            description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_KEYS}: "
+            "the parameter once per key",
+            json_schema_extra=KEY_SCHEMA,
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_ROWS, description="most rows in the page")] = 10_000,
     max_bytes: Annotated[
