@@ -251,7 +251,7 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         coordinator.commit(open_plan, [])  # an empty batch 1
         report = coordinator.rescale(3, [replica_set.urls[2]], wait=120)
         assert report.outcome == "committed" and len(job.replicas) == 3
-        assert coordinator.anchor().metadata["batch_id"] == 1  # the batch carried over to the new layout
+        assert coordinator.applied().batch_id == 1  # the batch moved with the state
         micro_batch(job, coordinator, 2, 10, totals)  # runs on the new layout
         assert coordinator.begin(2).replay  # a replay of the batch before is answered on it too
         assert sums(job) == totals
@@ -272,8 +272,7 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         assert sums(job) == totals
     assert misplaced(urls, JOB, ["sum"], P, 2) == {"sum": []}
 
-    # The driver dies once every replica committed, before anchoring the batch on the new layout:
-    # the move's decision record holds the batch, and the next driver anchors it there.
+    # The driver dies once every replica committed: the batch the state holds moved with it.
     with StatehouseClient(urls) as sh:
         coordinator = MicroBatchCoordinator(sh.job(JOB))
 
@@ -287,9 +286,59 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         job = sh.job(JOB)
         coordinator = MicroBatchCoordinator(job)
         coordinator.recover()  # nothing pending
-        assert len(job.replicas) == 3 and coordinator.anchor().metadata["batch_id"] == 3
+        assert len(job.replicas) == 3 and coordinator.applied().batch_id == 3
         micro_batch(job, coordinator, 4, 1000, totals)
         assert sums(job) == totals
+
+
+def test_a_recovering_driver_aborts_only_its_own_undecided_move_and_waits_for_an_operators(replica_set, caplog):
+    """Moves carry their initiator: a driver's recover() aborts the undecided move its dead
+    predecessor started, leaves an operator's alone, and its next batch waits at its boundary for
+    the operator's move (here: aborted by the operator while it waits)."""
+    urls = replica_set.urls
+    totals: dict[str, int] = {}
+    with StatehouseClient(urls) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("sum", "reducing", function="sum")
+        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+    new = grow(replica_set, 2)
+    run_until(urls, 3, [new], "prepared")  # an operator's move, its command dead
+    with StatehouseClient(urls) as sh:
+        job = sh.job(JOB)
+        coordinator = MicroBatchCoordinator(job, move_wait=60)
+        coordinator.recover()
+        with LiveRescale(sh, wait=120) as move:
+            assert (move.pending(), move.pending_initiator()) == ("undecided", "operator")  # left alone
+
+        def operator_aborts() -> None:
+            with StatehouseClient(urls) as other, LiveRescale(other, wait=120) as move:
+                move.abort()
+
+        timer = threading.Timer(1.5, operator_aborts)
+        timer.start()
+        with caplog.at_level("WARNING", logger="statehouse.client.coordinator"):
+            micro_batch(job, coordinator, 1, 10, totals)  # waits for the move, then runs
+        timer.join()
+        assert "micro-batch 1 of job 'moving' waits for a live rescale to 3 replicas" in caplog.text
+        assert "started by operator" in caplog.text
+        assert len(job.replicas) == 2 and sums(job) == totals
+
+        def die(step: str, _info: dict[str, Any]) -> None:
+            if step == "prepared":
+                raise Died(step)
+
+        with pytest.raises(Died):  # the driver's own move, the driver dead after its prepare
+            coordinator.rescale(3, [grow(replica_set, 3)], progress=die, wait=120)  # version 2 was spent
+    with StatehouseClient(urls) as sh:
+        job = sh.job(JOB)
+        coordinator = MicroBatchCoordinator(job)
+        with LiveRescale(sh, wait=120) as move:
+            assert move.pending_initiator() == f"query:{JOB}"
+        coordinator.recover()  # its own: aborted
+        with LiveRescale(sh, wait=120) as move:
+            assert move.pending() is None
+        micro_batch(job, coordinator, 2, 100, totals)
+        assert sums(job) == totals and coordinator.applied().batch_id == 2
 
 
 @pytest.mark.slow  # two moves and two restarts: about two minutes
