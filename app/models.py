@@ -427,7 +427,12 @@ EpochReportModel = _report_model(
 
 
 class FenceBody(Strict):
-    epoch: int = Field(ge=0, le=MAX_EPOCH, description="raise the job's writer epoch to at least this")
+    epoch: int = Field(
+        ge=0,
+        le=MAX_EPOCH,
+        description="raise the job's writer epoch to at least this; at the ceiling (2^63-1) no epoch can follow, "
+        "and `next` is refused (docs/api.md, Writer epochs)",
+    )
     next: bool = Field(
         False,
         description="raise it to at least one past the current epoch too: an epoch no writer had here (a "

@@ -51,6 +51,7 @@ from statehouse.backends.staging import Staging
 from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
+from statehouse.errors import InvalidArgument
 from statehouse.keygroups import KeyGroupRange
 from statehouse.stored.codec import decode_primary
 from statehouse.stored.descriptors import StateDescriptor
@@ -306,6 +307,13 @@ class Job:
     def fence(self, epoch: int, *, opens_batch: bool = False) -> int:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off.
         ``opens_batch``: a coordinator begins a micro-batch under it (``Staging.in_flight``)."""
+        if epoch > MAX_EPOCH and self.epoch == MAX_EPOCH:
+            # The ceiling is reached only by a fence naming it (a micro-batch raises the epoch by one).
+            raise InvalidArgument(
+                f"job {self.name!r}'s writer epoch is at its ceiling {MAX_EPOCH}: no epoch can follow it (writes "
+                "under it still work). To fence again, delete the job and restore a checkpoint or savepoint taken "
+                "before it was fenced to the ceiling: a snapshot holds the writer epoch it was taken at"
+            )
         check_range(epoch, "epoch", MAX_EPOCH)  # an epoch past it could never be named again
         with self.exclusive():
             current = self.epoch
