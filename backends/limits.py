@@ -115,6 +115,16 @@ class Limits:
             "(STATEHOUSE_MAX_LIST_BYTES): clear it, keep fewer elements, or spread it over keys"
         )
 
+    def check_operator_list(self, stored_bytes: int, what: str) -> None:
+        """An operator list write that would store more than ``max_list_bytes`` for one subtask:
+        like a keyed list, one record that every append rewrites and every read returns whole."""
+        if stored_bytes > self.max_list_bytes:
+            raise ListTooLarge(
+                f"{what} would be {stored_bytes} bytes stored; the limit is {self.max_list_bytes} "
+                "(STATEHOUSE_MAX_LIST_BYTES): replace it with fewer elements, or spread them over subtasks or states",
+                limit=self.max_list_bytes,
+            )
+
     def check_raw_stream(self, stored_bytes: int, what: str) -> None:
         """A raw-state write that would store more than ``max_raw_stream_bytes`` in one record."""
         if stored_bytes > self.max_raw_stream_bytes:

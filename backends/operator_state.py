@@ -145,6 +145,7 @@ class OperatorState:
         self, operator: str, subtask: int, name: str, values: Iterable[Any], mode: ListMode | None = None
     ) -> None:
         primary, records = self._records(operator, subtask, name, values, mode)
+        self._limits.check_operator_list(len(records), f"operator list state {operator}/{subtask}/{name}")
         self._count_subtask(operator, subtask, name)
         if records:
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, records)
@@ -158,6 +159,10 @@ class OperatorState:
         self._count_subtask(operator, subtask, name)
         if records:
             existing = self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
+            # Checked before the list is rebuilt: a refused append copies nothing.
+            self._limits.check_operator_list(
+                len(existing) + len(records), f"operator list state {operator}/{subtask}/{name}"
+            )
             self._tx.put(LIST_TABLE, NO_KEY_GROUP, primary, existing + records)
 
     def list_clear(self, operator: str, subtask: int, name: str) -> None:
