@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         "bytes_uploaded": taken.bytes_uploaded,
         "locations": locations,
     }
+    # Replicas sharing a checkpoint storage write their parts into one directory: shown once.
     lines = [f"savepoint {taken.checkpoint_id} of job {args.job}: completed on {len(locations)} replicas"]
-    lines += [f"  {location}" for location in locations]
+    lines += [f"  {location}" for location in dict.fromkeys(locations)]
     emit(args, document, lines)
     return 0

@@ -4,6 +4,7 @@ latest global checkpoint (complete on every replica), and a live rescale pending
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from statehouse.client.cli.common import connection_options, emit, job_client, job_names, open_client
@@ -48,13 +49,25 @@ def run(args: argparse.Namespace) -> int:
         ranges = " ".join(f"{r[0]}-{r[1]}" if r else "missing" for r in job["key_group_ranges"])
         latest = job["latest_checkpoint"]
         checkpoint = f"{latest['kind']} {latest['checkpoint_id']}" if latest else job.get("checkpoint_error", "none")
-        serving = "" if job["serving"] else "  NOT SERVING (restore it: statehouse restore)"
+        serving = "" if job["serving"] else f"  NOT SERVING ({_not_serving(job)})"
         lines.append(
             f"  {job['job']}: max_parallelism {job['max_parallelism']}, key groups {ranges}, "
             f"latest global checkpoint: {checkpoint}{serving}"
         )
     emit(args, document, lines)
     return 0
+
+
+def _not_serving(job: dict[str, Any]) -> str:
+    """What to do about a job that some replica does not serve."""
+    lacking = [str(i) for i, r in enumerate(job["key_group_ranges"]) if r is None]
+    if lacking:  # a create that stopped half way, or a replica restored without the job
+        body = json.dumps({"max_parallelism": job["max_parallelism"]})
+        return (
+            f"missing on replica {', '.join(lacking)}: create it there, PUT /v1/jobs/{job['job']} {body}, "
+            f"or restore it from a checkpoint: statehouse restore {job['job']} --latest"
+        )
+    return f"its data is of another layout: restore it, statehouse restore {job['job']} --latest"
 
 
 def _job(sh: Any, name: str, shown: list[dict[str, Any]]) -> dict[str, Any]:
