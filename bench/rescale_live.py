@@ -21,8 +21,8 @@ Reported per rescale:
 - per replica that takes key groups (driver and ``--no-spark``): the bytes its load read from S3 against
   its share, the stored bytes of the key groups it takes (``GET .../sizes`` before the move) and the
   checkpoint's bytes scaled to those key groups;
-- CPU seconds of each replica process and of this (driver) process, or of the CLI process, during the
-  rescale, beside the wall;
+- CPU seconds of each replica process and of this (driver) process during the rescale, beside the wall;
+  ``--external``: of each replica, of the command and of the query (Spark's JVM, the driver's Python);
 - every micro-batch's duration (Spark's triggerExecution): the batch(es) that meet a move against the
   batches around them; the machine's load average (``os.getloadavg()``) while the query ran.
 
