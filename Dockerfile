@@ -21,7 +21,8 @@ COPY packaging/client/pyproject.toml packaging/client/
 RUN python -c "import tomllib; print('\n'.join(d for f in ('pyproject.toml', 'packaging/client/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('statehouse')))" \
         > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt
-# Then the project itself, both distributions: runtime dependencies only, not the dev extra.
+# Then the project itself, both distributions (statehouse-client, statehouse-server; the package
+# index's `statehouse` is another project): runtime dependencies only, not the dev extra.
 COPY . .
 RUN pip install --no-cache-dir --no-deps ./packaging/client . \
     && pip check

@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import broadcast_rows, list_rows
-from statehouse.client.datasource.options import SourceError
+from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError, check_known
 from statehouse.errors import StateError
 from statehouse.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
@@ -95,6 +95,7 @@ class CheckpointOptions:
             raise SourceError(f"bad option: {exc}") from None
         if splits < 1:
             raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
+        check_known(given, CHECKPOINT_OPTIONS, "a checkpoint read (it reads storage, not the replicas)")
         return cls(
             given["job"],
             checkpoint_id,

@@ -12,9 +12,39 @@ from statehouse.client.errors import StatehouseError
 WRITE_OPS = ("put", "add", "map_put", "clear")
 TIME_DOMAINS = ("event", "processing")
 
+# The options each use takes (Spark hands them over lower-cased); any other is refused, naming these.
+READ_OPTIONS = ("urls", "job", "state", "timers", "what", "operator", "partitions_per_replica", "token", "timeout")
+WRITE_OPTIONS = ("urls", "job", "state", "op", "token", "timeout")
+# A streaming query's own option, which Spark passes to the sink too.
+STREAM_WRITE_OPTIONS = (*WRITE_OPTIONS, "checkpointlocation")
+CHECKPOINT_OPTIONS = (
+    "checkpoint",
+    "checkpoint_storage",
+    "s3_endpoint_url",
+    "job",
+    "state",
+    "operator",
+    "partitions_per_replica",
+)
+
 
 class SourceError(Exception):
     """What Spark shows when the data source refuses: one line, saying what to fix."""
+
+
+def check_known(options: Mapping[str, str], known: tuple[str, ...], doing: str) -> None:
+    """Refuse an option ``doing`` does not take (a misspelt or misplaced one would be ignored)."""
+    given = [name.lower() for name in options]
+    if "path" in given:  # load(path) / save(path)
+        raise SourceError(
+            "format('statehouse') takes no path (load(path), save(path)): name the job and state with "
+            "option('job', ...) and option('state', ...)"
+        )
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise SourceError(
+            f"{', '.join(repr(name) for name in unknown)}: not an option of {doing}, which takes {', '.join(known)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -30,6 +60,9 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
+        """The options of a live read, or of a write (``writing``); one line naming what to fix
+        when they are not right. A read refuses options it does not take here; a write's are
+        checked by the data source's ``writer`` or ``streamWriter``, which know which write it is."""
         given = {k.lower(): v for k, v in options.items()}
         timers = given.get("timers")
         if timers is not None and (writing or timers not in TIME_DOMAINS):
@@ -68,6 +101,8 @@ class SourceOptions:
             raise SourceError(f"bad option: {exc}") from None
         if splits < 1:
             raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
+        if not writing:
+            check_known(given, READ_OPTIONS, "a read of the live replicas")
         return cls(config, given["job"], given.get("state", ""), op, splits, timers, what, operator)
 
 

@@ -26,11 +26,25 @@ from pyspark.sql.types import StructType
 from statehouse.client.client import StatehouseClient
 from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import OPERATOR_SCHEMA, broadcast_rows, list_rows
-from statehouse.client.datasource.options import SourceError, SourceOptions, refusal
+from statehouse.client.datasource.options import (
+    STREAM_WRITE_OPTIONS,
+    WRITE_OPTIONS,
+    SourceError,
+    SourceOptions,
+    check_known,
+    refusal,
+)
 from statehouse.client.errors import StatehouseError
 from statehouse.client.transport import ReplicaConnection
 from statehouse.keygroups import KeyGroupRange, operator_index
 
+# A write applies its rows on top of what the state holds (one epoch); replacing the state would be
+# a clear of every key in that same epoch, which the write protocol has no step for.
+OVERWRITE_REFUSED = (
+    "mode('overwrite') would replace the state, which a write does not do: it applies its rows to what the "
+    "state holds, as one epoch. Use mode('append'); to start over, first write op 'clear' with the keys a read "
+    "returns, or drop the state (DELETE /v1/jobs/{job}/states/{state} on every replica) and register it again"
+)
 NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
 MAX_KEYS = 1_000  # keys per point-read request (the server's limit)
 
@@ -188,12 +202,20 @@ class StatehouseDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from statehouse.client.datasource.writer import BatchWriter
 
-        return BatchWriter(SourceOptions.parse(self.options, writing=True), schema)
+        options = SourceOptions.parse(self.options, writing=True)
+        check_known(self.options, WRITE_OPTIONS, "a write")
+        if overwrite:
+            raise SourceError(OVERWRITE_REFUSED)
+        return BatchWriter(options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from statehouse.client.datasource.writer import StreamWriter
 
-        return StreamWriter(SourceOptions.parse(self.options, writing=True), schema)
+        options = SourceOptions.parse(self.options, writing=True)
+        check_known(self.options, STREAM_WRITE_OPTIONS, "a streaming write")
+        if overwrite:  # outputMode("complete")
+            raise SourceError(OVERWRITE_REFUSED)
+        return StreamWriter(options, schema)
 
 
 class ScanPartition(InputPartition):
