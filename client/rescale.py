@@ -278,13 +278,28 @@ class LiveRescale:
                 time.sleep(0.2)
 
     def _checkpoint(self, move: _Move) -> dict[str, int]:
-        """One global checkpoint of every job on the old replicas."""
+        """One global checkpoint of every job on the old replicas. One that fails because checkpoint
+        storage is unavailable (its listing, trigger or upload) is taken again, under a new id, until
+        ``wait``: the step waits for storage as the others do, rather than spending the move."""
         old = self.replicas
+        deadline = time.monotonic() + self.wait
         checkpoints = {}
         for name, parallelism in move.jobs.items():
-            done = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait).checkpoint(
-                metadata={"rescale_version": move.version}
-            )
+            coordinator = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait)
+            reported = False
+            while True:
+                coordinator.timeout = max(1.0, deadline - time.monotonic())  # an upload's wait ends with the step's
+                try:
+                    done = coordinator.checkpoint(metadata={"rescale_version": move.version})
+                    break
+                except StatehouseError as exc:
+                    if not _storage_unavailable(exc) or time.monotonic() >= deadline:
+                        raise
+                    if not reported:  # once per job: what the step waits for
+                        reported = True
+                        waiting = {"for": "storage_unavailable", "step": "checkpoint", "url": ", ".join(old.urls)}
+                        self.progress("waiting", {**waiting, "job": name, "detail": exc.detail})
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             checkpoints[name] = done.checkpoint_id
         return checkpoints
 
@@ -566,6 +581,20 @@ class LiveRescale:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _storage_unavailable(exc: BaseException) -> bool:
+    """Whether a failed checkpoint failed because checkpoint storage did not answer: a replica's
+    503 ``storage_unavailable`` (a listing, a trigger), or a part whose upload failed so (its error
+    names the server's ``StorageUnavailable``), anywhere in the chain of causes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StatehouseError) and seen.code == "storage_unavailable":
+            return True
+        if "StorageUnavailable:" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def decision_record(connection: ReplicaConnection, version: int) -> dict[str, Any] | None:
