@@ -67,3 +67,17 @@ def test_the_command_names_the_conflicting_package_in_one_line(tmp_path: Path) -
     assert imported.stdout == "ok\n", imported.stderr
     alone = run([statehouse, "serve"], 60)  # the client alone: serve names the server's distribution
     assert alone.stderr.endswith("pip install statehouse-server\n"), alone.stderr
+
+    # A statehouse/__init__.py that no distribution installed (here on PYTHONPATH) is named too.
+    stray = tmp_path / "stray"
+    (stray / "statehouse").mkdir(parents=True)
+    (stray / "statehouse/__init__.py").write_text("")
+    shown = subprocess.run(
+        [statehouse, "status"], capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(stray)}
+    )
+    assert (shown.returncode, shown.stdout) == (2, ""), shown.stderr
+    assert shown.stderr == (
+        f"statehouse: {stray / 'statehouse/__init__.py'} is no part of statehouse-client or statehouse-server "
+        "(no installed distribution records it) and hides their statehouse.* modules; "
+        "move its statehouse/ out of the path\n"
+    )

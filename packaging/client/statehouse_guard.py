@@ -35,10 +35,14 @@ def conflict() -> str | None:
     if not origin.endswith("__init__.py"):  # a namespace package: ours
         return None
     owner = _owner(Path(origin).resolve())
-    name = owner.split(" ", 1)[0] if owner else "statehouse"
+    if owner is None:  # on sys.path some other way (PYTHONPATH, a directory of that name)
+        return (
+            f"statehouse: {origin} is no part of statehouse-client or statehouse-server (no installed "
+            "distribution records it) and hides their statehouse.* modules; move its statehouse/ out of the path"
+        )
     return (
-        f"statehouse: {origin} belongs to another project ({owner or 'not statehouse-server or statehouse-client'})"
-        f" and hides statehouse-client's statehouse.* modules; remove it: pip uninstall {name}"
+        f"statehouse: {origin} belongs to another project ({owner}) and hides statehouse-client's statehouse.* "
+        f"modules; remove it: pip uninstall {owner.split(' ', 1)[0]}"
     )
 
 
