@@ -567,7 +567,10 @@ class Problem(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str = Field(description="<STATEHOUSE_PROBLEM_DOCS_URL>#<code>: where the code is explained")
+    type: str = Field(
+        description="where the code is explained: /problems/<code> on this service (relative to its root), or "
+        "<STATEHOUSE_PROBLEM_DOCS_URL>#<code> when that is set"
+    )
     title: str = Field(description="the HTTP status phrase")
     status: int = Field(description="the HTTP status code")
     code: str = Field(description="stable machine-readable error code (see the Errors section of the API docs)")

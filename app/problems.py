@@ -25,8 +25,7 @@ from statehouse.app.settings import Settings
 from statehouse.backends.errors import StateError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
-# The setting's default means "not set": the service's own pages (its value names no page of ours).
-DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default
+DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default  # "": this service's pages
 
 # Codes whose answer says when to retry: the client retries them without backing off further.
 RETRY_AFTER_BY_CODE: dict[str, str] = {"rescale_in_progress": "1"}
@@ -107,7 +106,7 @@ def problem_type(code: str, docs_url: str = DEFAULT_PROBLEM_DOCS_URL, root_path:
     """The problem ``type`` of a code: ``/problems/<code>``, its page on this service (behind a
     proxy's ``root_path``), or its anchor in a published copy of the table when
     ``STATEHOUSE_PROBLEM_DOCS_URL`` (``docs_url``) is set."""
-    if docs_url in ("", DEFAULT_PROBLEM_DOCS_URL):
+    if not docs_url:
         return page_path(code, root_path)
     return f"{docs_url}#{code}"
 

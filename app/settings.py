@@ -177,8 +177,9 @@ class Settings(BaseSettings):
         "and closed, restore swaps and data-volume reserve crossings; debug adds each request a limit refuses",
     )
     problem_docs_url: str = Field(
-        "https://statehouse.dev/docs/api",
-        description="where docs/api.md is published: problem `type` URIs are <this>#<code>, one anchor per code",
+        "",
+        description="empty: a problem's `type` is its page on this service, /problems/<code>; else where the table "
+        "of problem codes (app/problems.md) is published: `type` is <this>#<code>, one anchor per code",
     )
 
     @model_validator(mode="after")
