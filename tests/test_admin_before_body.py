@@ -15,10 +15,13 @@ pytestmark = [pytest.mark.http]
 
 ADMIN, USER = "admin-secret", "user-secret"
 # The steps that refuse a non-admin token before its body.
-STEPS = ["load", "decide"]
+STEPS = ["prepare", "load", "decide", "commit", "abort"]
 INVALID = {
+    "prepare": [{}, {"version": 0, "replica_count": 2}, {"version": 2, "replica_count": 2, "replica_urls": ["x"]}, []],
     "load": [{}, {"version": 0, "checkpoints": {"j": 0}}, {"version": "x"}, []],
     "decide": [{}, {"version": 2, "outcome": "maybe"}, {"version": -1, "outcome": "commit"}, "text"],
+    "commit": [{}, {"version": 0}, {"version": "x"}, []],
+    "abort": [{}, {"version": 0}, {"version": "x"}, []],
 }
 
 
@@ -55,3 +58,11 @@ def test_a_non_admin_token_is_refused_whatever_its_body(server, step):
     assert invalid.status_code == 422, invalid.text
     # No token at all: 401 before anything.
     assert httpx.post(url, json=INVALID[step][0], timeout=30).status_code == 401
+
+
+def test_reading_a_decision_needs_an_admin_token_whatever_its_query(server):
+    url = f"{server.url}/v1/topology/decision"
+    for params in ({"version": "x"}, {"version": 0}, {}):
+        forbidden(httpx.get(url, params=params, headers={"Authorization": f"Bearer {USER}"}, timeout=30))
+    refused = httpx.get(url, params={"version": "x"}, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+    assert refused.status_code == 422, refused.text

@@ -137,11 +137,6 @@ def participant(service: Service) -> RescaleParticipant:
 ADMIN_STEP = "a live rescale moves every job's state: its steps need an @admin token (STATEHOUSE_API_TOKENS)"
 
 
-def admin_only(grant: Grant) -> None:
-    if not grant.admin:
-        raise ApiError("forbidden", ADMIN_STEP)
-
-
 Version = Annotated[int, Field(ge=1, le=2**31 - 1, description="the topology version the move goes to (v+1)")]
 Checkpoints = Annotated[
     dict[str, Annotated[int, Field(ge=1)]],
@@ -236,11 +231,11 @@ LOAD = (*doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_incomplete", "checkpoi
     response_model=TopologyInfo,
     responses=doc.errors(*STEP, "invalid_argument", "rescale_pending", "batch_in_flight", "rescale_decided"),
 )
+@admin_route(ADMIN_STEP)
 async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBody) -> TopologyInfo:
     """Step 1 of a live rescale: record the move and freeze the key groups this replica gives away (writes there
     answer 503 `rescale_in_progress`; reads go on); a new, empty replica records that it joins. 409
     `batch_in_flight` (nothing frozen) while an uncommitted micro-batch staged writes there: retry."""
-    admin_only(grant)
     await run_in_threadpool(
         participant(service).prepare, body.version, body.replica_count, body.replica_urls, body.initiator
     )
@@ -285,11 +280,11 @@ async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody)
 
 
 @router.get("/topology/decision", response_model=DecisionInfo, responses=doc.errors(*STEP, "not_found"))
+@admin_route(ADMIN_STEP)
 async def get_rescale_decision(
     service: ServiceDep, grant: GrantDep, version: Annotated[int, Query(ge=1, le=2**31 - 1)]
 ) -> DecisionInfo:
     """The durable decision of the live rescale to `version` (404 `not_found`: undecided)."""
-    admin_only(grant)
     decision = await run_in_threadpool(participant(service).decision, version)
     if decision is None:
         raise ApiError("not_found", f"the live rescale to topology version {version} is undecided", version=version)
@@ -301,18 +296,18 @@ async def get_rescale_decision(
     response_model=TopologyInfo,
     responses=doc.errors(*STEP, "rescale_not_decided", "rescale_not_loaded"),
 )
+@admin_route(ADMIN_STEP)
 async def commit_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> TopologyInfo:
     """Step 5, on every replica: serve the new layout (the decision must be commit; a replica that has not loaded
     answers 409 `rescale_not_loaded`: load it again). Key groups that moved away answer 421 from then on."""
-    admin_only(grant)
     await run_in_threadpool(participant(service).commit, body.version)
     return await run_in_threadpool(topology_info, service, grant)
 
 
 @router.post("/topology/abort", response_model=TopologyInfo, responses=doc.errors(*STEP, "rescale_decided"))
+@admin_route(ADMIN_STEP)
 async def abort_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> TopologyInfo:
     """Undo the move here (decides abort if undecided; 409 `rescale_decided` once commit was decided): loaded key
     groups cleared, writes taken again, the old layout served."""
-    admin_only(grant)
     await run_in_threadpool(participant(service).abort, body.version)
     return await run_in_threadpool(topology_info, service, grant)
