@@ -53,7 +53,7 @@ TYPED := statehouse.errors statehouse.stored statehouse.snapshots statehouse.bac
 typecheck: $(DEV)
 	@mkdir -p $(VENV)/typecheck/statehouse
 	@for d in app errors stored snapshots backends checkpointing client keygroups pipelines protocol; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
-	MYPYPATH=$(VENV)/typecheck $(BIN)/mypy $(addprefix -p ,$(TYPED))
+	MYPYPATH=$(VENV)/typecheck:$(CURDIR)/packaging/client $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
 # Regenerate tests/vectors/flink-vectors.json.gz from Flink's own classes (docs/state-model.md,
 # "Checked against Flink itself"): Java 17 and Flink's jars (~300 MB, kept outside the repo).

@@ -22,6 +22,13 @@ they share, ``.arrow``) import pyarrow, numpy and pandas, when first used
 
 from typing import TYPE_CHECKING, Any
 
+from statehouse_guard import conflict as _conflict  # outside the namespace (packaging/client/statehouse_guard.py)
+
+# Another project's statehouse/__init__.py imports this package first: a library import then ends
+# with the one line that says what conflicts, not inside that project's __init__.
+if (_problem := _conflict()) is not None:
+    raise ImportError(_problem.removeprefix("statehouse: "))
+
 from statehouse.client.batch import Batch, PendingResult
 from statehouse.client.client import StatehouseClient
 from statehouse.client.config import ClientConfig
