@@ -96,7 +96,7 @@ class ReplicaConnection:
                     redirect=False,
                 )
             except urllib3.exceptions.HTTPError as exc:
-                raise Unavailable(f"{self.url} unreachable: {exc!r}") from exc
+                raise Unavailable(f"{self.url} unreachable: {no_answer(exc)}") from exc
             if response.status < 400:
                 return _Answer(response.status, response.data, response.reason or "")
             error = error_from_response(response.status, response.data, response.reason or "")
@@ -201,3 +201,27 @@ class _Answer(NamedTuple):
 def _dumps(value: Any) -> bytes:
     """JSON as the server reads it: no NaN or Infinity (a ValueError here, not a 400 there)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+# urllib3's errors of a replica that did not answer, by kind, in a few words.
+_NO_ANSWER: tuple[tuple[type[Exception], str], ...] = (
+    (urllib3.exceptions.NameResolutionError, "its host name does not resolve"),
+    (urllib3.exceptions.ConnectTimeoutError, "the connection timed out"),
+    (urllib3.exceptions.ReadTimeoutError, "no answer in time"),
+    (urllib3.exceptions.ProtocolError, "the connection broke"),
+)
+
+
+def no_answer(exc: urllib3.exceptions.HTTPError) -> str:
+    """Why a replica did not answer, in a few words (``connection refused``, ``its host name does
+    not resolve``): the cause urllib3 wraps, not its ~300-character ``MaxRetryError(...)``."""
+    cause: BaseException = exc
+    while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
+        cause = cause.reason
+    if isinstance(cause.__context__, ConnectionRefusedError):  # urllib3's NewConnectionError wraps it
+        return "connection refused"
+    for kind, words in _NO_ANSWER:
+        if isinstance(cause, kind):
+            return words
+    text = str(cause).rsplit(": ", 1)[-1].strip()
+    return text[:1].lower() + text[1:] if text else type(cause).__name__

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -15,7 +14,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from statehouse.client.client import StatehouseClient
-from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
 
 T = TypeVar("T")
@@ -65,8 +63,7 @@ def output_option(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def open_client(args: argparse.Namespace) -> Iterator[StatehouseClient]:
-    """The client of ``--urls``, closed at the end of the ``with`` block; an error leaving the
-    block says why a replica did not answer in a few words (:func:`short_reasons`)."""
+    """The client of ``--urls``, closed at the end of the ``with`` block."""
     urls = [url.strip() for url in args.urls.split(",") if url.strip()]
     if not urls:
         raise CommandError("give the replicas' URLs with --urls or STATEHOUSE_URLS", EXIT_USAGE)
@@ -75,39 +72,7 @@ def open_client(args: argparse.Namespace) -> Iterator[StatehouseClient]:
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     with client:
-        try:
-            yield client
-        except StatehouseError as exc:
-            shorter = short_reasons(exc.detail)
-            if shorter != exc.detail:
-                exc.detail = shorter
-                exc.args = (f"{exc.code}: {shorter}" if exc.code else shorter,)
-            raise
-
-
-# urllib3's "no answer" error as the transport words it: MaxRetryError('<pool>: Max retries exceeded
-# with url: <path> (Caused by <Kind>("<connection>: <why>"))'), some 300 characters per replica.
-_NO_ANSWER = re.compile(r"""MaxRetryError\((['"]).*?\(Caused by (\w+)\((['"])(.*?)\3\)\)\1\)""")
-_ERRNO = re.compile(r"\[Errno -?\d+\] ")
-_NO_ANSWER_KINDS = {
-    "NameResolutionError": "its host name does not resolve",
-    "ConnectTimeoutError": "the connection timed out",
-    "ReadTimeoutError": "no answer in time",
-}
-
-
-def short_reasons(detail: str) -> str:
-    """``detail`` with each of urllib3's ``MaxRetryError(...)`` replaced by why the replica did not
-    answer, in a few words (``connection refused``, ``its host name does not resolve``)."""
-
-    def reason(match: re.Match[str]) -> str:
-        kind, inner = match[2], match[4].replace("\\'", "'")
-        if kind in _NO_ANSWER_KINDS:
-            return _NO_ANSWER_KINDS[kind]
-        why = _ERRNO.sub("", inner.split("): ", 1)[-1].rsplit(": ", 1)[-1]).strip()
-        return why[:1].lower() + why[1:] if why else kind
-
-    return _NO_ANSWER.sub(reason, detail)
+        yield client
 
 
 def job_client(sh: StatehouseClient, name: str, shown: list[dict[str, Any]]) -> JobClient:
