@@ -87,7 +87,7 @@ class Limits:
             raise self.key_error(len(encoded), what)
 
     def key_error(self, size: int, what: str = "key") -> KeyTooLarge:
-        return KeyTooLarge(f"{what} is {size} bytes; the limit is {self.max_key_bytes}")
+        return KeyTooLarge(f"{what} is {size} bytes; the limit is {self.max_key_bytes} (STATEHOUSE_MAX_KEY_BYTES)")
 
     def check_value(self, encoded: bytes) -> None:
         if len(encoded) > self.max_value_bytes:

@@ -68,6 +68,11 @@ def snapshot(client):
     ).json()
 
 
+def test_a_key_too_large_names_its_setting(client):
+    body = assert_problem(client.put(f"/v1/jobs/g/states/v/keys/{'k' * 100}", json={"value": 1}), 413, "key_too_large")
+    assert body["detail"].endswith("(STATEHOUSE_MAX_KEY_BYTES)"), body["detail"]
+
+
 def test_key_of_another_replica_is_refused_with_the_owner(client):
     r = client.put(f"/v1/jobs/g/states/v/keys/{THEIRS}", json={"value": 1})
     body = assert_problem(r, 421, "key_not_owned")

@@ -6,6 +6,7 @@ layout retained its own) are listed too, with the replica count that wrote them.
 from __future__ import annotations
 
 import argparse
+import json
 
 from statehouse.client.cli.common import connection_options, emit, job_client, open_client
 from statehouse.client.coordinator import CheckpointCoordinator
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"job {args.job}: {len(items)} global checkpoints" if items else f"job {args.job}: no global checkpoint"]
     lines += [
         f"  {i['checkpoint_id']:>6} {i['kind']:<10} {i['bytes_uploaded']:>12} bytes  {i['replica_count']} replicas  "
-        f"{i['metadata'] or ''}"
+        f"{json.dumps(i['metadata'], sort_keys=True) if i['metadata'] else ''}"
         for i in items
     ]
     emit(args, {"job": args.job, "checkpoints": items}, lines)
