@@ -1,4 +1,4 @@
-"""Writers outside Spark during a live rescale (issue 30), for the tests that check no write is lost:
+"""Writers outside Spark during a live rescale, for the tests that check no write is lost:
 plain clients append unique ids to a list state from threads through the one-key endpoint (raw HTTP,
 following 421 and 503 as the contract says), the batch endpoint and the columnar endpoint (the Python
 client). Afterwards every acknowledged write must be present exactly once, nothing twice, nothing

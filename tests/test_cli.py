@@ -1,4 +1,4 @@
-"""The ``statehouse`` command over real processes (issue 29): one local 3-replica set started by
+"""The ``statehouse`` command over real processes: one local 3-replica set started by
 ``statehouse serve``, driven through status → savepoint → checkpoints → restore → a live rescale
 3 → 2 → 3 (``serve`` stops the removed replica after the commit, and starts the new one before the
 grow), every key checked against a plain-Python oracle; the offline rescale's refusal path; a client

@@ -1,4 +1,4 @@
-"""The HTTP server's own limits (issue 27.10), over real sockets against a real server.
+"""The HTTP server's own limits, over real sockets against a real server.
 
 Before (plain uvicorn + httptools): a 300 MB request header grew RSS by 300 MB; a head sent a byte
 a second was held forever; ~20,000 half-open connections used up the descriptors and every

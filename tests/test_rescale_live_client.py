@@ -1,4 +1,4 @@
-"""The client side of the live rescale (client/rescale.py, docs/operations.md "Rescaling"; issue 30)
+"""The client side of the live rescale (client/rescale.py, docs/operations.md "Rescaling")
 over real RocksDB replicas sharing one checkpoint directory: LiveRescale 2 -> 3 -> 2 with a writer
 running and every value checked against a dict; a coordinator that dies after each step (its
 progress callback raises) replaced by a resume; an abort; and the per-process layout cache every new

@@ -1,4 +1,4 @@
-"""The test that matters (issue 30): a real local Spark streaming query keeps running while its replica
+"""The test that matters: a real local Spark streaming query keeps running while its replica
 set is rescaled 2 -> 3 and later 3 -> 2, live, over real S3 (SeaweedFS), with faults around each cut.
 
 The driver (harness/rescale_driver.py, a session of its own) runs 20 micro-batches, one input file each,
