@@ -32,6 +32,8 @@ def test_jobs_lifecycle(http, job_name):
         "states": [],
         "epoch": 0,
         "committed_epoch": 0,
+        "committed_batch": None,  # no micro-batch committed yet
+        "topology_version": 1,
     }
     assert http.put(f"/jobs/{job_name}", json={"max_parallelism": 256}).status_code == 200
     assert http.put(f"/jobs/{job_name}").status_code == 200  # confirm without a body
@@ -267,7 +269,8 @@ def test_writer_epoch_fences_stale_batches(http, job):
     register(http, job, "v", kind="value")
     put = {"op": "put", "state": "v", "key": "k"}
     assert http.post(f"{job}/batch", json={"ops": [{**put, "value": 0}], "epoch": 0}).status_code == 200
-    assert http.post(f"{job}/fence", json={"epoch": 3}).json() == {"epoch": 3, "committed_epoch": 0}
+    fenced = http.post(f"{job}/fence", json={"epoch": 3}).json()
+    assert (fenced["epoch"], fenced["committed_epoch"], fenced["rescale_version"]) == (3, 0, None)
     assert http.post(f"{job}/fence", json={"epoch": 2}).json()["epoch"] == 3  # never lowered
     stale = http.post(f"{job}/batch", json={"ops": [{**put, "value": 1}], "epoch": 2})
     assert stale.status_code == 409 and stale.json()["code"] == "stale_epoch" and stale.json()["epoch"] == 3
