@@ -322,9 +322,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
 
     def _release(self, answers: list[dict[str, Any]]) -> None:
         """Abort the epoch each replica's fence answered (a batch that will not begin there)."""
-        for replica, answer in zip(self.job.replicas, answers, strict=True):
-            with contextlib.suppress(StatehouseError):
-                replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{answer['epoch']}/abort")
+        self._abort_each([answer["epoch"] for answer in answers])
 
     def _fence_next(self) -> list[dict[str, Any]]:
         """Every replica's writer epoch raised past its own, opening a micro-batch: the fences' answers."""
@@ -398,7 +396,11 @@ class MicroBatchCoordinator(CheckpointCoordinator):
 
     def abort_epoch(self, epoch: int) -> None:
         """Drop what ``epoch`` staged, everywhere (best effort: a new epoch drops it anyway)."""
-        for replica in self.job.replicas:
+        self._abort_each([epoch] * len(self.job.replicas))
+
+    def _abort_each(self, epochs: list[int]) -> None:
+        """Abort ``epochs[i]`` on replica ``i``, best effort: it ends the batch in flight there."""
+        for replica, epoch in zip(self.job.replicas, epochs, strict=True):
             with contextlib.suppress(StatehouseError):
                 replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{epoch}/abort")
 

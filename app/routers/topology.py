@@ -182,8 +182,8 @@ class DecideBody(BaseModel):
     checkpoints: Checkpoints = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(
         default_factory=dict,
-        description="free-form JSON kept in the decision for whoever resumes the move (e.g. each checkpoint's "
-        "metadata: after the commit the replicas list only the new layout's checkpoint parts)",
+        description="free-form JSON kept in the decision for whoever resumes the move (which micro-batch each job's "
+        "state holds needs none: the move's checkpoint records it and the load carries it)",
     )
     from_count: int | None = Field(
         None,
