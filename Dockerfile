@@ -17,14 +17,14 @@ ENV PATH=/opt/venv/bin:$PATH
 # Dependencies first (pinned in the two pyproject.toml files: the server's and the client's it
 # depends on), so code changes do not re-download them.
 COPY pyproject.toml ./
-COPY packaging/client/pyproject.toml packaging/client/
-RUN python -c "import tomllib; print('\n'.join(d for f in ('pyproject.toml', 'packaging/client/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('statehouse')))" \
+COPY client/packaging/pyproject.toml client/packaging/
+RUN python -c "import tomllib; print('\n'.join(d for f in ('pyproject.toml', 'client/packaging/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('statehouse')))" \
         > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt
 # Then the project itself, both distributions (statehouse-client, statehouse-server; the package
 # index's `statehouse` is another project): runtime dependencies only, not the dev extra.
 COPY . .
-RUN pip install --no-cache-dir --no-deps ./packaging/client . \
+RUN pip install --no-cache-dir --no-deps ./client/packaging . \
     && pip check
 
 # ---- runtime: the venv and nothing else ----

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two distributions, both installed editable: the client (packaging/client) and the server
+# Two distributions, both installed editable: the client (client/packaging) and the server
 # (the repository root). `make run` installs what the server needs; `make test` adds the dev tools.
 SERVER := $(VENV)/.server-installed
 DEV := $(VENV)/.dev-installed
@@ -13,12 +13,12 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(SERVER): pyproject.toml packaging/client/pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e ./packaging/client -e .
+$(SERVER): pyproject.toml client/packaging/pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e ./client/packaging -e .
 	touch $@
 
-$(DEV): pyproject.toml packaging/client/pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e "./packaging/client[spark]" -e ".[dev]"
+$(DEV): pyproject.toml client/packaging/pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e "./client/packaging[spark]" -e ".[dev]"
 	touch $(SERVER) $@
 
 setup: $(DEV)
@@ -48,12 +48,13 @@ lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-checked: the engine, stored-state encoding, snapshots, checkpointing and the client distribution (app/ follows).
-TYPED := statehouse.errors statehouse.stored statehouse.snapshots statehouse.backends statehouse.checkpointing statehouse.client statehouse.keygroups statehouse.protocol
+# Type-checked: every product folder but app/ (which follows).
+FOLDERS := protocol snapshots backends app client
+TYPED := $(addprefix statehouse.,$(filter-out app,$(FOLDERS)))
 typecheck: $(DEV)
-	@mkdir -p $(VENV)/typecheck/statehouse
-	@for d in app errors stored snapshots backends checkpointing client keygroups pipelines protocol; do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
-	MYPYPATH=$(VENV)/typecheck:$(CURDIR)/packaging/client $(BIN)/mypy $(addprefix -p ,$(TYPED))
+	@rm -rf $(VENV)/typecheck/statehouse && mkdir -p $(VENV)/typecheck/statehouse
+	@for d in $(FOLDERS); do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done
+	MYPYPATH=$(VENV)/typecheck:$(CURDIR)/client/packaging $(BIN)/mypy $(addprefix -p ,$(TYPED))
 
 # Regenerate tests/vectors/flink-vectors.json.gz from Flink's own classes (docs/state-model.md,
 # "Checked against Flink itself"): Java 17 and Flink's jars (~300 MB, kept outside the repo).
@@ -61,7 +62,7 @@ FLINK_LIBS ?= /tmp/flinklibs
 .PHONY: flink-vectors
 flink-vectors: $(DEV)
 	test -d $(FLINK_LIBS)/pyflink/lib || $(PIP) --no-deps --target $(FLINK_LIBS) apache-flink-libraries==2.3.0
-	$(BIN)/python -m harness.flink_vectors --lib $(FLINK_LIBS)/pyflink/lib
+	$(BIN)/python -m tests.support.flink_vectors --lib $(FLINK_LIBS)/pyflink/lib
 
 clean:
 	rm -rf $(VENV) data checkpoints .pytest_cache .ruff_cache

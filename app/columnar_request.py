@@ -16,8 +16,8 @@ from statehouse.app.problems import ApiError
 from statehouse.app.wire import JSON, read_arrow
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
 from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
-from statehouse.stored.codec import parse_decimal
-from statehouse.stored.names import NAME_PATTERN
+from statehouse.snapshots.stored.codec import parse_decimal
+from statehouse.snapshots.stored.names import NAME_PATTERN
 
 W = TypeVar("W")
 

@@ -15,11 +15,11 @@ from statehouse.app.problems import ApiError
 from statehouse.app.settings import Settings
 from statehouse.app.tokens import OPEN, Grant, digest, grant_of
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.checkpointing.manager import CheckpointManager
+from statehouse.backends.checkpointing.rescale import RescaleParticipant
 from statehouse.backends.job import Job
-from statehouse.checkpointing.manager import CheckpointManager
-from statehouse.checkpointing.rescale import RescaleParticipant
 from statehouse.snapshots.storage.locations import Resolved
-from statehouse.stored.names import NAME_PATTERN
+from statehouse.snapshots.stored.names import NAME_PATTERN
 
 JobName = Annotated[str, Path(description="job name", pattern=NAME_PATTERN)]  # where the job may not exist
 

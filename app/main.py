@@ -40,14 +40,14 @@ from statehouse.app.routing import data_plane_paths
 from statehouse.app.settings import Settings, exit_at_start, load_settings
 from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.checkpointing.manager import CheckpointManager
+from statehouse.backends.checkpointing.rescale import RescaleParticipant
+from statehouse.backends.checkpointing.restore import remove_leftovers
 from statehouse.backends.errors import StateError
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
-from statehouse.checkpointing.manager import CheckpointManager
-from statehouse.checkpointing.rescale import RescaleParticipant
-from statehouse.checkpointing.restore import remove_leftovers
 from statehouse.snapshots.storage import open_storage
 
 log = logging.getLogger("statehouse")

@@ -13,18 +13,18 @@ from pydantic_core import PydanticCustomError
 
 from statehouse.backends.attempts import EpochReport
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITION, MAX_SEQ
+from statehouse.backends.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.backends.job import Job
 from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.backends.timers import TimeDomain
-from statehouse.checkpointing.info import CheckpointInfo, RestoreInfo
-from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
+from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import RawOpName, StateOpName, TimerOpName
-from statehouse.stored.codec import parse_decimal
-from statehouse.stored.descriptors import StateDescriptor, StateKind
-from statehouse.stored.names import NAME_PATTERN
-from statehouse.stored.ttl import TtlConfig, UpdateType, Visibility
-from statehouse.stored.value_types import ValueType
+from statehouse.snapshots.stored.codec import parse_decimal
+from statehouse.snapshots.stored.descriptors import StateDescriptor, StateKind
+from statehouse.snapshots.stored.names import NAME_PATTERN
+from statehouse.snapshots.stored.ttl import TtlConfig, UpdateType, Visibility
+from statehouse.snapshots.stored.value_types import ValueType
 
 Name = Field(pattern=NAME_PATTERN)
 
@@ -253,7 +253,7 @@ class BatchOp(BaseModel):
     """One operation of a batch, for the API's document: batches are decoded without models (what
     pydantic would cost per operation is most of a small batch's CPU) and the engine checks them
     (``backends/ops.py``) by the op table (``protocol/ops.py``), from which these enums come;
-    tests/test_protocol.py holds both to the table."""
+    tests/http/test_protocol.py holds both to the table."""
 
     op: Literal[StateOpName, TimerOpName, RawOpName]  # one enum (nested Literals flatten)
     state: str | None = Field(None, description="the state (every operation but the timer and raw ones)")

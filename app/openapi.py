@@ -33,13 +33,13 @@ from statehouse.app.dependencies import require_token
 from statehouse.app.models import BatchRequest, Problem
 from statehouse.app.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE
 from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
-from statehouse.stored.names import NAME_PATTERN
+from statehouse.snapshots.stored.names import NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 PROBLEM_SCHEMA = {"$ref": REF.format(model="Problem")}
 SECURITY_SCHEME = "bearerAuth"
 CODES = "x-problem-codes"
-# Path parameters that are names (``stored/names.py``), declared with its pattern wherever a
+# Path parameters that are names (``snapshots/stored/names.py``), declared with its pattern wherever a
 # route does not declare it itself.
 NAMED_PARAMETERS = frozenset({"job", "state", "operator", "name"})
 CHALLENGE = {"description": "`Bearer`: the scheme to authenticate with", "required": True, "schema": {"type": "string"}}

@@ -273,11 +273,11 @@ NOT_SERVER_SETTINGS = frozenset(
         "STATEHOUSE_PORT",  # Makefile: `make run`'s --port
         "STATEHOUSE_FUZZ_EXAMPLES",  # tests: Hypothesis/schemathesis examples per run
         "STATEHOUSE_FUZZ_SEED",  # tests: their seed
-        "STATEHOUSE_SHUTDOWN_JOBS",  # tests/test_shutdown.py: jobs to shut down
-        "STATEHOUSE_SKIP_BROWSER",  # tests/test_docs_offline.py: no Chromium
+        "STATEHOUSE_SHUTDOWN_JOBS",  # tests/operations/test_shutdown.py: jobs to shut down
+        "STATEHOUSE_SKIP_BROWSER",  # tests/operations/test_docs_offline.py: no Chromium
         "STATEHOUSE_TEST_REPLICAS",  # tests/client: replicas the client-only venv talks to
-        "STATEHOUSE_FLINK_LIB",  # harness/flink_vectors: Flink's jars
-        "STATEHOUSE_SPARK_NO_CDS",  # harness/spark.py: test Spark JVMs without the class-data archive
+        "STATEHOUSE_FLINK_LIB",  # tests/support/flink_vectors: Flink's jars
+        "STATEHOUSE_SPARK_NO_CDS",  # tests/support/spark.py: test Spark JVMs without the class-data archive
         "STATEHOUSE_URLS",  # the statehouse command (client/cli): the replicas it talks to
         "STATEHOUSE_TOKEN",  # the statehouse command: its bearer token
     }

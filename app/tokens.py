@@ -18,7 +18,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from statehouse.stored.names import NAME_PATTERN
+from statehouse.snapshots.stored.names import NAME_PATTERN
 
 ALL_JOBS = "*"
 ADMIN = "@admin"

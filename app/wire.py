@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from statehouse.app.arrow_body import OBJECT_BYTES, read_stream
 from statehouse.app.problems import ApiError
-from statehouse.stored.codec import too_deep
+from statehouse.snapshots.stored.codec import too_deep
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"

@@ -3,5 +3,5 @@
 Import what you use from the module that defines it (``statehouse.backends.catalog.JobCatalog``,
 ``statehouse.backends.heap.HeapStore``, ``statehouse.backends.rocksdb.RocksDBStore``): the
 package imports nothing, so a light module (``statehouse.backends.ttl``) loads alone. Key-group
-math lives in ``statehouse.keygroups``, which the client distribution ships too.
+math lives in ``statehouse.protocol.keygroups``, which the client distribution ships too.
 """

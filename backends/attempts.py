@@ -33,7 +33,7 @@ from statehouse.backends.staging import (
     Winner,
 )
 from statehouse.backends.timers import Advanced, TimeDomain
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)

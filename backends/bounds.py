@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from statehouse.errors import InvalidArgument
 from statehouse.protocol.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITION, MAX_SEQ
+from statehouse.protocol.errors import InvalidArgument
 
 __all__ = ["MAX_CHECKPOINT_ID", "MAX_EPOCH", "MAX_PARTITION", "MAX_SEQ", "check_range"]
 

@@ -17,9 +17,9 @@ from statehouse.backends.job import Job, stored_descriptors
 from statehouse.backends.limits import Limits
 from statehouse.backends.topology import ReplicaLayout
 from statehouse.backends.ttl import Clock, SystemClock
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
-from statehouse.stored.names import validate_name
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import UPPER_BOUND_MAX_PARALLELISM, default_max_parallelism
+from statehouse.snapshots.stored.names import validate_name
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class JobCatalog:
         # index past the count: it owns nothing, and says who does).
         self.serving = replica_index < replica_count
         # What a pending live rescale does to every job opened, created or swapped in from now
-        # on (freeze what it moves out): set and cleared by checkpointing/rescale.py.
+        # on (freeze what it moves out): set and cleared by backends/checkpointing/rescale.py.
         self.on_open: Callable[[Job], None] | None = None
         # None: a job found on disk at start, not opened yet (see _open).
         self._jobs: dict[str, Job | None] = dict.fromkeys(store.existing())

@@ -1,11 +1,11 @@
-"""The stored keys of :mod:`statehouse.stored.codec` for whole Arrow columns at once.
+"""The stored keys of :mod:`statehouse.snapshots.stored.codec` for whole Arrow columns at once.
 
 ``encode_primaries`` gives, row by row, exactly ``codec.encode_primary(key, key_type, namespace)``,
 and ``prefixed`` the RocksDB keys ``key group + primary``; ``pack_column`` and
 ``unpack_column`` are ``codec.pack_value`` and ``codec.decode_value`` of a whole binary or utf8
 column. A columnar request carries thousands
 of rows, so the bytes are laid out by numpy and Arrow, and Python only receives the results.
-Keys and namespaces are checked as :mod:`statehouse.keygroups.columnar` checks them: a
+Keys and namespaces are checked as :mod:`statehouse.protocol.keygroups.columnar` checks them: a
 ``TypeError`` for a wrong Arrow type, a ``ValueError`` naming the first bad row.
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statehouse.keygroups import KEY_TYPES, KeyType
-from statehouse.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, row_count, utf8_column
+from statehouse.protocol.keygroups import KEY_TYPES, KeyType
+from statehouse.protocol.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, row_count, utf8_column
 
 __all__ = [
     "EncodedPrimaries",

@@ -27,11 +27,11 @@ from statehouse.backends.job import JobTransaction
 from statehouse.backends.keyed import KeyedState, ListState, Rows, ValueState
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_ROW_OVERHEAD
-from statehouse.errors import InvalidArgument
+from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.ops import ANSWERING_COLUMN_OPS, COLUMN_OPS, OPS
-from statehouse.stored.arrow import to_arrow, value_type
-from statehouse.stored.codec import decode_many
-from statehouse.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.arrow import to_arrow, value_type
+from statehouse.snapshots.stored.codec import decode_many
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 
 class _ColumnWork:

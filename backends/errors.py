@@ -6,7 +6,7 @@ Each carries a stable ``code``; the HTTP layer maps codes to status codes in one
 from __future__ import annotations
 
 # The base lives below every folder (the snapshot interfaces raise it too); re-exported here.
-from statehouse.errors import StateError as StateError
+from statehouse.protocol.errors import StateError as StateError
 
 
 class JobNotFound(StateError):

@@ -51,10 +51,10 @@ from statehouse.backends.staging import Staging
 from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import KeyGroupRange
-from statehouse.stored.codec import decode_primary
-from statehouse.stored.descriptors import StateDescriptor
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.stored.codec import decode_primary
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 
 class StoredKey(NamedTuple):

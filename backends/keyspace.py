@@ -37,10 +37,10 @@ from statehouse.backends.columnar_codec import encode_primaries
 from statehouse.backends.errors import KeyNotOwned, RescaleInProgress, StateError
 from statehouse.backends.limits import Limits
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, NON_KEYED_TABLES
-from statehouse.errors import InvalidArgument, InvalidKey
-from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
-from statehouse.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
-from statehouse.stored.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
+from statehouse.protocol.errors import InvalidArgument, InvalidKey
+from statehouse.protocol.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, KeyType, operator_index
+from statehouse.protocol.keygroups.columnar import BadRow, Utf8Column, key_groups, utf8_column
+from statehouse.snapshots.stored.codec import FIELD_HEADER_BYTES, encode_key, encode_namespace
 
 Key: TypeAlias = str | int
 T = TypeVar("T")
@@ -57,7 +57,7 @@ _KEY_TYPE_TAGS = {kt: bytes([i]) for i, kt in enumerate(KEY_TYPES)}
 # Up to this many rows, a column is located row by row in Python (:meth:`KeySpace.locate_column`):
 # the whole-column path's ~30 numpy and pyarrow calls cost 70-120 µs however few the rows, a row
 # here ~1 µs (its key group memoized) to ~7 µs (a new non-ASCII key hashed): at 32 rows of new
-# keys the two cost about the same. Tests force it both ways (tests/test_columns_few_rows.py).
+# keys the two cost about the same. Tests force it both ways (tests/engine/test_columns_few_rows.py).
 FEW_ROWS = 32
 _STRINGS = (pa.string(), pa.large_string())
 

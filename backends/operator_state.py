@@ -17,8 +17,8 @@ from statehouse.backends.errors import OperatorStateConflict
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.redistribution import check_subtask
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_MODE_META, LIST_TABLE, META_TABLE, NO_KEY_GROUP
-from statehouse.errors import InvalidArgument, InvalidValue
-from statehouse.stored.codec import (
+from statehouse.protocol.errors import InvalidArgument, InvalidValue
+from statehouse.snapshots.stored.codec import (
     decode_fields,
     decode_value,
     encode_fields,
@@ -26,7 +26,7 @@ from statehouse.stored.codec import (
     encode_value,
     iter_values,
 )
-from statehouse.stored.names import validate_name
+from statehouse.snapshots.stored.names import validate_name
 
 ListMode = Literal["split", "union"]
 LIST_MODES: tuple[ListMode, ...] = ("split", "union")

@@ -18,7 +18,7 @@ from statehouse.backends.keyed.base import each_row
 from statehouse.backends.keyspace import Rows
 from statehouse.backends.runs import Run, RunArgs, apply_run
 from statehouse.backends.staging import STAGED_OP_OVERHEAD
-from statehouse.errors import InvalidArgument
+from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.ops import OP_NAMES, OPS
 
 # Where a batch's timer and raw-state operations run, in order among themselves (names no state

@@ -33,9 +33,9 @@ from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.operator_state import count_subtask
 from statehouse.backends.redistribution import check_subtask
 from statehouse.backends.reserved import LIST_TABLE, NO_KEY_GROUP, RAW_KEYED_TABLE, RAW_OPERATOR_PREFIX
-from statehouse.errors import InvalidValue
-from statehouse.stored.codec import encode_fields, iter_values
-from statehouse.stored.names import validate_name
+from statehouse.protocol.errors import InvalidValue
+from statehouse.snapshots.stored.codec import encode_fields, iter_values
+from statehouse.snapshots.stored.names import validate_name
 
 DEFAULT_NAME = "_default_"  # Flink's DefaultOperatorStateBackend.DEFAULT_OPERATOR_STATE_NAME
 _STREAM = b"stream"  # the primary key of a key group's stream (one per key group)

@@ -1,7 +1,7 @@
 """Operator-state redistribution on restore, identical to Flink's ``RoundRobinOperatorStateRepartitioner``.
 
 Pure functions over plain values; restore applies them to snapshot contents. Checked against
-Flink 2.3's own classes on generated cases (``harness/flink_vectors``, ``tests/vectors``).
+Flink 2.3's own classes on generated cases (``tests/support/flink_vectors``, ``tests/vectors``).
 
 Flink's order of split-state names is the iteration order of ``java.util.HashMap``s: each old
 subtask's handle maps its state names (``CollectionUtil.newHashMapWithExpectedSize``, filled with
@@ -19,8 +19,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM, java_string_hash
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import UPPER_BOUND_MAX_PARALLELISM, java_string_hash
 
 # Flink caps an operator's parallelism at the largest max parallelism: subtask indexes and
 # subtask counts stay below it, so no request or snapshot can make a restore allocate more.

@@ -1,7 +1,7 @@
 """The reserved layout of a partition: the tables and metadata rows that are not keyed state.
 
 One definition for the engine, every backend and the snapshot formats. ``$`` cannot occur
-in a state, operator or job name (``stored/names.py``), so no user name collides with
+in a state, operator or job name (``snapshots/stored/names.py``), so no user name collides with
 these tables, nor with the ``$``-directories a store keeps beside its jobs.
 """
 

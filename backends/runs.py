@@ -21,7 +21,7 @@ from statehouse.backends.keyed import KeyedState, ListState, MapState, ReducingS
 from statehouse.backends.keyed.reducing_state import NOTHING_TO_ADD_GET
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
 from statehouse.backends.timers import TimerService, check_domain
-from statehouse.errors import InvalidArgument
+from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.ops import OPS
 
 # An advance's firing as its staged run records it: the domain's time raised to ``RunArgs.time``

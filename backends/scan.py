@@ -7,7 +7,7 @@ own), and hands back the position of its last row: the next page seeks past it, 
 costs what it returns, never the state's size. Reads apply Flink's TTL visibility without
 writing (a scan neither expires nor refreshes what it reads, as a savepoint reader would not).
 
-Columns: ``statehouse.stored.arrow.schema`` (shared with a checkpoint reader, which reads the
+Columns: ``statehouse.snapshots.stored.arrow.schema`` (shared with a checkpoint reader, which reads the
 same rows from a checkpoint's stored records).
 """
 
@@ -21,10 +21,10 @@ from itertools import islice
 import pyarrow as pa
 
 from statehouse.backends.job import Job
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import KeyGroupRange
-from statehouse.stored.arrow import Row, decode_record, rows_table
-from statehouse.stored.descriptors import StateDescriptor
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.stored.arrow import Row, decode_record, rows_table
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 _POSITION = struct.Struct(">HI")  # key group, primary length; then the primary and the secondary
 _CHUNK = 512  # flat tables: primaries read per get_many

@@ -32,8 +32,8 @@ from statehouse.backends.errors import AttemptConflict, EpochSealed
 from statehouse.backends.memory import released
 from statehouse.backends.runs import Run
 from statehouse.backends.timers import TimerFloors
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import KeyGroupRange
 
 # Memory a staged write takes beyond its bytes in the request: a decoded batch operation (~370 B,
 # measured with tracemalloc) and its entry in the attempt's view. Counted against the limit so

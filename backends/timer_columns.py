@@ -18,8 +18,8 @@ from statehouse.backends.job import JobTransaction
 from statehouse.backends.runs import Run, apply_run
 from statehouse.backends.staging import STAGED_ROW_OVERHEAD
 from statehouse.backends.timers import TimeDomain, check_domain, check_key_type
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import KeyType
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import KeyType
 from statehouse.protocol.ops import TIMER_COLUMN_OPS, TIMER_COLUMNS
 
 

@@ -54,9 +54,9 @@ from statehouse.backends.keyspace import (
     timer_key_type,
 )
 from statehouse.backends.reserved import EVENT_TIMERS_TABLE, PROCESSING_TIMERS_TABLE, TIMER_CLOCK_TABLE
-from statehouse.errors import InvalidArgument
-from statehouse.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
-from statehouse.stored.codec import decode_primary
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyGroupRange, KeyType
+from statehouse.snapshots.stored.codec import decode_primary
 
 TimeDomain = Literal["event", "processing"]
 TIME_DOMAINS: tuple[TimeDomain, ...] = get_args(TimeDomain)

@@ -13,7 +13,7 @@ directory. Now the directory holds:
   unless the operator adopts the new layout explicitly; jobs whose recorded range then disagrees
   are not served until a restore replaces them (or they are deleted).
 
-A live rescale (docs/rescale.md, checkpointing/rescale.py) records its progress here too: ``move``
+A live rescale (docs/rescale.md, backends/checkpointing/rescale.py) records its progress here too: ``move``
 (the target layout, the phase this replica reached, the checkpoints it loaded from) while it is
 pending, then the new layout with ``previous`` (the count and version it replaced), so that a
 restart knows where it stands: the durable decision in checkpoint storage says which way a pending
@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 LOCK_FILE = "$lock"
 TOPOLOGY_FILE = "$topology.json"

@@ -1,5 +1,5 @@
 """The clocks TTL reads (only processing time exists, as in Flink). The clock is injectable so
-tests need no sleeps. The TTL config and expiry rule are ``statehouse.stored.ttl``."""
+tests need no sleeps. The TTL config and expiry rule are ``statehouse.snapshots.stored.ttl``."""
 
 from __future__ import annotations
 

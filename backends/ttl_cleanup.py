@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 Cleaner = Callable[[bytes, int], bytes | None]  # stored value, now -> value to keep, or None if expired
 

@@ -57,9 +57,9 @@ from bench.common import KEY_BYTES, REPO, VALUE_BYTES, Summary, keys, print_head
 from bench.common import write_json as save_json
 from statehouse.client import StatehouseClient
 from statehouse.client.config import ClientConfig
-from statehouse.keygroups.columnar import key_groups
-from statehouse.stored.codec import encode_primary
-from statehouse.stored.keys import key_group_prefix_width
+from statehouse.protocol.keygroups.columnar import key_groups
+from statehouse.snapshots.stored.codec import encode_primary
+from statehouse.snapshots.stored.keys import key_group_prefix_width
 
 JOB = "bench"
 STATE = "v"

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed, s3_env
-from harness.server import REPO, ServerProcess, free_port, start_server, stop_process
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed, s3_env
+from tests.support.server import REPO, ServerProcess, free_port, start_server, stop_process
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -143,7 +143,7 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def statehouse(backend: str, env: dict[str, str] | None = None, workdir: Path | None = None) -> Iterator[ServerProcess]:
-    """One Statehouse replica (uvicorn subprocess, as in harness/server.py), stopped on exit."""
+    """One Statehouse replica (uvicorn subprocess, as in tests/support/server.py), stopped on exit."""
     owned = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="statehouse-bench-"))
     server = start_server(workdir, {"STATEHOUSE_BACKEND": backend, **(env or {})})
@@ -246,6 +246,6 @@ def source_tree(directory: str) -> Iterator[dict[str, str]]:
         package = Path(shim, "statehouse")
         package.mkdir()
         for folder in Path(directory).iterdir():
-            if (folder / "__init__.py").is_file() and folder.name not in ("tests", "bench", "harness"):
+            if (folder / "__init__.py").is_file() and folder.name not in ("tests", "bench"):
                 (package / folder.name).symlink_to(folder.resolve())
         yield {"PYTHONPATH": shim}

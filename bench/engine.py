@@ -26,7 +26,7 @@ from statehouse.backends.job import Job
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.staging import AttemptRef, Winner
-from statehouse.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 ROWS = 1_000
 KEYS = [f"key-{i:012d}" for i in range(ROWS)]  # 16 bytes

@@ -45,9 +45,9 @@ from bench.common import (
     wait_ready,
     write_json,
 )
-from harness.server import free_port, stop_process
 from statehouse.client import StatehouseClient
 from statehouse.client.config import ClientConfig
+from tests.support.server import free_port, stop_process
 
 JOB, STATE = "bench", "v"
 BARE = "bare ASGI (serve stack)"

@@ -27,7 +27,7 @@ import orjson
 from bench.columnar import process_cpu_ns
 from bench.common import Summary, print_header, table, wait_ready, write_json
 from bench.loadgen import http_request, run_load
-from harness.server import REPO, free_port
+from tests.support.server import REPO, free_port
 
 SERVERS = {
     "uvicorn (plain)": ["-m", "uvicorn", "statehouse.app.main:app"],

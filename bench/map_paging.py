@@ -1,6 +1,6 @@
 """Benchmark 10: paging a 1,000,000-entry map end to end, with /healthz polled meanwhile.
 
-One replica per backend (harness/server.py), one map state with one key holding N entries
+One replica per backend (tests/support/server.py), one map state with one key holding N entries
 (user keys ``u0000000``..., 16-byte string values), filled in random order through the batch
 endpoint with msgpack (10,000 ``map_put`` per request). Then, for each backend:
 

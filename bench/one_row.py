@@ -38,7 +38,7 @@ import urllib3
 
 from bench.columnar import ARROW_STREAM, ipc
 from bench.common import REPO, source_tree, wait_ready
-from harness.server import free_port, stop_process
+from tests.support.server import free_port, stop_process
 
 JOB, STATE, KEY = "bench", "v", "user-00001"
 STATE_BODY = {"kind": "value", "value_type": "binary"}
@@ -55,7 +55,7 @@ def engine(requests: int, rows: int = 1) -> dict[str, float]:
     from statehouse.backends.catalog import JobCatalog
     from statehouse.backends.columns import ColumnOp
     from statehouse.backends.heap.store import HeapStore
-    from statehouse.stored.descriptors import StateDescriptor
+    from statehouse.snapshots.stored.descriptors import StateDescriptor
 
     catalog = JobCatalog(HeapStore())
     job, _ = catalog.create(JOB, 128)

@@ -110,13 +110,13 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
     # Imported here: a worker imports the statehouse of the tree it runs (``--before``).
     from statehouse.backends import attempts
     from statehouse.backends.catalog import JobCatalog
+    from statehouse.backends.checkpointing.manager import CheckpointManager
     from statehouse.backends.columns import StatesColumnOp
     from statehouse.backends.heap import HeapStore
     from statehouse.backends.rocksdb import RocksDBStore
     from statehouse.backends.staging import AttemptRef, Winner
-    from statehouse.checkpointing.manager import CheckpointManager
     from statehouse.snapshots.storage import open_storage
-    from statehouse.stored.descriptors import StateDescriptor
+    from statehouse.snapshots.stored.descriptors import StateDescriptor
 
     workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-replica-"))
     try:

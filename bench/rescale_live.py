@@ -5,7 +5,7 @@ and the user-features job of a Spark streaming query (``--batches`` micro-batche
 checkpoint goes to S3. A third replica starts empty. Who moves the state:
 
 - by default the query's driver rescales the set to 3 replicas before micro-batch ``--grow-at`` and back
-  to 2 before ``--shrink-at`` (``MicroBatchCoordinator.rescale``, through harness/rescale_driver.py's
+  to 2 before ``--shrink-at`` (``MicroBatchCoordinator.rescale``, through tests/support/rescale_driver.py's
   wrapper, as the live-rescale test does): the cut is a batch boundary;
 - ``--external``: the query has no rescale plan; this process runs ``statehouse rescale --to 3`` and later
   ``--to 2`` from outside, as an operator does (the CLI as a subprocess, its defaults), each as micro-batch
@@ -58,14 +58,14 @@ import httpx
 
 from bench.columnar import process_cpu_ns
 from bench.common import print_header, s3_settings, table, write_json
-from harness.replica_set import ReplicaSet
-from harness.rescale_driver import Rescale, ensure_layout
-from harness.spark import local_spark
+from docs.examples import user_features
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.rescale import LiveRescale
 from statehouse.client.transport import ReplicaConnection
-from statehouse.keygroups import KeyGroupRange
-from statehouse.pipelines import user_features
+from statehouse.protocol.keygroups import KeyGroupRange
+from tests.support.replica_set import ReplicaSet
+from tests.support.rescale_driver import Rescale, ensure_layout
+from tests.support.spark import local_spark
 
 BULK = "bulk"
 FEATURES = "features"
@@ -449,7 +449,7 @@ def around(batches: dict[int, float], met: list[int], noted: set[int]) -> tuple[
 def measured_before(
     log: CallLog, replicas: ReplicaSet, config: ClientConfig, plan: list[Rescale], rescales: list[dict[str, Any]]
 ) -> Callable[[Callable[[Any, int], None]], Callable[[Any, int], None]]:
-    """Wraps the ``foreachBatch`` function as harness/rescale_driver.py's ``rescale_before`` does (the
+    """Wraps the ``foreachBatch`` function as tests/support/rescale_driver.py's ``rescale_before`` does (the
     rescale of a batch runs before the batch begins, through ``MicroBatchCoordinator.rescale``), measured."""
 
     def wrap(run: Callable[[Any, int], None]) -> Callable[[Any, int], None]:

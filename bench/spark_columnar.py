@@ -6,7 +6,7 @@ amounts) and ``events`` (count) exactly once and writes the touched users' new v
 Spark's ``noop`` sink:
 
 * **columnar**: ``exactly_once`` + ``df.repartition("user_id").mapInPandas`` with
-  ``with_state_pandas`` (the pattern of ``pipelines/user_features_columnar.py``): per Arrow
+  ``with_state_pandas`` (the pattern of ``docs/examples/user_features_columnar.py``): per Arrow
   batch the events are grouped by user with pandas (sum, size) and sent as one columnar
   ``add_get`` request over both states (``Columns.add_get_states``: one key column, a value
   column per state), which answers each user's new total and count; when the partition is
@@ -22,7 +22,7 @@ Spark's ``noop`` sink:
   micro-batch, hours at 1,000,000 users): ``df.groupBy("user_id").applyInPandas`` with
   ``with_state_grouped``: per user, one columnar ``add`` per state of the user's sum and count,
   then one ``get`` per state. What a function per group costs.
-* **row-wise**: ``exactly_once`` + the pattern of ``pipelines/user_features.py``: Spark groups
+* **row-wise**: ``exactly_once`` + the pattern of ``docs/examples/user_features.py``: Spark groups
   the events by user (``collect_list``), ``rdd.mapPartitions`` with ``with_state``, one
   ``ctx.writes`` batch (``add_all`` of the user's amounts, ``add`` of their count) and one
   ``ctx.reads`` batch per partition, the rows back through ``createDataFrame``. The same
@@ -95,9 +95,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import RedisServer, Summary, print_header, redis_process, statehouse, table, write_json
+from docs.examples.user_features_columnar import PartitionEnd, with_partition_end
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import BatchContext, exactly_once, with_state, with_state_grouped, with_state_pandas
-from statehouse.pipelines.user_features_columnar import PartitionEnd, with_partition_end
 
 PATHS = (
     "columnar",

@@ -1,6 +1,6 @@
 """Benchmark 11: timers — registering, and firing on watermark advances, end to end.
 
-One replica per backend (harness/server.py), one job (max parallelism 128), N event-time timers
+One replica per backend (tests/support/server.py), one job (max parallelism 128), N event-time timers
 on N distinct 16-byte keys, timestamps spread evenly over ``[0, N)`` ms. Through the Python
 client, for each backend:
 

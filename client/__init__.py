@@ -22,7 +22,7 @@ they share, ``.arrow``) import pyarrow, numpy and pandas, when first used
 
 from typing import TYPE_CHECKING, Any
 
-from statehouse_guard import conflict as _conflict  # outside the namespace (packaging/client/statehouse_guard.py)
+from statehouse_guard import conflict as _conflict  # outside the namespace (client/packaging/statehouse_guard.py)
 
 # Another project's statehouse/__init__.py imports this package first: a library import then ends
 # with the one line that says what conflicts, not inside that project's __init__.

@@ -17,8 +17,8 @@ import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 
 from statehouse.client.errors import InvalidRequest
-from statehouse.keygroups import KeyType
-from statehouse.keygroups.columnar import integer_keys
+from statehouse.protocol.keygroups import KeyType
+from statehouse.protocol.keygroups.columnar import integer_keys
 
 KEY_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64()}
 # A request's Arrow body stays below this (the server's STATEHOUSE_MAX_BODY_BYTES defaults to

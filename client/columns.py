@@ -47,8 +47,8 @@ from statehouse.client.arrow import (
     value_column,
 )
 from statehouse.client.errors import Conflict, InvalidRequest, StatehouseError
-from statehouse.keygroups import KeyType
-from statehouse.keygroups.columnar import key_groups, operator_indexes
+from statehouse.protocol.keygroups import KeyType
+from statehouse.protocol.keygroups.columnar import key_groups, operator_indexes
 from statehouse.protocol.ops import ANSWERING_COLUMN_OPS, COLUMN_OPS, IDEMPOTENT_OPS, READ_COLUMN_OPS
 
 if TYPE_CHECKING:

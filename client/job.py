@@ -20,7 +20,7 @@ from statehouse.client.states import (
     ValueStateHandle,
 )
 from statehouse.client.timers import TimerServiceHandle
-from statehouse.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, operator_index
+from statehouse.protocol.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
     from collections.abc import Callable

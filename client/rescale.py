@@ -29,7 +29,7 @@ from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.job import JobClient
 from statehouse.client.replicas import Replicas
 from statehouse.client.transport import ReplicaConnection
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
     from statehouse.client.client import StatehouseClient

@@ -26,7 +26,7 @@ from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, Micr
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
 from statehouse.client.timers import Timer
-from statehouse.keygroups import KeyGroupRange, assign_to_key_group, operator_index
+from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 
 if TYPE_CHECKING:
     from statehouse.client.columns import Columns

@@ -20,8 +20,8 @@ from statehouse.client.arrow import (
 )
 from statehouse.client.errors import InvalidRequest, StatehouseError
 from statehouse.client.transport import ARROW_STREAM
-from statehouse.keygroups import KeyGroupRange, KeyType
-from statehouse.keygroups.columnar import key_groups, operator_indexes
+from statehouse.protocol.keygroups import KeyGroupRange, KeyType
+from statehouse.protocol.keygroups.columnar import key_groups, operator_indexes
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
     from statehouse.client.attempts import TaskAttempt

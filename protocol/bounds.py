@@ -6,7 +6,7 @@ the client take their bounds from here."""
 
 from __future__ import annotations
 
-from statehouse.keygroups import INT32_MAX, INT64_MAX, INT64_MIN
+from statehouse.protocol.keygroups import INT32_MAX, INT64_MAX, INT64_MIN
 
 __all__ = ["INT64_MAX", "INT64_MIN", "MAX_CHECKPOINT_ID", "MAX_EPOCH", "MAX_PARTITION", "MAX_SEQ"]
 

@@ -5,7 +5,7 @@ protocol a backend implements, and the errors of checkpointing and restore.
 
 Nothing here imports a backend. The backends write through these (``statehouse.backends.snapshot``,
 ``statehouse.backends.rocksdb.snapshot``); the checkpoint runner, catalog, retention, restore and
-the manager are above the backends, in ``statehouse.checkpointing``. What reads a checkpoint
+the manager are above the backends, in ``statehouse.backends.checkpointing``. What reads a checkpoint
 without an engine is here too, the full format's reading (:mod:`~statehouse.snapshots.full_format`)
 and a job's snapshots and their parts (:mod:`~statehouse.snapshots.catalog`): this folder ships
 in the client distribution (its ``checkpoint`` extra brings boto3 and zstandard), so a reader

@@ -1,6 +1,6 @@
 """Reading what checkpoint storage holds of a job: its snapshots' directories, their completed
 parts and their metadata. Below the backends and in both distributions: the server's catalog
-(``statehouse.checkpointing.catalog``) and restore read through it, and so does a reader of a
+(``statehouse.backends.checkpointing.catalog``) and restore read through it, and so does a reader of a
 checkpoint that has no server (the Spark data source's ``option("checkpoint", ...)``).
 """
 

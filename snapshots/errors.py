@@ -1,13 +1,13 @@
 """Domain errors of checkpointing and restore.
 
-Each is a :class:`statehouse.errors.StateError` with a stable ``code``; the HTTP layer maps
+Each is a :class:`statehouse.protocol.errors.StateError` with a stable ``code``; the HTTP layer maps
 codes to statuses in one place (``statehouse.app.problems.STATUS_BY_CODE``), and docs/api.md
 says what each code means and what to do.
 """
 
 from __future__ import annotations
 
-from statehouse.errors import StateError
+from statehouse.protocol.errors import StateError
 
 
 class CheckpointNotFound(StateError):

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.compression import codec_by_id
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import KeyGroupsHandle

@@ -14,7 +14,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 
 @dataclass(frozen=True, slots=True)

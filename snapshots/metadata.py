@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle, keyed_handle_from_dict
 from statehouse.snapshots.layout import SnapshotKind

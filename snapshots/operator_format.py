@@ -16,7 +16,7 @@ from typing import Any, Self
 
 import msgpack
 
-from statehouse.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from statehouse.protocol.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from statehouse.snapshots.compression import ZSTD
 from statehouse.snapshots.errors import SnapshotCorrupt
 

@@ -6,8 +6,8 @@ A backend's store advertises which strategy takes a checkpoint or a savepoint of
 backend owns its strategies. :meth:`SnapshotStrategy.prepare` runs while the job's writes
 are held off and only freezes the state (heap copy-on-write, a RocksDB native checkpoint);
 the :class:`AsyncSnapshot` it returns runs on a background thread, writes the files and
-releases the frozen view. The runner (:mod:`statehouse.checkpointing.runner`) does the threading,
-:mod:`statehouse.checkpointing.manager` the lifecycle.
+releases the frozen view. The runner (:mod:`statehouse.backends.checkpointing.runner`) does the threading,
+:mod:`statehouse.backends.checkpointing.manager` the lifecycle.
 
 Only the protocol is here, below the backends: the strategies themselves are the backends'
 (the canonical full one in ``statehouse.backends.snapshot.full_strategy``, RocksDB's

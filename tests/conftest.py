@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.checkpointing.manager import CheckpointManager
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.backends.ttl import ManualClock
-from statehouse.checkpointing.manager import CheckpointManager
 
 # The markers (pyproject.toml) of what a test needs, from the fixtures it requests or the
 # harness its module imports: every file sets them (``pytestmark``); this adds any it forgot,
@@ -178,8 +178,8 @@ import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
-from harness.server import start_server, start_servers, start_two_replicas  # noqa: E402
-from harness.spark import local_spark  # noqa: E402
+from tests.support.server import start_server, start_servers, start_two_replicas  # noqa: E402
+from tests.support.spark import local_spark  # noqa: E402
 
 _job_numbers = itertools.count()
 
@@ -258,7 +258,7 @@ def spark():
     Spark's Python workers get the environment Spark started with, so the test S3 server's
     credentials (the standard AWS variables, as :func:`s3_server` sets them) are set first: a
     checkpoint read on a worker finds them however the tests are ordered."""
-    from harness.s3server import ACCESS_KEY, SECRET_KEY
+    from tests.support.s3server import ACCESS_KEY, SECRET_KEY
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -278,7 +278,7 @@ def s3_server():
     boto3 finds the test credentials in the environment, as in production.
     """
 
-    from harness.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
+    from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3, find_weed
 
     binary = find_weed()
     if binary is None:

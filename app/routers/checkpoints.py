@@ -25,8 +25,8 @@ from statehouse.app.models import (
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID
-from statehouse.checkpointing.info import CheckpointInfo
-from statehouse.errors import InvalidArgument
+from statehouse.backends.checkpointing.info import CheckpointInfo
+from statehouse.protocol.errors import InvalidArgument
 
 router = api_router(prefix="/v1", tags=["checkpoints"])
 

@@ -17,8 +17,8 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends import ops
 from statehouse.backends.job import Job
-from statehouse.errors import InvalidKey
-from statehouse.stored import codec
+from statehouse.protocol.errors import InvalidKey
+from statehouse.snapshots.stored import codec
 
 router = api_router(prefix="/v1", tags=["keyed state"])
 

@@ -16,7 +16,7 @@ from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import arrow_response
 from statehouse.backends.scan import Position, scan, sizes
-from statehouse.stored import codec
+from statehouse.snapshots.stored import codec
 
 router = api_router(prefix="/v1", tags=["keyed state"])
 

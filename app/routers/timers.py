@@ -33,9 +33,9 @@ from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import TimeDomain
-from statehouse.keygroups import INT64_MAX, INT64_MIN, KeyType
+from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import TimerColumnOpName
-from statehouse.stored import codec
+from statehouse.snapshots.stored import codec
 
 router = api_router(prefix="/v1", tags=["timers"])
 

@@ -1,5 +1,5 @@
 """The replica's topology: its replica set, version, and the key-group range each job's data holds;
-and the steps of a live rescale (RESCALE.md), whose rules are ``checkpointing/rescale.py``'s."""
+and the steps of a live rescale (RESCALE.md), whose rules are ``backends/checkpointing/rescale.py``'s."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from statehouse.app.models import KeyGroupRange
 from statehouse.app.problems import ApiError
 from statehouse.app.routing import admin_route, api_router
 from statehouse.app.tokens import Grant
-from statehouse.checkpointing.decision import Decision
-from statehouse.checkpointing.rescale import RescaleParticipant
+from statehouse.backends.checkpointing.decision import Decision
+from statehouse.backends.checkpointing.rescale import RescaleParticipant
 from statehouse.protocol.urls import check_url
 
 router = api_router(prefix="/v1", tags=["operations"])

@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Literal, NamedTuple
 
 from statehouse.backends.reserved import META_TABLE
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 
 class WriteOp(NamedTuple):

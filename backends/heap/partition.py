@@ -30,7 +30,7 @@ from itertools import islice, repeat
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 _MISSING = object()
 # A run is a tuple, not a list: the cyclic GC stops tracking a tuple of bytes, where it would

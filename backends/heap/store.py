@@ -6,7 +6,7 @@ from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
-from statehouse.keygroups import default_max_parallelism
+from statehouse.protocol.keygroups import default_max_parallelism
 from statehouse.snapshots.layout import SnapshotKind
 
 

@@ -15,8 +15,8 @@ from statehouse.backends.keyspace import KeySpace, Rows
 from statehouse.backends.limits import AnswerMeter, Limits
 from statehouse.backends.ttl import Clock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.errors import InvalidValue
-from statehouse.stored.codec import (
+from statehouse.protocol.errors import InvalidValue
+from statehouse.snapshots.stored.codec import (
     all_plain,
     check_value,
     decode_many,
@@ -27,10 +27,10 @@ from statehouse.stored.codec import (
     pack_value,
     split_timestamped,
 )
-from statehouse.stored.descriptors import StateDescriptor
-from statehouse.stored.functions import StateFunction
-from statehouse.stored.ttl import TtlConfig, is_expired
-from statehouse.stored.value_types import COERCE, coerce_many
+from statehouse.snapshots.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.functions import StateFunction
+from statehouse.snapshots.stored.ttl import TtlConfig, is_expired
+from statehouse.snapshots.stored.value_types import COERCE, coerce_many
 
 Key = str | int
 T = TypeVar("T")

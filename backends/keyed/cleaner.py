@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from statehouse.stored.codec import encode_timestamped, encode_value, iter_timestamped, split_timestamped
-from statehouse.stored.descriptors import StateDescriptor
-from statehouse.stored.ttl import is_expired
+from statehouse.snapshots.stored.codec import encode_timestamped, encode_value, iter_timestamped, split_timestamped
+from statehouse.snapshots.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.ttl import is_expired
 
 
 def ttl_cleaner(descriptor: StateDescriptor) -> Callable[[bytes, int], bytes | None] | None:

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
-from statehouse.errors import InvalidValue
-from statehouse.stored.codec import encode_timestamped, iter_timestamped, iter_values
-from statehouse.stored.ttl import is_expired
+from statehouse.protocol.errors import InvalidValue
+from statehouse.snapshots.stored.codec import encode_timestamped, iter_timestamped, iter_values
+from statehouse.snapshots.stored.ttl import is_expired
 
 
 def _check_elements(values: Iterable[Any], coerce: Callable[[Any], Any] | None) -> list[Any]:

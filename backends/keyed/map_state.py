@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 
 from statehouse.backends.errors import StateError, WrongStateKind
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, each_row, one_key
-from statehouse.errors import InvalidValue
-from statehouse.stored.codec import decode_user_key, decode_value, encode_timestamped, split_timestamped
-from statehouse.stored.functions import StateFunction
-from statehouse.stored.ttl import is_expired
+from statehouse.protocol.errors import InvalidValue
+from statehouse.snapshots.stored.codec import decode_user_key, decode_value, encode_timestamped, split_timestamped
+from statehouse.snapshots.stored.functions import StateFunction
+from statehouse.snapshots.stored.ttl import is_expired
 
 
 class MapPage(NamedTuple):

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from statehouse.backends.keyed.base import Key, KeyedState, Rows, one_key
-from statehouse.errors import InvalidArgument
+from statehouse.protocol.errors import InvalidArgument
 
 # An add_get of no value would answer a read: refused, so that what it answers is always a fold.
 NOTHING_TO_ADD_GET = "'add_get' adds at least one value and answers the result after it; read with 'get' instead"

@@ -54,9 +54,9 @@ from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChang
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
 from statehouse.backends.rocksdb.space import DataVolume, is_out_of_space, wal_limit
-from statehouse.keygroups import KeyGroupRange
-from statehouse.stored.codec import split_nested_key
-from statehouse.stored.keys import DEFAULT_FAMILY, column_family, key_group_prefix_width, prefix_successor
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.stored.codec import split_nested_key
+from statehouse.snapshots.stored.keys import DEFAULT_FAMILY, column_family, key_group_prefix_width, prefix_successor
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances

@@ -26,7 +26,7 @@ from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.rocksdb.partition import KeyLayout, RocksDBFrozenView, RocksDBPartition, rebuild_manifest
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
 from statehouse.snapshots.layout import shared_dir

@@ -15,7 +15,7 @@ from statehouse.backends.rocksdb.snapshot import MOVE_FILE_BYTES, IncrementalSna
 from statehouse.backends.rocksdb.space import DataVolume
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.snapshots.layout import SnapshotKind
-from statehouse.stored.names import validate_name
+from statehouse.snapshots.stored.names import validate_name
 
 
 class RocksDBStore(Store):

@@ -17,7 +17,7 @@ from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.full_format import FORMAT_VERSION, HEAD, MAGIC, SECTION, SnapshotHeader
 from statehouse.snapshots.handles import KeyGroupRangeOffsets, KeyGroupSection, KeyGroupsHandle
 from statehouse.snapshots.storage.base import CheckpointOutputStream
-from statehouse.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 
 def _cleaners(descriptors: list[StateDescriptor]) -> dict[str, Callable[[bytes, int], bytes | None]]:

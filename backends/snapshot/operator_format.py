@@ -31,7 +31,7 @@ from statehouse.backends.reserved import (
 )
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.operator_format import OperatorStateData
-from statehouse.stored.codec import decode_fields, encode_fields
+from statehouse.snapshots.stored.codec import decode_fields, encode_fields
 
 
 class OperatorSnapshot(OperatorStateData):

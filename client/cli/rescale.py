@@ -59,7 +59,7 @@ from statehouse.client.rescale import (
     RescaleReport,
     decision_record,
 )
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 HELP = "rescale the replica set to another replica count, live (or --offline)"
 

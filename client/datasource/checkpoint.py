@@ -8,7 +8,7 @@ boto3 and zstandard). S3 credentials come the standard AWS way (environment, pro
 role), the endpoint of an S3-compatible server from ``option("s3_endpoint_url", ...)``.
 
 Keyed state (``option("state", ...)``) reads as the live read does (the same schema, built by
-the same code, ``statehouse.stored.arrow``): one input partition per part and key-group sub-range.
+the same code, ``statehouse.snapshots.stored.arrow``): one input partition per part and key-group sub-range.
 A full or savepoint part (the canonical format) is range-read: the header and just the sections
 of the partition's key groups; an incremental RocksDB part's files are downloaded to a temporary
 directory of the task, opened read-only, and removed after. Key filters read the keys' key
@@ -31,18 +31,18 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import broadcast_rows, list_rows
 from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError, check_known
-from statehouse.errors import StateError
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.errors import StateError
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
 from statehouse.snapshots.full_format import fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorStateData, list_elements
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
-from statehouse.stored.arrow import Row, decode_record, rows_table
-from statehouse.stored.codec import encode_key
-from statehouse.stored.descriptors import StateDescriptor
-from statehouse.stored.keys import (
+from statehouse.snapshots.stored.arrow import Row, decode_record, rows_table
+from statehouse.snapshots.stored.codec import encode_key
+from statehouse.snapshots.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.keys import (
     DEFAULT_FAMILY,
     column_family,
     key_group_prefix,

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from statehouse.keygroups import KeyGroupRange, assign_to_key_group
+from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
 
 PAGE_ROWS = 10_000  # rows per page of a live scan, and per batch of a checkpoint read
 

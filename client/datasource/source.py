@@ -36,7 +36,7 @@ from statehouse.client.datasource.options import (
 )
 from statehouse.client.errors import StatehouseError
 from statehouse.client.transport import ReplicaConnection
-from statehouse.keygroups import KeyGroupRange, operator_index
+from statehouse.protocol.keygroups import KeyGroupRange, operator_index
 
 # A write applies its rows on top of what the state holds (one epoch); replacing the state would be
 # a clear of every key in that same epoch, which the write protocol has no step for.
@@ -174,7 +174,7 @@ class StatehouseDataSource(DataSource):
     def schema(self) -> StructType:
         checkpoint = self._checkpoint()
         if checkpoint is not None and checkpoint.operator is None:
-            from statehouse.stored.arrow import schema
+            from statehouse.snapshots.stored.arrow import schema
 
             return from_arrow_schema(schema(self._stored(checkpoint)[1]))
         if checkpoint is not None:

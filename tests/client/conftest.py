@@ -1,6 +1,6 @@
 """Fixtures for the client's tests, which also run where only the client wheel is installed.
 
-Nothing here imports the server: ``tests/test_packaging.py`` runs this folder in a venv that
+Nothing here imports the server: ``tests/operations/test_packaging.py`` runs this folder in a venv that
 has only ``statehouse-client`` (and pytest and httpx), pointing ``STATEHOUSE_TEST_REPLICAS`` at a
 two-replica deployment it started; in the main suite the replicas are started here.
 """
@@ -26,7 +26,7 @@ def two_replicas(tmp_path_factory):
     if urls:
         yield [Replica(url) for url in urls.split(",")]
         return
-    from harness.server import start_two_replicas
+    from tests.support.server import start_two_replicas
 
     servers = start_two_replicas(tmp_path_factory)
     yield servers

@@ -12,7 +12,7 @@ from statehouse.client import (
     StatehouseClient,
     Unavailable,
 )
-from statehouse.keygroups import KeyGroupRange, assign_to_key_group
+from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
 
 pytestmark = [pytest.mark.http]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from statehouse.keygroups import (
+from statehouse.protocol.keygroups import (
     INT32_MAX,
     INT32_MIN,
     KeyGroupRange,
@@ -109,7 +109,7 @@ def test_range_value_type():
 
 
 def test_memoized_assigner_matches_and_stays_bounded():
-    from statehouse.keygroups import KeyGroupAssigner
+    from statehouse.protocol.keygroups import KeyGroupAssigner
 
     assign = KeyGroupAssigner(128, capacity=10)
     for _ in range(2):  # a second pass answers from the memo

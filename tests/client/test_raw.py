@@ -8,7 +8,7 @@ from statehouse.client import InvalidRequest, StaleEpoch, StatehouseClient
 from statehouse.client.attempts import TaskAttempt
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.raw import RawKeyedState, RawOperatorState
-from statehouse.keygroups import KeyGroupRange
+from statehouse.protocol.keygroups import KeyGroupRange
 
 pytestmark = [pytest.mark.http]
 

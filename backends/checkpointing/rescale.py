@@ -1,0 +1,499 @@
+"""One replica's side of a live rescale (docs/rescale.md): prepare, load, decide, commit,
+abort, and what a restart does about a move it finds in its record.
+
+The coordinator (``client/rescale.py``) drives every replica through the steps; each is
+idempotent, and each replica records how far it got in its topology (``backends/topology.py``:
+``Move``). Which way a move goes after a failure is the durable decision's
+(``backends/checkpointing/decision.py``), never a replica's memory. The engine does the moving
+(``Job.freeze``/``switch_layout``/``drop_key_groups``, ``MergeRestore``); this module holds the
+rules of when, in what order, and what is recorded. The HTTP routes (``app/routers/topology.py``)
+only translate.
+
+Order of a commit, and why: operator state applied (idempotent: staged once, applied once), the
+new layout recorded durably, the jobs switched (unfrozen; 421 for what moved away), then the key
+groups that moved away dropped; a crash before the drop leaves key groups nobody is served from,
+which the next start drops (``Previous.dropped``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
+from statehouse.backends.checkpointing.manager import CheckpointManager
+from statehouse.backends.checkpointing.restore import MergeRestore
+from statehouse.backends.errors import BatchInFlight, JobNotFound, StateError
+from statehouse.backends.job import Job
+from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
+from statehouse.protocol.errors import InvalidArgument
+from statehouse.snapshots.catalog import read_parts
+from statehouse.snapshots.errors import CheckpointNotFound
+from statehouse.snapshots.stored.names import validate_name
+
+log = logging.getLogger(__name__)
+
+
+class RescalePending(StateError):
+    """Another move is pending on this replica: finish or abort it first."""
+
+    code = "rescale_pending"
+
+
+class RescaleConflict(StateError):
+    """The request names a move this replica is not part of (another version, no move here)."""
+
+    code = "rescale_conflict"
+
+
+class RescaleIncomplete(StateError):
+    """A load that does not name every job this replica has."""
+
+    code = "rescale_incomplete"
+
+
+class RescaleNotDecided(StateError):
+    """A commit before the coordinator decided commit."""
+
+    code = "rescale_not_decided"
+
+
+class RescaleNotLoaded(StateError):
+    """A commit on a replica that has not loaded its key groups (it restarted mid-load): load again."""
+
+    code = "rescale_not_loaded"
+
+
+def _spans(ranges: list[Any]) -> list[list[int]]:
+    return [[r.start, r.end] for r in ranges]
+
+
+class RescaleParticipant:
+    """The live-rescale steps of one replica, over its catalog, its recorded layout and the
+    checkpoint storage the set shares. Steps run one at a time (a lock); each may block for long
+    (a load reads from storage): call them off the event loop."""
+
+    def __init__(
+        self,
+        catalog: JobCatalog,
+        checkpoints: CheckpointManager,
+        *,
+        work_dir: str | None = None,
+        on_committed: Callable[[float], None] | None = None,
+        batch_lease_s: float = 60.0,
+    ) -> None:
+        assert catalog.layout is not None, "a live rescale needs the replica's recorded layout"
+        self.catalog = catalog
+        self.layout: ReplicaLayout = catalog.layout
+        self.checkpoints = checkpoints
+        self.storage = checkpoints.storage
+        self.work_dir = work_dir
+        self.on_committed = on_committed  # (seconds from prepare to commit): the duration metric
+        self.batch_lease_s = batch_lease_s  # how long a begun micro-batch holds off a prepare without a sign of life
+        self._lock = threading.RLock()
+
+    @property
+    def index(self) -> int:
+        return self.layout.topology.index
+
+    # -- prepare ----------------------------------------------------------------------------------
+
+    def prepare(self, version: int, replica_count: int, replica_urls: list[str], initiator: str = "operator") -> Move:
+        """Record the move to ``replica_count`` replicas at ``version`` and freeze what moves out.
+
+        A serving replica (its recorded version below ``version``) freezes, in every job, the key
+        groups it gives away and its operator state; refused with ``batch_in_flight`` (nothing
+        frozen, nothing recorded) while a micro-batch is in flight (``Job.freeze``). A new, empty
+        replica records that it joins. The same move again changes nothing; the same version with
+        another count or other URLs is refused."""
+        if replica_count < 1:
+            raise InvalidArgument(f"replica_count must be at least 1; got {replica_count}")
+        if replica_urls and len(replica_urls) != replica_count:
+            raise InvalidArgument(
+                f"replica_urls names {len(replica_urls)} URLs for {replica_count} replicas: give one per replica "
+                "(in index order) or none"
+            )
+        with self._lock:
+            topology = self.layout.topology
+            if topology.move is not None:
+                if topology.move.same_target(version, replica_count):
+                    if replica_urls and tuple(replica_urls) != topology.move.replica_urls:
+                        raise RescaleConflict(
+                            f"the move to topology version {version} was prepared here with other replica URLs "
+                            f"({', '.join(topology.move.replica_urls) or 'none'}): resume or abort it as prepared",
+                            version=version,
+                        )
+                    return topology.move
+                raise RescalePending(
+                    f"a live rescale to {topology.move.replica_count} replicas (topology version "
+                    f"{topology.move.version}) is pending on this replica: finish it or abort it first (statehouse "
+                    "rescale --resume or --abort)",
+                    version=topology.move.version,
+                )
+            fresh = not self.catalog.names() and topology.previous is None
+            if topology.version == version and topology.count == replica_count and not fresh:
+                return Move(version, replica_count, replica_count, tuple(topology.replica_urls))  # committed already
+            if version < topology.version or (version == topology.version and not fresh):
+                raise RescaleConflict(
+                    f"this replica serves topology version {topology.version} (replica {topology.index} of "
+                    f"{topology.count}): a move to version {version} is prepared on the replicas of an older version "
+                    "and on new, empty ones",
+                    version=topology.version,
+                )
+            for job in self._jobs():
+                if replica_count > job.max_parallelism:
+                    raise InvalidArgument(
+                        f"job {job.name!r} has max_parallelism {job.max_parallelism}: it cannot be spread over "
+                        f"{replica_count} replicas"
+                    )
+            existing = read_decision(self.storage, topology.set_id, version)
+            if existing is not None:
+                raise RescaleDecided(
+                    f"a live rescale to topology version {version} was decided {existing.outcome} already: a new "
+                    f"rescale takes version {version + 1} (new, empty replicas accept it as they are)",
+                    version=version,
+                    outcome=existing.outcome,
+                )
+            move = Move(
+                version,
+                replica_count,
+                0 if fresh else topology.count,
+                tuple(replica_urls),
+                joining=fresh,
+                initiator=initiator,
+            )
+            self._freeze(move)
+            try:
+                self.layout.begin_move(move)
+            except BaseException:
+                self._unfreeze()
+                raise
+            log.info(
+                "live rescale to %d replicas (topology version %d) prepared%s",
+                replica_count,
+                version,
+                " (joining)" if fresh else "",
+            )
+            return move
+
+    def _jobs(self) -> list[Job]:
+        """Every job of this replica, opened (a job found on disk opens on first use); one deleted
+        meanwhile is left out."""
+        jobs = []
+        for name in self.catalog.names():
+            with contextlib.suppress(JobNotFound):
+                jobs.append(self.catalog.get(name, serving=False))
+        return jobs
+
+    def _freeze(self, move: Move) -> None:
+        """Freeze every job's moving-out key groups (and operator state), all or none; jobs opened
+        or created later are frozen as they open. A joining replica gives nothing away, and owns
+        nothing until the commit: frozen too, its jobs answer 503 (retry) rather than 421."""
+        index = self.index
+        if move.joining:
+            self.catalog.serving = False
+
+        def freeze(job: Job) -> None:
+            job.freeze(move.moving_out(job.max_parallelism, index), move.version, self.batch_lease_s)
+
+        self.catalog.on_open = freeze
+        try:
+            for job in self._jobs():
+                freeze(job)
+        except BatchInFlight:
+            self._unfreeze()
+            raise
+
+    def _unfreeze(self) -> None:
+        self.catalog.on_open = None
+        for job in self._jobs():
+            job.unfreeze()
+
+    # -- load -------------------------------------------------------------------------------------
+
+    def load(self, version: int, checkpoints: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """Merge each job's moving-in key groups from its checkpoint into the live job (not served
+        until the commit) and stage its operator state for the new layout; record ``loaded``.
+        What a previous partial load left is cleared first. Per job: the key groups, the entries
+        loaded and the bytes read from storage."""
+        with self._lock:
+            topology = self.layout.topology
+            move = topology.move
+            if move is None and topology.version == version:
+                return {}  # committed: nothing left to load
+            move = self._pending(version)
+            if topology.index >= move.replica_count:
+                return {}  # removed by the move: it loads nothing
+            for job in checkpoints:
+                validate_name(job, "job")  # before it names a path in storage
+            missing = sorted(set(self.catalog.names()) - set(checkpoints))
+            if missing:
+                raise RescaleIncomplete(
+                    f"the load names no checkpoint of job(s) {', '.join(map(repr, missing))}, which this replica "
+                    "has: take a global checkpoint of every job after the prepare, and load them all",
+                    jobs=missing,
+                )
+            loaded: dict[str, dict[str, Any]] = {}
+            for job, checkpoint_id in sorted(checkpoints.items()):
+                loaded[job] = self._load_job(move, job, checkpoint_id)
+            self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
+            return loaded
+
+    def _load_job(self, move: Move, job: str, checkpoint_id: int) -> dict[str, Any]:
+        directory = self.checkpoints.snapshots.find(job, checkpoint_id)
+        parts = read_parts(self.storage, directory)
+        if not parts:
+            raise CheckpointNotFound(
+                f"checkpoint {checkpoint_id} of job {job!r} has no completed part: complete the global checkpoint "
+                "on every replica before the load"
+            )
+        wanted = move.moving_in(parts[0].metadata.max_parallelism, self.index)
+        operation = MergeRestore(
+            self.catalog, self.storage, job, parts, wanted, move.replica_count, self.index, work_dir=self.work_dir
+        )
+        operation.run()
+        return {"key_groups": _spans(wanted), "entries": operation.entries, "bytes_read": operation.bytes_read}
+
+    def _pending(self, version: int) -> Move:
+        move = self.layout.topology.move
+        if move is None or move.version != version:
+            topology = self.layout.topology
+            pending = f"a move to version {move.version} is pending" if move else "no move is pending"
+            raise RescaleConflict(
+                f"this replica (topology version {topology.version}) is not in a move to version {version}: "
+                f"{pending}; prepare it first",
+                version=topology.version,
+            )
+        return move
+
+    # -- decide -----------------------------------------------------------------------------------
+
+    def decide(
+        self,
+        version: int,
+        outcome: Outcome,
+        replica_count: int | None = None,
+        replica_urls: list[str] | None = None,
+        checkpoints: dict[str, int] | None = None,
+        metadata: dict[str, Any] | None = None,
+        from_count: int | None = None,
+    ) -> Decision:
+        """Write the durable decision of the move to ``version`` (once; the same outcome again
+        answers the record that stands). A version this replica already serves (or an older one)
+        is refused unless its move is pending here or was decided: a stray decision would spend
+        that version for every later move. ``from_count`` (the count the move started from) is
+        this replica's record of it when not given and it is an old replica of the move. Commit
+        is refused (``rescale_incomplete``) until what it commits exists: a checkpoint of every
+        job this replica has, each completed in storage, so that a resume can always finish it."""
+        topology = self.layout.topology
+        pending = topology.move is not None and topology.move.version == version
+        if from_count is None and topology.move is not None and pending and not topology.move.joining:
+            from_count = topology.move.from_count
+        if version <= topology.version and not pending and self.decision(version) is None:
+            raise RescaleConflict(
+                f"this replica serves topology version {topology.version}: no move to version {version} is pending "
+                f"or decided; a move goes to version {topology.version + 1} or later",
+                version=topology.version,
+            )
+        if outcome == "commit" and self.decision(version) is None:
+            self._check_committable(checkpoints or {})
+        decision = Decision(
+            self.layout.topology.set_id,
+            version,
+            outcome,
+            replica_count,
+            tuple(replica_urls or ()),
+            dict(checkpoints or {}),
+            dict(metadata or {}),
+            from_count=from_count,
+        )
+        return decide(self.storage, decision)
+
+    def _check_committable(self, checkpoints: dict[str, int]) -> None:
+        missing = sorted(set(self.catalog.names()) - set(checkpoints))
+        if missing:
+            raise RescaleIncomplete(
+                f"a commit decision must name the move's checkpoint of every job; none for "
+                f"{', '.join(map(repr, missing))}: take the global checkpoints and load them first",
+                jobs=missing,
+            )
+        for job, checkpoint_id in sorted(checkpoints.items()):
+            validate_name(job, "job")  # before it names a path in storage
+            try:
+                parts = read_parts(self.storage, self.checkpoints.snapshots.find(job, checkpoint_id))
+            except CheckpointNotFound:
+                parts = []
+            if not parts:
+                raise RescaleIncomplete(
+                    f"checkpoint {checkpoint_id} of job {job!r} has no completed part in storage: a commit "
+                    "decision names the move's completed checkpoints (take them and load them first)",
+                    jobs=[job],
+                )
+
+    def decision(self, version: int) -> Decision | None:
+        return read_decision(self.storage, self.layout.topology.set_id, version)
+
+    # -- commit -----------------------------------------------------------------------------------
+
+    def commit(self, version: int) -> bool:
+        """Serve the new layout (the decision must be commit); whether it was applied now (False:
+        it had been)."""
+        with self._lock:
+            topology = self.layout.topology
+            if topology.move is None and topology.version == version:
+                return False
+            move = self._pending(version)
+            decision = self.decision(version)
+            if decision is None or decision.outcome != "commit":
+                raise RescaleNotDecided(
+                    f"the live rescale to topology version {version} is "
+                    + ("undecided" if decision is None else "decided abort")
+                    + ": a commit needs the decision commit (POST /v1/topology/decide), written once every replica "
+                    "loaded",
+                    version=version,
+                )
+            if decision.replica_count not in (None, move.replica_count):
+                raise RescaleConflict(
+                    f"the decision of topology version {version} commits {decision.replica_count} replicas, but "
+                    f"this replica prepared a move to {move.replica_count}: the coordinator that decided it must "
+                    "finish it (statehouse rescale --resume)",
+                    version=topology.version,
+                )
+            if topology.index < move.replica_count and move.phase != "loaded":
+                raise RescaleNotLoaded(
+                    f"this replica has not loaded its key groups of the move to topology version {version} (it "
+                    "restarted mid-load): load again (POST /v1/topology/load), then commit",
+                    version=version,
+                )
+            self._apply_commit(move)
+            return True
+
+    def _apply_commit(self, move: Move) -> None:
+        index = self.index
+        for job in self._jobs():
+            job.apply_staged_operator_state()
+        dropping = {job.name: move.moving_out(job.max_parallelism, index) for job in self._jobs()}
+        self.layout.commit_move()  # from here on the move only goes forward, whatever happens
+        self.catalog.on_open = None
+        self.catalog.switch_layout(move.replica_count, index, move.version)
+        self.checkpoints.relayout()
+        for name, ranges in dropping.items():
+            self.catalog.get(name, serving=False).drop_key_groups(ranges)
+        self._mark_dropped()
+        seconds = max(0.0, time.time() - move.started)
+        log.info(
+            "live rescale to %d replicas (topology version %d) committed: replica %d %s, %.1f s after its prepare",
+            move.replica_count,
+            move.version,
+            index,
+            "serves its new key groups" if index < move.replica_count else "was removed and owns nothing",
+            seconds,
+        )
+        if self.on_committed is not None:
+            self.on_committed(seconds)
+
+    def _mark_dropped(self) -> None:
+        previous = self.layout.topology.previous
+        if previous is not None and not previous.dropped:
+            self.layout.set_previous(Previous(previous.count, previous.version, dropped=True))
+
+    # -- abort ------------------------------------------------------------------------------------
+
+    def abort(self, version: int) -> bool:
+        """Undo the move to ``version`` here (deciding abort if undecided; refused once commit was
+        decided); whether there was anything to undo."""
+        with self._lock:
+            topology = self.layout.topology
+            if topology.move is not None and topology.move.version != version:
+                self._pending(version)  # raises: another move is pending
+            if topology.move is None and version <= topology.version and self.decision(version) is None:
+                return False  # nothing here to undo, and nothing to decide: a version it already serves
+            self.decide(version, "abort")
+            if topology.move is None:
+                return False
+            self._apply_abort(topology.move)
+            return True
+
+    def _apply_abort(self, move: Move) -> None:
+        index = self.index
+        if move.joining:
+            self.catalog.on_open = None
+            for name in self.catalog.names():  # what it loaded for the move; it held nothing before
+                self.catalog.delete(name)
+            self.layout.clear_move(unassigned=True)
+            log.warning("%s", self.unassigned_line())
+            return
+        for job in self._jobs():
+            wanted = move.moving_in(job.max_parallelism, index)
+            MergeRestore(self.catalog, self.storage, job.name, [], wanted, move.replica_count, index).clear(job)
+        self._unfreeze()
+        self.layout.clear_move()
+        self.catalog.serving = True
+        log.info("live rescale to %d replicas (topology version %d) aborted here", move.replica_count, move.version)
+
+    def unassigned_line(self) -> str:
+        """What an aborted joining replica is and what the operator does with it (logged at the
+        abort and at each start while it lasts)."""
+        topology = self.layout.topology
+        return (
+            f"unassigned: the live rescale that was to add this replica (index {topology.index} of {topology.count}, "
+            f"topology version {topology.version}) was aborted; it holds nothing and serves nothing (not ready, "
+            "skipped by clients): stop it (delete the pod, stop the process), or keep it running for a later "
+            "`statehouse rescale --to` to join"
+        )
+
+    # -- a start with a move in the record --------------------------------------------------------
+
+    def resume_at_start(self) -> str:
+        """What a starting replica does about its record (docs/rescale.md, "Start of a replica
+        with a move in its record"); the line it logged ("" when there was nothing to do)."""
+        with self._lock:
+            topology = self.layout.topology
+            if topology.previous is not None and not topology.previous.dropped:
+                self._drop_unowned(topology.previous)
+            move = topology.move
+            if move is None and topology.unassigned:
+                self.catalog.serving = False  # nothing of a layout is its: a job made here owns nothing
+                why = self.unassigned_line()
+                log.warning("%s", why)
+                return why
+            if move is None:
+                return ""
+            try:
+                decision = self.decision(move.version)
+            except StateError as exc:
+                log.warning("reading the decision of the pending live rescale failed: %s", exc.detail)
+                decision = None
+            action, why = start_action(topology, decision.outcome if decision is not None else None)
+            log.warning("%s", why)
+            if action == "commit":
+                self._apply_commit(move)
+            elif action == "abort":
+                self._apply_abort(move)
+            else:
+                self._freeze(move)
+            return why
+
+    def _drop_unowned(self, previous: Previous) -> None:
+        """The key groups a committed move took away from this replica, dropped by the next start
+        when the commit did not finish dropping them."""
+        topology = self.layout.topology
+        for job in self._jobs():
+            held = owned_range(job.max_parallelism, previous.count, topology.index)
+            job.drop_key_groups(subtract(held, owned_range(job.max_parallelism, topology.count, topology.index)))
+        self._mark_dropped()
+        log.warning("dropped the key groups a committed live rescale moved away from this replica")
+
+    # -- what GET /v1/topology shows --------------------------------------------------------------
+
+    def frozen_key_groups(self) -> dict[str, list[list[int]]]:
+        """Per job, the key groups frozen for the pending move (none when no move is pending)."""
+        move = self.layout.topology.move
+        if move is None or move.joining:
+            return {}
+        return {job.name: _spans(move.moving_out(job.max_parallelism, self.index)) for job in self._jobs()}

@@ -1,1 +1,0 @@
-"""Real PySpark jobs that keep their state in Statehouse."""

@@ -1,0 +1,153 @@
+"""Lifecycle guarantees: asynchronous uploads, corrupt files refused, survival across a restart."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import HeapStore
+from statehouse.backends.rocksdb import RocksDBStore
+from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
+from statehouse.snapshots.storage import open_storage
+from statehouse.snapshots.storage.local import LocalStorage
+from tests.engine.test_snapshot_support import dump, populate
+from tests.support.gated import gated
+
+
+def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, make_manager, tmp_path):
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    populate(job, 100)
+    expected = dump(job)
+    storage = gated(LocalStorage, str(tmp_path / "cp"))  # every write but the metadata waits
+    manager = make_manager(catalog, storage, complete_timeout_s=0.2)
+
+    started = time.monotonic()
+    assert manager.trigger("orders", 1).status == "in_progress"
+    with job.transaction() as tx:  # the upload is stuck; writes go on
+        for i in range(200):
+            tx.value("v").update(f"k{i}", "after")
+        tx.value("v").update("late", 1)
+    assert time.monotonic() - started < 5
+    assert manager.get("orders", 1).status == "in_progress"
+    with pytest.raises(CheckpointNotReady):
+        manager.complete("orders", 1)
+
+    storage.gate.set()
+    assert manager.wait("orders", 1, 30).status == "uploaded"
+    manager.complete("orders", 1)
+    manager.restore("orders", 1)
+    assert dump(catalog.get("orders")) == expected
+
+
+@pytest.mark.parametrize("victim", ["keyed.bin", "operator.bin", "_metadata", ".sst"])
+def test_corrupt_file_is_refused_and_state_kept(make_manager, tmp_path, victim):
+    # SST files exist only in incremental (RocksDB) checkpoints; the others are tested on the heap backend.
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")) if victim == ".sst" else HeapStore())
+    job, _ = catalog.create("orders", 128)
+    populate(job, 100)
+    storage = open_storage(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    path = next(p for p in storage.list("orders") if victim in p)
+    full = os.path.join(storage.root, path)
+    with open(full, "r+b") as f:
+        f.seek(os.path.getsize(full) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with job.transaction() as tx:
+        tx.value("v").update("k1", "live")
+    with pytest.raises(SnapshotCorrupt, match=r"corrupt|checksum"):
+        manager.restore("orders", 1)
+    with catalog.get("orders").transaction() as tx:  # nothing was touched
+        assert tx.value("v").get("k1") == "live"
+    catalog.close()
+
+
+def test_partial_restore_checks_its_sections(make_manager, tmp_path):
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog = JobCatalog(HeapStore())
+    populate(catalog.create("orders", 128)[0], 200)
+    manager = make_manager(catalog, storage)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    path = os.path.join(storage.root, "orders/chk-1/replica-0-of-1/keyed.bin")
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)  # inside the last key group: replica 1 of 2 reads it, replica 0 does not
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    make_manager(JobCatalog(HeapStore(), replica_index=0, replica_count=2), storage).restore("orders", 1)
+    with pytest.raises(SnapshotCorrupt, match="key group 127"):
+        make_manager(JobCatalog(HeapStore(), replica_index=1, replica_count=2), storage).restore("orders", 1)
+
+
+def test_completed_checkpoint_survives_the_process(make_catalog, make_manager, tmp_path):
+    location = str(tmp_path / "cp")
+    catalog = make_catalog(data_dir=tmp_path / "a")
+    job, _ = catalog.create("orders", 128)
+    populate(job, 150)
+    expected = dump(job)
+    manager = make_manager(catalog, open_storage(location), num_retained=2)
+    for checkpoint_id in (1, 2, 3):
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    manager.trigger("orders", 4)  # never completed: a crash loses it
+    manager.wait("orders", 4, 30)
+    manager.close()  # the process stops
+
+    fresh = make_catalog(data_dir=tmp_path / "b")  # a new process, empty local state
+    restarted = make_manager(fresh, open_storage(location), num_retained=2)
+    assert [(i.checkpoint_id, i.status) for i in restarted.list("orders")] == [(2, "completed"), (3, "completed")]
+    info = restarted.restore("orders")  # the latest completed checkpoint
+    assert info.checkpoint_id == 3
+    assert dump(fresh.get("orders")) == expected
+    assert restarted.trigger("orders").checkpoint_id == 5  # ids keep increasing past the lost attempt
+
+
+class _CountingStorage(LocalStorage):
+    """Local storage that counts its listings and deletes (each a request on S3)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.lists = self.deletes = 0
+
+    def list(self, prefix: str) -> list[str]:
+        self.lists += 1
+        return super().list(prefix)
+
+    def delete(self, paths) -> None:
+        self.deletes += 1
+        super().delete(paths)
+
+
+def test_retention_deletes_a_subsumed_part_whole_without_listing_it(make_catalog, make_manager, tmp_path):
+    """A checkpoint after every micro-batch subsumes one each time: its metadata goes first, then
+    its files (named by that metadata) with the shared files no retained checkpoint uses, in one
+    more request; nothing of it is left, and the retained ones still restore."""
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    storage = _CountingStorage(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage, num_retained=2)
+    for checkpoint_id in (1, 2):
+        populate(job, 50 * checkpoint_id)
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    kept = set(storage.list("orders/chk-2"))
+    for checkpoint_id in (3, 4):
+        populate(job, 50 * checkpoint_id)
+        expected = dump(job)
+        manager.trigger("orders", checkpoint_id)
+        storage.lists = storage.deletes = 0
+        manager.complete("orders", checkpoint_id)
+        assert (storage.lists, storage.deletes) == (0, 2), f"checkpoint {checkpoint_id}"
+        assert not storage.list(f"orders/chk-{checkpoint_id - 2}"), "a subsumed part left files"
+    assert not os.path.exists(tmp_path / "cp" / "orders" / "chk-1"), "an emptied checkpoint directory stayed"
+    assert not kept & set(storage.list("orders")), "checkpoint 2's own files outlived it"
+    manager.restore("orders", 4)
+    assert dump(catalog.get("orders")) == expected

@@ -1,0 +1,140 @@
+"""Start a real Statehouse server (uvicorn in a subprocess) for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+    """Signal a child and wait for it; SIGKILL it if it has not exited within ``timeout``."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    return process.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    settings: dict[str, str]  # the STATEHOUSE_* environment it runs with
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        return stop_process(self.process, sig, timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    port: int | None = None,
+    probe: str = "/readyz",
+) -> ServerProcess:
+    """Run the server (``python -m statehouse.app.serve``: uvicorn with the HTTP limits) with
+    ``STATEHOUSE_*`` settings from ``env``, on ``port`` (a free one by default; pass a stopped
+    server's port to restart it in place); returns once ``probe`` answers 200 (``/healthz`` for a
+    server expected to start not ready).
+
+    ``timeout`` is a ceiling for a process that is still starting: on a loaded machine (a whole
+    suite on 2 cores, three replicas at once) a start took over 20 s; a process that exits
+    fails at once, with its log."""
+    return await_ready(launch_server(workdir, env, port), timeout, probe)
+
+
+def start_servers(
+    specs: list[tuple[Path, dict[str, str]]], timeout: float = 120, probe: str = "/readyz"
+) -> list[ServerProcess]:
+    """:func:`start_server` for each ``(workdir, env)``, all launched before any is awaited: a
+    start is mostly the interpreter importing the app (~3 s of CPU), so on 2 cores two replicas
+    are up in about the time of one. If one fails, all are killed."""
+    servers: list[ServerProcess] = []
+    try:
+        for workdir, env in specs:
+            servers.append(launch_server(workdir, env))
+        return [await_ready(server, timeout, probe) for server in servers]
+    except BaseException:
+        for server in servers:
+            server.stop(signal.SIGKILL)
+        raise
+
+
+def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | None = None) -> ServerProcess:
+    """The server process of :func:`start_server`, started and not awaited."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    full_env = {
+        **os.environ,
+        "STATEHOUSE_DATA_DIR": str(workdir / "data"),
+        "STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints"),
+        **(env or {}),
+    }
+    log_path = workdir / f"server-{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "statehouse.app.serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
+    return ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
+
+
+def await_ready(server: ServerProcess, timeout: float = 120, probe: str = "/readyz") -> ServerProcess:
+    """Poll ``probe`` until it answers 200 (see :func:`start_server`); kill the server if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + probe, timeout=5).status_code == 200:
+                return server
+        except httpx.TransportError:  # not listening yet, or too busy to answer in time
+            pass
+        time.sleep(0.05)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server did not become ready in {timeout}s:\n{server.log()}")
+
+
+def start_two_replicas(tmp_path_factory) -> list[ServerProcess]:
+    """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
+    shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
+    return start_servers(
+        [
+            (
+                tmp_path_factory.mktemp(f"replica-{i}"),
+                {
+                    "STATEHOUSE_REPLICA_INDEX": str(i),
+                    "STATEHOUSE_REPLICA_COUNT": "2",
+                    "STATEHOUSE_CHECKPOINT_DIR": shared,
+                },
+            )
+            for i in range(2)
+        ]
+    )

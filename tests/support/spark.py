@@ -1,0 +1,85 @@
+"""A local Spark session for tests and test drivers (see ../shared/TESTING.md, Spark)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# C1 only and the serial GC: the JVM starts about twice as fast.
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# A class-data-sharing archive of the classes a Spark session loads (JDK 13+ dynamic CDS), made
+# once per venv and Spark version: a session with it started and ran its first job in 16 s
+# instead of 34-37 s on a loaded 2-core machine, and a test run starts 20+ Spark JVMs. A JVM that
+# cannot use it (another JDK, another classpath) ignores it and starts as before.
+NO_ARCHIVE_ENV = "STATEHOUSE_SPARK_NO_CDS"
+
+
+def class_archive() -> Path | None:
+    """The session classes' archive in this venv, made now if it is not there (one JVM run under a
+    lock, so that parallel drivers make it once); ``None`` if it cannot be made."""
+    if os.environ.get(NO_ARCHIVE_ENV):
+        return None
+    import pyspark
+
+    archive = Path(sys.prefix) / f"spark-classes-{pyspark.__version__}.jsa"
+    if archive.exists():
+        return archive
+    with open(archive.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.exists():
+            return archive
+        partial = archive.with_suffix(f".{os.getpid()}.part")
+        make = [sys.executable, "-c", f"from tests.support.spark import _warm; _warm({str(partial)!r})"]
+        env = {**os.environ, NO_ARCHIVE_ENV: "1"}
+        repo = Path(__file__).resolve().parents[2]
+        done = subprocess.run(make, cwd=repo, env=env, capture_output=True, check=False)
+        if done.returncode != 0 or not partial.exists():
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            return None
+        partial.replace(archive)
+    return archive
+
+
+def _warm(archive: str) -> None:
+    """Start a session and run a small query; the JVM writes the classes it loaded at exit."""
+    session = local_spark("statehouse-class-archive", f"-XX:ArchiveClassesAtExit={archive} -Xlog:cds=off")
+    session.range(100).selectExpr("sum(id)", "count(*)").collect()
+    session.createDataFrame([(1, "a")], "k int, v string").groupBy("v").count().collect()
+    session.stop()
+
+
+def local_spark(app_name: str, java_options: str | None = None) -> Any:
+    """``local[2,2]``: two threads, and a failed task is retried once (spark.task.maxFailures=2),
+    as on a cluster. Executors run this interpreter (the venv's packages); the driver's JVM runs
+    with :data:`JAVA_OPTIONS` and the class archive (:func:`class_archive`)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Python workers import the repository's modules by name (docs.examples, tests.support); the
+    # JVM passes PYTHONPATH on to them.
+    repo = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([repo, *paths])
+    if java_options is None:
+        archive = class_archive()
+        java_options = f"-XX:SharedArchiveFile={archive} -Xlog:cds=off" if archive is not None else ""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "4")
+        .config("spark.driver.extraJavaOptions", f"{JAVA_OPTIONS} {java_options}".strip())
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
