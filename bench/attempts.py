@@ -229,7 +229,7 @@ class Deployment:
         for client in clients:
             self.counter.instrument(client)
             client.replicas.learn_cached()
-            try:  # a task is handed the version its driver began the batch under (since issue 32)
+            try:  # a task is handed the version its driver began the batch under (the fence answer names it)
                 jobs.append(client.job(JOBS[path], version=version))  # type: ignore[call-arg,unused-ignore]
             except TypeError:  # a source tree from before (--before): no such parameter
                 jobs.append(client.job(JOBS[path]))

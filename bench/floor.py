@@ -1,4 +1,4 @@
-"""The data plane's per-request cost against the floor of its own server stack (issue 32).
+"""The data plane's per-request cost against the floor of its own server stack.
 
 In one run, rounds interleaved (every case once per round, the order reversed every other round):
 

@@ -1,4 +1,4 @@
-"""What a one-row columnar put and get cost (issue 32), two ways that load moves little:
+"""What a one-row columnar put and get cost, two ways that load moves little:
 
 * **engine**: the engine's own work in process (``ColumnOp.parse`` + ``perform`` + the answer
   table; heap), thread CPU µs per request, best of ``--runs`` rounds;

@@ -1,4 +1,4 @@
-"""The replica's own CPU per micro-batch of the Spark job, in process (issue 32, RESULTS §9b addendum).
+"""The replica's own CPU per micro-batch of the Spark job, in process (RESULTS §9b addendum).
 
 What one replica does for each micro-batch of ``bench/spark_columnar.py``'s ``columnar`` path,
 without HTTP or Spark around it: the driver fences an epoch; each of 2 partitions (Spark's

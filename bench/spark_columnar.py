@@ -12,8 +12,8 @@ Spark's ``noop`` sink:
   column per state), which answers each user's new total and count; when the partition is
   done, each user's last answer is its row (a replayed micro-batch reads them with one
   ``get_states``). Two reducing ``sum`` states, ``value_type`` float64 and int64.
-* **columnar, before add_get** (``columnar-separate``): the same job as it was written before
-  (issue 32): one columnar ``add`` per state and Arrow batch, then one ``get`` per state when
+* **columnar, before add_get** (``columnar-separate``): the same job with
+  one columnar ``add`` per state and Arrow batch, then one ``get`` per state when
   the partition is done.
 * **columnar, every row** (``columnar-rows``): the ``columnar`` job without the pandas
   grouping: every event is a row of the ``add_get`` request (the server folds a user's rows in

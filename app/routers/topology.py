@@ -1,5 +1,5 @@
 """The replica's topology: its replica set, version, and the key-group range each job's data holds;
-and the steps of a live rescale (RESCALE.md), whose rules are ``backends/checkpointing/rescale.py``'s."""
+and the steps of a live rescale (docs/rescale.md), whose rules are ``backends/checkpointing/rescale.py``'s."""
 
 from __future__ import annotations
 

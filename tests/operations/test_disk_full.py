@@ -1,4 +1,4 @@
-"""A full data volume is a state, not a 500 (issue 27.8), on a real small filesystem (a tmpfs).
+"""A full data volume is a state, not a 500, on a real small filesystem (a tmpfs).
 
 Before: writes answered 500 ``internal_error`` and ``/readyz`` 200; after space was freed the job
 stayed unwritable (RocksDB stops after a failed write until it is reopened); after a restart with

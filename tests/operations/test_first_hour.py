@@ -1,4 +1,4 @@
-"""Issue 26, the first hour: what cost a new user a round trip or misled them, each pinned by a test.
+"""The first hour: what cost a new user a round trip or misled them, each pinned by a test.
 
 The hints (a 4xx detail says what was wrong and what to send instead), the documented restore
 command failing visibly, the client wheel's documented size, and a Spark job written from

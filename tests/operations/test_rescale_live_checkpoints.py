@@ -1,4 +1,4 @@
-"""Checkpoints of the layout before a live rescale (issue 30). As in Flink, where the rescaled job's own
+"""Checkpoints of the layout before a live rescale. As in Flink, where the rescaled job's own
 retained checkpoints supersede the ones it was restored from: the old layout's checkpoints (the move's
 own among them) stay in storage and restorable — `statehouse checkpoints` lists them, marked with the
 replica count that wrote them — until the new layout has retained its own (``num_retained``, counted

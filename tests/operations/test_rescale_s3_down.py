@@ -1,6 +1,6 @@
-"""Checkpoint storage (S3) unavailable during a live rescale (issue 30: "Failure anywhere in the move
-(..., S3 unavailable, ...) leaves either the old layout serving or the new one — decided by one durable
-record — and the operation can be resumed or rolled back by the CLI").
+"""Checkpoint storage (S3) unavailable during a live rescale: a failure anywhere in the move
+(S3 unavailable included) leaves either the old layout serving or the new one, decided by one durable
+record, and the operation can be resumed or rolled back by the CLI.
 
 Real SeaweedFS, stopped and started again on the same port and data directory (tests/support/s3server.py),
 around three points of a 2 -> 3 move while plain writers append unique ids through the one-key, batch

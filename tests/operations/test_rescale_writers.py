@@ -1,4 +1,4 @@
-"""Writers outside Spark during a live rescale (issue 30): plain clients append unique ids from threads
+"""Writers outside Spark during a live rescale: plain clients append unique ids from threads
 through the one-key endpoint (raw HTTP, following 421 and 503 as the contract says), the batch endpoint
 and the columnar endpoint (the Python client; tests/support/writers.py), while the set is rescaled 2 -> 3
 (LiveRescale) and

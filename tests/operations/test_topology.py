@@ -1,4 +1,4 @@
-"""The topology each replica persists and enforces (issue 29), over real server processes.
+"""The topology each replica persists and enforces, over real server processes.
 
 - a restart with another replica count (or index) is refused with one line saying what to do, the
   data stays intact, and a restart with the right count serves it;

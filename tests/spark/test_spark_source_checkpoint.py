@@ -265,7 +265,7 @@ def test_a_checkpoint_of_a_rescaled_deployment(source, deployment, s3_server, tm
 
 @pytest.mark.parametrize("count", [100_000, pytest.param(1_000_000, marks=pytest.mark.long)])
 def test_many_keys_read_back_exactly_live_and_from_a_checkpoint(source, deployment, s3_server, count):
-    """Issue 31's Done-when at scale: ``count`` keys bulk-loaded through the columnar client read
+    """At scale: ``count`` keys bulk-loaded through the columnar client read
     back exactly (the multiset of rows: equal counts and nothing written missing) from the live
     replicas and from a checkpoint on S3; a one-key filter on the checkpoint finds its key."""
     import pyarrow as pa
