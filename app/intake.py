@@ -2,11 +2,11 @@
 
 1. **Authentication** (every path under ``/v1``): 401 ``unauthorized``, or 403 ``forbidden`` for a
    route of a job the token is not scoped to. FastAPI solves dependencies only after it has read
-   and decoded the body, so a 64 MiB body without a token once cost 1.5 GB before its 401; here
-   the body is never received. Routes read the grant decided here (``require_token``).
+   and decoded the body, so a 64 MiB body without a token would cost ~1.5 GB before its 401;
+   here the body is never received. Routes read the grant decided here (``require_token``).
 2. **Content type** (routes that take a body): 415 ``unsupported_media_type`` naming what the
-   route accepts. A missing or wrong type (``curl -d`` sends a form type) used to reach the
-   model validator as a confusing 422. A route whose body is optional takes no body without one.
+   route accepts. A missing or wrong type (``curl -d`` sends a form type) would otherwise
+   reach the model validator as a confusing 422. A route whose body is optional takes no body without one.
 3. **Size**: 413 ``body_too_large`` past ``STATEHOUSE_MAX_BODY_BYTES``, from Content-Length, or
    counted while the body is read when it has none (chunked). Not Starlette's own limit: it
    answers ``text/plain``, and every error here is problem+json with a code and what to do.

@@ -1,8 +1,8 @@
 """The data volume's free space, against a reserve kept for RocksDB itself.
 
-A full volume used to be a 500 on every write, a job that stayed unwritable after space came
+Left alone, a full volume makes every write fail, leaves a job unwritable after space comes
 back (RocksDB stops writing after a failed write and stays so until it is reopened), and, after
-a restart, a job that could not even be opened (replaying its write-ahead log writes its
+a restart, a job that cannot even be opened (replaying its write-ahead log writes its
 memtables out first). So:
 
 * writes are refused with 507 ``insufficient_storage`` while the free space is below the
