@@ -32,7 +32,7 @@ def write_events(output: Path, files: int, events: int, users: int = 100, seed: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="write sample events for pipelines.user_features")
+    parser = argparse.ArgumentParser(description="write sample events for docs.examples.user_features")
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--files", type=int, default=3)
     parser.add_argument("--events", type=int, default=1000, help="events per file")

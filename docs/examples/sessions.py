@@ -22,13 +22,11 @@ re-run of the batch). Run against a running service:
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from docs.examples.streaming import start_json_stream
+from docs.examples.streaming import executors_run_this_checkout, start_json_stream
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.job import JobClient
 from statehouse.client.spark import BatchContext, by_key_group, exactly_once, with_state
@@ -175,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run this interpreter
+    executors_run_this_checkout()
     config = ClientConfig.of(args.statehouse, token=args.token)
     setup(config, args.job, args.max_parallelism)
     spark = SparkSession.builder.appName("statehouse-sessions").getOrCreate()

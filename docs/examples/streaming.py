@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+
+def executors_run_this_checkout() -> None:
+    """Before the session starts: executors run this interpreter (which has the client's
+    dependencies) and import the example modules by name (``docs.examples.*``) from this
+    checkout, which Spark passes on to them through ``PYTHONPATH``."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    checkout = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if checkout not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([checkout, *paths])
 
 
 def start_json_stream(

@@ -18,13 +18,11 @@ overwritten on a replay, so the sink is idempotent). Run against a running servi
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from docs.examples.streaming import start_json_stream
+from docs.examples.streaming import executors_run_this_checkout, start_json_stream
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.job import JobClient
 from statehouse.client.spark import BatchContext, exactly_once, with_state
@@ -160,8 +158,7 @@ def main(
 
     from pyspark.sql import SparkSession
 
-    # Executors run this interpreter, which has the client's dependencies.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    executors_run_this_checkout()
     config = ClientConfig.of(args.statehouse, token=args.token)
     prepare(config, args.job, args.max_parallelism)
     spark = SparkSession.builder.appName(app_name).getOrCreate()
