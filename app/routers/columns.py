@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
+from typing import TypeVar
 
 from fastapi import Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import openapi as doc
-from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, STATES_PARAMETER, read_columnar
+from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, STATES_PARAMETER, ColumnarRequest, read_columnar
 from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, require_token, service_of
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import dispatch
@@ -21,12 +21,13 @@ from statehouse.backends.columns import ColumnOp, StatesColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
 from statehouse.protocol.ops import COLUMN_OPS, ColumnOpName
+from statehouse.protocol.routes import JOB_COLUMNS, STATE_COLUMNS, pattern
 
-router = api_router(prefix="/v1", tags=["batch"])
+router = api_router(tags=["batch"])
 
 
 @router.post(
-    "/jobs/{job}/states/{state}/columns/{op}",
+    STATE_COLUMNS,
     response_model=ColumnsResponse,
     openapi_extra={"requestBody": doc.COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
     responses=doc.COLUMNS,
@@ -42,7 +43,7 @@ async def columns(service: ServiceDep, job: JobDep, state: str, op: ColumnOpName
 
 
 @router.post(
-    "/jobs/{job}/columns/{op}",
+    JOB_COLUMNS,
     response_model=ColumnsResponse,
     openapi_extra={"requestBody": doc.STATES_COLUMNS_BODY, "parameters": [STATES_PARAMETER, *ATTEMPT_PARAMETERS]},
     responses=doc.COLUMNS,
@@ -61,22 +62,31 @@ async def states_columns(service: ServiceDep, job: JobDep, op: ColumnOpName, req
 async def serve(service: Service, job: Job, state: str | None, op: str, request: Request) -> Response:
     """The endpoint's work once the request is authorized and its job found (every route):
     one state's operation, or (``state`` None) the operation on the states ``states`` names."""
-    work: ColumnOp | StatesColumnOp
     if state is None:
         states = _states(request)
-        read = await read_columnar(service, request, lambda table: StatesColumnOp.parse(states, op, table))
-        service.check_batch_size(read.work.rows, "rows (times states)")
-        ops = read.work.ops
-    else:
-        read = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
-        ops = [read.work]
+        many = await read_columnar(service, request, lambda table: StatesColumnOp.parse(states, op, table))
+        service.check_batch_size(many.work.rows, "rows (times states)")
+        return await _apply(service, job, op, many, many.work.ops)
+    one = await read_columnar(service, request, lambda table: ColumnOp.parse(state, op, table))
+    return await _apply(service, job, op, one, [one.work])
+
+
+# A columnar request's work: one state's (answering one value column) or several states' (one per state).
+AnyColumnOp = TypeVar("AnyColumnOp", ColumnOp, StatesColumnOp)
+
+
+async def _apply(
+    service: Service, job: Job, op: str, read: ColumnarRequest[AnyColumnOp], ops: list[ColumnOp]
+) -> Response:
+    """Apply the request's work (as :func:`dispatch` runs it), count its operations per state
+    kind, and answer: the values as Arrow, or how many rows were written or staged."""
     work = read.work
     values = await dispatch(
         job, lambda: perform(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows
     )
     service.metrics.count_ops(Counter({(job.descriptor(one.state).kind, op): one.rows for one in ops}))
     if values is not None:
-        return arrow_response(work.answer(values))  # type: ignore[arg-type]  # each work answers its own kind
+        return arrow_response(work.answer(values))
     return read.written(op, work.rows)
 
 
@@ -87,8 +97,8 @@ def _states(request: Request) -> list[str]:
     return raw.split(",")
 
 
-_PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/states/(?P<state>[^/]+)/columns/(?P<op>[^/]+)")
-_STATES_PATH = re.compile(r"/v1/jobs/(?P<job>[^/]+)/columns/(?P<op>[^/]+)")
+_PATH = pattern(STATE_COLUMNS)
+_STATES_PATH = pattern(JOB_COLUMNS)
 # Their path templates label the metrics, as when FastAPI routes the request.
 _ROUTE, _STATES_ROUTE = router.routes[0], router.routes[1]
 

@@ -16,18 +16,16 @@ from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 from statehouse.app.wire import arrow_response
 from statehouse.backends.scan import Position, scan, sizes
+from statehouse.protocol.routes import MAX_SCAN_KEYS, NEXT_CURSOR, STATE_SCAN, STATE_SIZES
 from statehouse.snapshots.stored import codec
 
-router = api_router(prefix="/v1", tags=["keyed state"])
+router = api_router(tags=["keyed state"])
 
-# The page's Arrow schema metadata: where the next page starts (absent: the range is read).
-NEXT_CURSOR = b"statehouse.next_cursor"
 MAX_ROWS = 100_000  # rows per page, at most (the stored bytes bound a page too)
-MAX_KEYS = 1_000  # keys of one point read (query parameters: the request head stays small)
 # A query string carries text: one `key=...` is one key whatever it spells (`key=false` is the
 # key "false"), and the parameter repeated is several. The schema says so (an array, or one
 # string; FastAPI's `anyOf [array, null]` forbade the one string), so that what the document
-# forbids the route refuses. More than MAX_KEYS keys are refused 422 (not `maxItems`: such a query
+# forbids the route refuses. More than MAX_SCAN_KEYS keys are refused 422 (not `maxItems`: such a query
 # string usually meets the request head's limit first, a 431).
 KEY_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]}
 FirstKeyGroup = Annotated[int | None, Query(ge=0, description="first key group (default: this replica's first)")]
@@ -58,7 +56,7 @@ class StateSizes(BaseModel):
     key_groups: list[KeyGroupSize]
 
 
-@router.get("/jobs/{job}/states/{state}/scan", response_class=Response, responses=SCAN)
+@router.get(STATE_SCAN, response_class=Response, responses=SCAN)
 async def scan_state(
     service: ServiceDep,
     job: JobDep,
@@ -68,7 +66,7 @@ async def scan_state(
     key: Annotated[
         list[str] | None,
         Query(
-            description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_KEYS}: "
+            description=f"only these keys (every namespace; int and long keys in decimal), at most {MAX_SCAN_KEYS}: "
             "the parameter once per key",
             json_schema_extra=KEY_SCHEMA,
         ),
@@ -92,8 +90,8 @@ async def scan_state(
     descriptor = job.descriptor(state)
     keys = None
     if key is not None:
-        if len(key) > MAX_KEYS:
-            raise ApiError("invalid_argument", f"at most {MAX_KEYS} keys per scan; got {len(key)}: send several")
+        if len(key) > MAX_SCAN_KEYS:
+            raise ApiError("invalid_argument", f"at most {MAX_SCAN_KEYS} keys per scan; got {len(key)}: send several")
         keys = [codec.parse_key(k, descriptor.key_type) for k in key]
     budget = min(max_bytes or service.settings.max_answer_bytes, service.settings.max_answer_bytes)
 
@@ -111,7 +109,7 @@ async def scan_state(
 SIZES = doc.errors(*doc.JOB, "state_not_found", "invalid_argument")
 
 
-@router.get("/jobs/{job}/states/{state}/sizes", response_model=StateSizes, responses=SIZES)
+@router.get(STATE_SIZES, response_model=StateSizes, responses=SIZES)
 async def state_sizes(
     job: JobDep,
     state: str,
