@@ -10,6 +10,7 @@ from statehouse.client.errors import Conflict, NotFound, StatehouseError
 from statehouse.client.job import JobClient, known_job, remember_job
 from statehouse.client.replicas import Replicas
 from statehouse.client.transport import ReplicaConnection
+from statehouse.protocol import routes
 
 
 class StatehouseClient:
@@ -28,7 +29,7 @@ class StatehouseClient:
         body = {"max_parallelism": max_parallelism} if max_parallelism else None
         if self.replicas.version is None or self.replicas.cached:  # creating: never on a remembered layout
             self.replicas.learn()
-        return self._agreed(name, lambda: self.replicas.on_all("PUT", f"/v1/jobs/{name}", body))
+        return self._agreed(name, lambda: self.replicas.on_all("PUT", routes.path(routes.JOB, job=name), body))
 
     def job(self, name: str, *, version: int | None = None) -> JobClient:
         """An existing job; NotFound when a replica does not have it, so a misspelled name in a
@@ -65,7 +66,7 @@ class StatehouseClient:
     @staticmethod
     def _info(replica: ReplicaConnection, name: str) -> dict[str, Any]:
         try:
-            return replica.json("GET", f"/v1/jobs/{name}")
+            return replica.json("GET", routes.path(routes.JOB, job=name))
         except NotFound as exc:
             raise NotFound(
                 f"job {name!r} does not exist on {replica.url}; create it with create_job({name!r}, ...)",

@@ -20,6 +20,7 @@ from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError, Unavailable
 from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed, GlobalCheckpoint
 from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
+from statehouse.protocol import routes
 
 if TYPE_CHECKING:
     from statehouse.client.job import JobClient
@@ -305,7 +306,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         epoch = max(epochs)
         if len(epochs) > 1:  # one epoch everywhere, still opening the batch
             body = {"epoch": epoch, "begins_batch": True}
-            self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", body)
+            self.job.replicas.on_all("POST", routes.path(routes.FENCE, job=self.job.name), body)
         if batch_id <= applied.batch_id:
             self.abort_epoch(epoch)  # a replay writes nothing: no batch in flight
             return BatchPlan(batch_id, None, replay=True)
@@ -327,7 +328,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     def _fence_next(self) -> list[dict[str, Any]]:
         """Every replica's writer epoch raised past its own, opening a micro-batch: the fences' answers."""
         body = {"epoch": 0, "next": True, "begins_batch": True}
-        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/fence", body)
+        return self.job.replicas.on_all("POST", routes.path(routes.FENCE, job=self.job.name), body)
 
     def commit(self, plan: BatchPlan, messages: Iterable[CommitMessage] = ()) -> GlobalCheckpoint | None:
         """Commit the winning attempts on every replica, then checkpoint the batch."""
@@ -337,16 +338,17 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         self._open = None  # committed or not, this batch is over: a re-run begins again
         batch_id = plan.batch_id if plan.batch_id >= 0 else None  # -1: a write before any micro-batch
         bodies = commit_bodies(winners(messages), len(self.job.replicas), batch_id)
-        path = f"/v1/jobs/{self.job.name}/epochs/{plan.epoch}"
+        commit = routes.path(routes.EPOCH_COMMIT, job=self.job.name, epoch=plan.epoch)
+        prepare = routes.path(routes.EPOCH_PREPARE, job=self.job.name, epoch=plan.epoch)
         # One replica: its commit checks exactly what its prepare would (the winners' writes, the
         # epoch) under the same lock, and applies all or nothing, so the prepare's round trip is
         # left out. Several: every replica seals before any applies (two phases).
         one_phase = len(self.job.replicas) == 1
         try:
             if one_phase:
-                self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
+                self.job.replicas.on_each("POST", commit, bodies)  # idempotent: safe to retry
             else:
-                prepared = self.job.replicas.on_each("POST", f"{path}/prepare", bodies)
+                prepared = self.job.replicas.on_each("POST", prepare, bodies)
                 moved = plan.version is not None and any(r["topology_version"] != plan.version for r in prepared)
                 if moved:
                     raise MicroBatchLost(  # a move met the batch (a driver silent past the lease): re-run it
@@ -360,7 +362,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 raise MicroBatchLost(f"micro-batch {plan.batch_id} was not committed: {exc}") from exc
             raise
         if not one_phase:
-            self.job.replicas.on_each("POST", f"{path}/commit", bodies)  # idempotent: safe to retry
+            self.job.replicas.on_each("POST", commit, bodies)  # idempotent: safe to retry
         return self._checkpoint_batch(plan)
 
     def _checkpoint_batch(self, plan: BatchPlan) -> GlobalCheckpoint:
@@ -402,7 +404,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         """Abort ``epochs[i]`` on replica ``i``, best effort: it ends the batch in flight there."""
         for replica, epoch in zip(self.job.replicas, epochs, strict=True):
             with contextlib.suppress(StatehouseError):
-                replica.json("POST", f"/v1/jobs/{self.job.name}/epochs/{epoch}/abort")
+                replica.json("POST", routes.path(routes.EPOCH_ABORT, job=self.job.name, epoch=epoch))
 
     def moved_on(self, plan: BatchPlan) -> bool:
         """Whether the job moved on under the plan: its epoch past the plan's (a restore, or another

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
+from statehouse.client.paging import listing
+from statehouse.protocol import routes
 
 if TYPE_CHECKING:
     from statehouse.client.job import JobClient
@@ -56,25 +58,20 @@ class CheckpointCoordinator:
         # refused whole (checkpoint_conflict) and asked afresh.
         self._next_listed: int | None = None
 
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/jobs/{self.job.name}/checkpoints{suffix}"
+    def _path(self, template: str = routes.CHECKPOINTS, **params: object) -> str:
+        return routes.path(template, job=self.job.name, **params)
 
     def _listings(self, every_layout: bool = False) -> list[list[dict[str, Any]]]:
         return [items for items, _next_id in self._pages(every_layout)]
 
     def _pages(self, every_layout: bool = False) -> list[tuple[list[dict[str, Any]], int]]:
+        """Per replica, its checkpoints and the next id it takes (the last page's)."""
         listings = []
+        query = {"layouts": "all"} if every_layout else {}
         for replica in self.job.replicas:
-            items, cursor = [], None
-            while True:
-                params = f"?limit=1000&cursor={cursor}" if cursor else "?limit=1000"
-                if every_layout:
-                    params += "&layouts=all"
-                page = replica.json("GET", self._path(params))
+            items: list[dict[str, Any]] = []
+            for page in listing(replica, self._path(), query):
                 items += page["items"]
-                cursor = page["next_cursor"]
-                if cursor is None:
-                    break
             listings.append((items, page["next_checkpoint_id"]))
         self._next_listed = max((next_id for _items, next_id in listings), default=None)
         return listings
@@ -119,7 +116,9 @@ class CheckpointCoordinator:
             if any(info["status"] != "completed" for info in infos):
                 uploading = [r for r, info in zip(self.job.replicas, infos, strict=True) if _uploading(info)]
                 self._wait_uploaded(checkpoint_id, uploading)
-                infos = self.job.replicas.on_all("POST", self._path(f"/{checkpoint_id}/complete"))
+                infos = self.job.replicas.on_all(
+                    "POST", self._path(routes.CHECKPOINT_COMPLETE, checkpoint_id=checkpoint_id)
+                )
         except Exception as exc:
             self.abort(checkpoint_id)
             raise CheckpointFailed(f"checkpoint {checkpoint_id} of job {self.job.name!r} failed: {exc}") from exc
@@ -150,13 +149,13 @@ class CheckpointCoordinator:
                     if exc.code == "checkpoint_conflict":
                         continue  # the id is another checkpoint's there: leave that one be
                     with contextlib.suppress(StatehouseError):
-                        replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+                        replica.json("POST", self._path(routes.CHECKPOINT_ABORT, checkpoint_id=checkpoint_id))
             if not refused:
                 return checkpoint_id, answers
             for replica, future in zip(replicas, futures, strict=True):
                 if future.exception() is None:  # this one took it: the checkpoint is ours there
                     with contextlib.suppress(StatehouseError):
-                        replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+                        replica.json("POST", self._path(routes.CHECKPOINT_ABORT, checkpoint_id=checkpoint_id))
             if listed and not retry and all(e.code == "checkpoint_conflict" for e in refused):
                 checkpoint_id = None  # listed before another checkpoint took it: list again
                 self._next_listed = None
@@ -178,7 +177,8 @@ class CheckpointCoordinator:
             for replica in pending:
                 wait_ms = max(0, min(_LONG_POLL_MS, int((deadline - time.monotonic()) * 1000)))
                 asked = time.monotonic()
-                info = replica.json("GET", self._path(f"/{checkpoint_id}?wait_ms={wait_ms}"))
+                path = self._path(routes.CHECKPOINT, checkpoint_id=checkpoint_id)
+                info = replica.json("GET", f"{path}?wait_ms={wait_ms}")
                 if info["status"] in ("failed", "aborted"):
                     raise CheckpointFailed(
                         f"{replica.url}: checkpoint {checkpoint_id} {info['status']}: {info['error']}"
@@ -195,7 +195,7 @@ class CheckpointCoordinator:
         """Best effort, like Flink's notifyCheckpointAborted."""
         for replica in self.job.replicas:
             with contextlib.suppress(StatehouseError):
-                replica.json("POST", self._path(f"/{checkpoint_id}/abort"))
+                replica.json("POST", self._path(routes.CHECKPOINT_ABORT, checkpoint_id=checkpoint_id))
 
     def restore(
         self,
@@ -212,4 +212,4 @@ class CheckpointCoordinator:
             body["location"] = location
         if operator_parallelism:
             body["operator_parallelism"] = operator_parallelism
-        return self.job.replicas.on_all("POST", f"/v1/jobs/{self.job.name}/restore", body)
+        return self.job.replicas.on_all("POST", self._path(routes.RESTORE), body)

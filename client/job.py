@@ -20,6 +20,7 @@ from statehouse.client.states import (
     ValueStateHandle,
 )
 from statehouse.client.timers import TimerServiceHandle
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KEY_TYPES, KeyGroupAssigner, KeyGroupRange, operator_index
 
 if TYPE_CHECKING:
@@ -238,14 +239,14 @@ class JobClient:
     def register(self, name: str, kind: str, **descriptor: Any) -> StateHandle:
         """Register a keyed state on every replica (idempotent) and return its typed handle."""
         body = {"kind": kind, **{k: v for k, v in descriptor.items() if v is not None}}
-        self.replicas.on_all("PUT", f"/v1/jobs/{self.name}/states/{name}", body)
+        self.replicas.on_all("PUT", routes.path(routes.STATE, job=self.name, state=name), body)
         self._key_types[name] = body.get("key_type", "string")
         if self._known is not None:
             self._known.key_types[name] = self._key_types[name]
         return HANDLES[kind](self, name)
 
     def describe(self, state: str) -> dict[str, Any]:
-        return self.replicas[0].json("GET", f"/v1/jobs/{self.name}/states/{state}")
+        return self.replicas[0].json("GET", routes.path(routes.STATE, job=self.name, state=state))
 
     def state(self, name: str) -> StateHandle:
         return HANDLES[self.describe(name)["kind"]](self, name)
@@ -321,11 +322,13 @@ class JobClient:
 
     def fence(self, epoch: int) -> int:
         """Raise the writer epoch on every replica; returns the epoch now in force everywhere."""
-        return max(e["epoch"] for e in self.replicas.on_all("POST", f"/v1/jobs/{self.name}/fence", {"epoch": epoch}))
+        return max(
+            e["epoch"] for e in self.replicas.on_all("POST", routes.path(routes.FENCE, job=self.name), {"epoch": epoch})
+        )
 
     def infos(self) -> list[dict[str, Any]]:
         """Every replica's ``GET /v1/jobs/{job}``, in replica order."""
-        return self.replicas.on_all("GET", f"/v1/jobs/{self.name}")
+        return self.replicas.on_all("GET", routes.path(routes.JOB, job=self.name))
 
     def epoch(self) -> int:
         return max(info["epoch"] for info in self.infos())
@@ -340,7 +343,7 @@ class JobClient:
         return self.replicas[self.replica_for_subtask(subtask)]
 
     def operator_list(self, operator: str, subtask: int, name: str) -> list[Any]:
-        path = f"/v1/jobs/{self.name}/operators/{operator}/subtasks/{subtask}/lists/{name}"
+        path = routes.path(routes.OPERATOR_LIST, job=self.name, operator=operator, index=subtask, name=name)
         try:
             return self._operator_replica(subtask).json("GET", path)["value"]
         except StatehouseError as exc:
@@ -349,7 +352,7 @@ class JobClient:
             raise
 
     def update_operator_list(self, operator: str, subtask: int, name: str, values: list[Any], mode: str = "split"):
-        path = f"/v1/jobs/{self.name}/operators/{operator}/subtasks/{subtask}/lists/{name}"
+        path = routes.path(routes.OPERATOR_LIST, job=self.name, operator=operator, index=subtask, name=name)
         self._operator_replica(subtask).request(
             "PUT", path, idempotent=True, json={"value": list(values)}, params={"mode": mode}
         )

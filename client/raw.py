@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgpack
 
 from statehouse.client.errors import StatehouseError
+from statehouse.protocol import routes
 
 if TYPE_CHECKING:
     from statehouse.client.replicas import Replicas
@@ -44,8 +45,8 @@ class RawJob(Protocol):
 
 
 OCTETS = {"content-type": "application/octet-stream"}
-MSGPACK_ANSWER = {"accept": "application/msgpack"}
-MSGPACK_BODY = {"content-type": "application/msgpack"}
+MSGPACK_ANSWER = {"accept": routes.MSGPACK}
+MSGPACK_BODY = {"content-type": routes.MSGPACK}
 
 
 def _fenced(epoch: int | None) -> dict[str, int] | None:
@@ -61,11 +62,13 @@ class RawKeyedState:
         self._job = job
         self._params = _fenced(epoch)
 
-    def _send(self, method: str, key_group: int, suffix: str = "", content: bytes | None = None) -> bytes:
+    def _send(
+        self, method: str, key_group: int, template: str = routes.RAW_KEY_GROUP, content: bytes | None = None
+    ) -> bytes:
         """One request to the key group's owner, its answer's body; once more after a layout change
         (a 421 naming a newer topology, or a replica a rescale removed)."""
         job = self._job
-        path = f"/v1/jobs/{job.name}/raw/key-groups/{key_group}{suffix}"
+        path = routes.path(template, job=job.name, key_group=key_group)
         replicas = job.replicas
         for last in (False, True):
             routed = replicas.version
@@ -75,7 +78,12 @@ class RawKeyedState:
                 headers = {**OCTETS, **MSGPACK_ANSWER} if content is not None else None
                 params = self._params if method != "GET" else None
                 answer = connection.request(
-                    method, path, idempotent=suffix != "/append", content=content, headers=headers, params=params
+                    method,
+                    path,
+                    idempotent=template != routes.RAW_KEY_GROUP_APPEND,
+                    content=content,
+                    headers=headers,
+                    params=params,
                 )
                 return answer.content
             except StatehouseError as exc:
@@ -98,7 +106,9 @@ class RawKeyedState:
 
     def append(self, key_group: int, data: bytes) -> int:
         """Append a part; returns the stream's new length."""
-        return int(msgpack.unpackb(self._send("POST", key_group, "/append", content=bytes(data)))["length"])
+        return int(
+            msgpack.unpackb(self._send("POST", key_group, routes.RAW_KEY_GROUP_APPEND, content=bytes(data)))["length"]
+        )
 
     def clear(self, key_group: int) -> None:
         self._send("DELETE", key_group)
@@ -117,8 +127,8 @@ class RawOperatorState:
         self._job = job
         self._params = _fenced(epoch)
 
-    def _path(self, operator: str, subtask: int) -> str:
-        return f"/v1/jobs/{self._job.name}/operators/{operator}/subtasks/{subtask}/raw"
+    def _path(self, operator: str, subtask: int, template: str = routes.OPERATOR_RAW) -> str:
+        return routes.path(template, job=self._job.name, operator=operator, index=subtask)
 
     def _replica(self, subtask: int) -> ReplicaConnection:
         return self._job.replicas[self._job.replica_for_subtask(subtask)]
@@ -139,7 +149,7 @@ class RawOperatorState:
         """Append one partition (not idempotent: not re-sent after a lost answer)."""
         self._replica(subtask).request(
             "POST",
-            self._path(operator, subtask) + "/partitions",
+            self._path(operator, subtask, routes.OPERATOR_RAW_PARTITIONS),
             idempotent=False,
             content=bytes(partition),
             headers=OCTETS,

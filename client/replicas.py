@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from statehouse.client.config import ClientConfig
 from statehouse.client.errors import LayoutError, StatehouseError, Unavailable
 from statehouse.client.transport import ReplicaConnection
+from statehouse.protocol import routes
 from statehouse.protocol.urls import check_url
 
 T = TypeVar("T")
@@ -230,7 +231,7 @@ class Replicas:
         failed: dict[str, StatehouseError] = {}
         todo = _unique([*self.urls, *self.config.urls])
         while todo:
-            futures = {url: self._fan_out.submit(self._connection(url).json, "GET", "/v1/topology") for url in todo}
+            futures = {url: self._fan_out.submit(self._connection(url).json, "GET", routes.TOPOLOGY) for url in todo}
             for url, future in futures.items():
                 try:
                     answered[url] = future.result()

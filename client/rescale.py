@@ -29,6 +29,7 @@ from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.job import JobClient
 from statehouse.client.replicas import Replicas
 from statehouse.client.transport import ReplicaConnection
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
@@ -390,7 +391,7 @@ class LiveRescale:
         Not key counts: during a live move none is exact (writers run; TTL cleanup still runs in frozen
         key groups, and snapshots leave expired entries out; loaded groups are unserved until the
         commit). docs/operations.md, Rescaling, step 6."""
-        shown = {url: self._connection(url).json("GET", "/v1/topology") for url in move.everyone}
+        shown = {url: self._connection(url).json("GET", routes.TOPOLOGY) for url in move.everyone}
         ranges: dict[str, list[list[int]]] = {name: [] for name in move.jobs}
         for index, url in enumerate(move.urls):
             info = shown[url]
@@ -426,7 +427,7 @@ class LiveRescale:
             if url in asked:
                 continue
             try:
-                shown = self._connection(url).json("GET", "/v1/topology")
+                shown = self._connection(url).json("GET", routes.TOPOLOGY)
             except StatehouseError:
                 continue
             asked[url] = shown
@@ -518,7 +519,7 @@ class LiveRescale:
                 f"STATEHOUSE_TOPOLOGY_VERSION={move.version} and the set's checkpoint storage"
             )
             try:
-                shown = self._connection(url).json("GET", "/v1/topology")
+                shown = self._connection(url).json("GET", routes.TOPOLOGY)
             except StatehouseError as exc:
                 raise NewReplicasMissing(
                     f"new replica {index} ({url}) does not answer ({exc.detail}): {start}"
@@ -553,7 +554,7 @@ class LiveRescale:
         reported = False
         while True:
             try:
-                return self._connection(url).json("POST", f"/v1/topology/{step}", body)
+                return self._connection(url).json("POST", routes.path(routes.TOPOLOGY_STEP, step=step), body)
             except StatehouseError as exc:
                 if isinstance(exc, Unavailable) and time.monotonic() < deadline:
                     if not reported:  # once per step and replica: what it waits for (a restart, its storage)
@@ -601,7 +602,7 @@ def decision_record(connection: ReplicaConnection, version: int) -> dict[str, An
     """The durable decision of the move to topology ``version`` (``GET /v1/topology/decision``), or
     None while undecided."""
     try:
-        return connection.json("GET", f"/v1/topology/decision?version={version}")
+        return connection.json("GET", f"{routes.TOPOLOGY_DECISION}?version={version}")
     except NotFound:
         return None
 

@@ -19,7 +19,7 @@ from statehouse.client.arrow import (
     no_nulls,
 )
 from statehouse.client.errors import InvalidRequest, StatehouseError
-from statehouse.client.transport import ARROW_STREAM
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KeyGroupRange, KeyType
 from statehouse.protocol.keygroups.columnar import key_groups, operator_indexes
 
@@ -84,7 +84,7 @@ def send(
         if count > 1
         else np.zeros(rows, np.int32)
     )
-    path = f"/v1/jobs/{job.name}/timers/{domain}/columns/{op}"
+    path = routes.path(routes.TIMER_COLUMNS, job=job.name, domain=domain, op=op)
 
     def send_rows(replica: int, part: pa.Table) -> None:
         step = chunk_rows(part, max_rows)
@@ -101,7 +101,7 @@ def send(
                     path,
                     idempotent=True,
                     content=bytes(ipc_stream(chunk)),
-                    headers={"content-type": ARROW_STREAM},
+                    headers={"content-type": routes.ARROW_STREAM},
                     params=params,
                 )
             except StatehouseError as exc:

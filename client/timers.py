@@ -5,12 +5,13 @@ firing order, list and count them. See docs/api.md#timers for the rules."""
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import StatehouseError
+from statehouse.client.paging import listed
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ class TimerServiceHandle:
             raise ValueError(f"domain must be 'event' or 'processing'; got {domain!r}")
         self._job = job
         self.domain = domain
-        self._path = f"/v1/jobs/{job.name}/timers/{domain}"
+        self._path = routes.path(routes.TIMERS, job=job.name, domain=domain)
+        self._advance = routes.path(routes.TIMER_ADVANCE, job=job.name, domain=domain)
+        self._counts = routes.path(routes.TIMER_COUNTS, job=job.name, domain=domain)
 
     def register(self, key: Any, timestamp: int, ns: str = "", key_type: str = "string") -> None:
         """Register a timer (a no-op when it exists); a timer at or below the replica's current
@@ -139,7 +142,7 @@ class TimerServiceHandle:
                 body["epoch"] = epoch
             try:
                 # Only a task attempt's advance may be re-sent: its seq answers the same timers again.
-                answer = connection.json("POST", f"{self._path}/advance", body, idempotent=attempt is not None)
+                answer = connection.json("POST", self._advance, body, idempotent=attempt is not None)
             except StatehouseError as exc:
                 if attempt is not None and 400 <= (exc.status or 0) < 500:
                     attempt.refused(replica, body["seq"])
@@ -152,12 +155,12 @@ class TimerServiceHandle:
 
     def counts(self) -> dict[int, int]:
         """Stored timers per key group, over every replica (key groups without timers left out)."""
-        answers = self._job.replicas.on_all("GET", f"{self._path}/counts")
+        answers = self._job.replicas.on_all("GET", self._counts)
         return {c["key_group"]: c["count"] for answer in answers for c in answer["key_groups"]}
 
     def times(self) -> list[int | None]:
         """Each replica's current time of this domain (``None`` before its first advance)."""
-        return [answer["time"] for answer in self._job.replicas.on_all("GET", f"{self._path}/counts")]
+        return [answer["time"] for answer in self._job.replicas.on_all("GET", self._counts)]
 
     def list(self, key_group: int | None = None, page_size: int = 1000) -> Iterator[Timer]:
         """The stored timers, replica after replica (so in key-group order), each key group's in
@@ -165,14 +168,7 @@ class TimerServiceHandle:
         replicas: list[int] = list(range(len(self._job.replicas)))
         if key_group is not None:
             replicas = [r for r in replicas if key_group in self._job.key_group_range(r)]
+        params = {"key_group": key_group} if key_group is not None else {}
         for replica in replicas:
-            params: dict[str, Any] = {"limit": page_size}
-            if key_group is not None:
-                params["key_group"] = key_group
-            while True:
-                answer = self._job.replicas[replica].request("GET", self._path, idempotent=True, params=params)
-                page = json.loads(answer.content)
-                yield from (Timer.from_dict(t) for t in page["items"])
-                if page["next_cursor"] is None:
-                    break
-                params["cursor"] = page["next_cursor"]
+            for item in listed(self._job.replicas[replica], self._path, params, limit=page_size):
+                yield Timer.from_dict(item)

@@ -14,10 +14,9 @@ import urllib3
 from urllib3.util.ssl_ import create_urllib3_context
 
 from statehouse.client.errors import Unavailable, error_from_response
+from statehouse.protocol import routes
+from statehouse.protocol.routes import ARROW_STREAM, JSON, MSGPACK
 
-MSGPACK = "application/msgpack"
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
-JSON = "application/json"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
@@ -144,7 +143,9 @@ class ReplicaConnection:
         """``fields``: the fencing epoch, or a task attempt's epoch, partition, attempt and seq."""
         body: dict[str, Any] = {"ops": ops, **fields}
         payload = msgpack.packb(body, use_bin_type=True)
-        answer = self._send("POST", f"/v1/jobs/{job}/batch", payload, self._batch_headers, idempotent=idempotent)
+        answer = self._send(
+            "POST", routes.path(routes.BATCH, job=job), payload, self._batch_headers, idempotent=idempotent
+        )
         return msgpack.unpackb(answer.content, raw=False, strict_map_key=False)["results"]
 
     def columns(
@@ -163,10 +164,10 @@ class ReplicaConnection:
         a tuple: the operation on those states over the same rows (one value column per state)."""
         if isinstance(state, tuple):
             query = urlencode({"states": ",".join(state), **params})
-            path = f"/v1/jobs/{job}/columns/{op}?{query}"
+            path = f"{routes.path(routes.JOB_COLUMNS, job=job, op=op)}?{query}"
         else:
             query = urlencode(params)
-            path = f"/v1/jobs/{job}/states/{state}/columns/{op}" + (f"?{query}" if query else "")
+            path = routes.path(routes.STATE_COLUMNS, job=job, state=state, op=op) + (f"?{query}" if query else "")
         # urllib3 sends any buffer as it is (its annotation names bytes): no copy of the Arrow stream.
         return self._send("POST", path, cast(bytes, body), self._columns_headers, idempotent=idempotent).content
 

@@ -36,8 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+# The kinds of keyed state (Flink's ValueState, ListState, MapState, ReducingState, AggregatingState):
+# the one definition the stored descriptors, the HTTP models and the client share.
 StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
-_ALL_KINDS: frozenset[str] = frozenset(get_args(StateKind))
+STATE_KINDS: tuple[StateKind, ...] = get_args(StateKind)
+_ALL_KINDS: frozenset[str] = frozenset(STATE_KINDS)
 # What an operation reads or writes: a keyed state's key, a timer, a key group's raw stream, or
 # an operator subtask's raw partitions (the client routes each by it).
 Target = Literal["state", "timer", "raw_keyed", "raw_operator"]

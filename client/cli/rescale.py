@@ -49,6 +49,7 @@ from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.errors import StatehouseError, Unavailable
 from statehouse.client.job import JobClient
+from statehouse.client.paging import listing
 from statehouse.client.replicas import serving
 from statehouse.client.rescale import (
     LiveRescale,
@@ -59,6 +60,7 @@ from statehouse.client.rescale import (
     RescaleReport,
     decision_record,
 )
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KeyGroupRange
 
 HELP = "rescale the replica set to another replica count, live (or --offline)"
@@ -320,7 +322,7 @@ def _fit_serve(args: argparse.Namespace, directory: Path) -> None:
     with StatehouseClient(urls, token=args.token, timeout=args.timeout) as sh:
         if pending_target(sh) is not None:
             return
-        shown = [sh.replicas.connection(url).json("GET", "/v1/topology") for url in urls]
+        shown = [sh.replicas.connection(url).json("GET", routes.TOPOLOGY) for url in urls]
     serving_ones = [info for info in shown if serving(info)]
     if not serving_ones:
         return
@@ -443,18 +445,8 @@ def _key_counts(job: JobClient) -> dict[str, int]:
     counts = dict.fromkeys(states, 0)
     for state in states:
         for replica in job.replicas:
-            cursor = None
-            while True:
-                params: dict[str, Any] = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
-                page = json.loads(
-                    replica.request(
-                        "GET", f"/v1/jobs/{job.name}/states/{state}/keys", idempotent=True, params=params
-                    ).content
-                )
+            for page in listing(replica, routes.path(routes.STATE_KEYS, job=job.name, state=state)):
                 counts[state] += len(page["items"])
-                cursor = page["next_cursor"]
-                if cursor is None:
-                    break
     return counts
 
 

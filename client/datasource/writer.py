@@ -30,23 +30,16 @@ from pyspark.sql.types import StructType
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.client import StatehouseClient
 from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost, StateBehind
-from statehouse.client.datasource.options import SourceError, SourceOptions, refusal
+from statehouse.client.datasource.options import WRITE_OPS, SourceError, SourceOptions, refusal
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
+from statehouse.protocol import routes
+from statehouse.protocol.ops import OPS, STATE_KINDS
 
-# Per operation: the columns it takes (``ns`` is optional everywhere), and the state kinds it applies to.
-COLUMNS = {
-    "put": ("key", "value"),
-    "add": ("key", "value"),
-    "map_put": ("key", "user_key", "value"),
-    "clear": ("key",),
-}
-KINDS = {
-    "put": ("value", "list", "map"),
-    "add": ("list", "reducing", "aggregating"),
-    "map_put": ("map",),
-    "clear": ("value", "list", "map", "reducing", "aggregating"),
-}
+# Per operation a write takes: its columns (``ns`` is optional everywhere), and the state kinds it
+# applies to, as the op table says.
+COLUMNS = {op: OPS[op].columns or () for op in WRITE_OPS}
+KINDS = {op: tuple(kind for kind in STATE_KINDS if kind in OPS[op].kinds) for op in WRITE_OPS}
 _INTEGER_KEYS = ("int", "long")
 
 
@@ -225,7 +218,7 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
         target = max(max(i["committed_epoch"] for i in infos) + 1, max(i["epoch"] for i in infos))
         # A driver that died between sealing an epoch (prepare) and committing it left it closed to
         # writes: the batch Spark runs again stages under the next one (every task sees the same).
-        reports = job.replicas.on_all("GET", f"/v1/jobs/{job.name}/epochs/{target}")
+        reports = job.replicas.on_all("GET", routes.path(routes.EPOCH, job=job.name, epoch=target))
         if any(report["status"] == "sealed" for report in reports):
             target += 1
         return job.fence(target)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from statehouse.protocol.errors import IncompatibleState, InvalidArgument
 from statehouse.protocol.keygroups import KEY_TYPES, KeyType
+from statehouse.protocol.ops import STATE_KINDS, StateKind
 from statehouse.snapshots.stored.codec import check_value
 from statehouse.snapshots.stored.functions import AGGREGATE_FUNCTIONS, MAP_FUNCTIONS, REDUCE_FUNCTIONS, StateFunction
 from statehouse.snapshots.stored.names import validate_name
 from statehouse.snapshots.stored.ttl import TtlConfig
 from statehouse.snapshots.stored.value_types import COERCE, ValueType, check_value_type
-
-StateKind = Literal["value", "list", "map", "reducing", "aggregating"]
-STATE_KINDS: tuple[StateKind, ...] = ("value", "list", "map", "reducing", "aggregating")
 
 
 @dataclass(frozen=True, slots=True)
