@@ -1,26 +1,21 @@
 """A job: one namespace of state with a fixed max parallelism, served by this replica for
-its key-group range (Flink: one operator's keyed backend on one subtask)."""
+its key-group range (Flink: one operator's keyed backend on one subtask).
+
+:class:`Job` is the facade; its parts each own one concern (``job_life.py``, ``writer_epochs.py``,
+``state_registry.py``, ``move_state.py``, ``staging.py``). :class:`JobTransaction` is the typed
+access to the job's states inside one transaction."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from statehouse.backends.base.partition import StorePartition, WriteOp
+from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
-from statehouse.backends.bounds import MAX_EPOCH, check_range
-from statehouse.backends.errors import (
-    BatchInFlight,
-    JobReplaced,
-    StaleEpoch,
-    StateNotFound,
-    WrongStateKind,
-)
+from statehouse.backends.errors import WrongStateKind
+from statehouse.backends.job_life import JobLife
 from statehouse.backends.keyed import (
     STATE_CLASSES,
     AggregatingState,
@@ -32,49 +27,53 @@ from statehouse.backends.keyed import (
 )
 from statehouse.backends.keyspace import KeySpace, first_page, position_of
 from statehouse.backends.limits import AnswerMeter, Limits
+from statehouse.backends.move_state import MoveState
 from statehouse.backends.operator_state import OperatorState
 from statehouse.backends.raw_state import RawKeyedState, RawOperatorState
-from statehouse.backends.reserved import (
-    BROADCAST_TABLE,
-    COMMITTED_BATCH_META,
-    COMMITTED_EPOCH_META,
-    EPOCH_META,
-    LIST_TABLE,
-    META_TABLE,
-    NON_KEYED_TABLES,
-    STAGED_OPERATOR_META,
-    STATE_META,
-)
+from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE
 from statehouse.backends.runs import Run
-from statehouse.backends.snapshot.operator_format import OperatorSnapshot, replace_ops
+from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.backends.staging import Staging
+from statehouse.backends.state_registry import StateRegistry, stored_descriptors
 from statehouse.backends.timers import TimerService
 from statehouse.backends.ttl import Clock, SystemClock
 from statehouse.backends.ttl_cleanup import IncrementalCleanup
-from statehouse.protocol.errors import InvalidArgument
+from statehouse.backends.writer_epochs import WriterEpochs
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.stored.codec import decode_primary
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 
+__all__ = ["Job", "JobTransaction", "StoredKey", "stored_descriptors"]
+
 
 class StoredKey(NamedTuple):
+    """A stored (key, namespace) of a state, as :meth:`Job.keys` lists them."""
+
     key_group: int
     key: str | int
     namespace: str
     position: tuple[int, bytes]  # where a listing resumes after this key
 
 
-def stored_descriptors(partition: StorePartition) -> dict[str, StateDescriptor]:
-    """The state descriptors a partition holds (what a job opened on it serves)."""
-    found = {}
-    for key, value in partition.meta_items():
-        if key.startswith(STATE_META):
-            descriptor = StateDescriptor.from_dict(json.loads(value))
-            found[descriptor.name] = descriptor
-    return found
-
-
 class Job:
+    """One job on this replica: the facade every caller (routers, runs, snapshots, restores,
+    the live rescale) uses, over one :class:`StorePartition`.
+
+    It owns what ties its parts together: the partition, the current :class:`KeySpace` (where
+    keys live; swapped whole, a request keeps the one it began with), the incremental TTL
+    cleanup, and ``changes``, which counts every change to the partition made outside an epoch's
+    commit (direct writes, registrations): an epoch's staged views hold exactly the partition as
+    long as it did not move since the epoch's staging began. The rest is delegated, each to the
+    part that owns it:
+
+    * :class:`JobLife` — the write lock and the retirement by a restore's swap;
+    * :class:`Staging` — task attempts' writes under the current epoch, and the timer floors;
+    * :class:`WriterEpochs` — the writer epoch (fencing) and the last commit's epoch and batch;
+    * :class:`StateRegistry` — the state descriptors;
+    * :class:`MoveState` — the live rescale's freeze, switch, drop and staged operator state.
+
+    Flink: one operator's keyed backend on one subtask."""
+
     def __init__(
         self,
         name: str,
@@ -98,14 +97,14 @@ class Job:
         self.clock: Clock = clock or SystemClock()
         partition.create_table(LIST_TABLE, nested=False)
         partition.create_table(BROADCAST_TABLE, nested=True)
-        self.descriptors: dict[str, StateDescriptor] = stored_descriptors(partition)
+        self.states = StateRegistry(name, partition, self.limits)
         self.ttl_cleanup = IncrementalCleanup(partition, self.key_group_range)
-        # Every write takes this lock; a restore's swap takes it to retire the job, so a write
-        # lands either before the swap (and is replaced with the rest) or is refused after it.
-        self._lock = threading.RLock()
-        self._replaced = False
+        self.life = JobLife(name)
+        self._lock = self.life.lock
         # Task attempts' writes under the current epoch, and the timer floors (backends/staging.py).
         self.staging = Staging(name, partition, self._lock)
+        self.epochs = WriterEpochs(name, partition, self.staging, self.life)
+        self.moves = MoveState(name, partition, self.staging, self.limits)
         # Counts every change to the partition made outside the epoch commit (direct writes,
         # registrations): the staged views of an epoch hold exactly its partition as long as
         # this did not move since the epoch's staging began.
@@ -114,43 +113,33 @@ class Job:
     # -- life: a restore replaces a job by a new one -----------------------------------------
 
     def _check_live(self) -> None:
-        if self._replaced:
-            raise JobReplaced(f"job {self.name!r} was restored while this request waited; retry it")
+        self.life.check_live()
 
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self) -> AbstractContextManager[None]:
         """Hold off every other write, refusing if the job was retired. Every write runs inside
         (after a swap retired the job it is refused instead of lost), and so does the
         synchronous part of a snapshot (a consistent freeze)."""
-        with self._lock:
-            self._check_live()
-            yield
+        return self.life.exclusive()
 
-    @contextmanager
-    def held_if_free(self) -> Iterator[bool]:
+    def held_if_free(self) -> AbstractContextManager[bool]:
         """Take the job's lock only if nobody holds it, and say whether it was taken: a caller
         that must not wait (the event loop) runs elsewhere when it was not. Work run inside
         takes the lock again (it is reentrant)."""
-        taken = self._lock.acquire(blocking=False)
-        try:
-            yield taken and self.partition.is_open
-        finally:
-            if taken:
-                self._lock.release()
+        return self.life.held_if_free(lambda: self.partition.is_open)
 
     def retire(self) -> None:
         """Refuse every later access (``not_ready``: retry); waits for a running write.
 
         Also drops the TTL cleanup cursors: their iterators would keep the storage open."""
         with self._lock:
-            self._replaced = True
+            self.life.retired = True
             self.staging.drop()
             self.ttl_cleanup.clear()
 
     def revive(self) -> None:
         """Undo :meth:`retire` (a restore that failed to swap)."""
         with self._lock:
-            self._replaced = False
+            self.life.retired = False
 
     # -- a live rescale: freeze, switch, drop (docs/rescale.md, "Engine API") ------------------------
 
@@ -158,7 +147,7 @@ class Job:
         """The open epochs whose staged writes (an uncommitted micro-batch's) touch these key
         groups: a freeze of them would leave writes that can never commit."""
         with self._lock:
-            return self.staging.epochs_touching(ranges)
+            return self.moves.staged_epochs_in(ranges)
 
     def freeze(self, ranges: Sequence[KeyGroupRange], version: int, batch_lease_s: float = 0.0) -> None:
         """Refuse writes into ``ranges`` and to operator state (``rescale_in_progress`` naming
@@ -168,29 +157,12 @@ class Job:
         ``batch_lease_s``): a move's cut is a micro-batch boundary. Checked under the lock, so no
         staged write or begun batch slips in between. Freezing again replaces."""
         with self.exclusive():
-            begun = self.staging.in_flight(batch_lease_s)
-            if begun is not None and self.keyspace.frozen_version != version:
-                raise BatchInFlight(
-                    f"job {self.name!r} is in micro-batch epoch {begun}, begun by its coordinator and not yet "
-                    "committed or aborted: the rescale waits for the micro-batch boundary",
-                    job=self.name,
-                    epochs=[begun],
-                )
-            epochs = self.staged_epochs_in(ranges)
-            if epochs:
-                spans = ", ".join(f"{r.start}-{r.end}" for r in ranges)
-                raise BatchInFlight(
-                    f"job {self.name!r} has staged writes of epoch {epochs[0]} (an uncommitted micro-batch) in key "
-                    f"groups {spans}, which the rescale moves; retry once the epoch is committed or aborted",
-                    job=self.name,
-                    epochs=epochs,
-                )
-            self.keyspace = replace(self.keyspace, frozen=tuple(ranges), frozen_version=version)
+            self.keyspace = self.moves.frozen(self.keyspace, ranges, version, batch_lease_s)
 
     def unfreeze(self) -> None:
         """Take writes again everywhere this replica owns (a move aborted)."""
         with self._lock:
-            self.keyspace = replace(self.keyspace, frozen=(), frozen_version=0)
+            self.keyspace = self.moves.unfrozen(self.keyspace)
 
     def switch_layout(self, count: int, index: int, version: int) -> None:
         """Own replica ``index`` of ``count``'s key groups at topology ``version`` from now on
@@ -198,10 +170,7 @@ class Job:
         ones are located by the new one. The key groups it gains must be loaded first. An index
         past the count (a replica the move removed) owns none."""
         with self._lock:
-            keyspace = self.keyspace
-            self.keyspace = KeySpace(
-                self.name, keyspace.max_parallelism, index, count, self.limits, version, serving=index < count
-            )
+            self.keyspace = self.moves.switched(self.keyspace, count, index, version)
             # The incremental TTL cleanup walks the owned range: a new one walks the new range.
             self.ttl_cleanup.clear()
             self.ttl_cleanup = IncrementalCleanup(self.partition, self.key_group_range)
@@ -213,41 +182,31 @@ class Job:
         (a range tombstone per table), the heap drops its per-key-group dicts: no entry is read.
         RocksDB then compacts those ranges, after the lock is released, to free their space."""
         with self.exclusive():
-            owned = self.key_group_range
-            for r in ranges:
-                if len(r.intersection(owned)):
-                    raise ValueError(f"key groups {r.start}-{r.end} of job {self.name!r} overlap its owned {owned}")
-            tables = [t for t in self.partition.tables() if t not in NON_KEYED_TABLES]
-            ranges = [r for r in ranges if len(r)]
-            self.partition.drop_key_groups(tables, ranges)
-            self.staging.forget_timer_floors()
+            tables, dropped = self.moves.drop_key_groups(ranges, self.key_group_range)
             self.changes += 1
-        self.partition.reclaim_key_groups(tables, ranges)  # outside the lock: requests go on
+        self.partition.reclaim_key_groups(tables, dropped)  # outside the lock: requests go on
 
     def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
         """Keep ``operator`` (this replica's operator state under the layout a move goes to) until
         :meth:`apply_staged_operator_state`; durably, in the job's metadata. ``None`` forgets it."""
         with self.exclusive():
-            if operator is None:
-                self.partition.write([WriteOp("delete", META_TABLE, 0, STAGED_OPERATOR_META)])
-            else:
-                self.partition.write([WriteOp("put", META_TABLE, 0, STAGED_OPERATOR_META, value=operator.to_bytes())])
+            self.moves.stage_operator_state(operator)
 
     def apply_staged_operator_state(self) -> bool:
         """Replace the job's operator state by the staged one, atomically (a move commits);
         whether one was staged. Applied once: a second call finds nothing staged."""
         with self.exclusive():
-            raw = self.partition.get_meta(STAGED_OPERATOR_META)
-            if raw is None:
-                return False
-            staged = OperatorSnapshot.from_bytes(raw)
-            current = OperatorSnapshot.from_view(self.partition)
-            ops = [*replace_ops(current, staged), WriteOp("delete", META_TABLE, 0, STAGED_OPERATOR_META)]
-            self.partition.write(ops)
-            self.changes += 1
-            return True
+            applied = self.moves.apply_staged_operator_state()
+            if applied:
+                self.changes += 1
+            return applied
 
     # -- descriptors ---------------------------------------------------------------------
+
+    @property
+    def descriptors(self) -> dict[str, StateDescriptor]:
+        """The job's state descriptors by name (:class:`StateRegistry`'s, not a copy)."""
+        return self.states.descriptors
 
     def register_state(self, descriptor: StateDescriptor, *, loading: bool = False) -> bool:
         """Register a keyed state; ``False`` when an equal-or-compatible one exists.
@@ -257,41 +216,19 @@ class Job:
         except by the move's own load (``loading``), which registers the snapshot's states.
         """
         with self.exclusive():
-            existing = self.descriptors.get(descriptor.name)
-            if existing is not None:
-                descriptor.check_compatible(existing)
-                if existing == descriptor:
-                    return False
-                if not loading:
-                    self.keyspace.check_not_frozen(f"changing state {descriptor.name!r}")
-            else:
-                self.limits.check_states(self.name, len(self.descriptors) + 1)
-            self.partition.create_table(descriptor.name, nested=descriptor.kind == "map")
-            tx = PartitionTransaction(self.partition)
-            tx.put(META_TABLE, 0, STATE_META + descriptor.name.encode(), json.dumps(descriptor.to_dict()).encode())
-            tx.commit()
-            self.changes += 1
-            self.descriptors[descriptor.name] = descriptor
-            return existing is None
+            registered = self.states.register(descriptor, self.keyspace, loading=loading)
+            if registered != "unchanged":
+                self.changes += 1
+            return registered == "new"
 
     def descriptor(self, name: str) -> StateDescriptor:
-        try:
-            return self.descriptors[name]
-        except KeyError:
-            raise StateNotFound(
-                f"job {self.name!r} has no state {name!r}; register it first "
-                f'(PUT /v1/jobs/{self.name}/states/{name} with {{"kind": ...}})'
-            ) from None
+        """The descriptor of state ``name`` (``state_not_found`` if the job has none)."""
+        return self.states.get(name)
 
     def drop_state(self, name: str) -> None:
+        """Forget state ``name`` and delete what it stored."""
         with self.exclusive():
-            self.descriptor(name)
-            # The checkpoint a live rescale loads from still holds it: dropped here, it would come back.
-            self.keyspace.check_not_frozen(f"dropping state {name!r}")
-            tx = PartitionTransaction(self.partition)
-            tx.delete(META_TABLE, 0, STATE_META + name.encode())
-            tx.commit()
-            del self.descriptors[name]
+            self.states.unregister(name, self.keyspace)
             self.ttl_cleanup.forget(name)
             self.partition.drop_table(name)
             self.changes += 1
@@ -301,54 +238,26 @@ class Job:
     @property
     def epoch(self) -> int:
         """The current writer epoch; writes that name an epoch must name this one."""
-        raw = self.partition.get_meta(EPOCH_META)
-        return int(raw) if raw is not None else 0
+        return self.epochs.current
 
     def fence(self, epoch: int, *, opens_batch: bool = False) -> int:
         """Raise the writer epoch to ``epoch`` (never lower it): writers of older epochs are fenced off.
         ``opens_batch``: a coordinator begins a micro-batch under it (``Staging.in_flight``)."""
-        if epoch > MAX_EPOCH and self.epoch == MAX_EPOCH:
-            # The ceiling is reached only by a fence naming it (a micro-batch raises the epoch by one).
-            raise InvalidArgument(
-                f"job {self.name!r}'s writer epoch is at its ceiling {MAX_EPOCH}: no epoch can follow it (writes "
-                "under it still work). To fence again, delete the job and restore a checkpoint or savepoint taken "
-                "before it was fenced to the ceiling: a snapshot holds the writer epoch it was taken at"
-            )
-        check_range(epoch, "epoch", MAX_EPOCH)  # an epoch past it could never be named again
-        with self.exclusive():
-            current = self.epoch
-            if epoch > current:
-                tx = PartitionTransaction(self.partition)
-                tx.put(META_TABLE, 0, EPOCH_META, str(epoch).encode())
-                tx.commit()
-                current = epoch
-                self.staging.drop()  # what older epochs staged can never commit
-            if opens_batch:
-                self.staging.open_batch(current)
-            return current
+        return self.epochs.fence(epoch, opens_batch=opens_batch)
 
     @property
     def committed_epoch(self) -> int:
         """The last epoch whose staged writes were committed (0: none); restored with a snapshot."""
-        raw = self.partition.get_meta(COMMITTED_EPOCH_META)
-        return int(raw) if raw is not None else 0
+        return self.epochs.committed_epoch
 
     @property
     def committed_batch(self) -> int | None:
-        """The Spark micro-batch the last committed epoch applied (None: no commit named one): the
-        exactly-once anchor, kept with the state, so every snapshot, restore and move carries it."""
-        raw = self.partition.get_meta(COMMITTED_BATCH_META)
-        return int(raw) if raw is not None else None
+        """The Spark micro-batch the last committed epoch applied (None: no commit named one)."""
+        return self.epochs.committed_batch
 
     def check_epoch(self, epoch: int) -> None:
-        check_range(epoch, "epoch", MAX_EPOCH)
-        current = self.epoch
-        if epoch != current:
-            raise StaleEpoch(
-                f"write epoch {epoch} is not the job's current writer epoch {current}: this attempt was fenced off "
-                "(or the coordinator has not fenced yet)",
-                epoch=current,
-            )
+        """Refuse a write naming ``epoch`` unless it is the current writer epoch (``stale_epoch``)."""
+        self.epochs.check(epoch)
 
     # -- keys: where they live is the keyspace's ---------------------------------------------
 
@@ -433,6 +342,7 @@ class Job:
                 self.changes += 1
 
     def close(self) -> None:
+        """Drop what is held in memory for the job and close its partition."""
         self.staging.drop()
         self.ttl_cleanup.clear()
         self.partition.close()
@@ -505,9 +415,7 @@ class JobTransaction:
 
     def record_commit(self, epoch: int, batch: int | None = None) -> None:
         """Commit with this transaction: the staged writes of ``epoch`` (micro-batch ``batch``) are in it."""
-        self._tx.put(META_TABLE, 0, COMMITTED_EPOCH_META, str(epoch).encode())
-        if batch is not None:
-            self._tx.put(META_TABLE, 0, COMMITTED_BATCH_META, str(batch).encode())
+        WriterEpochs.record_commit(self._tx, epoch, batch)
 
     def commit(self) -> bool:
         """Write the transaction's changes; whether there were any."""
