@@ -3,6 +3,7 @@ writer), and the one error type every refusal surfaces as."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,40 @@ CHECKPOINT_OPTIONS = (
 
 class SourceError(Exception):
     """What Spark shows when the data source refuses: one line, saying what to fix."""
+
+
+class ReadMode(enum.Enum):
+    """What a read reads, decided once from its options (:func:`read_mode`): a keyed state, a time
+    domain's timers, the job's states and their sizes, or an operator's state from the live
+    replicas; a keyed state or an operator's state from a checkpoint."""
+
+    KEYED = "keyed"
+    TIMERS = "timers"
+    STATES = "states"
+    OPERATOR = "operator"
+    CHECKPOINT_KEYED = "checkpoint_keyed"
+    CHECKPOINT_OPERATOR = "checkpoint_operator"
+
+    @property
+    def from_checkpoint(self) -> bool:
+        return self in (ReadMode.CHECKPOINT_KEYED, ReadMode.CHECKPOINT_OPERATOR)
+
+
+def read_mode(options: Mapping[str, str]) -> ReadMode:
+    """The read the options name: ``checkpoint`` reads one (an ``operator``'s state, else a keyed
+    state); otherwise the live replicas' ``timers``, else the states (``what``), else an
+    ``operator``'s state, else a keyed state. Which options go together is the parsers' to
+    refuse (:meth:`SourceOptions.parse`, ``CheckpointOptions.parse``)."""
+    given = {k.lower(): v for k, v in options.items()}
+    if "checkpoint" in given:
+        return ReadMode.CHECKPOINT_OPERATOR if given.get("operator") else ReadMode.CHECKPOINT_KEYED
+    if "timers" in given:
+        return ReadMode.TIMERS
+    if "what" in given:
+        return ReadMode.STATES
+    if "operator" in given:
+        return ReadMode.OPERATOR
+    return ReadMode.KEYED
 
 
 def check_known(options: Mapping[str, str], known: tuple[str, ...], doing: str) -> None:

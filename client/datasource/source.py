@@ -7,8 +7,9 @@ become point reads on the keys' owners; filters on ``key_group`` narrow the part
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +30,19 @@ from statehouse.client.datasource.operator import OPERATOR_SCHEMA, broadcast_row
 from statehouse.client.datasource.options import (
     STREAM_WRITE_OPTIONS,
     WRITE_OPTIONS,
+    ReadMode,
     SourceError,
     SourceOptions,
     check_known,
+    read_mode,
     refusal,
 )
 from statehouse.client.errors import StatehouseError
+from statehouse.client.paging import follow, listing
 from statehouse.client.transport import ReplicaConnection
+from statehouse.protocol import routes
 from statehouse.protocol.keygroups import KeyGroupRange, operator_index
+from statehouse.protocol.routes import MAX_SCAN_KEYS, NEXT_CURSOR
 
 # A write applies its rows on top of what the state holds (one epoch); replacing the state would be
 # a clear of every key in that same epoch, which the write protocol has no step for.
@@ -45,8 +51,6 @@ OVERWRITE_REFUSED = (
     "state holds, as one epoch. Use mode('append'); to start over, first write op 'clear' with the keys a read "
     "returns, or drop the state (DELETE /v1/jobs/{job}/states/{state} on every replica) and register it again"
 )
-NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
-MAX_KEYS = 1_000  # keys per point-read request (the server's limit)
 
 
 @dataclass(frozen=True)
@@ -71,21 +75,23 @@ def connect(options: SourceOptions, url: str) -> ReplicaConnection:
 
 
 def scan_path(options: SourceOptions) -> str:
-    return f"/v1/jobs/{options.job}/states/{options.state}/scan"
+    return routes.path(routes.STATE_SCAN, job=options.job, state=options.state)
 
 
 def read_pages(connection: ReplicaConnection, path: str, params: dict[str, Any]) -> Iterator[pa.Table]:
     """Every page of one scan, following its cursor; the pages without their metadata."""
-    cursor = None
-    while True:
+
+    def fetch(cursor: str | None) -> pa.Table:
         query = {**params, **({"cursor": cursor} if cursor else {})}
         answer = connection.request("GET", path, idempotent=True, params=query)
-        table = pa.ipc.open_stream(answer.content).read_all()
+        return pa.ipc.open_stream(answer.content).read_all()
+
+    def next_cursor(table: pa.Table) -> str | None:
         following = (table.schema.metadata or {}).get(NEXT_CURSOR)
+        return None if following is None else following.decode()
+
+    for table in follow(fetch, next_cursor):
         yield table.replace_schema_metadata(None)
-        if following is None:
-            return
-        cursor = following.decode()
 
 
 TIMERS_SCHEMA = pa.schema(
@@ -97,7 +103,6 @@ TIMERS_SCHEMA = pa.schema(
         pa.field("key_group", pa.int32()),
     ]
 )
-LISTING_PAGE = 1_000  # the server's default STATEHOUSE_MAX_PAGE_SIZE
 STATES_SCHEMA = pa.schema(
     [
         pa.field("state", pa.string()),
@@ -114,16 +119,17 @@ STATES_SCHEMA = pa.schema(
 )
 
 
-def describe(options: SourceOptions) -> StateLayout:
-    """The job's layout and the state's Arrow schema (a one-row page of replica 0 has it)."""
+# The schema of each live read but a keyed state's (whose the state's stored values decide).
+VIEW_SCHEMAS = {ReadMode.TIMERS: TIMERS_SCHEMA, ReadMode.STATES: STATES_SCHEMA, ReadMode.OPERATOR: OPERATOR_SCHEMA}
+
+
+def describe(options: SourceOptions, mode: ReadMode = ReadMode.KEYED) -> StateLayout:
+    """The job's layout and the read's Arrow schema (a keyed state's: a one-row page of replica 0 has it)."""
     try:
         with StatehouseClient(options.config) as client:
             job = client.job(options.job)
-            if options.timers is not None or options.what is not None or options.operator is not None:
-                if options.operator is not None:
-                    view = OPERATOR_SCHEMA
-                else:
-                    view = TIMERS_SCHEMA if options.timers is not None else STATES_SCHEMA
+            view = VIEW_SCHEMAS.get(mode)
+            if view is not None:
                 return StateLayout(job.max_parallelism, tuple(client.replicas.urls), "string", view)
             key_type = job.key_type(options.state)
             connection = client.replicas[0]
@@ -135,16 +141,20 @@ def describe(options: SourceOptions) -> StateLayout:
 
 class StatehouseDataSource(DataSource):
     """``spark.dataSource.register(StatehouseDataSource)``, then ``format("statehouse")`` with the
-    options ``urls``, ``job``, ``state`` (and ``op`` to write). See docs/spark.md."""
+    options ``urls``, ``job``, ``state`` (and ``op`` to write). See docs/spark.md. A read's options
+    name one of six reads (:class:`ReadMode`), decided once here; each has its reader."""
+
+    @functools.cached_property
+    def mode(self) -> ReadMode:
+        """The read the options name, decided at the first question (Spark's ``__init__`` is not ours)."""
+        return read_mode(self.options)
 
     @classmethod
     def name(cls) -> str:
         return "statehouse"
 
     def _checkpoint(self) -> Any:
-        """The checkpoint read's options, if ``option("checkpoint", ...)`` is given (else ``None``)."""
-        if not any(k.lower() == "checkpoint" for k in self.options):
-            return None
+        """A checkpoint read's options (the mode is one)."""
         try:
             from statehouse.client.datasource.checkpoint import CheckpointOptions
         except ImportError as exc:
@@ -157,7 +167,7 @@ class StatehouseDataSource(DataSource):
     def _layout(self) -> StateLayout:
         layout = getattr(self, "_known", None)
         if layout is None:
-            layout = self._known = describe(SourceOptions.parse(self.options))
+            layout = self._known = describe(SourceOptions.parse(self.options), self.mode)
         return layout
 
     def _stored(self, checkpoint: Any) -> tuple[list[Any], Any]:
@@ -167,37 +177,30 @@ class StatehouseDataSource(DataSource):
             from statehouse.client.datasource.checkpoint import snapshot_parts, stored_descriptor
 
             parts = snapshot_parts(checkpoint)
-            descriptor = stored_descriptor(checkpoint, parts) if checkpoint.operator is None else None
-            known = self._snapshot = (parts, descriptor)
+            keyed = self.mode is ReadMode.CHECKPOINT_KEYED
+            known = self._snapshot = (parts, stored_descriptor(checkpoint, parts) if keyed else None)
         return known
 
     def schema(self) -> StructType:
-        checkpoint = self._checkpoint()
-        if checkpoint is not None and checkpoint.operator is None:
+        if self.mode is ReadMode.CHECKPOINT_KEYED:
             from statehouse.snapshots.stored.arrow import schema
 
-            return from_arrow_schema(schema(self._stored(checkpoint)[1]))
-        if checkpoint is not None:
+            return from_arrow_schema(schema(self._stored(self._checkpoint())[1]))
+        if self.mode is ReadMode.CHECKPOINT_OPERATOR:
+            self._checkpoint()  # its options are checked when Spark asks for the schema, as a keyed read's
             return from_arrow_schema(OPERATOR_SCHEMA)
         return from_arrow_schema(self._layout().schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        checkpoint = self._checkpoint()
-        if checkpoint is not None:
+        if self.mode.from_checkpoint:
             from statehouse.client.datasource.checkpoint import CheckpointKeyedReader, CheckpointOperatorReader
 
+            checkpoint = self._checkpoint()
             parts, descriptor = self._stored(checkpoint)
-            if descriptor is not None:
+            if self.mode is ReadMode.CHECKPOINT_KEYED:
                 return CheckpointKeyedReader(checkpoint, parts, descriptor)
             return CheckpointOperatorReader(checkpoint, parts)
-        options = SourceOptions.parse(self.options)
-        if options.timers is not None:
-            return TimerReader(options, self._layout())
-        if options.what is not None:
-            return StatesReader(options, self._layout())
-        if options.operator is not None:
-            return OperatorReader(options, self._layout())
-        return StatehouseReader(options, self._layout())
+        return LIVE_READERS[self.mode](SourceOptions.parse(self.options), self._layout())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from statehouse.client.datasource.writer import BatchWriter
@@ -241,7 +244,7 @@ class StatehouseReader(KeyFilterPushdown, DataSourceReader):
         """Ask each replica the plan reads for the state's descriptor, on the driver when Spark plans
         the query: a replica down or a state dropped since ``load()`` is then one error saying what to
         fix, not a task's (Spark puts its own line before a task's error, and retries the task)."""
-        path = f"/v1/jobs/{self.options.job}/states/{self.options.state}"
+        path = routes.path(routes.STATE, job=self.options.job, state=self.options.state)
         for replica in sorted(replicas):
             connection = connect(self.options, self.layout.urls[replica])
             try:
@@ -293,8 +296,8 @@ class StatehouseReader(KeyFilterPushdown, DataSourceReader):
             [base]
             if partition.keys is None
             else [
-                {**base, "key": [str(k) for k in partition.keys[i : i + MAX_KEYS]]}
-                for i in range(0, len(partition.keys), MAX_KEYS)
+                {**base, "key": [str(k) for k in partition.keys[i : i + MAX_SCAN_KEYS]]}
+                for i in range(0, len(partition.keys), MAX_SCAN_KEYS)
             ]
         )
         try:
@@ -309,15 +312,9 @@ class StatehouseReader(KeyFilterPushdown, DataSourceReader):
 
 def listing_pages(connection: ReplicaConnection, path: str) -> Iterator[list[dict[str, Any]]]:
     """The non-empty pages of a paged JSON listing (``items``, ``next_cursor``)."""
-    cursor = None
-    while True:
-        params = {"limit": LISTING_PAGE, **({"cursor": cursor} if cursor else {})}
-        page = json.loads(connection.request("GET", path, idempotent=True, params=params).content)
+    for page in listing(connection, path):
         if page["items"]:
             yield page["items"]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            return
 
 
 class PerReplicaReader(DataSourceReader):
@@ -336,7 +333,7 @@ class TimerReader(PerReplicaReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         url = self.layout.urls[partition.value]
         connection = connect(self.options, url)
-        path = f"/v1/jobs/{self.options.job}/timers/{self.options.timers}"
+        path = routes.path(routes.TIMERS, job=self.options.job, domain=self.options.timers)
         try:
             for items in listing_pages(connection, path):
                 columns = {name: [item[name] for item in items] for name in TIMERS_SCHEMA.names}
@@ -358,9 +355,9 @@ class StatesReader(PerReplicaReader):
         replica: int = partition.value
         url = self.layout.urls[replica]
         connection = connect(self.options, url)
-        base = f"/v1/jobs/{self.options.job}/states"
+        job = self.options.job
         try:
-            for states in listing_pages(connection, base):
+            for states in listing_pages(connection, routes.path(routes.STATES, job=job)):
                 rows: list[dict[str, Any]] = []
                 for state in states:
                     ttl = state.get("ttl") or {}
@@ -373,7 +370,8 @@ class StatesReader(PerReplicaReader):
                         "ttl_ms": ttl.get("ttl_ms"),
                         "replica": replica,
                     }
-                    answer = connection.request("GET", f"{base}/{state['name']}/sizes", idempotent=True)
+                    sizes = routes.path(routes.STATE_SIZES, job=job, state=state["name"])
+                    answer = connection.request("GET", sizes, idempotent=True)
                     groups = json.loads(answer.content)["key_groups"]
                     rows += [
                         {**described, **group} for group in groups or [{"key_group": None, "entries": 0, "bytes": 0}]
@@ -395,15 +393,18 @@ class OperatorReader(PerReplicaReader):
         replica: int = partition.value
         url = self.layout.urls[replica]
         connection = connect(self.options, url)
-        base = f"/v1/jobs/{self.options.job}/operators/{self.options.operator}"
+        job, operator = self.options.job, self.options.operator
         wanted = self.options.state or None
         try:
-            described = connection.json("GET", base)
+            described = connection.json("GET", routes.path(routes.OPERATOR, job=job, operator=operator))
             for listed in described["lists"]:
                 if wanted not in (None, listed["name"]):
                     continue
                 for subtask in listed["subtasks"]:
-                    values = self._list(connection, f"{base}/subtasks/{subtask}/lists/{listed['name']}")
+                    path = routes.path(
+                        routes.OPERATOR_LIST, job=job, operator=operator, index=subtask, name=listed["name"]
+                    )
+                    values = self._list(connection, path)
                     if values:
                         yield list_rows(listed["name"], listed["mode"], subtask, values)
             if replica != 0:
@@ -411,7 +412,8 @@ class OperatorReader(PerReplicaReader):
             for name in described["broadcast"]:
                 if wanted not in (None, name):
                     continue
-                for items in listing_pages(connection, f"{base}/broadcast/{name}/entries"):
+                entries = routes.path(routes.BROADCAST_ENTRIES, job=job, operator=operator, name=name)
+                for items in listing_pages(connection, entries):
                     yield broadcast_rows(name, [(item["key"], item["value"]) for item in items])
         except StatehouseError as exc:
             raise refusal(
@@ -429,5 +431,13 @@ class OperatorReader(PerReplicaReader):
                 return []
             raise
 
+
+# The reader of each live read.
+LIVE_READERS: dict[ReadMode, Callable[[SourceOptions, StateLayout], DataSourceReader]] = {
+    ReadMode.KEYED: StatehouseReader,
+    ReadMode.TIMERS: TimerReader,
+    ReadMode.STATES: StatesReader,
+    ReadMode.OPERATOR: OperatorReader,
+}
 
 __all__ = ["SourceError", "StatehouseDataSource"]
