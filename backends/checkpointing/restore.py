@@ -1,37 +1,35 @@
 """Restore: one replica's key-group range from one or many snapshot parts (Flink's
 ``StateAssignmentOperation`` + the backends' restore operations).
 
-Every part whose key-group range intersects the replica's range contributes: a full part
-through a ranged read of just those key groups, an incremental part by downloading the
-RocksDB files whose key groups overlap them (every file of a part recorded without spans),
-which RocksDB's own reader copies the owned key groups out of. Everything is
-fetched and verified, then bulk-loaded into a new partition beside the live job (the store
-builds it); the caller swaps it in. A corrupt or missing file, or any other failure, leaves
-the live job as it was.
+Every part whose key-group range intersects the replica's range contributes, read by its
+format's reader (:func:`~statehouse.backends.snapshot.restore.part_reader`, the backends'): a
+full part through a ranged read of just those key groups, an incremental part by downloading
+the RocksDB files whose key groups overlap them, which the shared reader copies the owned key
+groups out of. Everything is fetched and verified, then bulk-loaded into a new partition beside
+the live job (the store builds it); the caller swaps it in. A corrupt or missing file, or any
+other failure, leaves the live job as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import islice
 
 from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.base.snapshot import FetchedPart
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.job import Job, stored_descriptors
-from statehouse.backends.rocksdb.snapshot import incremental_records
-from statehouse.backends.rocksdb.space import is_out_of_space
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica, write_ops
+from statehouse.backends.snapshot.restore import part_reader
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import RestoreIncompatible, RestoreIncomplete, SnapshotCorrupt
-from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
-from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
@@ -39,14 +37,6 @@ from statehouse.snapshots.stored.descriptors import StateDescriptor
 # A restore stages what it fetches in a directory named so (in the work directory) and removes it
 # when it ends; one a killed process left is removed at the next start (remove_leftovers).
 STAGING_PREFIX = "statehouse-restore-"
-
-
-@dataclass
-class _FetchedPart:
-    part: SnapshotPart
-    wanted: KeyGroupRange
-    full: FetchedKeyGroups | None = None
-    db_dir: str | None = None
 
 
 def target_range(parts: list[SnapshotPart], replica_index: int, replica_count: int) -> KeyGroupRange:
@@ -98,7 +88,10 @@ def check_coverage(parts: list[SnapshotPart], target: KeyGroupRange) -> list[Sna
 
 
 class RestoreOperation:
-    """Restores one job on one replica from the parts of one snapshot."""
+    """Restores one job on one replica from the parts of one snapshot: fetches and verifies the
+    replica's key groups of every part (each by its format's reader) and the operator state
+    merged for the replica, then builds the restored job beside the live one, for the catalog
+    to swap in. ``entries`` counts what was loaded."""
 
     def __init__(
         self,
@@ -139,18 +132,18 @@ class RestoreOperation:
         try:
             temp = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.work_dir)
         except OSError as exc:
-            raise _insufficient(exc) if is_out_of_space(exc) else exc from None
+            raise _insufficient(exc) if _out_of_space(exc) else exc from None
         try:
             yield temp
         except OSError as exc:
-            if is_out_of_space(exc):
+            if _out_of_space(exc):
                 raise _insufficient(exc) from exc
             raise
         finally:
             gc.collect()
             shutil.rmtree(temp, ignore_errors=True)
 
-    def _fetch_ranges(self, ranges: list[KeyGroupRange], temp: str) -> list[_FetchedPart]:
+    def _fetch_ranges(self, ranges: list[KeyGroupRange], temp: str) -> list[FetchedPart]:
         """Every part's share of ``ranges`` (each covered by the parts), fetched and verified."""
         return [self._fetch(part, target, temp) for target in ranges for part in check_coverage(self.parts, target)]
 
@@ -164,23 +157,14 @@ class RestoreOperation:
 
     # -- fetch: storage -> verified local bytes --------------------------------------------
 
-    def _fetch(self, part: SnapshotPart, target: KeyGroupRange, temp: str) -> _FetchedPart:
-        keyed = part.metadata.keyed
+    def _fetch(self, part: SnapshotPart, target: KeyGroupRange, temp: str) -> FetchedPart:
         wanted = part.metadata.key_group_range.intersection(target)
         self.key_groups_fetched.update(wanted)
-        if isinstance(keyed, KeyGroupsHandle):
-            handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
-            return _FetchedPart(part, wanted, full=fetch_key_groups(self.storage, handle, wanted))
-        assert isinstance(keyed, IncrementalHandle)
-        db_dir = tempfile.mkdtemp(prefix="part-", dir=temp)
-        # Only the files holding these key groups (all of them for a handle without spans).
-        for name, file in keyed.files_for(wanted).items():
-            self.storage.download_verified(file.under(part.directory), os.path.join(db_dir, name))
-        return _FetchedPart(part, wanted, db_dir=db_dir)
+        return part_reader(part).fetch(self.storage, part, wanted, temp)
 
     # -- build: a new job beside the live one -------------------------------------------------
 
-    def _apply(self, fetched: list[_FetchedPart], operator: OperatorSnapshot) -> Job:
+    def _apply(self, fetched: list[FetchedPart], operator: OperatorSnapshot) -> Job:
         job = self.catalog.stage(self.job_name, self.parts[0].metadata.max_parallelism)
         try:
             self._build(job, fetched, operator)
@@ -189,13 +173,13 @@ class RestoreOperation:
             raise
         return job
 
-    def _build(self, job: Job, fetched: list[_FetchedPart], operator: OperatorSnapshot) -> None:
+    def _build(self, job: Job, fetched: list[FetchedPart], operator: OperatorSnapshot) -> None:
         descriptors = _descriptors(self.parts)
         for state in descriptors:
             job.register_state(state)
         _create_tables(job, fetched)
         for item in fetched:
-            self.entries += job.partition.load(self._records(item))
+            self.entries += job.partition.load(item.records())
         self.entries += job.partition.load(write_ops(operator))
         with job.transaction() as tx:  # the micro-batches the restored state holds
             tx.record_commit(*_committed(self.parts))
@@ -203,26 +187,11 @@ class RestoreOperation:
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
 
-    def _records(self, item: _FetchedPart) -> Iterator[WriteOp]:
-        if item.full is not None:
-            for kg, table, primary, secondary, value in item.full.records():
-                yield WriteOp("put", table, kg, primary, secondary, value)
-            return
-        assert item.db_dir is not None
-        keyed = item.part.metadata.keyed
-        assert isinstance(keyed, IncrementalHandle)
-        yield from incremental_records(item.db_dir, keyed, item.wanted, item.part.metadata.max_parallelism)
 
-
-def _create_tables(job: Job, fetched: list[_FetchedPart]) -> None:
+def _create_tables(job: Job, fetched: list[FetchedPart]) -> None:
     """The tables the fetched parts hold records of (a no-op for registered states)."""
     for item in fetched:
-        if item.full is not None:
-            tables = item.full.header.tables
-        else:
-            assert isinstance(item.part.metadata.keyed, IncrementalHandle)
-            tables = item.part.metadata.keyed.tables
-        for table, nested in tables.items():
+        for table, nested in item.tables().items():
             job.partition.create_table(table, nested)
 
 
@@ -266,7 +235,7 @@ class MergeRestore(RestoreOperation):
             (part, chunk)
             for target in self.wanted
             for part in check_coverage(self.parts, target)
-            for chunk in _chunks(part, target)
+            for chunk in part_reader(part).chunks(part, target, LOAD_FETCH_BYTES)
         ]  # refuses a snapshot that does not cover them first
         read_before = self.storage.bytes_read
         try:
@@ -283,10 +252,11 @@ class MergeRestore(RestoreOperation):
                 # clears them).
                 for part, chunk in plan:
                     item = self._fetch(part, chunk, temp)
-                    _create_tables(job, [item])
-                    self.entries += _load(job, self._records(item))
-                    if item.db_dir is not None:
-                        shutil.rmtree(item.db_dir, ignore_errors=True)
+                    try:
+                        _create_tables(job, [item])
+                        self.entries += _load(job, item.records())
+                    finally:
+                        item.release()
                 epoch, batch = _committed(self.parts)
                 if job.committed_epoch < epoch:  # a new job: the micro-batches the loaded state holds
                     with job.transaction() as tx:
@@ -311,25 +281,6 @@ LOAD_BATCH = 5_000
 LOAD_FETCH_BYTES = 32 << 20
 
 
-def _chunks(part: SnapshotPart, target: KeyGroupRange) -> list[KeyGroupRange]:
-    """``part``'s key groups in ``target``, cut into ranges whose full-format sections add up to at
-    most ``LOAD_FETCH_BYTES`` (the handle knows each section's length before anything is read);
-    an incremental part's are one range (its files are downloaded to disk, not held in memory)."""
-    wanted = part.metadata.key_group_range.intersection(target)
-    keyed = part.metadata.keyed
-    if not isinstance(keyed, KeyGroupsHandle) or not len(wanted):
-        return [wanted] if len(wanted) else []
-    chunks, start, size = [], wanted.start, 0
-    for kg in wanted:
-        length = keyed.offsets.section(kg).length
-        if size and size + length > LOAD_FETCH_BYTES:
-            chunks.append(KeyGroupRange(start, kg - 1))
-            start, size = kg, 0
-        size += length
-    chunks.append(KeyGroupRange(start, wanted.end))
-    return chunks
-
-
 def _load(job: Job, records: Iterator[WriteOp]) -> int:
     """Write ``records`` into the live job a batch at a time, each under its lock: requests for
     the key groups it serves go on between batches, memory stays one batch."""
@@ -339,6 +290,10 @@ def _load(job: Job, records: Iterator[WriteOp]) -> int:
             job.partition.write(batch)
         written += len(batch)
     return written
+
+
+def _out_of_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _insufficient(exc: OSError) -> InsufficientStorage:

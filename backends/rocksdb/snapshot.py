@@ -6,31 +6,35 @@ previous completed checkpoint of the same database did not have (shared, by refe
 then on; the options file too) and the few other files (private). Savepoints and full checkpoints use the canonical
 strategy (``statehouse.backends.snapshot.full_strategy``).
 
-A restore reads an incremental part by opening its downloaded files as a read-only database
-and copying the wanted key groups out (Flink's "copy" restore path): correct for any rescale
-and for either target backend. The handle records each table file's key groups, so a restore of
-some key groups downloads only the files that can hold them (plus the small private ones) and
-rebuilds the MANIFEST from those; files flushed from memtables (level 0) usually span every
-key group and are always among them.
+A restore reads an incremental part (:class:`IncrementalPartRestore`) by opening its downloaded
+files as a read-only database and copying the wanted key groups out (Flink's "copy" restore
+path): correct for any rescale and for either target backend. The handle records each table
+file's key groups, so a restore of some key groups downloads only the files that can hold them
+(plus the small private ones); files flushed from memtables (level 0) usually span every key
+group and are always among them. The reading is the shared reader's
+(:mod:`statehouse.snapshots.incremental`), which the Spark data source uses too.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 
 from statehouse.backends.base.partition import WriteOp
-from statehouse.backends.job import Job
+from statehouse.backends.base.snapshot import PartReader, SnapshotSource
 from statehouse.backends.reserved import keyed_tables
-from statehouse.backends.rocksdb.partition import KeyLayout, RocksDBFrozenView, RocksDBPartition, rebuild_manifest
+from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
+from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
+from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
 
 
@@ -60,12 +64,15 @@ MOVE_FILE_BYTES = 4 << 20
 
 
 class IncrementalSnapshotStrategy(JobStrategy):
+    """Flink's ``RocksIncrementalSnapshotStrategy`` over a job's RocksDB partition: a native
+    checkpoint, then the SST files the previous checkpoint of the same database lacks."""
+
     format: SnapshotFormat = "incremental"
 
     def __init__(self, move_file_bytes: int | None = None) -> None:
         self.move_file_bytes = move_file_bytes  # None: no compaction before a move's checkpoint
 
-    def settle(self, job: Job) -> None:
+    def settle(self, job: SnapshotSource) -> None:
         """A checkpoint of a job a live rescale froze is the one the move's loads read: compact
         the key groups moving out into files of about ``move_file_bytes`` first, so that no
         file of them spans key groups that stay (table files flushed from memtables, level 0,
@@ -79,7 +86,7 @@ class IncrementalSnapshotStrategy(JobStrategy):
         partition.flush()
         partition.compact_key_groups(list(keyed_tables(partition.tables())), frozen, self.move_file_bytes)
 
-    def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
+    def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
         assert isinstance(partition, RocksDBPartition), "the RocksDB store only opens RocksDB partitions"
         view = partition.freeze()
@@ -134,29 +141,44 @@ class IncrementalSnapshotStrategy(JobStrategy):
         return AsyncSnapshot(view, body)
 
 
-def incremental_records(
-    db_dir: str, handle: IncrementalHandle, wanted: KeyGroupRange, max_parallelism: int
-) -> Iterator[WriteOp]:
-    """The keyed entries of ``wanted`` key groups in an incremental part's downloaded files:
-    ``handle.files_for(wanted)``, all of the part's files or only those whose key groups overlap
-    ``wanted`` (then the MANIFEST is rebuilt from them first)."""
-    fetched = handle.files_for(wanted)
-    if len(fetched) < len(handle.shared) + len(handle.private):
-        present = rebuild_manifest(db_dir, handle.tables)
-        lost = sorted(n for n in fetched if n.endswith(".sst") and n not in present)
-        if lost:
-            raise SnapshotCorrupt(f"an incremental part's table files {lost} could not be read")
-    source = RocksDBFrozenView(db_dir, KeyLayout(max_parallelism, dict(handle.tables)))
-    try:
+class FetchedIncremental:
+    """Some key groups of an incremental part, downloaded into a directory of their own and
+    opened read-only by the shared reader (:class:`~statehouse.snapshots.incremental.IncrementalPartReader`)."""
+
+    def __init__(self, reader: IncrementalPartReader) -> None:
+        self.reader = reader
+
+    def tables(self) -> dict[str, bool]:
+        return self.reader.tables()
+
+    def records(self) -> Iterator[WriteOp]:
+        for table in self.reader.tables():
+            for kg, primary, secondary, value in self.reader.records(table):
+                yield WriteOp("put", table, kg, primary, secondary, value)
+
+    def release(self) -> None:
+        self.reader.close()
+        shutil.rmtree(self.reader.directory, ignore_errors=True)
+
+
+class IncrementalPartRestore(PartReader):
+    """RocksDB's restore of an incremental part (Flink's "copy" restore path, into either
+    backend): the files that can hold the wanted key groups, downloaded to disk, their entries
+    copied out. A part's files are on disk, not in memory: one chunk, whatever its size."""
+
+    def chunks(self, part: SnapshotPart, wanted: KeyGroupRange, max_bytes: int) -> list[KeyGroupRange]:
+        share = part.metadata.key_group_range.intersection(wanted)
+        return [share] if len(share) else []
+
+    def fetch(
+        self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
+    ) -> FetchedIncremental:
+        directory = tempfile.mkdtemp(prefix="part-", dir=work_dir)
         try:
-            stored = source.stored_max_parallelism()
-        except Exception as exc:  # rocksdict raises a bare Exception for a missing column family
-            raise SnapshotCorrupt(f"an incremental part's database cannot be read: {exc}") from exc
-        if stored != max_parallelism:
-            raise SnapshotCorrupt("an incremental part's database disagrees with its metadata")
-        for table in handle.tables:
-            for kg in wanted:
-                for primary, secondary, value in source.scan(table, kg):
-                    yield WriteOp("put", table, kg, primary, secondary, value)
-    finally:
-        source.release()
+            return FetchedIncremental(IncrementalPartReader.download(storage, part, wanted, directory))
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+
+INCREMENTAL_RESTORE = IncrementalPartRestore()

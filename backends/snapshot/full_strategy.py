@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statehouse.backends.job import Job
+from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import write_key_groups
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
@@ -15,11 +15,12 @@ from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.metadata import SnapshotFormat
 from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult, SnapshotStrategy
 
-JobStrategy = SnapshotStrategy[Job]
-"""What a store's :meth:`~statehouse.backends.base.store.Store.snapshot_strategy` returns."""
+JobStrategy = SnapshotStrategy[SnapshotSource]
+"""What a store's :meth:`~statehouse.backends.base.store.Store.snapshot_strategy` returns: a
+strategy over what it reads of a job (``Job`` is one), not over ``Job`` itself, which sits above."""
 
 
-def descriptor_dicts(job: Job) -> list[dict[str, Any]]:
+def descriptor_dicts(job: SnapshotSource) -> list[dict[str, Any]]:
     """The job's keyed-state descriptors as a snapshot stores them (sorted by name)."""
     return [job.descriptors[name].to_dict() for name in sorted(job.descriptors)]
 
@@ -38,7 +39,7 @@ class FullSnapshotStrategy(JobStrategy):
 
     format: SnapshotFormat = "full"
 
-    def prepare(self, job: Job, ctx: SnapshotContext) -> AsyncSnapshot:
+    def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         view = job.partition.freeze()
         states = descriptor_dicts(job)
         header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)

@@ -13,6 +13,9 @@ from statehouse.snapshots.stored.codec import split_nested_key
 # its column family gets a name no state can have ("$" cannot occur in names).
 DEFAULT_FAMILY = "default"
 _DEFAULT_STATE_FAMILY = "$default"
+# The job's max parallelism, a row of the default column family (the job's metadata): a reader
+# of a database checks it against the snapshot's metadata before cutting keys by it.
+MAX_PARALLELISM_KEY = b"max_parallelism"
 
 
 def column_family(table: str) -> str:

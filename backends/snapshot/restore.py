@@ -1,0 +1,84 @@
+"""Reading a snapshot part back, by its format: the canonical full format's (here: ranged reads
+of just the wanted key-group sections) and RocksDB's incremental one
+(:class:`~statehouse.backends.rocksdb.snapshot.IncrementalPartRestore`). The restore above
+(``statehouse.backends.checkpointing.restore``) asks :func:`part_reader` for a part's reader and
+loads what it fetches, whichever format and backend wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.base.snapshot import PartReader
+from statehouse.backends.rocksdb.snapshot import INCREMENTAL_RESTORE
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
+from statehouse.snapshots.handles import KeyGroupsHandle
+from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
+from statehouse.snapshots.storage.base import CheckpointStorage
+
+
+def key_groups_handle(part: SnapshotPart) -> KeyGroupsHandle:
+    """The part's keyed handle, which must be a full one, its stream's path root-relative."""
+    keyed = part.metadata.keyed
+    if not isinstance(keyed, KeyGroupsHandle):
+        raise SnapshotCorrupt(f"part {part.directory} is recorded as {part.metadata.format} but holds no full handle")
+    return KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
+
+
+class FetchedFullPart:
+    """Verified, still compressed sections of some key groups of a full part, in memory."""
+
+    def __init__(self, fetched: FetchedKeyGroups) -> None:
+        self.fetched = fetched
+
+    def tables(self) -> dict[str, bool]:
+        return dict(self.fetched.header.tables)
+
+    def records(self) -> Iterator[WriteOp]:
+        for kg, table, primary, secondary, value in self.fetched.records():
+            yield WriteOp("put", table, kg, primary, secondary, value)
+
+    def release(self) -> None:
+        """Nothing on disk; the sections go with this object."""
+
+
+class FullPartRestore(PartReader):
+    """The canonical format's restore (heap checkpoints, RocksDB full checkpoints, savepoints):
+    the header and one ranged read of the wanted key groups' sections, each checked."""
+
+    def chunks(self, part: SnapshotPart, wanted: KeyGroupRange, max_bytes: int) -> list[KeyGroupRange]:
+        """The handle knows each section's length before anything is read."""
+        share = part.metadata.key_group_range.intersection(wanted)
+        if not len(share):
+            return []
+        offsets = key_groups_handle(part).offsets
+        chunks, start, size = [], share.start, 0
+        for kg in share:
+            length = offsets.section(kg).length
+            if size and size + length > max_bytes:
+                chunks.append(KeyGroupRange(start, kg - 1))
+                start, size = kg, 0
+            size += length
+        chunks.append(KeyGroupRange(start, share.end))
+        return chunks
+
+    def fetch(
+        self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
+    ) -> FetchedFullPart:
+        return FetchedFullPart(fetch_key_groups(storage, key_groups_handle(part), wanted))
+
+
+FULL_RESTORE = FullPartRestore()
+
+_READERS: dict[SnapshotFormat, PartReader] = {"full": FULL_RESTORE, "incremental": INCREMENTAL_RESTORE}
+
+
+def part_reader(part: SnapshotPart) -> PartReader:
+    """The reader of ``part``'s format."""
+    reader = _READERS.get(part.metadata.format)
+    if reader is None:
+        raise SnapshotCorrupt(f"part {part.directory} has an unknown format {part.metadata.format!r}")
+    return reader

@@ -1,0 +1,173 @@
+"""An incremental RocksDB part read back: the one reader a server's restore and the Spark data
+source share (a checkpoint reader without a server installs the client distribution's
+``checkpoint`` extra, which brings rocksdict).
+
+A part's handle records each table file's key groups (:meth:`IncrementalHandle.files_for`), so
+a read of some key groups downloads only the files that can hold them, plus the small private
+ones, and rebuilds the MANIFEST from those (RocksDB's repair: every file present at level 0,
+where reads resolve a key's versions by sequence number as before). The files are opened
+read-only, the database's recorded max parallelism is checked against the part's metadata, and
+each table's keys of the wanted key groups are cut back by the backend's key layout
+(:mod:`statehouse.snapshots.stored.keys`): one bounded scan per table, as every key group range
+is one byte range.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import IncrementalHandle
+from statehouse.snapshots.metadata import SnapshotPart
+from statehouse.snapshots.storage.base import CheckpointStorage
+from statehouse.snapshots.stored.keys import (
+    DEFAULT_FAMILY,
+    MAX_PARALLELISM_KEY,
+    column_family,
+    key_group_prefix,
+    key_group_prefix_width,
+    prefix_successor,
+    split_key,
+)
+
+if TYPE_CHECKING:
+    from rocksdict import Options, Rdict
+
+# (key group, primary, secondary, stored value) of one table
+Record = tuple[int, bytes, bytes, bytes]
+
+
+def incremental_handle(part: SnapshotPart) -> IncrementalHandle:
+    """The part's keyed handle, which must be an incremental one."""
+    keyed = part.metadata.keyed
+    if not isinstance(keyed, IncrementalHandle):
+        raise SnapshotCorrupt(
+            f"part {part.directory} is recorded as {part.metadata.format} but holds no incremental handle"
+        )
+    return keyed
+
+
+def _options() -> Options:
+    from rocksdict import Options
+
+    options = Options(raw_mode=True)  # the backend stores bytes as they are
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.set_disable_auto_compactions(True)  # read once, then removed: nothing to compact
+    return options
+
+
+def _rebuild_manifest(path: str, tables: dict[str, bool]) -> list[str]:
+    """Make a database whose MANIFEST lists table files that are not there openable from the
+    files that are; a table none of whose files is present gets an empty column family. Returns
+    the table files the new MANIFEST lists: a file repair could not read is set aside, not
+    listed, so the caller checks."""
+    from rocksdict import Rdict
+
+    options = _options()
+    Rdict.repair(path, options)
+    families = {cf: options for cf in Rdict.list_cf(path, options) if cf != DEFAULT_FAMILY}
+    families.update({column_family(t): options for t in tables})
+    db = Rdict(path, options, column_families=families)
+    try:
+        return sorted(os.path.basename(f["name"]) for f in db.live_files())
+    finally:
+        db.close()
+
+
+class IncrementalPartReader:
+    """The ``wanted`` key groups of one incremental part, downloaded into ``directory`` (which
+    the caller owns and removes) and opened read-only. Use :meth:`download`, then
+    :meth:`records` per table, then :meth:`close` (or use it as a context manager)."""
+
+    def __init__(self, directory: str, part: SnapshotPart, wanted: KeyGroupRange) -> None:
+        self.directory = directory
+        self.handle = incremental_handle(part)
+        self.max_parallelism = part.metadata.max_parallelism
+        self.wanted = part.metadata.key_group_range.intersection(wanted)
+        self._db: Rdict | None = None
+        self._families: dict[str, Any] = {}
+
+    @classmethod
+    def download(
+        cls, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, directory: str
+    ) -> IncrementalPartReader:
+        """Download (verified) the files of ``part`` that can hold ``wanted``'s key groups into
+        the empty ``directory`` and open them, checking the database against the metadata."""
+        reader = cls(directory, part, wanted)
+        handle = reader.handle
+        fetched = handle.files_for(reader.wanted)
+        for name, file in fetched.items():
+            storage.download_verified(file.under(part.directory), os.path.join(directory, name))
+        if len(fetched) < len(handle.shared) + len(handle.private):
+            present = _rebuild_manifest(directory, handle.tables)
+            lost = sorted(n for n in fetched if n.endswith(".sst") and n not in present)
+            if lost:
+                raise SnapshotCorrupt(f"an incremental part's table files {lost} could not be read")
+        reader.open()
+        return reader
+
+    def open(self) -> None:
+        """Open the downloaded files read-only; refuses a database that is not the part's."""
+        from rocksdict import AccessType, Rdict
+
+        options = _options()
+        try:
+            families = {cf: options for cf in Rdict.list_cf(self.directory, options) if cf != DEFAULT_FAMILY}
+            self._db = Rdict(self.directory, options, column_families=families, access_type=AccessType.read_only())
+            stored = self._db.get(MAX_PARALLELISM_KEY)
+        except Exception as exc:  # rocksdict raises bare Exceptions (a missing column family, a torn file)
+            self.close()
+            raise SnapshotCorrupt(f"an incremental part's database cannot be read: {exc}") from exc
+        if stored is None or int(stored) != self.max_parallelism:
+            self.close()
+            raise SnapshotCorrupt(
+                f"an incremental part's database records max parallelism {stored!r}, its metadata "
+                f"{self.max_parallelism}: they disagree"
+            )
+        self._families = {
+            t: self._db.get_column_family(column_family(t)) for t in self.handle.tables if column_family(t) in families
+        }
+
+    def tables(self) -> dict[str, bool]:
+        """The part's keyed tables, name -> nested."""
+        return dict(self.handle.tables)
+
+    def records(self, table: str) -> Iterator[Record]:
+        """``table``'s entries in the wanted key groups, in key (so key group) order."""
+        from rocksdict import ReadOptions
+
+        family = self._families.get(table)
+        if family is None or not len(self.wanted):
+            return
+        width = key_group_prefix_width(self.max_parallelism)
+        nested = self.handle.tables[table]
+        lower = key_group_prefix(self.wanted.start, width)
+        upper = prefix_successor(key_group_prefix(self.wanted.end, width))
+        read_options = ReadOptions()
+        read_options.set_iterate_lower_bound(lower)
+        if upper is not None:
+            read_options.set_iterate_upper_bound(upper)
+        it = family.iter(read_options)
+        try:
+            it.seek(lower)
+            while it.valid():
+                yield (*split_key(it.key(), width, nested), it.value())
+                it.next()
+        finally:
+            del it  # before the database can close
+
+    def close(self) -> None:
+        self._families.clear()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> IncrementalPartReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
