@@ -49,6 +49,11 @@ def _uploading(info: dict[str, Any]) -> bool:
 
 
 class CheckpointCoordinator:
+    """The global checkpoints of one job (Flink's ``CheckpointCoordinator``): triggers a checkpoint
+    or savepoint on every replica, waits for every part's upload and completes it everywhere, or
+    aborts it everywhere; lists those every replica completed; restores every replica from one.
+    ``timeout`` bounds the wait for the uploads."""
+
     def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
         self.job = job
         self.timeout = timeout

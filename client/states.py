@@ -28,6 +28,12 @@ class BatchOpener(Protocol):
 
 
 class StateHandle:
+    """One keyed state of a job, as Flink's state interfaces show it (``job.value_state(name)``
+    and its siblings): each one-key method is one batch (of one operation; ``put_all``'s of one
+    per entry) sent to the key's owner and answered before it returns; each ``*_many`` method is
+    one columnar request per owner over a whole column of keys. Keys are of the state's key
+    type, ``ns`` its namespace (default "")."""
+
     def __init__(self, job: BatchOpener, name: str) -> None:
         self._job = job
         self.name = name
@@ -47,6 +53,9 @@ class StateHandle:
 
 
 class ValueStateHandle(StateHandle):
+    """A value state (Flink's ``ValueState``): one value per key, ``None`` (or the state's
+    default) where none was put."""
+
     def value(self, key: Any, ns: str = "") -> Any:
         return self._one("get", key, ns)
 
@@ -66,6 +75,9 @@ class ValueStateHandle(StateHandle):
 
 
 class ListStateHandle(StateHandle):
+    """A list state (Flink's ``ListState``): a list per key, appended to or replaced whole; ``[]``
+    where it holds none."""
+
     def get(self, key: Any, ns: str = "") -> list[Any]:
         return self._one("get", key, ns) or []
 
@@ -92,6 +104,9 @@ class ListStateHandle(StateHandle):
 
 
 class MapStateHandle(StateHandle):
+    """A map state (Flink's ``MapState``): per key, entries by ``user_key``, each read, put, folded
+    (``add``, with the map's function) or removed on its own; ``entries`` reads them all."""
+
     def get(self, key: Any, user_key: str, ns: str = "") -> Any:
         return self._one("map_get", key, ns, user_key=user_key)
 

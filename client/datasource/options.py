@@ -84,6 +84,9 @@ def check_known(options: Mapping[str, str], known: tuple[str, ...], doing: str) 
 
 @dataclass(frozen=True)
 class SourceOptions:
+    """A live read's or a write's options, checked (:meth:`parse`): where the replicas are and
+    how to reach them (``config``), which job and state, and what the read or write does."""
+
     config: ClientConfig
     job: str
     state: str

@@ -230,6 +230,10 @@ class ScanPartition(InputPartition):
 
 
 class StatehouseReader(KeyFilterPushdown, DataSourceReader):
+    """A keyed state's rows from the live replicas: one input partition per replica and key-group
+    sub-range (``partitions_per_replica``), each paging through its replica's scan; with key
+    filters pushed down, one partition per owner of the keys, reading only them."""
+
     def __init__(self, options: SourceOptions, layout: StateLayout) -> None:
         self.options, self.layout = options, layout
         self.first, self.last = 0, layout.max_parallelism - 1  # the key groups filters leave
