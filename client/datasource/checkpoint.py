@@ -10,14 +10,14 @@ role), the endpoint of an S3-compatible server from ``option("s3_endpoint_url", 
 Keyed state (``option("state", ...)``) reads as the live read does (the same schema, built by
 the same code, ``statehouse.snapshots.stored.arrow``): one input partition per part and key-group sub-range.
 A full or savepoint part (the canonical format) is range-read: the header and just the sections
-of the partition's key groups; an incremental RocksDB part's files are downloaded to a temporary
-directory of the task, opened read-only, and removed after. Key filters read the keys' key
+of the partition's key groups; of an incremental RocksDB part, the files that can hold the
+partition's key groups are downloaded to a temporary directory of the task, read by the server's
+own reader (``statehouse.snapshots.incremental``), and removed after. Key filters read the keys' key
 groups only. Operator state (``option("operator", ...)``) is one partition per part.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -36,20 +36,13 @@ from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
 from statehouse.snapshots.full_format import fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
+from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorStateData, list_elements
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
 from statehouse.snapshots.stored.arrow import Row, decode_record, rows_table
 from statehouse.snapshots.stored.codec import encode_key
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from statehouse.snapshots.stored.keys import (
-    DEFAULT_FAMILY,
-    column_family,
-    key_group_prefix,
-    key_group_prefix_width,
-    prefix_successor,
-    split_key,
-)
 
 Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, record
 
@@ -251,42 +244,19 @@ def part_records(storage: CheckpointStorage, part: SnapshotPart, table: str, wan
             if name == table:
                 yield kg, primary, secondary, value
         return
-    assert isinstance(keyed, IncrementalHandle)
-    yield from _incremental_records(storage, part, keyed, table, wanted)
+    if isinstance(keyed, IncrementalHandle) and table in keyed.tables:
+        yield from _incremental_records(storage, part, table, wanted)
 
 
 def _incremental_records(
-    storage: CheckpointStorage, part: SnapshotPart, keyed: IncrementalHandle, table: str, wanted: KeyGroupRange
+    storage: CheckpointStorage, part: SnapshotPart, table: str, wanted: KeyGroupRange
 ) -> Iterator[Stored]:
-    """An incremental part's files downloaded to a directory of this task (removed after) and opened
-    read-only: the RocksDB the replica checkpointed, read by the backend's key layout."""
-    from rocksdict import AccessType, Options, Rdict, ReadOptions
-
-    if table not in keyed.tables:
-        return
+    """An incremental part's files that can hold ``wanted``'s key groups, downloaded to a
+    directory of this task (removed after) and read by the shared reader, which the server's
+    restore uses too (it checks the database's max parallelism against the metadata)."""
     work = tempfile.mkdtemp(prefix="statehouse-part-")
     try:
-        for name, file in {**keyed.shared, **keyed.private}.items():
-            storage.download_verified(file.under(part.directory), os.path.join(work, name))
-        options = Options(raw_mode=True)
-        families = {cf: Options(raw_mode=True) for cf in Rdict.list_cf(work, options) if cf != DEFAULT_FAMILY}
-        db = Rdict(work, options, column_families=families, access_type=AccessType.read_only())
-        try:
-            width = key_group_prefix_width(part.metadata.max_parallelism)
-            lower = key_group_prefix(wanted.start, width)
-            read_options = ReadOptions()
-            read_options.set_iterate_lower_bound(lower)
-            upper = prefix_successor(key_group_prefix(wanted.end, width))
-            if upper is not None:
-                read_options.set_iterate_upper_bound(upper)
-            it = db.get_column_family(column_family(table)).iter(read_options)
-            it.seek(lower)
-            nested = keyed.tables[table]
-            while it.valid():
-                yield (*split_key(it.key(), width, nested), it.value())
-                it.next()
-            del it
-        finally:
-            db.close()
+        with IncrementalPartReader.download(storage, part, wanted, work) as reader:
+            yield from reader.records(table)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -168,6 +168,63 @@ def test_the_layer_check_catches_an_upward_import():
     ]
 
 
+# Inside backends/: what sits below ``Job`` (the backends' interface, the state kinds, the two
+# backends with their snapshot strategies and part readers) and what sits above it (the job, its
+# catalog, the checkpoint coordinator). A strategy reads a job through
+# ``backends.base.snapshot.SnapshotSource``; the coordinator asks a part's reader for its format
+# (``backends.snapshot.restore.part_reader``) and the store for its strategy, never a backend's
+# own modules.
+BELOW_JOB = ("base", "keyed", "heap", "rocksdb", "snapshot")
+ABOVE_JOB = ("job", "catalog", "checkpointing")
+BACKENDS = ("heap", "rocksdb")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of ``statehouse.backends.<package>`` or inside one."""
+    return any(module == f"statehouse.backends.{p}" or module.startswith(f"statehouse.backends.{p}.") for p in packages)
+
+
+def engine_wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of the job, its catalog or the checkpoint coordinator from below ``Job``, and
+    each import of a backend's own modules by the coordinator, as ``importer -> imported``."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if (_within(name, BELOW_JOB) and _within(target, ABOVE_JOB))
+        or (_within(name, ("checkpointing",)) and _within(target, BACKENDS))
+    )
+
+
+def test_nothing_below_job_imports_it():
+    assert engine_wrong_way(import_graph()) == []
+
+
+def test_the_engine_check_catches_an_import_of_job_from_below():
+    """Self-check: a strategy importing ``Job`` (even only for the type checker), a backend
+    importing the coordinator, and the coordinator importing RocksDB's modules are caught; a
+    module whose name merely starts like one above (``jobs``) and imports going down are not."""
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from statehouse.backends.job import Job\n"
+    assert "statehouse.backends.job" in imported_names(source, "backends/snapshot/example.py")
+    graph = {
+        "statehouse.backends.snapshot.full_strategy": {"statehouse.backends.job", "statehouse.backends.base.snapshot"},
+        "statehouse.backends.heap.store": {"statehouse.backends.checkpointing.restore"},
+        "statehouse.backends.rocksdb": {"statehouse.backends.catalog", "statehouse.backends.jobs"},
+        "statehouse.backends.checkpointing.restore": {
+            "statehouse.backends.rocksdb.snapshot",
+            "statehouse.backends.snapshot.restore",
+            "statehouse.backends.job",
+        },
+        "statehouse.backends.job": {"statehouse.backends.snapshot.operator_format", "statehouse.backends.heap"},
+    }
+    assert engine_wrong_way(graph) == [
+        "statehouse.backends.checkpointing.restore -> statehouse.backends.rocksdb.snapshot",
+        "statehouse.backends.heap.store -> statehouse.backends.checkpointing.restore",
+        "statehouse.backends.rocksdb -> statehouse.backends.catalog",
+        "statehouse.backends.snapshot.full_strategy -> statehouse.backends.job",
+    ]
+
+
 def test_no_module_imports_another_ones_private_names():
     found = {
         str(path.relative_to(REPO)): names
