@@ -10,6 +10,7 @@ from typing import Any
 from statehouse.client.cli.common import connection_options, emit, job_client, job_names, open_client
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.errors import StatehouseError
+from statehouse.protocol import routes
 
 HELP = "replicas, topology version, jobs, ranges, latest global checkpoint"
 
@@ -63,8 +64,9 @@ def _not_serving(job: dict[str, Any]) -> str:
     lacking = [str(i) for i, r in enumerate(job["key_group_ranges"]) if r is None]
     if lacking:  # a create that stopped half way, or a replica restored without the job
         body = json.dumps({"max_parallelism": job["max_parallelism"]})
+        create = f"PUT {routes.path(routes.JOB, job=job['job'])} {body}"
         return (
-            f"missing on replica {', '.join(lacking)}: create it there, PUT /v1/jobs/{job['job']} {body}, "
+            f"missing on replica {', '.join(lacking)}: create it there, {create}, "
             f"or restore it from a checkpoint: statehouse restore {job['job']} --latest"
         )
     return f"its data is of another layout: restore it, statehouse restore {job['job']} --latest"
