@@ -25,6 +25,15 @@ logger = logging.getLogger(__name__)
 
 
 class JobCatalog:
+    """The jobs this replica serves, by name, over one :class:`Store` (heap or RocksDB).
+
+    It owns the map of names to jobs (a job found on disk is opened on first use), the replica's
+    place in the topology every job it opens is given (index, count, topology version, whether
+    it serves), and the persisted layout that records each job's key-group range. It is where a
+    job is created, looked up, deleted and closed, and where a restore builds a job beside the
+    live one and swaps it in (:meth:`stage`, :meth:`swap`). One lock orders opening, creation,
+    deletion and swaps; a lookup of an open job takes none."""
+
     def __init__(
         self,
         store: Store,

@@ -63,6 +63,16 @@ class TransactionSource(Protocol):
 
 
 class PartitionTransaction:
+    """The pending changes of one request over a :class:`TransactionSource` (a partition, or a
+    task attempt's staged view), read through and committed as one atomic write.
+
+    It owns the uncommitted writes: flat tables' values per (key group, primary) (or a columnar
+    put's rows as they came), nested tables' entries per primary with their clears, and the
+    write guard every caller's write is checked with (a live rescale's frozen key groups). A
+    read sees the transaction's own writes over the source's data, so a batch of operations
+    reads what it wrote before; a failed operation rolls all of them back, and nothing reached
+    the source. Typed access to a job's states is ``JobTransaction``'s, over one of these."""
+
     def __init__(self, partition: TransactionSource, guard: WriteGuard | None = None) -> None:
         self.partition = partition
         # Every write the caller makes is checked by it (TTL cleanups are not: they change
