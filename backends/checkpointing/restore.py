@@ -179,13 +179,17 @@ class RestoreOperation:
             job.register_state(state)
         _create_tables(job, fetched)
         for item in fetched:
-            self.entries += job.partition.load(item.records())
+            self.entries += job.partition.load(self._records(item))
         self.entries += job.partition.load(write_ops(operator))
         with job.transaction() as tx:  # the micro-batches the restored state holds
             tx.record_commit(*_committed(self.parts))
         # Verify what the swapped-in job will serve: the states as stored, after every write.
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
+
+    def _records(self, item: FetchedPart) -> Iterator[WriteOp]:
+        """The writes a fetched part loads, whichever format it was read from."""
+        return item.records()
 
 
 def _create_tables(job: Job, fetched: list[FetchedPart]) -> None:
@@ -254,7 +258,7 @@ class MergeRestore(RestoreOperation):
                     item = self._fetch(part, chunk, temp)
                     try:
                         _create_tables(job, [item])
-                        self.entries += _load(job, item.records())
+                        self.entries += _load(job, self._records(item))
                     finally:
                         item.release()
                 epoch, batch = _committed(self.parts)
