@@ -6,6 +6,12 @@ then on, to the connections that exist and to new ones:
 
 - ``delay`` (and ``jitter``): every chunk forwarded waits ``delay`` seconds, plus up to ``jitter``
   more at random, in either direction (a slow link);
+- ``rate``: each direction of each connection carries at most ``rate`` bytes a second (a narrow
+  link: a large upload or download takes its size over ``rate``);
+- ``stall`` (with ``stall_s``): a chunk is held ``stall_s`` seconds with probability ``stall``, the
+  connection otherwise intact (what packet loss does to TCP: a retransmission timeout, nothing lost);
+- ``cut``: with probability ``cut`` a chunk is not forwarded and its connection is reset instead (a
+  link that breaks in the middle of a transfer: the peer sees a reset, part of a body sent);
 - ``drop``: bytes are read and thrown away, both ways, the connections kept open (a link that
   silently loses everything: the peer sees nothing until its own timeout);
 - ``reset``: every connection is reset (RST) at once, and new ones as they arrive;
@@ -15,8 +21,8 @@ then on, to the connections that exist and to new ones:
   ``match`` is thrown away once the server sent it, and the connection reset: the server acted,
   the client never learns how (a response lost after the request reached the server).
 
-``proxy.counts`` tallies connections, resets and swallowed answers, for a test to check that its
-faults happened. Use it as a context manager, or ``start()`` / ``stop()``.
+``proxy.counts`` tallies connections, resets (``cuts`` among them), stalls and swallowed answers,
+for a test to check that its faults happened. Use it as a context manager, or ``start()`` / ``stop()``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ class Faults:
 
     delay: float = 0.0
     jitter: float = 0.0
+    rate: float = 0.0  # bytes a second per direction of a connection; 0: unlimited
+    stall: float = 0.0  # probability that a chunk is held stall_s seconds
+    stall_s: float = 1.0
+    cut: float = 0.0  # probability that a chunk resets its connection instead of being forwarded
     drop: bool = False
     reset: bool = False
     half_open: bool = False
@@ -67,6 +77,11 @@ class _Link:
         for sock in (self.client, self.server):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            # The other direction's thread is blocked reading this socket, and the kernel keeps a
+            # socket open while a read is in progress: without waking that read (SHUT_RD sends
+            # nothing), close() would not reset the connection and the peer would wait for its timeout.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -219,6 +234,15 @@ class FaultyProxy:
                 faults = self.faults
                 if faults.delay or faults.jitter:
                     time.sleep(faults.delay + self._random.random() * faults.jitter)
+                if faults.rate:
+                    time.sleep(len(data) / faults.rate)
+                if faults.stall and self._random.random() < faults.stall:
+                    self.counts["stalls"] += 1
+                    time.sleep(faults.stall_s)
+                if faults.cut and self._random.random() < faults.cut:
+                    self.counts["cuts"] += 1
+                    self._reset(link)
+                    return
                 if faults.reset:
                     self._reset(link)
                     return
