@@ -8,7 +8,8 @@ import pytest
 
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH
 from statehouse.snapshots.stored.names import NAME_PATTERN
-from tests.http.test_columns_hostile import arrow, post, problem
+from tests.support.arrow_ipc import arrow, post
+from tests.support.problems import problem
 
 pytestmark = [pytest.mark.http]
 
@@ -148,7 +149,7 @@ def test_query_strings_are_as_strict_as_paths(http, job, escape):
 
 
 def test_the_openapi_document_declares_what_the_server_enforces(http, job):
-    spec = httpx.get(str(http.base_url).removesuffix("/v1/") + "/openapi.json").json()
+    spec = httpx.get(str(http.base_url).removesuffix("/v1/") + "/openapi.json", timeout=60).json()
     for path, item in spec["paths"].items():
         for operation in item.values():
             for parameter in operation.get("parameters", []):

@@ -28,8 +28,8 @@ from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.handles import IncrementalHandle
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from tests.engine.test_snapshot_support import dump, global_checkpoint, operator_dump, owned_keys, populate
 from tests.support.doors import DoorTransaction
+from tests.support.job_contents import dump, global_checkpoint, operator_dump, owned_keys, populate
 
 P = 128
 MOVING = KeyGroupRange(64, 127)  # what replica 0 of 1 gives away going 1 -> 2

@@ -19,7 +19,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from tests.engine.test_snapshot_support import STATES, dump, operator_dump, populate
+from tests.support.job_contents import STATES, dump, operator_dump, populate
 
 
 @pytest.fixture(params=["full", "incremental"])

@@ -21,7 +21,7 @@ from statehouse.snapshots.errors import StorageUnavailable
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from tests.engine.test_snapshot_support import dump
+from tests.support.job_contents import dump
 
 pytestmark = [pytest.mark.s3]
 

@@ -13,7 +13,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from tests.engine.test_snapshot_support import dump
+from tests.support.job_contents import dump
 
 
 def test_registry_flink_vector_10():

@@ -13,8 +13,8 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.local import LocalStorage
-from tests.engine.test_snapshot_support import dump, populate
 from tests.support.gated import gated
+from tests.support.job_contents import dump, populate
 
 
 def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, make_manager, tmp_path):

@@ -14,7 +14,7 @@ from statehouse.protocol.keygroups import assign_to_key_group
 from statehouse.snapshots.errors import RestoreIncomplete
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.codec import decode_primary
-from tests.engine.test_snapshot_support import dump, global_checkpoint, operator_dump, owner, populate
+from tests.support.job_contents import dump, global_checkpoint, operator_dump, owner, populate
 
 
 def _layout(make_catalog, count, tmp_path, tag):

@@ -10,7 +10,7 @@ from statehouse.snapshots.errors import CheckpointConflict, CheckpointNotFound
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from statehouse.snapshots.stored.ttl import TtlConfig
-from tests.engine.test_snapshot_support import dump, operator_dump, populate
+from tests.support.job_contents import dump, operator_dump, populate
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -10,8 +10,8 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
-from tests.engine.test_snapshot_support import dump, operator_dump, populate
 from tests.support.gated import data_sections, gated
+from tests.support.job_contents import dump, operator_dump, populate
 
 pytestmark = [pytest.mark.s3]
 

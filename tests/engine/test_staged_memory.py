@@ -10,7 +10,8 @@ import signal
 import httpx
 import pytest
 
-from tests.http.test_columns_hostile import MB, memory, problem
+from tests.support.problems import problem
+from tests.support.process_memory import MB, memory
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]

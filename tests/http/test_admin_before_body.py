@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.http.test_auth_scopes import status_before_the_body
+from tests.support.raw_http import status_before_the_body
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]
@@ -51,7 +51,7 @@ def test_a_non_admin_token_is_refused_whatever_its_body(server, step):
     malformed = {**as_user, "content-type": "application/json"}
     forbidden(httpx.post(url, content=b'{"version": ', headers=malformed, timeout=30))
     # Refused before the body is received: the request's head alone is answered.
-    assert status_before_the_body(server, "POST", f"/v1/topology/{step}", malformed, length=1024) == 403
+    assert status_before_the_body(server.url, "POST", f"/v1/topology/{step}", malformed, length=1024) == 403
     # An admin token's invalid body is still a 422 naming what is wrong.
     as_admin = {"Authorization": f"Bearer {ADMIN}"}
     invalid = httpx.post(url, json=INVALID[step][1], headers=as_admin, timeout=30)

@@ -10,8 +10,9 @@ import httpx
 import msgpack
 import pytest
 
-from tests.http.test_columns_hostile import MB, arrow, peak_growth, post, problem
-from tests.http.test_columns_hostile import fresh_server as fresh_server  # a fixture: used by name
+from tests.support.arrow_ipc import arrow, post
+from tests.support.problems import problem
+from tests.support.process_memory import MB, peak_growth
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]

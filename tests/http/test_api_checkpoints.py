@@ -2,24 +2,14 @@
 nothing that was reported checkpointed."""
 
 import signal
-import time
 
 import httpx
 import pytest
 
+from tests.support.checkpoint_status import wait_status
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]
-
-
-def wait_status(http, job, checkpoint_id, statuses=("uploaded", "completed"), timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = http.get(f"{job}/checkpoints/{checkpoint_id}").json()
-        if info["status"] in statuses or info["status"] == "failed":
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"checkpoint {checkpoint_id} stuck: {info}")
 
 
 @pytest.fixture

@@ -6,33 +6,15 @@ import math
 import pyarrow as pa
 import pytest
 
+from tests.support.arrow_ipc import ARROW, arrow, read, values
+
 pytestmark = [pytest.mark.http]
-
-ARROW = "application/vnd.apache.arrow.stream"
-
-
-def arrow(**columns):
-    table = pa.table(columns)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def post(http, job, state, op, params=None, **columns):
     return http.post(
         f"{job}/states/{state}/columns/{op}", content=arrow(**columns), headers={"content-type": ARROW}, params=params
     )
-
-
-def read(response):
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"] == ARROW
-    return pa.ipc.open_stream(response.content).read_all()
-
-
-def values(response):
-    return read(response).column("value").to_pylist()
 
 
 @pytest.fixture

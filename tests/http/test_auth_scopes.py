@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 
 import httpx
 import pyarrow as pa
 import pytest
 
-from tests.http.test_columns_hostile import peak_growth
+from tests.support.process_memory import peak_growth
+from tests.support.raw_http import HUGE, status_before_the_body
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]
@@ -377,7 +377,6 @@ def test_bucket_locations_are_normalized_before_they_are_compared():
 
 # -- the token is checked before a byte of the body is received (app/intake.py) ----------------
 
-HUGE = 64 << 20  # STATEHOUSE_MAX_BODY_BYTES' default: a body the server would otherwise read whole
 BODY_ROUTES = [
     ("PUT", "/v1/jobs/a/states/v/keys/k", "application/json"),  # a model body
     ("POST", "/v1/jobs/a/batch", "application/msgpack"),
@@ -385,33 +384,16 @@ BODY_ROUTES = [
 ]
 
 
-def status_before_the_body(server, method: str, path: str, headers: dict[str, str], length: int = HUGE) -> int:
-    """Send a request's head announcing a body of ``length`` bytes (64 MiB: as large as may be),
-    and none of the body: the status the server answers with. A server that read the body first
-    would never answer (the socket's timeout fails the test instead)."""
-    host, port = server.url.removeprefix("http://").split(":")
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
-    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head.encode("latin-1"))
-        answer = b""
-        while b"\r\n" not in answer:
-            chunk = sock.recv(4096)
-            assert chunk, "the server closed the connection without an answer"
-            answer += chunk
-    return int(answer.split(b" ")[1])
-
-
 @pytest.mark.parametrize(("method", "path", "media"), BODY_ROUTES, ids=["model", "batch", "columns"])
 def test_a_token_is_refused_before_the_body_is_received(server, admin, method, path, media):
-    assert status_before_the_body(server, method, path, {"content-type": media}) == 401
+    assert status_before_the_body(server.url, method, path, {"content-type": media}) == 401
     wrong_job = {"content-type": media, "authorization": f"Bearer {FROM_FILE}"}  # scoped to b and c
-    assert status_before_the_body(server, method, path, wrong_job) == 403
+    assert status_before_the_body(server.url, method, path, wrong_job) == 403
     # Then, with the right token, the type (415), and only then the size (413): all before the body.
     token = {"authorization": f"Bearer {JOB_A}"}
-    assert status_before_the_body(server, method, path, {"content-type": media}, HUGE + 1) == 401
-    assert status_before_the_body(server, method, path, {**token, "content-type": "text/plain"}, HUGE + 1) == 415
-    assert status_before_the_body(server, method, path, {**token, "content-type": media}, HUGE + 1) == 413
+    assert status_before_the_body(server.url, method, path, {"content-type": media}, HUGE + 1) == 401
+    assert status_before_the_body(server.url, method, path, {**token, "content-type": "text/plain"}, HUGE + 1) == 415
+    assert status_before_the_body(server.url, method, path, {**token, "content-type": media}, HUGE + 1) == 413
 
 
 def test_a_64_mib_body_without_a_token_costs_the_server_nothing(server, admin):

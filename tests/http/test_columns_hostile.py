@@ -11,39 +11,26 @@ from __future__ import annotations
 
 import decimal
 import math
-import signal
 import struct
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.support.server import start_server
+from tests.support.arrow_ipc import ARROW, arrow, post, stream
+from tests.support.problems import problem
+from tests.support.process_memory import MB, peak_growth
 
 pytestmark = [pytest.mark.http]
 
-ARROW = "application/vnd.apache.arrow.stream"
-MB = 1 << 20
 INT64_MAX = 2**63 - 1
 
 
 # -- bodies ----------------------------------------------------------------------------------
-
-
-def stream(table: pa.Table, **options) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def arrow(**columns) -> bytes:
-    return stream(pa.table(columns))
 
 
 def batches(schema: pa.Schema, parts: list[pa.RecordBatch]) -> bytes:
@@ -146,18 +133,6 @@ def compression_only_in_custom_metadata(table: pa.Table, codec: str) -> bytes:
 # -- requests --------------------------------------------------------------------------------
 
 
-def post(http, job, state, op, body: bytes, params=None):
-    return http.post(f"{job}/states/{state}/columns/{op}", content=body, headers={"content-type": ARROW}, params=params)
-
-
-def problem(response, status, code) -> dict:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json", response.headers
-    body = response.json()
-    assert body["code"] == code and body["detail"], body
-    return body
-
-
 def stored(http, job, state, key, ns=None):
     """A key's value through the per-operation API (``None`` when absent)."""
     r = http.get(f"{job}/states/{state}/keys/{key}", params={"ns": ns} if ns is not None else None)
@@ -179,34 +154,6 @@ def healthy(server) -> bool:
 
 
 # -- the replica's memory and its event loop ---------------------------------------------------
-
-
-def memory(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) of a process, in bytes."""
-    found = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                found[name] = int(value.split()[0]) * 1024
-    return found
-
-
-@contextmanager
-def peak_growth(pid: int):
-    """Yields a dict that holds, after the block, how far the process's peak RSS rose above its
-    RSS at the start (``peak``) and how much more it holds at the end (``kept``)."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as clear:
-            clear.write("5")  # peak RSS := current RSS
-    except OSError:
-        pytest.skip("cannot reset the server's peak RSS (/proc/<pid>/clear_refs)")
-    before = memory(pid)["VmRSS"]
-    result: dict[str, int] = {}
-    yield result
-    time.sleep(0.2)
-    after = memory(pid)
-    result.update(peak=after["VmHWM"] - before, kept=after["VmRSS"] - before)
 
 
 @contextmanager
@@ -231,16 +178,6 @@ def health_probe(server):
     finally:
         done.set()
         thread.join(60)
-
-
-@pytest.fixture
-def fresh_server(server, tmp_path):
-    """A server of the same backend to itself: memory measurements that earlier requests (whose
-    freed memory the allocator may keep and reuse) cannot blur."""
-    backend = server.settings["STATEHOUSE_BACKEND"]
-    srv = start_server(Path(tmp_path) / "fresh", {"STATEHOUSE_BACKEND": backend})
-    yield srv
-    srv.stop(signal.SIGKILL)
 
 
 # -- the job -----------------------------------------------------------------------------------

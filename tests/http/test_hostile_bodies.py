@@ -26,7 +26,7 @@ from statehouse.app.main import create_app
 from statehouse.app.settings import Settings
 from statehouse.app.wire import ARROW_STREAM, JSON, MSGPACK
 from statehouse.snapshots.stored.codec import MAX_DEPTH
-from tests.http.test_columns_hostile import memory, peak_growth
+from tests.support.process_memory import memory, peak_growth
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]

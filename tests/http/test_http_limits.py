@@ -23,7 +23,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.http.test_columns_hostile import peak_growth
+from tests.support.process_memory import peak_growth
+from tests.support.raw_http import answer
 from tests.support.server import REPO, ServerProcess, free_port, start_server
 
 pytestmark = [pytest.mark.http]
@@ -49,15 +50,6 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
 def connect(server: ServerProcess) -> socket.socket:
     host, port = server.url.removeprefix("http://").split(":")
     return socket.create_connection((host, int(port)), timeout=BOUND_S)
-
-
-def answer(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (or resets it)."""
-    chunks = []
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def problem(raw: bytes, status: int, code: str) -> dict:

@@ -23,8 +23,8 @@ from statehouse.backends.redistribution import OperatorSubtaskState, redistribut
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot, merge_for_replica
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.snapshots.storage import open_storage
-from tests.engine.test_snapshot_support import global_checkpoint
 from tests.support.flink_vectors import load, operator_expected, operator_input
+from tests.support.job_contents import global_checkpoint
 
 MAX_PARALLELISM = 128
 OLD_SUBTASKS = 5  # the operator's parallelism before the restore

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from tests.http.test_http_limits import answer
+from tests.support.raw_http import answer
 from tests.support.server import ServerProcess, start_server
 
 pytestmark = [pytest.mark.http]

@@ -7,7 +7,7 @@ import httpx
 
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb.space import DataVolume
-from tests.http.test_api_checkpoints import add, wait_status
+from tests.support.checkpoint_status import wait_status
 from tests.support.server import start_server
 
 
@@ -18,7 +18,11 @@ def test_the_log_shows_instances_opened_and_closed_and_a_restore_swap(tmp_path):
         http.put("/jobs/j", json={"max_parallelism": 128}).raise_for_status()
         http.put("/jobs/j/states/total", json={"kind": "reducing", "function": "sum"}).raise_for_status()
         http.put("/jobs/j/states/seen", json={"kind": "map"}).raise_for_status()
-        add(http, "/jobs/j", "a", 1)
+        ops = [
+            {"op": "add", "state": "total", "key": "a", "value": 1},
+            {"op": "map_put", "state": "seen", "key": "a", "user_key": "1", "value": True},
+        ]
+        http.post("/jobs/j/batch", json={"ops": ops}).raise_for_status()
         http.post("/jobs/j/checkpoints", json={"checkpoint_id": 1}).raise_for_status()
         assert wait_status(http, "/jobs/j", 1)["status"] != "failed"
         http.post("/jobs/j/checkpoints/1/complete").raise_for_status()

@@ -18,7 +18,7 @@ from statehouse.backends.timers import count_timers, list_timers
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage import open_storage
-from tests.engine.test_snapshot_support import global_checkpoint
+from tests.support.job_contents import global_checkpoint
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.http.test_api_checkpoints import wait_status
-from tests.http.test_api_columns import ARROW, arrow, values
+from tests.support.arrow_ipc import ARROW, arrow, values
+from tests.support.checkpoint_status import wait_status
 from tests.support.server import ServerProcess, start_server
 
 pytestmark = [pytest.mark.http]

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.http.test_api_checkpoints import wait_status
+from tests.support.checkpoint_status import wait_status
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]

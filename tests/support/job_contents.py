@@ -1,4 +1,5 @@
-"""Helpers shared by the snapshot tests (no tests here): fill a job with every kind of state, dump it."""
+"""A job filled with every kind of state, its contents dumped as stored bytes, and a global
+checkpoint taken by hand: what the snapshot, restore and rescale tests compare."""
 
 from __future__ import annotations
 

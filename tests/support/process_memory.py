@@ -1,0 +1,39 @@
+"""A server process's memory as Linux reports it (/proc/<pid>/status): what a request cost it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+MB = 1 << 20
+
+
+def memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, in bytes."""
+    found = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                found[name] = int(value.split()[0]) * 1024
+    return found
+
+
+@contextmanager
+def peak_growth(pid: int) -> Iterator[dict[str, int]]:
+    """Yields a dict that holds, after the block, how far the process's peak RSS rose above its
+    RSS at the start (``peak``) and how much more it holds at the end (``kept``)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as clear:
+            clear.write("5")  # peak RSS := current RSS
+    except OSError:
+        pytest.skip("cannot reset the server's peak RSS (/proc/<pid>/clear_refs)")
+    before = memory(pid)["VmRSS"]
+    result: dict[str, int] = {}
+    yield result
+    time.sleep(0.2)
+    after = memory(pid)
+    result.update(peak=after["VmHWM"] - before, kept=after["VmRSS"] - before)
