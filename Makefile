@@ -48,9 +48,9 @@ lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-checked: every product folder but app/ (which follows).
+# Type-checked: every product folder.
 FOLDERS := protocol snapshots backends app client
-TYPED := $(addprefix statehouse.,$(filter-out app,$(FOLDERS)))
+TYPED := $(addprefix statehouse.,$(FOLDERS))
 typecheck: $(DEV)
 	@rm -rf $(VENV)/typecheck/statehouse && mkdir -p $(VENV)/typecheck/statehouse
 	@for d in $(FOLDERS); do ln -sfn "$(CURDIR)/$$d" $(VENV)/typecheck/statehouse/$$d; done

@@ -286,7 +286,7 @@ def _read_plain(raw: bytes, max_batches: int) -> tuple[pa.Table | None, pa.Buffe
     schema = pa.ipc.read_schema(first)
     if any(pa.types.is_dictionary(field.type) for field in schema):  # its dictionaries: two passes
         return None, source
-    batches = []
+    batches: list[pa.RecordBatch] = []
     for message in messages:
         if message.type != "record batch":
             return None, source

@@ -72,7 +72,9 @@ def request_attempt(request: Request) -> AttemptRef | None:
     attempt = request.query_params.get("attempt")
     if attempt is None and partition is None and seq is None:
         return None
-    return AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]  # validates all three
+    # AttemptRef checks all three, a missing one (None) included, and refuses them in its words:
+    # its fields are typed as checked, so a value not yet checked does not type-check.
+    return AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,7 +168,8 @@ class StatehouseAPI(FastAPI):
     OpenTelemetry check that reads three environment variables (we configure no telemetry),
     Starlette's 500 handler (``MetricsMiddleware`` answers faults itself, see ``server_errors``),
     an exception-telemetry and a body-limit layer (no ``max_body_size``: ``app/intake.py`` bounds
-    bodies). Lifespan events take the whole stack as before."""
+    bodies). Lifespan events go through the whole stack, as FastAPI builds it. It also serves
+    ``openapi.document`` as its OpenAPI document."""
 
     _entry: ASGIApp | None = None
 
@@ -187,6 +188,12 @@ class StatehouseAPI(FastAPI):
             layer = getattr(layer, "app", None)
         self._entry = layer if not self.root_path else None  # a root path: FastAPI sets it per request
         return stack
+
+    def openapi(self) -> dict[str, Any]:
+        """The app's OpenAPI document, ``openapi.document``'s (built once, on first use)."""
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi.document(self)
+        return self.openapi_schema
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -296,8 +303,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(columns.ColumnsFastPath)
     app.add_middleware(Intake, routes=app.routes, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-
-    openapi.install(app)
     return app
 
 

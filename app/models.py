@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from types import GenericAlias
 from typing import Annotated, Any, Literal, get_type_hints
 
 import orjson
@@ -75,7 +76,10 @@ class Strict(BaseModel):
 
 class JobBody(Strict):
     max_parallelism: int | None = Field(
-        None, ge=1, le=32768, description="number of key groups; Flink's default for the replica count when absent"
+        default=None,
+        ge=1,
+        le=32768,
+        description="number of key groups; Flink's default for the replica count when absent",
     )
 
 
@@ -89,9 +93,10 @@ class JobInfo(BaseModel):
     epoch: int = Field(description="current writer epoch (see /fence)")
     committed_epoch: int = Field(description="the last epoch whose task attempts' staged writes were committed")
     committed_batch: int | None = Field(
-        None, description="the Spark micro-batch that epoch applied: which micro-batches the state holds (null: none)"
+        default=None,
+        description="the Spark micro-batch that epoch applied: which micro-batches the state holds (null: none)",
     )
-    topology_version: int = Field(0, description="the topology version this replica serves the job under")
+    topology_version: int = Field(default=0, description="the topology version this replica serves the job under")
 
     @classmethod
     def of(cls, job: Job) -> JobInfo:
@@ -110,35 +115,36 @@ class JobInfo(BaseModel):
         )
 
 
-_TTL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TtlConfig)}
+# The engine's defaults, read off a config (its ttl is required and not read here).
+_TTL_DEFAULTS = TtlConfig(ttl_ms=1)
 
 
 class TtlBody(Strict):
     """Flink's StateTtlConfig: the engine's ``TtlConfig`` (its types and defaults), validated."""
 
     ttl_ms: int = Field(gt=0, description="time to live in milliseconds (processing time)")
-    update_type: UpdateType = _TTL_DEFAULTS["update_type"]
-    visibility: Visibility = _TTL_DEFAULTS["visibility"]
+    update_type: UpdateType = _TTL_DEFAULTS.update_type
+    visibility: Visibility = _TTL_DEFAULTS.visibility
     cleanup_full_snapshot: bool = Field(
-        _TTL_DEFAULTS["cleanup_full_snapshot"], description="drop expired entries when writing a full snapshot"
+        default=_TTL_DEFAULTS.cleanup_full_snapshot, description="drop expired entries when writing a full snapshot"
     )
     cleanup_incremental_size: int = Field(
-        _TTL_DEFAULTS["cleanup_incremental_size"], ge=0, description="entries checked per state access; 0 = off"
+        default=_TTL_DEFAULTS.cleanup_incremental_size, ge=0, description="entries checked per state access; 0 = off"
     )
 
 
 class DescriptorBody(Strict):
     kind: StateKind
     key_type: KeyType = "string"
-    default: JsonValue = Field(None, description="value state only: returned for an absent key")
+    default: JsonValue = Field(default=None, description="value state only: returned for an absent key")
     function: str | None = Field(
-        None,
+        default=None,
         description="reducing: sum, min, max, count, first, last; aggregating: avg, count, sum, min, max, summary; "
         "map (optional, what map_add folds entries with): sum, min, max, count, first, last",
     )
     ttl: TtlBody | None = None
     value_type: ValueType | None = Field(
-        None,
+        default=None,
         description="optional: the type of the state's values (list elements, map entries, values added); other "
         "values are refused, and columnar reads return this Arrow type",
     )
@@ -181,8 +187,8 @@ class ValueBody(Strict):
 
 
 class AddBody(Strict):
-    value: JsonValue = Field(None, description="one value to add")
-    values: list[JsonValue] | None = Field(None, description="several values to add (list addAll)")
+    value: JsonValue = Field(default=None, description="one value to add")
+    values: list[JsonValue] | None = Field(default=None, description="several values to add (list addAll)")
 
     @model_validator(mode="before")
     @classmethod
@@ -230,7 +236,7 @@ class EntryItem(BaseModel):
 
 class Page(BaseModel):
     items: list[Any]
-    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page; null on the last")
+    next_cursor: str | None = Field(default=None, description="pass as ?cursor= for the next page; null on the last")
 
 
 class KeyPage(Page):
@@ -256,38 +262,43 @@ class BatchOp(BaseModel):
     tests/http/test_protocol.py holds both to the table."""
 
     op: Literal[StateOpName, TimerOpName, RawOpName]  # one enum (nested Literals flatten)
-    state: str | None = Field(None, description="the state (every operation but the timer and raw ones)")
-    key: str | int | None = Field(None, description="the key (state and timer operations)")
+    state: str | None = Field(default=None, description="the state (every operation but the timer and raw ones)")
+    key: str | int | None = Field(default=None, description="the key (state and timer operations)")
     ns: str = ""
     user_key: str | None = None
     value: JsonValue = None
     values: list[JsonValue] | None = None
-    domain: TimeDomain | None = Field(None, description="timer operations: event (default) or processing")
-    key_type: KeyType | None = Field(None, description="timer operations: the key's type (default string)")
-    timestamp: int | None = Field(None, description="timer operations: the timer's time, milliseconds")
+    domain: TimeDomain | None = Field(default=None, description="timer operations: event (default) or processing")
+    key_type: KeyType | None = Field(default=None, description="timer operations: the key's type (default string)")
+    timestamp: int | None = Field(default=None, description="timer operations: the timer's time, milliseconds")
     key_group: int | None = Field(
-        None, ge=0, le=MAX_SUBTASKS - 1, description="raw keyed operations: the key group whose stream it is"
+        default=None, ge=0, le=MAX_SUBTASKS - 1, description="raw keyed operations: the key group whose stream it is"
     )
-    operator: str | None = Field(None, description="raw operator operations: the operator")
+    operator: str | None = Field(default=None, description="raw operator operations: the operator")
     subtask: int | None = Field(
-        None, ge=0, le=MAX_SUBTASKS - 1, description="raw operator operations: the operator's subtask"
+        default=None, ge=0, le=MAX_SUBTASKS - 1, description="raw operator operations: the operator's subtask"
     )
 
 
 class BatchRequest(BaseModel):
     ops: list[BatchOp]
     epoch: int | None = Field(
-        None, ge=0, le=MAX_EPOCH, description="writer epoch; refused with 409 unless it is the job's current one"
+        default=None,
+        ge=0,
+        le=MAX_EPOCH,
+        description="writer epoch; refused with 409 unless it is the job's current one",
     )
-    partition: int | None = Field(None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id")
+    partition: int | None = Field(
+        default=None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id"
+    )
     attempt: str | None = Field(
-        None,
+        default=None,
         pattern=ATTEMPT_PATTERN,
         description="task attempts: the attempt's id; with it the writes are staged until the epoch is committed, "
         "and the batch's reads see the attempt's own staged writes",
     )
     seq: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_SEQ,
         description="task attempts: 0, 1, 2... per attempt and replica; a re-sent request repeats its seq",
@@ -301,7 +312,7 @@ class AttemptModel(Strict):
         ge=0, le=MAX_SEQ, description="the write operations the attempt staged on this replica, as its task counted"
     )
     unit: str = Field(
-        "",
+        default="",
         pattern=UNIT_PATTERN,
         description="the state update the attempt ran for, when one task runs several (each has its own attempt "
         "of the partition); a (unit, partition) is named at most once",
@@ -311,7 +322,7 @@ class AttemptModel(Strict):
 class EpochBody(Strict):
     attempts: list[AttemptModel] = Field(description="the winning attempts of the micro-batch that wrote here")
     batch_id: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_EPOCH,
         description="commit: the Spark micro-batch the epoch applies, recorded with its writes (the job's "
@@ -324,21 +335,21 @@ MAX_WAIT_MS = 10_000  # the longest a request waits for a checkpoint's upload to
 
 class TriggerBody(Strict):
     checkpoint_id: int | None = Field(
-        None, ge=1, le=MAX_CHECKPOINT_ID, description="the id to use (the coordinator's); default last + 1"
+        default=None, ge=1, le=MAX_CHECKPOINT_ID, description="the id to use (the coordinator's); default last + 1"
     )
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
     metadata: dict[str, JsonValue] = Field(
         default_factory=dict, description="kept with the checkpoint, e.g. the coordinator's batch id"
     )
     wait_ms: int = Field(
-        0,
+        default=0,
         ge=0,
         le=MAX_WAIT_MS,
         description="answer when the upload has ended (200, `uploaded` or `failed`) or after this many milliseconds "
         "(202, `in_progress`), whichever is first: the trigger and the coordinator's first wait in one round trip",
     )
     complete: bool = Field(
-        False,
+        default=False,
         description="once uploaded, also complete this part (notifyCheckpointComplete) and answer 200 `completed`: "
         "trigger, wait and complete in one round trip. Only where this replica's part is the whole checkpoint (a "
         "deployment of one replica; otherwise 422 `invalid_argument`): with several, no part may complete before "
@@ -364,8 +375,16 @@ def _report_model(source: type, descriptions: dict[str, str]) -> type[BaseModel]
     for f in dataclasses.fields(source):
         annotation = KeyGroupRange if f.name == "key_group_range" else hints[f.name]
         default = None if f.default is None else ...
-        fields[f.name] = (annotation, Field(default, description=descriptions.get(f.name)))
+        fields[f.name] = (annotation, Field(default=default, description=descriptions.get(f.name)))
     return create_model(f"{source.__name__}Model", **fields)
+
+
+def _page_model(name: str, items: type[BaseModel], **fields: Any) -> type[Page]:
+    """A page of a :func:`_report_model`'s model, with ``fields`` besides. Built as that model is:
+    a class statement (and a type checker) takes only a declared class as a field's type, so the
+    list type is spelled as the value it is at run time."""
+    fields["items"] = (GenericAlias(list, items), ...)
+    return create_model(name, __base__=Page, **fields)
 
 
 CheckpointInfoModel = _report_model(
@@ -380,18 +399,22 @@ CheckpointInfoModel = _report_model(
 )
 
 
-class CheckpointPage(Page):
-    items: list[CheckpointInfoModel]
-    next_checkpoint_id: int = Field(description="the smallest id a new checkpoint may take on this replica")
+CheckpointPage = _page_model(
+    "CheckpointPage",
+    CheckpointInfoModel,
+    next_checkpoint_id=(int, Field(description="the smallest id a new checkpoint may take on this replica")),
+)
 
 
 class RestoreBody(Strict):
     checkpoint_id: int | None = Field(
-        None, ge=1, le=MAX_CHECKPOINT_ID, description="a checkpoint or savepoint id of this job"
+        default=None, ge=1, le=MAX_CHECKPOINT_ID, description="a checkpoint or savepoint id of this job"
     )
-    location: str | None = Field(None, description="a snapshot location (a checkpoint's or savepoint's `location`)")
+    location: str | None = Field(
+        default=None, description="a snapshot location (a checkpoint's or savepoint's `location`)"
+    )
     operator_parallelism: dict[Annotated[str, Name], Annotated[int, Field(ge=1, le=MAX_SUBTASKS)]] | None = Field(
-        None, description="new subtask count per operator, for redistributing operator list state"
+        default=None, description="new subtask count per operator, for redistributing operator list state"
     )
 
     @model_validator(mode="after")
@@ -434,12 +457,12 @@ class FenceBody(Strict):
         "and `next` is refused (docs/api.md, Writer epochs)",
     )
     next: bool = Field(
-        False,
+        default=False,
         description="raise it to at least one past the current epoch too: an epoch no writer had here (a "
         "coordinator's fence without first reading the job)",
     )
     begins_batch: bool = Field(
-        False,
+        default=False,
         description="a coordinator begins a micro-batch under the epoch: a live rescale does not prepare on this "
         "replica until the epoch is committed or aborted (or the batch shows no sign of life for "
         "STATEHOUSE_BATCH_LEASE_S)",
@@ -452,21 +475,21 @@ class FenceResponse(BaseModel):
         description="the last epoch whose task attempts' staged writes were committed (as in `GET /v1/jobs/{job}`)"
     )
     committed_batch: int | None = Field(
-        None, description="the Spark micro-batch that epoch applied (as in `GET /v1/jobs/{job}`)"
+        default=None, description="the Spark micro-batch that epoch applied (as in `GET /v1/jobs/{job}`)"
     )
     rescale_version: int | None = Field(
-        None,
+        default=None,
         description="the topology version of a live rescale pending on this replica (null: none): a coordinator "
         "begins no micro-batch until it has ended",
     )
-    topology_version: int = Field(0, description="the topology version this replica serves the job under")
+    topology_version: int = Field(default=0, description="the topology version this replica serves the job under")
 
 
 # Declared, not "an object of JSON values": generated clients then have a `value` field.
 class BatchResult(BaseModel):
     """One operation's result: `{"value": ...}` for a read, `{}` for a write."""
 
-    value: JsonValue = Field(None, description="what a read found (null when absent); absent for writes")
+    value: JsonValue = Field(default=None, description="what a read found (null when absent); absent for writes")
 
 
 class BatchResponse(BaseModel):
@@ -503,24 +526,29 @@ class TimerPage(Page):
 class AdvanceBody(Strict):
     to: Timestamp = Field(description="the new watermark (event time) or clock (processing time); never lowers it")
     key_groups: KeyGroupRange | None = Field(
-        None,
+        default=None,
         description="fire only these of this replica's key groups (a task attempt fires its own partition's); "
         "the time is raised for the whole replica",
     )
     limit: int | None = Field(
-        None, ge=1, description="fire at most this many (capped at STATEHOUSE_MAX_BATCH_OPS); the rest stay due"
+        default=None, ge=1, description="fire at most this many (capped at STATEHOUSE_MAX_BATCH_OPS); the rest stay due"
     )
     epoch: int | None = Field(
-        None, ge=0, le=MAX_EPOCH, description="writer epoch; refused with 409 unless it is the job's current one"
+        default=None,
+        ge=0,
+        le=MAX_EPOCH,
+        description="writer epoch; refused with 409 unless it is the job's current one",
     )
-    partition: int | None = Field(None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id")
+    partition: int | None = Field(
+        default=None, ge=0, le=MAX_PARTITION, description="task attempts: the Spark partition id"
+    )
     attempt: str | None = Field(
-        None,
+        default=None,
         pattern=ATTEMPT_PATTERN,
         description="task attempts: the firing is staged (one write operation) until the epoch is committed",
     )
     seq: int | None = Field(
-        None, ge=0, le=MAX_SEQ, description="task attempts: the request's seq, as on the batch endpoint"
+        default=None, ge=0, le=MAX_SEQ, description="task attempts: the request's seq, as on the batch endpoint"
     )
 
 
@@ -559,7 +587,7 @@ def _absent_unless_set(schema: dict[str, Any]) -> None:
 
 
 def _extra(description: str) -> Any:
-    return Field(None, description=description, json_schema_extra=_absent_unless_set)
+    return Field(default=None, description=description, json_schema_extra=_absent_unless_set)
 
 
 class Problem(BaseModel):

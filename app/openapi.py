@@ -12,7 +12,7 @@ then adds what follows from the route itself, so that no router has to repeat it
   (a token not scoped to the job);
 * 422 ``validation_error`` on every route with parameters or a body, 400 ``malformed_body``,
   413 ``body_too_large`` and 415 ``unsupported_media_type`` on every route with a body
-  (FastAPI's ``HTTPValidationError`` is gone: the server never sends it);
+  (FastAPI's ``HTTPValidationError`` is left out: the server never sends it);
 * the name pattern on every path parameter that names a job, state or operator state
   (``NAMED_PARAMETERS``): the engine refuses, or finds nothing under, any other name.
 
@@ -412,14 +412,3 @@ def document(app: FastAPI) -> dict[str, Any]:
             if operation is not None:
                 _complete(operation, route, method)
     return schema
-
-
-def install(app: FastAPI) -> None:
-    """Serve ``document(app)`` (built once, on first use) as the app's OpenAPI document."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = document(app)
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

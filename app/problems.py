@@ -9,6 +9,7 @@ the codes' table (app/problems.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -123,7 +124,7 @@ class ProblemResponse(Response):
 
     media_type = PROBLEM_MEDIA_TYPE
 
-    def __init__(self, problem: dict[str, Any], status_code: int, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, problem: dict[str, Any], status_code: int, headers: Mapping[str, str] | None = None) -> None:
         self.problem = problem
         self.problem_type = problem_type(problem["code"])
         super().__init__(self._render(), status_code, headers)
@@ -141,7 +142,12 @@ class ProblemResponse(Response):
 
 
 def problem_response(
-    status: int, code: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None, **extra
+    status: int,
+    code: str,
+    detail: str,
+    instance: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
 ) -> Response:
     body: dict[str, Any] = {"title": HTTPStatus(status).phrase, "status": status, "code": code, "detail": detail}
     if instance:
@@ -210,6 +216,8 @@ def _method_not_allowed(request: Request) -> Response:
 
 
 def install(app: FastAPI) -> None:
+    # Starlette types every handler as taking any Exception, though it calls each with an
+    # instance of the class it is registered for: a handler typed for that class is refused.
     app.add_exception_handler(StateError, state_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

@@ -27,12 +27,16 @@ from statehouse.app.wire import loads_json, max_values
 
 E = TypeVar("E", bound=Callable[..., Any])
 
+# The endpoints flagged by the decorators below (route handlers live as long as the process).
+_DATA_PLANE: set[Callable[..., Any]] = set()
+_ADMIN_REASONS: dict[Callable[..., Any], str] = {}
+
 
 def data_plane(endpoint: E) -> E:
     """Flags a route (under its ``@router.post``) as the data plane: what a Spark job's executors
     call thousands of times a second. The one list of them: the access log leaves out their
     successful calls by default (``app/access_log.py``, given the flagged routes by the app)."""
-    endpoint.data_plane = True  # type: ignore[attr-defined]
+    _DATA_PLANE.add(endpoint)
     return endpoint
 
 
@@ -43,7 +47,7 @@ def admin_route(reason: str) -> Callable[[E], E]:
     never a 422 about a body it may not send."""
 
     def flag(endpoint: E) -> E:
-        endpoint.admin_reason = reason  # type: ignore[attr-defined]
+        _ADMIN_REASONS[endpoint] = reason
         return endpoint
 
     return flag
@@ -54,8 +58,7 @@ def data_plane_paths(routes: list[BaseRoute]) -> list[str]:
     return [
         context.path
         for context in routing.iter_route_contexts(routes)
-        if context.path is not None
-        and getattr(getattr(context.original_route, "endpoint", None), "data_plane", False) is True
+        if context.path is not None and getattr(context.original_route, "endpoint", None) in _DATA_PLANE
     ]
 
 
@@ -90,7 +93,7 @@ def route_path(scope: Scope) -> str:
 class StrictRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        admin_reason: str | None = getattr(self.endpoint, "admin_reason", None)
+        admin_reason = _ADMIN_REASONS.get(self.endpoint)
 
         async def strict_handler(request: Request) -> Response:
             # Authorise before anything about the request is validated (the grant is app/intake.py's).

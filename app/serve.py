@@ -57,28 +57,32 @@ def _refusal(code: str, detail: str, docs_url: str) -> bytes:
     return head + body
 
 
-class _HeldHead:
-    """Stands in for the transport while uvicorn writes a response's head: keeps the bytes."""
+class _HeldHead(asyncio.Transport):
+    """Stands in for the transport while uvicorn writes a response's head: keeps the bytes
+    (``write`` is all of a transport that uvicorn uses then)."""
 
     __slots__ = ("data",)
 
     def __init__(self) -> None:
+        super().__init__()
         self.data = b""
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
 
 
-class _HeadFirst:
+class _HeadFirst(asyncio.Transport):
     """Stands in for the transport while uvicorn writes a response's first body part: the held
-    head goes out in the same write."""
+    head goes out in the same write (``write`` and ``close`` are all of a transport that uvicorn
+    uses then)."""
 
     __slots__ = ("head", "transport")
 
     def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
+        super().__init__()
         self.transport, self.head = transport, head
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         head, self.head = self.head, b""
         self.transport.write(head + data if head else data)
 
@@ -93,7 +97,7 @@ class OneWriteCycle(RequestResponseCycle):
     ``transport.write``: uvicorn writes them apart, two ``send`` system calls (and two TCP
     segments) per answer of the data plane's small responses. The head is held from
     ``http.response.start`` until the first ``http.response.body``; a response that never sends
-    one (the app failed in between) has its connection closed, as before, without the head.
+    one (the app failed in between) has its connection closed, as uvicorn closes it, the head unsent.
     An access line ``STATEHOUSE_ACCESS_LOG`` leaves out is not made at all (``app/access_log.py``)."""
 
     _head: bytes | None = None
@@ -101,7 +105,7 @@ class OneWriteCycle(RequestResponseCycle):
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start" and not self.response_started:
             transport, held = self.transport, _HeldHead()
-            self.transport = held  # type: ignore[assignment]
+            self.transport = held
             logged = self.access_log
             if logged and access_log.quiet(self.scope["method"], self.scope["path"], message["status"]):
                 self.access_log = False  # not even the record the filter would drop
@@ -116,7 +120,7 @@ class OneWriteCycle(RequestResponseCycle):
             await super().send(message)
             return
         transport, first = self.transport, _HeadFirst(self.transport, head)
-        self.transport = first  # type: ignore[assignment]
+        self.transport = first
         try:
             await super().send(message)
         finally:
@@ -143,6 +147,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._refused = False  # answered by a limit: the rest of what the parser reads is ignored
 
+    # uvicorn's protocol narrows asyncio's BaseTransport to Transport (and ignores the same error).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
@@ -292,7 +297,8 @@ def config(settings: Settings, host: str, port: int, app: str = APP, **options: 
         host=host,
         port=port,
         http=guarded_protocol(settings),
-        timeout_keep_alive=settings.keep_alive_timeout_s,
+        # uvicorn annotates it int, but passes it to loop.call_later, which takes float seconds.
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
         log_config=log_config(settings.log_level),
         **options,
     )

@@ -21,18 +21,18 @@ from statehouse.snapshots.storage.locations import parse_restore_locations
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STATEHOUSE_", extra="ignore")
 
-    backend: Literal["rocksdb", "heap"] = Field("rocksdb", description="state backend")
-    data_dir: str = Field("./data", description="local working directory (RocksDB files)")
-    replica_index: int = Field(0, ge=0, description="this replica's index (StatefulSet ordinal)")
-    replica_count: int = Field(1, ge=1, description="number of replicas")
+    backend: Literal["rocksdb", "heap"] = Field(default="rocksdb", description="state backend")
+    data_dir: str = Field(default="./data", description="local working directory (RocksDB files)")
+    replica_index: int = Field(default=0, ge=0, description="this replica's index (StatefulSet ordinal)")
+    replica_count: int = Field(default=1, ge=1, description="number of replicas")
     adopt_topology: bool = Field(
-        False,
+        default=False,
         description="start even if the data directory was written under another replica count or index: the "
         "replica serves as STATEHOUSE_REPLICA_INDEX of STATEHOUSE_REPLICA_COUNT (topology version + 1) and refuses "
         "its jobs written under the old layout (409 layout_mismatch) until each is restored or deleted",
     )
     topology_version: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="the topology version a rescale brings the replica set to (the set's version + 1, which "
         "statehouse rescale prints): recorded by a new, empty replica and by an adopting one, so that every replica "
@@ -40,47 +40,48 @@ class Settings(BaseSettings):
         "(unset: 1 at a first start, the recorded version + 1 at an adoption)",
     )
     replica_set_id: str | None = Field(
-        None,
+        default=None,
         description="the replica set's identity, recorded in each replica's data directory at its first start "
         "(unset: a UUID named after STATEHOUSE_CHECKPOINT_DIR, which a set's replicas share); when set, a data "
         "directory of another set is refused at start",
     )
     replica_urls: str = Field(
-        "",
+        default="",
         description="how clients reach this replica set's replicas, shown in GET /v1/topology so that a client "
         "given one seed URL learns the rest: one URL template with {index} (the chart's headless-Service names), "
         "or every replica's URL, comma-separated in index order; empty: clients list every replica themselves",
     )
     checkpoint_dir: str = Field(
-        "./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"
+        default="./checkpoints", description="checkpoint storage: a path, file://..., s3://bucket/prefix or memory://"
     )
-    s3_endpoint_url: str | None = Field(None, description="S3 endpoint for S3-compatible servers")
+    s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint for S3-compatible servers")
     s3_abandoned_upload_age_s: int = Field(
-        3600,
+        default=3600,
         ge=0,
         description="seconds after which an in-progress S3 multipart upload under the checkpoint prefix counts as "
         "abandoned: the sweep at start aborts it (younger ones may be another replica's live upload)",
     )
-    num_retained: int = Field(3, ge=1, description="completed checkpoints kept")
+    num_retained: int = Field(default=3, ge=1, description="completed checkpoints kept")
     api_tokens: str = Field(
-        "",
+        default="",
         description="comma-separated bearer tokens, each TOKEN (every job) or TOKEN:SCOPE+SCOPE (job names, *, "
         "@admin); empty (and no tokens file) = auth off",
     )
     api_tokens_file: str | None = Field(
-        None, description="a file of tokens in the STATEHOUSE_API_TOKENS syntax, one or more per line; # comments"
+        default=None,
+        description="a file of tokens in the STATEHOUSE_API_TOKENS syntax, one or more per line; # comments",
     )
     restore_locations: str = Field(
-        "",
+        default="",
         description="comma-separated prefixes (paths, s3://bucket/prefix) a restore may read besides the checkpoint "
         "storage: @admin tokens only when auth is on",
     )
     snapshot_compression: Literal["zstd", "none"] = Field(
-        "zstd", description="per-key-group compression of full snapshots"
+        default="zstd", description="per-key-group compression of full snapshots"
     )
-    incremental_checkpoints: bool = Field(True, description="RocksDB checkpoints upload only new SST files")
+    incremental_checkpoints: bool = Field(default=True, description="RocksDB checkpoints upload only new SST files")
     batch_lease_s: float = Field(
-        60.0,
+        default=60.0,
         ge=0,
         le=86400,
         description="a live rescale prepares at a micro-batch boundary: a micro-batch a coordinator began (its fence) "
@@ -88,96 +89,102 @@ class Settings(BaseSettings):
         "prepare) for this many seconds (its driver died)",
     )
     rescale_compact_moving: bool = Field(
-        False,
+        default=False,
         description="before a live rescale's incremental checkpoint, RocksDB compacts the key groups that move into "
         "4 MiB files, so each load downloads about its share rather than files spanning every key group (costs the "
         "old replicas that compaction and the upload of what it rewrote)",
     )
 
-    max_key_bytes: int = Field(4096, ge=1, description="largest key, namespace or map user key, in bytes")
-    max_value_bytes: int = Field(1 << 20, ge=1, description="largest encoded value, in bytes")
-    max_batch_ops: int = Field(10_000, ge=1, description="most operations in one batch request")
+    max_key_bytes: int = Field(default=4096, ge=1, description="largest key, namespace or map user key, in bytes")
+    max_value_bytes: int = Field(default=1 << 20, ge=1, description="largest encoded value, in bytes")
+    max_batch_ops: int = Field(default=10_000, ge=1, description="most operations in one batch request")
     max_staged_bytes: int = Field(
-        256 << 20,
+        default=256 << 20,
         ge=1,
         description="memory task attempts hold under one epoch, per job: their writes (request bytes plus 512 per "
         "write), the timers their advances fired and the answers kept for re-sent requests",
     )
-    max_staged_attempts: int = Field(10_000, ge=1, description="task attempts staged under one epoch, per job")
-    max_body_bytes: int = Field(64 << 20, ge=1, description="largest request body, in bytes")
-    max_page_size: int = Field(1000, ge=1, description="largest page of a listing")
-    max_jobs: int = Field(1000, ge=1, description="most jobs on one replica (creates and restores past it are refused)")
+    max_staged_attempts: int = Field(default=10_000, ge=1, description="task attempts staged under one epoch, per job")
+    max_body_bytes: int = Field(default=64 << 20, ge=1, description="largest request body, in bytes")
+    max_page_size: int = Field(default=1000, ge=1, description="largest page of a listing")
+    max_jobs: int = Field(
+        default=1000, ge=1, description="most jobs on one replica (creates and restores past it are refused)"
+    )
     max_states_per_job: int = Field(
-        100, ge=1, description="most keyed states one job registers (operator states do not count)"
+        default=100, ge=1, description="most keyed states one job registers (operator states do not count)"
     )
     max_open_jobs: int = Field(
-        128, ge=1, description="RocksDB instances (one per job) kept open; the least recently used idle one closes"
+        default=128,
+        ge=1,
+        description="RocksDB instances (one per job) kept open; the least recently used idle one closes",
     )
     rocksdb_block_cache_bytes: int = Field(
-        256 << 20,
+        default=256 << 20,
         ge=0,
         description="RocksDB backend: one cache of table blocks (data, index, Bloom filters) shared by every job on "
         "the replica, in bytes (Flink's shared cache per slot); 0 leaves RocksDB's own 8 MiB per job",
     )
     max_map_read_entries: int = Field(
-        100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
+        default=100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
     )
-    max_list_bytes: int = Field(16 << 20, ge=1, description="largest stored list state of one key, in bytes")
+    max_list_bytes: int = Field(default=16 << 20, ge=1, description="largest stored list state of one key, in bytes")
     max_raw_stream_bytes: int = Field(
-        16 << 20,
+        default=16 << 20,
         ge=1,
         description="largest raw keyed stream of one key group, and largest raw operator state of one subtask "
         "(its partitions together), in bytes",
     )
     disk_reserve_bytes: int = Field(
-        256 << 20,
+        default=256 << 20,
         ge=0,
         description="free space kept on the data volume (RocksDB): below it writes are refused with 507 "
         "insufficient_storage and /readyz answers 503, so that every job can still be reopened (replaying its "
         "write-ahead log, kept under a quarter of this) and read; writes resume by themselves when space returns",
     )
     max_answer_bytes: int = Field(
-        64 << 20,
+        default=64 << 20,
         ge=1,
         description="most stored bytes of values one request reads back (batch, columnar, whole maps, listings, "
         "operator lists); larger answers are refused with 413 answer_too_large. Stored (msgpack) bytes: a JSON "
         "answer is up to 6x larger (docs/operations.md, Limits)",
     )
     max_header_bytes: int = Field(
-        64 << 10,
+        default=64 << 10,
         ge=1024,
         description="largest request head (request line and headers), in bytes: past it 431 header_too_large and "
         "the connection is closed",
     )
     header_timeout_s: float = Field(
-        10.0,
+        default=10.0,
         gt=0,
         description="seconds a request head may take to arrive, from the connection's opening (or the head's first "
         "byte on a kept-alive connection): past it 408 request_timeout and the connection is closed",
     )
     body_timeout_s: float = Field(
-        120.0,
+        default=120.0,
         gt=0,
         description="seconds a request body may take to arrive after its head: past it the connection is closed",
     )
     max_connections: int = Field(
-        1024,
+        default=1024,
         ge=1,
         description="HTTP connections open at once: one more is answered 503 too_many_connections and closed at once",
     )
-    keep_alive_timeout_s: float = Field(5.0, gt=0, description="seconds an idle kept-alive connection stays open")
+    keep_alive_timeout_s: float = Field(
+        default=5.0, gt=0, description="seconds an idle kept-alive connection stays open"
+    )
     access_log: AccessLog = Field(
-        "control",
+        default="control",
         description="uvicorn's access log: every request (all), or all but the data plane's successful requests "
         "(control: the batch, columnar and timer-columnar endpoints' 2xx, which /metrics counts)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info",
+        default="info",
         description="the server's own log (loggers statehouse.*, on stderr): info shows RocksDB instances opened "
         "and closed, restore swaps and data-volume reserve crossings; debug adds each request a limit refuses",
     )
     problem_docs_url: str = Field(
-        "",
+        default="",
         description="empty: a problem's `type` is its page on this service, /problems/<code>; else where the table "
         "of problem codes (app/problems.md) is published: `type` is <this>#<code>, one anchor per code",
     )

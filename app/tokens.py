@@ -3,9 +3,9 @@
 ``STATEHOUSE_API_TOKENS`` (and each line of ``STATEHOUSE_API_TOKENS_FILE``) is a comma-separated
 list of entries; an entry is ``TOKEN`` or ``TOKEN:SCOPE+SCOPE...``. A scope is a job name, ``*``
 (every job) or ``@admin`` (every job, and restores from ``STATEHOUSE_RESTORE_LOCATIONS``). A plain
-``TOKEN`` — the only form before scopes existed — is ``TOKEN:*``: every job, not admin.
+``TOKEN`` is ``TOKEN:*``: every job, not admin.
 
-Why these separators: entries were already comma-separated, so scopes cannot be; ``:`` and ``+``
+Why these separators: entries are comma-separated, so scopes cannot be; ``:`` and ``+``
 never occur in job names, ``:`` occurs in none of the usual token alphabets (hex, base64,
 base64url, UUIDs, JWTs), and ``@`` cannot start a job name, so ``@admin`` is never a job called
 ``admin``. Error messages name the entry by position and never echo a token.
@@ -108,7 +108,7 @@ def parse_tokens(variable: str, file: tuple[str, list[str]] | None = None) -> di
     """
     grants: dict[str, Grant] = {}
     seen_at: dict[str, str] = {}
-    sources = [("STATEHOUSE_API_TOKENS", [(None, variable)])]
+    sources: list[tuple[str, list[tuple[int | None, str]]]] = [("STATEHOUSE_API_TOKENS", [(None, variable)])]
     if file is not None:
         sources.append((file[0], list(enumerate(file[1], 1))))
     for source, lines in sources:

@@ -49,7 +49,7 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
         _raw_values_from_base64(operations)
     attempt = None
     if "attempt" in body or "partition" in body or "seq" in body:
-        attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))  # type: ignore[arg-type]
+        attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))
     size = len(await request.body())
     results = await dispatch(
         job,

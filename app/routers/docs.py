@@ -10,9 +10,9 @@ repository). Like ``/openapi.json`` they are never behind auth.
 from __future__ import annotations
 
 import os
-from importlib.resources import files
 from typing import Any
 
+import fastapi_offline
 from fastapi import Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.staticfiles import StaticFiles
@@ -23,7 +23,7 @@ from statehouse.app.problems import ApiError
 from statehouse.app.routing import api_router
 
 STATIC_URL = "/docs/static"
-STATIC_DIR = os.fspath(files("fastapi_offline").joinpath("static"))  # type: ignore[arg-type]
+STATIC_DIR = os.path.join(os.path.dirname(fastapi_offline.__file__), "static")
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
 
 # Defaults under the app's own swagger_ui_parameters: keep the bearer token across reloads so the

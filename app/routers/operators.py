@@ -116,7 +116,7 @@ async def list_broadcast(
     operator: str,
     name: str,
     paging: PageDep,
-) -> EntryPage:
+) -> Response:
     after = paging.after
 
     def page() -> Response:  # reads the whole broadcast state (kept small by design): off the event loop

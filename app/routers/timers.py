@@ -135,6 +135,7 @@ async def advance_timers(
     fires the same timers again, and only the committed attempt's firing removes them."""
     attempt = None
     if body.attempt is not None or body.partition is not None or body.seq is not None:
+        # AttemptRef checks all three, a missing one (None) included (as request_attempt's does).
         attempt = AttemptRef(body.partition, body.attempt, body.seq)  # type: ignore[arg-type]
     groups = job.keyspace.key_group_range(body.key_groups) if body.key_groups is not None else None
     cap = service.settings.max_batch_ops

@@ -17,9 +17,10 @@ from statehouse.app.routing import admin_route, api_router
 from statehouse.app.tokens import Grant
 from statehouse.backends.checkpointing.decision import Decision
 from statehouse.backends.checkpointing.rescale import RescaleParticipant
+from statehouse.protocol import routes
 from statehouse.protocol.urls import check_url
 
-router = api_router(prefix="/v1", tags=["operations"])
+router = api_router(tags=["operations"])
 
 
 class JobLayout(BaseModel):
@@ -64,20 +65,21 @@ class TopologyInfo(BaseModel):
         "so that a client given one seed URL learns the rest; empty when unset"
     )
     move: MoveInfo | None = Field(
-        None, description="the live rescale pending on this replica (docs/api.md, Live rescale); null when none"
+        default=None, description="the live rescale pending on this replica (docs/api.md, Live rescale); null when none"
     )
     retired: bool = Field(
-        False, description="a live rescale removed this replica: it owns no key group (every keyed request: 421)"
+        default=False,
+        description="a live rescale removed this replica: it owns no key group (every keyed request: 421)",
     )
     unassigned: bool = Field(
-        False,
+        default=False,
         description="a live rescale that was to add this replica was aborted: it holds nothing and is in no serving "
         "layout (not ready, skipped by clients) until a later move it joins commits; stop it, or keep it for that",
     )
 
 
 # 422: any route refuses a query string that is not UTF-8 (app/routing.py).
-@router.get("/topology", response_model=TopologyInfo, responses=doc.errors("invalid_argument"))
+@router.get(routes.TOPOLOGY, response_model=TopologyInfo, responses=doc.errors("invalid_argument"))
 async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
     """This replica's place in its replica set and the key-group range each job's data holds (docs/operations.md,
     "Topology"), and the live rescale pending here, if any."""
@@ -158,7 +160,7 @@ class PrepareBody(BaseModel):
         description="every replica's URL after the move, in index order (`http(s)://host[:port]`)",
     )
     initiator: str = Field(
-        "operator",
+        default="operator",
         pattern=r"^[A-Za-z0-9_.:@/-]{1,128}$",
         description="who starts the move: `operator` (the CLI, a chart hook), or a query's coordinator "
         "(`query:<job>`); a coordinator recovering from a crash aborts only the moves it started",
@@ -177,7 +179,7 @@ class LoadBody(BaseModel):
 class DecideBody(BaseModel):
     version: Version
     outcome: Literal["commit", "abort"]
-    replica_count: int | None = Field(None, ge=1, le=32768)
+    replica_count: int | None = Field(default=None, ge=1, le=32768)
     replica_urls: list[str] = Field(default_factory=list, max_length=32768)
     checkpoints: Checkpoints = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(
@@ -186,7 +188,7 @@ class DecideBody(BaseModel):
         "state holds needs none: the move's checkpoint records it and the load carries it)",
     )
     from_count: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=32768,
         description="N: the replica count the move starts from (default: this replica's record of the move), kept "
@@ -213,7 +215,9 @@ class DecisionInfo(BaseModel):
     checkpoints: dict[str, int]
     metadata: dict[str, Any]
     decided: float = Field(description="when, in Unix seconds")
-    from_count: int | None = Field(None, description="the replica count the move started from (null: not recorded)")
+    from_count: int | None = Field(
+        default=None, description="the replica count the move started from (null: not recorded)"
+    )
 
 
 def decision_info(decision: Decision) -> DecisionInfo:
@@ -227,7 +231,7 @@ LOAD = (*doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_incomplete", "checkpoi
 
 
 @router.post(
-    "/topology/prepare",
+    routes.path(routes.TOPOLOGY_STEP, step="prepare"),
     response_model=TopologyInfo,
     responses=doc.errors(*STEP, "invalid_argument", "rescale_pending", "batch_in_flight", "rescale_decided"),
 )
@@ -243,7 +247,7 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
 
 
 @router.post(
-    "/topology/load",
+    routes.path(routes.TOPOLOGY_STEP, step="load"),
     response_model=LoadInfo,
     responses=doc.errors(*STEP, *LOAD),
 )
@@ -257,7 +261,7 @@ async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> 
 
 
 @router.post(
-    "/topology/decide",
+    routes.path(routes.TOPOLOGY_STEP, step="decide"),
     response_model=DecisionInfo,
     responses=doc.errors(*STEP, *doc.CHECKPOINT_STORAGE, "invalid_name", "rescale_decided", "rescale_incomplete"),
 )
@@ -279,7 +283,7 @@ async def decide_rescale(service: ServiceDep, grant: GrantDep, body: DecideBody)
     return decision_info(decision)
 
 
-@router.get("/topology/decision", response_model=DecisionInfo, responses=doc.errors(*STEP, "not_found"))
+@router.get(routes.TOPOLOGY_DECISION, response_model=DecisionInfo, responses=doc.errors(*STEP, "not_found"))
 @admin_route(ADMIN_STEP)
 async def get_rescale_decision(
     service: ServiceDep, grant: GrantDep, version: Annotated[int, Query(ge=1, le=2**31 - 1)]
@@ -292,7 +296,7 @@ async def get_rescale_decision(
 
 
 @router.post(
-    "/topology/commit",
+    routes.path(routes.TOPOLOGY_STEP, step="commit"),
     response_model=TopologyInfo,
     responses=doc.errors(*STEP, "rescale_not_decided", "rescale_not_loaded"),
 )
@@ -304,7 +308,11 @@ async def commit_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody
     return await run_in_threadpool(topology_info, service, grant)
 
 
-@router.post("/topology/abort", response_model=TopologyInfo, responses=doc.errors(*STEP, "rescale_decided"))
+@router.post(
+    routes.path(routes.TOPOLOGY_STEP, step="abort"),
+    response_model=TopologyInfo,
+    responses=doc.errors(*STEP, "rescale_decided"),
+)
 @admin_route(ADMIN_STEP)
 async def abort_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> TopologyInfo:
     """Undo the move here (decides abort if undecided; 409 `rescale_decided` once commit was decided): loaded key
