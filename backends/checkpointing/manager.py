@@ -67,6 +67,13 @@ class _JobCheckpoints:
 
 
 class CheckpointManager:
+    """One replica's checkpoints and savepoints of every job (Flink's ``CheckpointCoordinator``
+    as far as a replica takes part): triggers a snapshot with the strategy the job's store picks,
+    completes or aborts it when the driver says so, keeps the ``num_retained`` newest completed
+    parts per job (and the shared files they reference), restores a job from any snapshot in
+    storage or an allowed location, and loads a live rescale's key groups. Holds one thread pool
+    for the snapshots' asynchronous parts; :meth:`close` stops it."""
+
     def __init__(
         self,
         catalog: JobCatalog,
