@@ -15,6 +15,10 @@ from statehouse.backends.catalog import JobCatalog
 
 
 class Metrics:
+    """A replica's Prometheus metrics, served at ``/metrics``: requests and latencies per route,
+    state operations per kind, problems per code, the resources held and the live rescale. Each
+    app has its own registry, so that apps in one process (the tests') count apart."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(

@@ -84,6 +84,9 @@ class JobBody(Strict):
 
 
 class JobInfo(BaseModel):
+    """A job as this replica holds it: its key groups and their range here, its states, and where its
+    writer epochs and micro-batches stand."""
+
     job: str
     max_parallelism: int
     key_group_range: KeyGroupRange = Field(description="inclusive key-group range [start, end] this replica owns")
@@ -134,6 +137,9 @@ class TtlBody(Strict):
 
 
 class DescriptorBody(Strict):
+    """A keyed state's descriptor, Flink's StateDescriptor: its kind, key type, default, function,
+    TTL and value type (what `PUT /v1/jobs/{job}/states/{state}` registers)."""
+
     kind: StateKind
     key_type: KeyType = "string"
     default: JsonValue = Field(default=None, description="value state only: returned for an absent key")
@@ -281,6 +287,9 @@ class BatchOp(BaseModel):
 
 
 class BatchRequest(BaseModel):
+    """Operations applied in order and atomically; `epoch` fences them, and `partition`, `attempt`
+    and `seq` stage them for a Spark task attempt until its epoch is committed."""
+
     ops: list[BatchOp]
     epoch: int | None = Field(
         default=None,
@@ -334,6 +343,9 @@ MAX_WAIT_MS = 10_000  # the longest a request waits for a checkpoint's upload to
 
 
 class TriggerBody(Strict):
+    """A trigger of this replica's part of a checkpoint or savepoint: its id, what to keep with it,
+    and how long to wait for its upload (and whether to complete it then) in the same request."""
+
     checkpoint_id: int | None = Field(
         default=None, ge=1, le=MAX_CHECKPOINT_ID, description="the id to use (the coordinator's); default last + 1"
     )
@@ -407,6 +419,9 @@ CheckpointPage = _page_model(
 
 
 class RestoreBody(Strict):
+    """What to restore the job from: one of its checkpoints or savepoints by id, or a snapshot's
+    location; and, for operator list state, a new subtask count per operator."""
+
     checkpoint_id: int | None = Field(
         default=None, ge=1, le=MAX_CHECKPOINT_ID, description="a checkpoint or savepoint id of this job"
     )
@@ -450,6 +465,9 @@ EpochReportModel = _report_model(
 
 
 class FenceBody(Strict):
+    """A raise of the job's writer epoch, which fences out the writers of older epochs (docs/api.md,
+    Writer epochs)."""
+
     epoch: int = Field(
         ge=0,
         le=MAX_EPOCH,
@@ -524,6 +542,9 @@ class TimerPage(Page):
 
 
 class AdvanceBody(Strict):
+    """An advance of a time domain (the event-time watermark or the processing-time clock) that
+    fires the timers due, optionally for some key groups only, fenced and staged as a batch is."""
+
     to: Timestamp = Field(description="the new watermark (event time) or clock (processing time); never lowers it")
     key_groups: KeyGroupRange | None = Field(
         default=None,

@@ -41,6 +41,9 @@ def decode_cursor(cursor: str | None) -> bytes | None:
 
 @dataclass(frozen=True)
 class PageRequest:
+    """A listing's page as the request asks for it (``?limit=`` and ``?cursor=``), with what every
+    paged route needs: the cursor as an integer, the page taken from the items, the next cursor."""
+
     limit: int  # already capped at STATEHOUSE_MAX_PAGE_SIZE
     after: bytes | None  # the decoded cursor: the position of the last item of the previous page
 

@@ -19,6 +19,10 @@ from statehouse.snapshots.storage.locations import parse_restore_locations
 
 
 class Settings(BaseSettings):
+    """The server's configuration, read from ``STATEHOUSE_*`` environment variables (each field's
+    name, upper-cased, after the prefix): backend and directories, the replica set, checkpoint
+    storage, tokens, limits and the HTTP server's. :func:`load_settings` reads it at start."""
+
     model_config = SettingsConfigDict(env_prefix="STATEHOUSE_", extra="ignore")
 
     backend: Literal["rocksdb", "heap"] = Field(default="rocksdb", description="state backend")

@@ -51,6 +51,10 @@ class MoveInfo(BaseModel):
 
 
 class TopologyInfo(BaseModel):
+    """This replica's place in its replica set: the set's identity and topology version, this
+    replica's index and the count, the key groups each job's data holds here, the replicas' URLs,
+    and the live rescale pending here, if any."""
+
     set_id: str = Field(description="the replica set's identity (STATEHOUSE_REPLICA_SET_ID, or from checkpoint dir)")
     version: int = Field(
         description="1 at the data directory's first start; +1 at each adopted change of count or index, or the "
@@ -177,6 +181,9 @@ class LoadBody(BaseModel):
 
 
 class DecideBody(BaseModel):
+    """The durable decision of a live rescale: commit or abort the move to `version`, with what
+    whoever resumes the move needs (the new count and URLs, the checkpoints it loaded)."""
+
     version: Version
     outcome: Literal["commit", "abort"]
     replica_count: int | None = Field(default=None, ge=1, le=32768)
