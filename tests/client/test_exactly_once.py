@@ -5,8 +5,9 @@ import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt, commit_bodies, merged, winners
-from statehouse.client.coordinator import Applied, MicroBatchCoordinator, MicroBatchLost, StateBehind
+from statehouse.client.coordinator import Applied, MicroBatchCoordinator, StateBehind
 from statehouse.client.spark import CommitMessages
+from tests.support.micro_batches import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
 
 pytestmark = [pytest.mark.http]
 
@@ -18,24 +19,6 @@ def setup(two_replicas, job_name):
     job.register("total", "reducing", function="sum")
     yield job, MicroBatchCoordinator(job)
     client.close()
-
-
-def totals(job, keys):
-    with job.batch() as reads:
-        pending = {k: reads.get("total", k) for k in keys}
-    return {k: p.value for k, p in pending.items()}
-
-
-KEYS = [f"user-{i}" for i in range(20)]
-
-
-def task(job, plan, partition, amount, keys=KEYS, task_id=0):
-    """One task attempt adding ``amount`` to each key; returns its commit message."""
-    attempt = TaskAttempt(plan.epoch, partition, len(job.replicas), unit="u", task=task_id)
-    with job.batch(attempt=attempt) as writes:
-        for k in keys:
-            writes.add("total", k, amount)
-    return attempt.message()
 
 
 def test_batches_apply_once_at_the_commit_and_replays_do_not_write(setup):
@@ -96,20 +79,6 @@ def test_a_driver_dying_mid_commit_is_undone_by_the_next_attempt(setup):
 
 def test_a_replica_without_the_staged_writes_fails_the_batch_and_applies_nothing(setup):
     check_a_replica_without_the_staged_writes_fails_the_batch(*setup)
-
-
-def check_a_replica_without_the_staged_writes_fails_the_batch(job, coordinator):
-    """The last replica loses the attempt's staged writes (as if it restarted): the commit fails
-    whole, nothing is applied anywhere (replica 0 of two neither), and a retry applies once."""
-    plan = coordinator.begin(0)
-    message = task(job, plan, 0, 1)
-    job.replicas[-1].json("POST", f"/v1/jobs/{job.name}/epochs/{plan.epoch}/abort")  # as if it restarted
-    with pytest.raises(MicroBatchLost, match="attempt_lost"):
-        coordinator.commit(plan, [message])
-    assert set(totals(job, KEYS).values()) == {None}
-    retry = coordinator.begin(0)
-    coordinator.commit(retry, [task(job, retry, 0, 1)])
-    assert set(totals(job, KEYS).values()) == {1}
 
 
 def test_a_gap_in_batch_ids_is_refused(setup):

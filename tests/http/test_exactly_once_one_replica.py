@@ -9,7 +9,7 @@ import pytest
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import commit_bodies, winners
 from statehouse.client.coordinator import Applied, MicroBatchCoordinator
-from tests.client.test_exactly_once import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
+from tests.support.micro_batches import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
 
 pytestmark = [pytest.mark.http]
 

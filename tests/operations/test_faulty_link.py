@@ -16,8 +16,8 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.errors import StatehouseError
-from tests.client.test_exactly_once import KEYS, task, totals
 from tests.support.faulty_proxy import FaultyProxy
+from tests.support.micro_batches import KEYS, task, totals
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]
