@@ -15,7 +15,8 @@ from statehouse.app.dependencies import Service
 from statehouse.app.problems import ApiError
 from statehouse.app.wire import JSON, read_arrow
 from statehouse.backends.bounds import MAX_EPOCH, MAX_PARTITION, MAX_SEQ
-from statehouse.backends.staging import ATTEMPT_PATTERN, AttemptRef
+from statehouse.backends.staging import AttemptRef
+from statehouse.protocol.attempts import ATTEMPT_FIELDS, ATTEMPT_PATTERN
 from statehouse.snapshots.stored.codec import parse_decimal
 from statehouse.snapshots.stored.names import NAME_PATTERN
 
@@ -68,13 +69,11 @@ def query_count(request: Request, name: str) -> int | None:
 
 def request_attempt(request: Request) -> AttemptRef | None:
     """The task attempt a request comes from, if it names one (see the batch endpoint)."""
-    partition, seq = query_count(request, "partition"), query_count(request, "seq")
-    attempt = request.query_params.get("attempt")
-    if attempt is None and partition is None and seq is None:
-        return None
-    # AttemptRef checks all three, a missing one (None) included, and refuses them in its words:
-    # its fields are typed as checked, so a value not yet checked does not type-check.
-    return AttemptRef(partition, attempt, seq)  # type: ignore[arg-type]
+    fields: dict[str, Any] = {}
+    for name in ATTEMPT_FIELDS:  # in this order, as the query's errors are reported
+        if name in request.query_params:
+            fields[name] = request.query_params[name] if name == "attempt" else query_count(request, name)
+    return AttemptRef.named_in(fields)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from statehouse.backends.bounds import MAX_CHECKPOINT_ID, MAX_EPOCH, MAX_PARTITI
 from statehouse.backends.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.backends.job import Job
 from statehouse.backends.redistribution import MAX_SUBTASKS
-from statehouse.backends.staging import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.backends.timers import TimeDomain
+from statehouse.protocol.attempts import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import RawOpName, StateOpName, TimerOpName
 from statehouse.snapshots.stored.codec import parse_decimal

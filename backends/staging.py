@@ -18,7 +18,6 @@ instead of committing part of a batch.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from statehouse.backends.errors import AttemptConflict, EpochSealed
 from statehouse.backends.memory import released
 from statehouse.backends.runs import Run
 from statehouse.backends.timers import TimerFloors
+from statehouse.protocol.attempts import check_attempt_id, check_unit, named_attempt
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange
 
@@ -50,17 +50,7 @@ STAGED_ROW_OVERHEAD = 256
 STAGED_TIMER_OVERHEAD = 512
 
 
-ATTEMPT_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-_ATTEMPT_ID = re.compile(ATTEMPT_PATTERN[1:-1])  # fullmatch: "$" would also match before a final newline
-UNIT_PATTERN = r"^[A-Za-z0-9._:-]{0,128}$"
-_UNIT = re.compile(UNIT_PATTERN[1:-1])
 _WINNER_FIELDS = frozenset({"partition", "attempt", "ops"})
-
-
-def _attempt_id(value: Any) -> str:
-    if not isinstance(value, str) or not _ATTEMPT_ID.fullmatch(value):
-        raise InvalidArgument(f"'attempt' must be 1-128 characters of A-Z a-z 0-9 . _ : -; got {value!r}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +64,15 @@ class AttemptRef:
 
     def __post_init__(self) -> None:
         check_range(self.partition, "partition", MAX_PARTITION)
-        _attempt_id(self.attempt)
+        check_attempt_id(self.attempt)
         check_range(self.seq, "seq", MAX_SEQ)
+
+    @classmethod
+    def named_in(cls, fields: Mapping[str, Any]) -> AttemptRef | None:
+        """The task attempt a request's fields name (its body, or its query decoded), each of the
+        three checked, a missing one refused; ``None`` when they name none of them."""
+        named = named_attempt(fields)
+        return None if named is None else cls(*named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +92,9 @@ class Winner:
 
     def __post_init__(self) -> None:
         check_range(self.partition, "partition", MAX_PARTITION)
-        _attempt_id(self.attempt)
+        check_attempt_id(self.attempt)
         check_range(self.ops, "ops", MAX_SEQ)
-        if not isinstance(self.unit, str) or not _UNIT.fullmatch(self.unit):
-            raise InvalidArgument(f"'unit' must be 0-128 characters of A-Z a-z 0-9 . _ : -; got {self.unit!r}")
+        check_unit(self.unit)
 
     @classmethod
     def parse(cls, items: Any) -> list[Winner]:

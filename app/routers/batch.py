@@ -47,9 +47,7 @@ async def batch(service: ServiceDep, job: JobDep, request: Request) -> Response:
     service.check_batch_size(len(operations), "operations")
     if not is_msgpack(request.headers.get("content-type")):
         _raw_values_from_base64(operations)
-    attempt = None
-    if "attempt" in body or "partition" in body or "seq" in body:
-        attempt = AttemptRef(body.get("partition"), body.get("attempt"), body.get("seq"))
+    attempt = AttemptRef.named_in(body)
     size = len(await request.body())
     results = await dispatch(
         job,

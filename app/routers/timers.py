@@ -33,6 +33,7 @@ from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import TimeDomain
+from statehouse.protocol.attempts import ATTEMPT_FIELDS
 from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import TimerColumnOpName
 from statehouse.snapshots.stored import codec
@@ -133,10 +134,7 @@ async def advance_timers(
     atomically. `epoch` fences as on the batch endpoint; with `partition`, `attempt` and `seq` the firing
     is staged for the task attempt (one write operation) and committed with its epoch: a retried attempt
     fires the same timers again, and only the committed attempt's firing removes them."""
-    attempt = None
-    if body.attempt is not None or body.partition is not None or body.seq is not None:
-        # AttemptRef checks all three, a missing one (None) included (as request_attempt's does).
-        attempt = AttemptRef(body.partition, body.attempt, body.seq)  # type: ignore[arg-type]
+    attempt = AttemptRef.named_in(body.model_dump(include=set(ATTEMPT_FIELDS), exclude_none=True))
     groups = job.keyspace.key_group_range(body.key_groups) if body.key_groups is not None else None
     cap = service.settings.max_batch_ops
     limit = min(body.limit or cap, cap)
