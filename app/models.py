@@ -20,9 +20,9 @@ from statehouse.backends.redistribution import MAX_SUBTASKS
 from statehouse.backends.timers import TimeDomain
 from statehouse.protocol.attempts import ATTEMPT_PATTERN, UNIT_PATTERN
 from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
-from statehouse.protocol.ops import RawOpName, StateOpName, TimerOpName
+from statehouse.protocol.ops import RawOpName, StateKind, StateOpName, TimerOpName
 from statehouse.snapshots.stored.codec import parse_decimal
-from statehouse.snapshots.stored.descriptors import StateDescriptor, StateKind
+from statehouse.snapshots.stored.descriptors import StateDescriptor
 from statehouse.snapshots.stored.names import NAME_PATTERN
 from statehouse.snapshots.stored.ttl import TtlConfig, UpdateType, Visibility
 from statehouse.snapshots.stored.value_types import ValueType
