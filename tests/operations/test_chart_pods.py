@@ -30,7 +30,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.operations.test_shipping import render as render_with
+from tests.support.chart import render as render_with
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY
 from tests.support.server import free_port, stop_process
 

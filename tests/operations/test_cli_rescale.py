@@ -25,7 +25,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.cli.serve import read_state, state_path
 from statehouse.client.rescale import LiveRescale
 from statehouse.protocol.keygroups import assign_to_key_group, operator_index
-from tests.operations.test_cli import CLI, Served, cli, environment, free_ports
+from tests.support.cli import CLI, Served, cli, environment, free_ports
 from tests.support.replica_set import ReplicaSet
 from tests.support.server import REPO
 

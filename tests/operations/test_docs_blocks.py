@@ -29,89 +29,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support.docs_blocks import Block, check_output, parse_page
 from tests.support.server import REPO, free_port, start_server, start_two_replicas
 
 pytestmark = [pytest.mark.http]
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-RUN = {"sh": "bash", "bash": "bash", "python": "python"}
-NOT_CODE = {"json", "mermaid", "yaml", ""}  # data, diagrams and layouts: shown, not run
-MARKER = re.compile(r"<!--\s*docs-test:\s*(\w+)\s*(.*?)\s*-->")
-FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
-LIST_ITEM = re.compile(r"^\s*([-*+]|\d+\.)\s")
-EXPECTED = re.compile(r"#\s*([\[{].*)$")
 TIMEOUT = 60  # seconds for one block: a hung command fails instead of stalling the suite
-
-
-@dataclass
-class Block:
-    page: str
-    line: int
-    language: str  # "bash" or "python"
-    code: str
-    marker: str | None  # "skip", "spark" or None
-    reason: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.page}:{self.line}"
-
-
-def parse(path: Path) -> list[Block]:
-    """The page's fenced and indented code blocks, with the marker on the line before each."""
-    page = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
-    lines = path.read_text().splitlines()
-    blocks: list[Block] = []
-    previous = ""  # the last non-blank line before the current one
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        fence = FENCE.match(line)
-        if fence:
-            indent, language = fence.groups()
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-            code = "\n".join(body[len(indent) :] for body in lines[i + 1 : end]) + "\n"
-            blocks.append(_block(page, i + 1, language, code, previous))
-            previous, i = "```", end + 1
-            continue
-        indented = line.startswith("    ") and line.strip() and i > 0 and not lines[i - 1].strip()
-        if indented and not LIST_ITEM.match(previous) and not previous.startswith((" ", "|")):
-            end = i
-            while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
-                end += 1
-            code = "\n".join(body[4:] for body in lines[i:end]).strip() + "\n"
-            blocks.append(_block(page, i + 1, "sh", code, previous))
-            previous, i = code, end
-            continue
-        if line.strip():
-            previous = line
-        i += 1
-    return blocks
-
-
-def _block(page: str, line: int, language: str, code: str, previous: str) -> Block:
-    marker = MARKER.search(previous)
-    if language not in RUN and language not in NOT_CODE:
-        raise AssertionError(f"{page}:{line}: a ```{language} block: use sh, bash or python (run) or mark it")
-    return Block(
-        page,
-        line,
-        RUN.get(language, ""),
-        code,
-        marker.group(1) if marker else None,
-        marker.group(2).strip("() ") if marker else "",
-    )
-
-
-def parse_page(path: Path) -> list[Block]:
-    """The blocks this test runs (shell and Python) or skips by their marker."""
-    return [block for block in parse(path) if block.language]
 
 
 BLOCKS = [block for path in PAGES for block in parse_page(path)]
@@ -153,10 +82,6 @@ def with_addresses(code: str, addresses: dict[str, str]) -> str:
     return code
 
 
-def expected_output(code: str) -> list[str]:
-    return [m.group(1).strip() for line in code.splitlines() if (m := EXPECTED.search(line))]
-
-
 def run(block: Block, addresses: dict[str, str], workdir: Path) -> subprocess.CompletedProcess:
     code = with_addresses(block.code, addresses)
     venv_bin = str(Path(sys.executable).parent)
@@ -167,14 +92,6 @@ def run(block: Block, addresses: dict[str, str], workdir: Path) -> subprocess.Co
     }
     command = ["bash", "-euo", "pipefail", "-c", code] if block.language == "bash" else [sys.executable, "-c", code]
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-
-
-def check_output(block: Block, stdout: str) -> None:
-    position = 0
-    for expected in expected_output(block.code):
-        found = stdout.find(expected, position)
-        assert found >= 0, f"{block.id}: {expected!r} not in the output after position {position}:\n{stdout}"
-        position = found + len(expected)
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])

@@ -14,8 +14,8 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale
-from tests.operations.test_rescale_s3_down import JOB, KEYS, STATE, P, ended, start_set
 from tests.support.replica_set import misplaced
+from tests.support.rescale_s3 import JOB, KEYS, STATE, P, ended, start_set
 from tests.support.s3server import SeaweedS3
 from tests.support.writers import Writers
 

@@ -17,7 +17,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.rescale import LiveRescale
 from statehouse.snapshots.storage import open_storage
-from tests.operations.test_cli import cli_json
+from tests.support.cli import cli_json
 from tests.support.replica_set import ReplicaSet
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # 30-60 s each: three replica processes, a move

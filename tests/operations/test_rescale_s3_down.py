@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,15 +23,14 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale, RescaleLeftPending
 from statehouse.protocol.keygroups import assign_to_key_group
-from tests.operations.test_cli import cli
-from tests.support.replica_set import ReplicaSet, misplaced
+from tests.support.cli import cli
+from tests.support.replica_set import misplaced
+from tests.support.rescale_s3 import JOB, KEYS, STATE, P, ended, start_set
 from tests.support.s3server import SeaweedS3
 from tests.support.writers import Writers
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # 20-40 s each: three replica processes, S3 restarts
 
-JOB, STATE, P = "s3down", "appended", 128
-KEYS = [f"user-{i}" for i in range(120)]
 # The driver's bound on each wait while S3 stays down (it then leaves the move pending); the
 # storage coming back is awaited by events, never by this.
 SHORT_WAIT = 3.0
@@ -46,17 +44,6 @@ def s3(s3_server: SeaweedS3) -> Iterator[SeaweedS3]:
     finally:
         if s3_server._process is None:
             s3_server.start()
-
-
-def start_set(root: Path, s3: SeaweedS3, location: str, backend: str) -> tuple[ReplicaSet, list[str], str]:
-    """Replicas 0 and 1 of 2 with the job, and a new, empty replica 2 of 3 at version 2; over S3."""
-    storage = {"STATEHOUSE_CHECKPOINT_DIR": location, "STATEHOUSE_S3_ENDPOINT_URL": s3.endpoint}
-    replicas = ReplicaSet(root, storage, backend=backend)
-    seeds = replicas.start(2)
-    new = replicas.add(2, 3, version=2).url
-    with StatehouseClient(seeds) as client:
-        client.create_job(JOB, P).register(STATE, "list")
-    return replicas, seeds, new
 
 
 def key_in(start: int, end: int) -> str:
@@ -89,19 +76,6 @@ def old_layout_serves_around_the_frozen_key_groups(seeds: list[str], phase: str)
 
 def decision(url: str) -> httpx.Response:
     return httpx.get(f"{url}/v1/topology/decision", params={"version": 2}, timeout=60)
-
-
-def ended(seeds: list[str], new: str, outcome: str) -> list[str]:
-    """The layout serving once the move ended: the old two replicas (aborted; the new one holds
-    nothing) or all three (committed); their URLs."""
-    shown = [httpx.get(f"{url}/v1/topology", timeout=30).json() for url in [*seeds, new]]
-    assert [s["move"] for s in shown] == [None, None, None]
-    if outcome == "aborted":
-        assert [(s["replica_count"], s["version"]) for s in shown[:2]] == [(2, 1), (2, 1)]
-        assert (shown[2]["jobs"], shown[2]["unassigned"]) == ([], True)  # it was to join: it holds nothing
-        return seeds
-    assert [(s["replica_count"], s["version"]) for s in shown] == [(3, 2)] * 3
-    return [*seeds, new]
 
 
 @pytest.mark.parametrize(("backend", "end"), [("heap", "--abort"), ("rocksdb", "--resume")])

@@ -17,7 +17,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale
-from tests.operations.test_cli import cli
+from tests.support.cli import cli
 from tests.support.replica_set import ReplicaSet, misplaced
 from tests.support.writers import Writers
 

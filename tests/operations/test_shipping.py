@@ -29,13 +29,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.chart import NAMESPACE, RELEASE, render
 from tests.support.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "statehouse"
 DOCKERFILE = REPO / "Dockerfile"
 KUBE_VERSION = "1.32.0"
-RELEASE, NAMESPACE = "sh", "state"
 FULLNAME = f"{RELEASE}-statehouse"
 HEADLESS = f"{FULLNAME}-headless"
 
@@ -97,17 +97,6 @@ def chart():
     loaded = hp.Chart.load(CHART)
     yield loaded
     loaded.close()
-
-
-def render(chart, values: dict) -> tuple[list[dict], str]:
-    out = chart.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    docs, notes = [], ""
-    for path, text in out.items():
-        if path.endswith("NOTES.txt"):
-            notes = text
-        elif path.endswith((".yaml", ".yml")):
-            docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return docs, notes
 
 
 def one(docs: list[dict], kind: str, name: str | None = None) -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,8 @@ import pytest
 
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
-from tests.spark.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
-from tests.support.server import REPO, ServerProcess, start_servers
+from tests.support.features_pipeline import assert_matches, make_events, reference, state_of, write_files
+from tests.support.server import REPO
 from tests.support.spark_driver import STEPS, kill_session
 from tests.support.spark_driver import run as run_query
 
@@ -44,23 +43,6 @@ AFTER_KILL: dict[str, tuple[int, list[str], list[str] | None]] = {
     "before-checkpoint": (0, ["new", "new"], ["committed", "committed"]),
     "after-checkpoint": (1, ["anchor", "anchor"], ["committed", "committed"]),
 }
-
-
-@pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two RocksDB replicas sharing one checkpoint storage, keeping every checkpoint (so the test
-    sees each batch's), for every case: each case has a job of its own (checkpoints, epochs,
-    attempts and retention are per job), and two server starts per case cost ~10% of the file."""
-    shared = str(tmp_path_factory.mktemp("checkpoints"))
-    env = {"STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared, "STATEHOUSE_NUM_RETAINED": "20"}
-    specs = [(tmp_path_factory.mktemp(f"replica-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}) for i in range(2)]
-    servers: list[ServerProcess] = []
-    try:
-        servers = start_servers(specs)
-        yield [s.url for s in servers]
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def run_driver(tmp_path: Path, urls: list[str], job: str, pipeline: str, log: Path, kill_at: str) -> int:

@@ -2,30 +2,24 @@
 (``local[2,2]``: failed tasks are retried) and real replicas; every user's state is compared
 with an oracle computed in plain Python over the same input: no update lost, none doubled."""
 
-import contextlib
 import os
-import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from docs.examples import user_features
-from statehouse.client import ClientConfig, StatehouseClient
-from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client import ClientConfig
 from statehouse.client.spark import exactly_once, with_state
-from tests.spark.test_spark_pipeline import (
-    assert_matches,
+from tests.support.features_pipeline import (
+    check_against_oracle,
     event_stream,
+    kill_a_replica_mid_batch,
     make_events,
-    reference,
+    marker_once,
     run,
     start_query,
-    state_of,
     write_files,
 )
-from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -33,23 +27,6 @@ FEATURES_SCHEMA = (
     "user_id STRING, batch_id LONG, total_spent DOUBLE, avg_amount DOUBLE, "
     "recent_items ARRAY<STRING>, item_counts MAP<STRING, LONG>"
 )
-
-
-def marker_once(path):
-    """True the first time only (across Spark's Python worker processes)."""
-    try:
-        with open(path, "x"):
-            return True
-    except FileExistsError:
-        return False
-
-
-def check_against_oracle(urls, job, batches):
-    expected = reference(batches)
-    assert_matches(state_of(urls, job, expected), expected)
-    with StatehouseClient(list(urls)) as client:
-        done = [c.metadata["batch_id"] for c in MicroBatchCoordinator(client.job(job)).completed()]
-    assert done[-len(batches) :] == list(range(len(batches)))
 
 
 def test_a_task_failing_after_its_writes_is_retried_and_counted_once(spark, tmp_path, two_replicas, job_name):
@@ -95,57 +72,6 @@ def test_duplicate_attempts_of_every_partition_count_once(spark, tmp_path, two_r
     query.awaitTermination(240)
     assert query.exception() is None
     check_against_oracle(urls, job_name, batches)
-
-
-def restart_in_place(server, tmp_path_factory):
-    server.stop(signal.SIGKILL)
-    workdir = tmp_path_factory.getbasetemp() / "restarted"
-    port = int(server.url.rsplit(":", 1)[1])
-    # The same data directory (RocksDB survives the kill), the same checkpoint storage and port.
-    return start_server(workdir, server.settings, port=port)
-
-
-def kill_a_replica_mid_batch(start, replicas, tmp_path, tmp_path_factory, job, batches, restore, caplog):
-    """Run a query (``start(config, on_partition)`` starts it) over ``batches`` while replica 1 of
-    ``replicas`` is killed (SIGKILL) and restarted in place after a task's writes of batch 1
-    (``restore``: then restored from the latest global checkpoint, as if its disk were lost);
-    the batch must fail loudly, re-run, and every user's state equal the oracle's."""
-    urls = [s.url for s in replicas]
-    write_files(tmp_path / "input", batches)
-    reached, go = tmp_path / "reached", tmp_path / "go"
-
-    def hold_first_attempt(ctx):
-        # Batch 1, after a task's writes: wait while the test kills and restarts replica 1.
-        if ctx.batch_id == 1 and marker_once(str(reached)):
-            deadline = time.monotonic() + 120
-            while not go.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
-
-    config = ClientConfig.of(urls, retries=10, backoff=0.1)  # tasks ride out the restart (~3 s)
-    query = start(config, hold_first_attempt)
-    try:
-        deadline = time.monotonic() + 120
-        while not reached.exists():
-            assert time.monotonic() < deadline and query.isActive, query.exception()
-            time.sleep(0.1)
-        replicas[1] = restart_in_place(replicas[1], tmp_path_factory)
-        if restore:  # the replica lost its disk: restore it from the latest global checkpoint
-            with StatehouseClient(urls) as client:
-                latest = MicroBatchCoordinator(client.job(job)).latest()
-                assert latest is not None and latest.metadata["batch_id"] == 0
-            httpx.post(
-                f"{urls[1]}/v1/jobs/{job}/restore", json={"checkpoint_id": latest.checkpoint_id}, timeout=60
-            ).raise_for_status()
-        go.touch()
-        with caplog.at_level("WARNING", logger="statehouse.client.spark"):
-            query.awaitTermination(240)
-    finally:
-        go.touch()
-        with contextlib.suppress(Exception):
-            query.stop()
-    assert query.exception() is None
-    assert any("is re-run" in r.getMessage() for r in caplog.records)  # loudly, and re-run
-    check_against_oracle(urls, job, batches)
 
 
 @pytest.mark.parametrize("restore", [False, True], ids=["restart", "restart-and-restore"])

@@ -11,8 +11,7 @@ import pytest
 
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once, with_state_grouped
-from tests.spark.test_spark_exactly_once import marker_once
-from tests.spark.test_spark_pipeline import event_stream, make_events, write_files
+from tests.support.features_pipeline import event_stream, make_events, marker_once, write_files
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 

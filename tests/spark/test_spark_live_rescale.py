@@ -26,7 +26,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
-from tests.spark.test_spark_pipeline import assert_matches, make_events, reference, state_of, write_files
+from tests.support.features_pipeline import assert_matches, make_events, reference, state_of, write_files
 from tests.support.replica_set import ReplicaSet, holders, misplaced
 from tests.support.s3server import s3_env
 from tests.support.server import REPO

@@ -1,136 +1,17 @@
 """The user-features Structured Streaming job on real local Spark against real replicas:
 end to end, a batch that fails midway, and a rescale from 2 to 3 replicas."""
 
-import contextlib
 import json
 import os
-import random
-from collections import Counter, defaultdict
 
 import pytest
 
-from docs.examples import user_features, user_features_columnar
-from docs.examples.streaming import start_json_stream
-from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
+from tests.support.features_pipeline import assert_matches, make_events, reference, run, state_of, write_files
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
-
-
-def make_events(seed, files, per_file, users=25):
-    rng = random.Random(seed)
-    items = ["book", "pen", "ink", "lamp", "mug", "desk"]
-    return [
-        [
-            {
-                "user_id": f"user-{rng.randrange(users)}",
-                "item": rng.choice(items),
-                "amount": float(rng.randrange(1, 500)),
-                "event_time": f"2026-11-23T00:{f:02d}:{i % 60:02d}Z",
-            }
-            for i in range(per_file)
-        ]
-        for f in range(files)
-    ]
-
-
-def write_files(directory, batches, start=0):
-    directory.mkdir(parents=True, exist_ok=True)
-    for n, events in enumerate(batches, start):
-        path = directory / f"events-{n:03d}.json"
-        path.write_text("".join(json.dumps(e) + "\n" for e in events))
-
-
-def reference(batches):
-    """Each user's state computed in plain Python."""
-    amounts, items = defaultdict(list), defaultdict(list)
-    for events in batches:
-        for e in events:
-            amounts[e["user_id"]].append(e["amount"])
-            items[e["user_id"]].append(e["item"])
-    return {
-        u: {
-            "total_spent": sum(amounts[u]),
-            "avg_amount": sum(amounts[u]) / len(amounts[u]),
-            "recent_items": sorted(items[u]),
-            "item_counts": dict(Counter(items[u])),
-        }
-        for u in amounts
-    }
-
-
-def state_of(urls, job, users):
-    with StatehouseClient(list(urls)) as client:
-        j = client.job(job)
-        with j.batch() as reads:
-            pending = {
-                u: {s: reads.get(s, u) for s in ("total_spent", "avg_amount", "recent_items", "item_counts")}
-                for u in users
-            }
-    return {
-        u: {
-            "total_spent": p["total_spent"].value,
-            "avg_amount": p["avg_amount"].value,
-            "recent_items": sorted(p["recent_items"].value or []),
-            "item_counts": p["item_counts"].value,
-        }
-        for u, p in pending.items()
-    }
-
-
-def assert_matches(actual, expected):
-    assert set(actual) == set(expected)
-    for user, features in expected.items():
-        got = actual[user]
-        assert got["total_spent"] == pytest.approx(features["total_spent"]), user
-        assert got["avg_amount"] == pytest.approx(features["avg_amount"]), user
-        assert got["recent_items"] == features["recent_items"], user
-        assert got["item_counts"] == features["item_counts"], user
-
-
-def event_stream(spark, tmp_path, for_each_batch):
-    """A query of the events in ``tmp_path/input`` into ``for_each_batch``, one file per
-    micro-batch, started (not awaited)."""
-    return start_json_stream(
-        spark,
-        user_features.EVENT_SCHEMA,
-        input_dir=str(tmp_path / "input"),
-        checkpoint_dir=str(tmp_path / "chk"),
-        for_each_batch=for_each_batch,
-    )
-
-
-# The user-features jobs, row-wise and columnar (mapInPandas), over the same ``tmp_path/input``:
-# each with its own output and Spark checkpoint directories.
-JOBS = {
-    "rows": (user_features, "output", "spark-checkpoint"),
-    "columnar": (user_features_columnar, "columnar-output", "columnar-checkpoint"),
-}
-
-
-def start_query(spark, tmp_path, config, job, path="rows", **kwargs):
-    """The user-features query of ``path`` (``rows`` or ``columnar``) over ``tmp_path/input``,
-    started (not awaited)."""
-    pipeline, output, checkpoint = JOBS[path]
-    pipeline.setup(config, job)
-    return pipeline.start(
-        spark,
-        input_dir=str(tmp_path / "input"),
-        output_dir=str(tmp_path / output),
-        checkpoint_dir=str(tmp_path / checkpoint),
-        config=config,
-        job=job,
-        **kwargs,
-    )
-
-
-def run(spark, tmp_path, urls, job, **kwargs):
-    """:func:`start_query`, run until it has caught up."""
-    query = start_query(spark, tmp_path, ClientConfig.of(list(urls)), job, **kwargs)
-    with contextlib.suppress(Exception):  # a failed query re-raises here; callers check query.exception()
-        query.awaitTermination(240)
-    return query
 
 
 def test_pipeline_end_to_end(spark, tmp_path, two_replicas, job_name):

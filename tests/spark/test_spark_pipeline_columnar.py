@@ -14,11 +14,13 @@ import pytest
 from docs.examples import user_features_columnar
 from statehouse.client import ClientConfig
 from statehouse.client.spark import exactly_once
-from tests.spark.test_spark_exactly_once import check_against_oracle, kill_a_replica_mid_batch, marker_once
-from tests.spark.test_spark_pipeline import (
+from tests.support.features_pipeline import (
     assert_matches,
+    check_against_oracle,
     event_stream,
+    kill_a_replica_mid_batch,
     make_events,
+    marker_once,
     reference,
     run,
     start_query,

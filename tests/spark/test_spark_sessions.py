@@ -13,7 +13,7 @@ import pytest
 from docs.examples import sessions
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once
-from tests.spark.test_spark_exactly_once import marker_once
+from tests.support.features_pipeline import marker_once
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 

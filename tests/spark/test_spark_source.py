@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from typing import Any
 
 import httpx
 import pyarrow as pa
@@ -20,10 +19,9 @@ from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
 from statehouse.client.datasource.writer import BatchWriter
 from tests.support.server import free_port, start_server
+from tests.support.source_data import STATES, as_dict, fill, fill_operator, first_line, read
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
-
-KEYS = 300
 
 
 @pytest.fixture(scope="module", params=["heap", "rocksdb"])
@@ -51,79 +49,6 @@ def source(spark):
     register(spark)
     spark.dataSource.register(FlakySource)
     return spark
-
-
-def read(spark, urls, job, state, **options):
-    reader = spark.read.format(options.pop("format", "statehouse")).option("urls", ",".join(urls))
-    reader = reader.option("job", job)
-    if state is not None:
-        reader = reader.option("state", state)
-    for name, value in options.items():
-        reader = reader.option(name, value)
-    return reader.load()
-
-
-STATES: dict[str, dict[str, Any]] = {
-    "score": {"kind": "value", "value_type": "int64"},
-    "note": {"kind": "value"},  # untyped: JSON text
-    "recent": {"kind": "list", "value_type": "string", "ttl": {"ttl_ms": 3_600_000}},
-    "counts": {"kind": "map", "value_type": "int64"},
-    "spent": {"kind": "reducing", "function": "sum", "value_type": "float64"},
-    "stats": {"kind": "aggregating", "function": "summary", "value_type": "float64"},
-    "by_id": {"kind": "value", "key_type": "long", "value_type": "float64"},
-}
-
-
-def fill(urls, job) -> dict[str, Any]:
-    """Write every state through the columnar client; the oracle of what each holds."""
-    keys = [f"user-{i}" for i in range(KEYS)]
-    with StatehouseClient(urls) as client:
-        j = client.create_job(job, 32)
-        for name, body in STATES.items():
-            j.register(name, **body)
-        columns = j.columns()
-        columns.put("score", keys, list(range(KEYS)))
-        columns.put("note", keys, [{"i": i, "tags": ["a"] * (i % 3)} for i in range(KEYS)])
-        columns.put("note", keys[:10], ["other"] * 10, ns="campaign")
-        columns.add("recent", keys, [[f"item-{i}", f"item-{i + 1}"] for i in range(KEYS)])
-        columns.map_put("counts", keys * 2, ["a"] * KEYS + ["b"] * KEYS, list(range(2 * KEYS)))
-        columns.add("spent", keys + keys, [float(i) for i in range(2 * KEYS)])
-        columns.add("stats", keys + keys, [float(i) for i in range(2 * KEYS)])
-        columns.put("by_id", list(range(-50, 50)), [i / 4 for i in range(100)])
-    return {
-        "score": {(k, ""): i for i, k in enumerate(keys)},
-        "note": {
-            **{(k, ""): {"i": i, "tags": ["a"] * (i % 3)} for i, k in enumerate(keys)},
-            **{(k, "campaign"): "other" for k in keys[:10]},
-        },
-        "recent": {(k, ""): [f"item-{i}", f"item-{i + 1}"] for i, k in enumerate(keys)},
-        "counts": {
-            **{(k, "", "a"): i for i, k in enumerate(keys)},
-            **{(k, "", "b"): KEYS + i for i, k in enumerate(keys)},
-        },
-        "spent": {(k, ""): float(i + KEYS + i) for i, k in enumerate(keys)},
-        "stats": {
-            (k, ""): {
-                "count": 2,
-                "sum": float(2 * i + KEYS),
-                "min": float(i),
-                "max": float(i + KEYS),
-                "avg": i + KEYS / 2,
-            }
-            for i, k in enumerate(keys)
-        },
-        "by_id": {(k, ""): (k + 50) / 4 for k in range(-50, 50)},
-    }
-
-
-def as_dict(rows, state: str) -> dict:
-    if state == "counts":
-        return {(r["key"], r["ns"], r["user_key"]): r["value"] for r in rows}
-    if state == "note":
-        return {(r["key"], r["ns"]): json.loads(r["value"]) for r in rows}
-    if state == "stats":
-        return {(r["key"], r["ns"]): r["value"].asDict() for r in rows}
-    return {(r["key"], r["ns"]): r["value"] for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +102,6 @@ def test_a_one_key_filter_reads_one_key(source, replicas, filled):
 def _key_group(urls, job, key):
     with StatehouseClient(urls) as client:
         return client.job(job).key_group("score", key)
-
-
-def first_line(raised: pytest.ExceptionInfo) -> str:
-    return str(raised.value).splitlines()[0]
 
 
 def test_refusals_are_one_spark_error_with_the_problem(source, replicas, filled):
@@ -332,7 +253,7 @@ def test_arrow_pages_match_the_declared_schema(replicas, filled):
 
 def test_the_documented_example_runs_as_written(source, replicas, capsys):
     """docs/spark.md's Spark block (marked for this test), against these replicas; its shown output."""
-    from tests.operations.test_docs_blocks import check_output, parse
+    from tests.support.docs_blocks import check_output, parse
     from tests.support.server import REPO
 
     (block,) = [b for b in parse(REPO / "docs/spark.md") if b.marker == "spark" and "test_spark_source.py" in b.reason]
@@ -412,30 +333,6 @@ def test_the_states_view(source, replicas, filled):
         assert sum(r["entries"] for r in listed) == len(expected[name])  # one stored row per table row
         assert {r["replica"] for r in listed} == {0, 1}
     assert {r["ttl_ms"] for r in by_state["recent"]} == {3_600_000}
-
-
-def fill_operator(urls, job) -> set[tuple]:
-    """An operator's split lists on five subtasks, a union list and a broadcast state (written to
-    every replica, as broadcast state is the same on each), plus another operator's; the rows the
-    operator reads as: (state, mode, subtask, position, key, value)."""
-    expected: set[tuple] = set()
-    with StatehouseClient(urls) as client:
-        j = client.create_job(job, 32)
-        for subtask in range(5):
-            offsets = [{"partition": subtask, "offset": 10 * subtask + i} for i in range(subtask + 1)]
-            j.update_operator_list("source", subtask, "offsets", offsets)
-            expected |= {("offsets", "split", subtask, i, None, json.dumps(v)) for i, v in enumerate(offsets)}
-        j.update_operator_list("source", 1, "seen", ["a", "b"], mode="union")
-        expected |= {("seen", "union", 1, i, None, json.dumps(v)) for i, v in enumerate(["a", "b"])}
-        j.update_operator_list("sink", 0, "offsets", [1])
-    for url in urls:
-        for key, value in {"threshold": 10, "mode": "strict"}.items():
-            httpx.put(f"{url}/v1/jobs/{job}/operators/source/broadcast/rules/entries/{key}", json={"value": value})
-    expected |= {
-        ("rules", "broadcast", None, None, "threshold", "10"),
-        ("rules", "broadcast", None, None, "mode", '"strict"'),
-    }
-    return expected
 
 
 def test_operator_state_reads_as_a_table(source, replicas):

@@ -15,8 +15,8 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
-from tests.spark.test_spark_source import STATES, as_dict, fill, fill_operator, first_line, read
 from tests.support.server import start_server
+from tests.support.source_data import STATES, as_dict, fill, fill_operator, first_line, read
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -210,7 +210,7 @@ def test_checkpoint_refusals_say_what_to_fix(source, deployment, s3_server):
 
 def test_the_documented_checkpoint_read_runs_as_written(source, deployment, s3_server, capsys):
     """docs/spark.md's checkpoint block (marked for this test), against these replicas and S3."""
-    from tests.operations.test_docs_blocks import check_output, parse
+    from tests.support.docs_blocks import check_output, parse
     from tests.support.server import REPO
 
     urls, storage, _backend = deployment

@@ -21,7 +21,6 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
-from tests.spark.test_spark_driver_kill import replicas  # noqa: F401  # the fixture: two fresh RocksDB replicas
 from tests.support.server import REPO
 from tests.support.spark_driver import Kill, die, kill_session
 
@@ -51,7 +50,7 @@ def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path, kill: bool)
         driver.wait(10)
 
 
-def test_sink_killed_between_statehouse_and_spark_commits_is_exact(tmp_path: Path, replicas: list[str]) -> None:  # noqa: F811
+def test_sink_killed_between_statehouse_and_spark_commits_is_exact(tmp_path: Path, replicas: list[str]) -> None:
     job = "sink"
     batches = events()
     (tmp_path / "input").mkdir()
