@@ -6,13 +6,16 @@ real SeaweedFS, while plain writers append unique ids through the one-key, batch
 - Checkpoints: one global checkpoint of a two-replica set per fault (delay and jitter, a narrow
   link, loss-like stalls, connections cut mid-transfer, a link that silently drops everything for a
   while). Each either completes or fails cleanly (the coordinator aborts it everywhere, within its
-  timeout, with an error naming the storage), and the next one over a clean link completes. Then
+  timeout and the aborts' round trips, with an error naming the storage or the timeout), and the
+  next one over a clean link completes. Then
   every completed checkpoint is restored in turn and compared with an oracle built in plain Python
   from what the writers sent: every write acknowledged before its trigger is in it exactly once,
   nothing sent after it completed is, nothing is doubled.
 - A live rescale 2 -> 3 with the storage link slow, stalling and cut from the prepare on: the move
   commits (or, left pending, is resumed once the link is clean), every acknowledged write is present
   exactly once and every key is stored only on its owner.
+- Behind ``make test-long``, an expected failure: a checkpoint over a link that stays silent gives up
+  long after the coordinator's timeout, since each replica's abort waits for the stuck upload.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ DROP_S = 8.0
 FAULTS: list[tuple[str, dict[str, float | bool], float | None]] = [
     ("clean", {}, None),
     ("delay and jitter", {"delay": 0.05, "jitter": 0.1}, None),
-    ("narrow link", {"rate": 256_000}, None),
+    ("narrow link", {"rate": 32_000}, None),
     ("loss-like stalls", {"stall": 0.1, "stall_s": 1.0}, None),
     ("cuts mid-transfer", {"cut": 0.15}, None),
     ("silent drop", {"drop": True}, DROP_S),
@@ -222,6 +225,7 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path, link, s3_loca
 @pytest.mark.long
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,  # the bound below, not the checkpoint's outcome
     reason="an abort waits for the stuck upload: PendingCheckpoint.abort holds the request up to the "
     "manager's complete_timeout_s (60 s) while the upload sits in an S3 request (read timeout 30 s, 3 "
     "attempts), the client's request times out at 30 s and is retried, and CheckpointCoordinator.abort "
