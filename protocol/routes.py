@@ -62,7 +62,7 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 NEXT_CURSOR = b"statehouse.next_cursor"
 # Keys of one scan point read: they travel as query parameters, so the request head stays small.
 MAX_SCAN_KEYS = 1_000
-# A listing's default and largest page (STATEHOUSE_MAX_PAGE_SIZE's default): what a client asks for.
+# The page a client asks a listing for: the largest a replica answers by default (STATEHOUSE_MAX_PAGE_SIZE).
 LISTING_PAGE = 1_000
 
 
