@@ -146,7 +146,8 @@ class StatehouseDataSource(DataSource):
 
     @functools.cached_property
     def mode(self) -> ReadMode:
-        """The read the options name, decided at the first question (Spark's ``__init__`` is not ours)."""
+        """The read the options name, decided at the first question (PySpark's ``DataSource.__init__``
+        is not to be overridden)."""
         return read_mode(self.options)
 
     @classmethod
