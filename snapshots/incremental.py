@@ -80,8 +80,9 @@ def _rebuild_manifest(path: str, tables: dict[str, bool]) -> list[str]:
 
 class IncrementalPartReader:
     """The ``wanted`` key groups of one incremental part, downloaded into ``directory`` (which
-    the caller owns and removes) and opened read-only. Use :meth:`download`, then
-    :meth:`records` per table, then :meth:`close` (or use it as a context manager)."""
+    the caller owns and removes) and opened read-only: :meth:`download`, then, inside ``with``
+    (which opens and closes the database), :meth:`records` per table. A restore downloads every
+    part first and opens one at a time as it loads."""
 
     def __init__(self, directory: str, part: SnapshotPart, wanted: KeyGroupRange) -> None:
         self.directory = directory
@@ -96,7 +97,7 @@ class IncrementalPartReader:
         cls, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, directory: str
     ) -> IncrementalPartReader:
         """Download (verified) the files of ``part`` that can hold ``wanted``'s key groups into
-        the empty ``directory`` and open them, checking the database against the metadata."""
+        the empty ``directory``, ready to open."""
         reader = cls(directory, part, wanted)
         handle = reader.handle
         fetched = handle.files_for(reader.wanted)
@@ -107,7 +108,6 @@ class IncrementalPartReader:
             lost = sorted(n for n in fetched if n.endswith(".sst") and n not in present)
             if lost:
                 raise SnapshotCorrupt(f"an incremental part's table files {lost} could not be read")
-        reader.open()
         return reader
 
     def open(self) -> None:
@@ -137,7 +137,8 @@ class IncrementalPartReader:
         return dict(self.handle.tables)
 
     def records(self, table: str) -> Iterator[Record]:
-        """``table``'s entries in the wanted key groups, in key (so key group) order."""
+        """``table``'s entries in the wanted key groups, in key (so key group) order; the
+        database is open."""
         from rocksdict import ReadOptions
 
         family = self._families.get(table)
@@ -167,6 +168,7 @@ class IncrementalPartReader:
             self._db = None
 
     def __enter__(self) -> IncrementalPartReader:
+        self.open()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -121,9 +121,15 @@ class RestoreOperation:
         untouched either way."""
         target = target_range(self.parts, self.catalog.replica_index, self.catalog.replica_count)
         with self._staging() as temp:
-            fetched = self._fetch_ranges([target], temp)
-            operator = self._operator(self.catalog.replica_index, self.catalog.replica_count)
-            return self._apply(fetched, operator)
+            fetched: list[FetchedPart] = []
+            try:
+                for part in check_coverage(self.parts, target):
+                    fetched.append(self._fetch(part, target, temp))
+                operator = self._operator(self.catalog.replica_index, self.catalog.replica_count)
+                return self._apply(fetched, operator)
+            finally:
+                for item in fetched:
+                    item.release()
 
     @contextmanager
     def _staging(self) -> Iterator[str]:
@@ -142,10 +148,6 @@ class RestoreOperation:
         finally:
             gc.collect()
             shutil.rmtree(temp, ignore_errors=True)
-
-    def _fetch_ranges(self, ranges: list[KeyGroupRange], temp: str) -> list[FetchedPart]:
-        """Every part's share of ``ranges`` (each covered by the parts), fetched and verified."""
-        return [self._fetch(part, target, temp) for target in ranges for part in check_coverage(self.parts, target)]
 
     def _operator(self, replica_index: int, replica_count: int) -> OperatorSnapshot:
         """The operator state replica ``replica_index`` of ``replica_count`` gets from every part."""

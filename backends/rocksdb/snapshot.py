@@ -152,9 +152,10 @@ class FetchedIncremental:
         return self.reader.tables()
 
     def records(self) -> Iterator[WriteOp]:
-        for table in self.reader.tables():
-            for kg, primary, secondary, value in self.reader.records(table):
-                yield WriteOp("put", table, kg, primary, secondary, value)
+        with self.reader:  # open while its records are read
+            for table in self.reader.tables():
+                for kg, primary, secondary, value in self.reader.records(table):
+                    yield WriteOp("put", table, kg, primary, secondary, value)
 
     def release(self) -> None:
         self.reader.close()

@@ -105,8 +105,9 @@ def test_every_key_group_of_the_part_reads_back_whole(checkpointed, tmp_path):
 def test_a_database_whose_max_parallelism_differs_from_the_metadata_is_refused(checkpointed, tmp_path):
     storage, part, _keys, _expected = checkpointed
     lying = SnapshotPart(part.directory, dataclasses.replace(part.metadata, max_parallelism=256))
-    with pytest.raises(SnapshotCorrupt, match="max parallelism"):
-        IncrementalPartReader.download(storage, lying, LOW, str(tmp_path))
+    reader = IncrementalPartReader.download(storage, lying, LOW, str(tmp_path))
+    with pytest.raises(SnapshotCorrupt, match="max parallelism"), reader:
+        pass
 
 
 def test_a_full_handle_is_not_read_as_an_incremental_part(checkpointed, tmp_path, make_manager):
