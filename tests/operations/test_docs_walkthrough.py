@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,7 @@ def check_paste(lines: list[str], checkpoint: int) -> None:
 
 # CI installs jq (.ci/run), so there a missing jq fails the test instead of skipping it.
 @pytest.mark.skipif(shutil.which("jq") is None and not os.environ.get("CI"), reason="jq is not installed")
-def test_checkpoint_walkthrough_runs_twice_as_written(tmp_path):
+def test_checkpoint_walkthrough_runs_twice_as_written(tmp_path: Path) -> None:
     server = start_server(tmp_path, {"STATEHOUSE_BACKEND": "rocksdb"})
     try:
         script = walkthrough().replace("localhost:8000", server.url.removeprefix("http://"))

@@ -121,7 +121,7 @@ def check_checkpoint(held: Counter[Pair], taken: Taken, sent: set[Pair]) -> None
     assert set(held) <= sent, (taken.fault, "nobody sent")
 
 
-def test_checkpoints_over_a_slow_and_lossy_storage_link(tmp_path, link, s3_location):
+def test_checkpoints_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: FaultyProxy, s3_location: str) -> None:
     proxy = link
     replicas = start_set(tmp_path, proxy, s3_location, 2, STATEHOUSE_NUM_RETAINED="20")
     taken: list[Taken] = []
@@ -181,7 +181,7 @@ def test_checkpoints_over_a_slow_and_lossy_storage_link(tmp_path, link, s3_locat
         replicas.stop()
 
 
-def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path, link, s3_location):
+def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: FaultyProxy, s3_location: str) -> None:
     proxy = link
     replicas = start_set(tmp_path, proxy, s3_location, 2)
     seeds = replicas.urls
@@ -231,7 +231,9 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path, link, s3_loca
     "attempts), the client's request times out at 30 s and is retried, and CheckpointCoordinator.abort "
     "asks the replicas one after the other: measured 135 s for a coordinator timeout of 10 s",
 )
-def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(tmp_path, link, s3_location):
+def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
+    tmp_path: Path, link: FaultyProxy, s3_location: str
+) -> None:
     """The S3 link drops everything and does not recover during the checkpoint: the coordinator gives
     up at its timeout and its abort answers at once on every replica (the stuck upload is left to end
     by itself); over a clean link the next checkpoint completes."""
