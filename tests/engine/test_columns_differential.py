@@ -1,4 +1,4 @@
-"""A differential property test of the columnar endpoint over real HTTP, on both backends.
+"""A differential property test of the columnar endpoint over real HTTP.
 
 Hypothesis draws a sequence of requests; each one is sent twice: as Arrow IPC to
 ``POST /v1/jobs/{A}/states/{state}/columns/{op}`` and as the same rows, one operation per row, to
@@ -24,11 +24,11 @@ query parameters on one side and body fields on the other): staged writes, reads
 attempt's own writes, re-sent requests, losing attempts, several partitions, writes without an
 attempt while the epoch is open, prepare, commit (by replay or by the winners' views) and abort.
 
-CI runs a few examples per backend (well under a minute for the file). For a long run::
+CI runs a few examples (well under a minute for the file). For a long run::
 
     STATEHOUSE_FUZZ_EXAMPLES=500 .venv/bin/python -m pytest -q tests/engine/test_columns_differential.py
 
-``STATEHOUSE_FUZZ_EXAMPLES`` sets the number of Hypothesis examples per backend (default 12).
+``STATEHOUSE_FUZZ_EXAMPLES`` sets the number of Hypothesis examples (default 12).
 Examples are derandomized (the same sequences every run); ``STATEHOUSE_FUZZ_SEED`` (an integer)
 mixes another seed into the row contents, to look at other data with the same shapes.
 """

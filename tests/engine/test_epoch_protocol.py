@@ -1,5 +1,5 @@
-"""The epoch commit refuses what would double, and the integers it takes stay in their ranges
-(issue 27.6, 27.7 and the committed-epoch part of 27.11), over real HTTP on both backends."""
+"""The epoch commit refuses what would double, and the integers it takes stay in their ranges,
+over real HTTP."""
 
 from __future__ import annotations
 

@@ -22,12 +22,22 @@ from statehouse.snapshots.stored.descriptors import StateDescriptor
 from tests.support.job_contents import STATES, dump, operator_dump, populate
 
 
-@pytest.fixture(params=["full", "incremental"])
-def setup(request, make_catalog, make_manager, tmp_path):
+@pytest.fixture(params=[("heap", "full"), ("rocksdb", "full"), ("rocksdb", "incremental")], ids="-".join)
+def layout(request):
+    """A backend and the kind of its checkpoints: incremental ones are RocksDB's alone."""
+    return request.param
+
+
+@pytest.fixture
+def backend(layout):
+    """The backend of :func:`layout` (the catalogs :func:`make_catalog` opens)."""
+    return layout[0]
+
+
+@pytest.fixture
+def setup(layout, make_catalog, make_manager, tmp_path):
     """A job with a completed checkpoint 1, then changed after it (so a restore is visible)."""
-    catalog = make_catalog(incremental=request.param == "incremental")
-    if catalog.store.name == "heap" and request.param == "incremental":
-        pytest.skip("the heap backend takes full checkpoints only")
+    catalog = make_catalog(incremental=layout[1] == "incremental")
     job, _ = catalog.create("orders", 128)
     populate(job, 120)
     manager = make_manager(catalog, open_storage(str(tmp_path / "checkpoints")))

@@ -1,6 +1,6 @@
-"""Everything a task attempt holds is charged to STATEHOUSE_MAX_STAGED_BYTES (issue 27.3): the
+"""Everything a task attempt holds is charged to STATEHOUSE_MAX_STAGED_BYTES: the
 timers its advances fire and the answers kept for re-sent requests, not only its writes; and an
-abort gives the memory back. Over real HTTP on both backends; peak and held RSS measured."""
+abort gives the memory back. Over real HTTP; peak and held RSS measured."""
 
 from __future__ import annotations
 

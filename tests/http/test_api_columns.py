@@ -1,4 +1,4 @@
-"""The columnar endpoint over HTTP, on both backends: Arrow in and out, the same rules as the
+"""The columnar endpoint over HTTP: Arrow in and out, the same rules as the
 batch endpoint (one storage format, atomic requests, ownership, limits, fencing, task attempts)."""
 
 import math

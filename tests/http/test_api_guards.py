@@ -19,17 +19,17 @@ LIMITS = {
 }
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
-def guarded(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
     """Replica 1 of 2, auth on, small limits."""
     env = {
-        "STATEHOUSE_BACKEND": request.param,
+        "STATEHOUSE_BACKEND": "rocksdb",
         "STATEHOUSE_REPLICA_INDEX": "1",
         "STATEHOUSE_REPLICA_COUNT": "2",
         "STATEHOUSE_API_TOKENS": f"other-token, {TOKEN}",
         **LIMITS,
     }
-    server = start_server(tmp_path_factory.mktemp(f"guarded-{request.param}"), env)
+    server = start_server(tmp_path_factory.mktemp("guarded"), env)
     yield server
     server.stop()
 

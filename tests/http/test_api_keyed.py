@@ -1,4 +1,4 @@
-"""Every keyed-state and operator-state endpoint over real HTTP, on both backends."""
+"""Every keyed-state and operator-state endpoint over real HTTP."""
 
 from concurrent.futures import ThreadPoolExecutor
 

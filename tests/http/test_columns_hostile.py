@@ -1,7 +1,7 @@
-"""Hostile but plausible Arrow IPC bodies on the columnar endpoint, over real HTTP on both
-backends: every one is a clear 4xx problem+json that writes nothing (or, where the input is
-in fact fine, the same state the plain columns would write), no body makes the replica
-allocate much more than the body, and /healthz keeps answering.
+"""Hostile but plausible Arrow IPC bodies on the columnar endpoint, over real HTTP: every one is
+a clear 4xx problem+json that writes nothing (or, where the input is in fact fine, the same
+state the plain columns would write), no body makes the replica allocate much more than the
+body, and /healthz keeps answering.
 
 Each attack that once got through (a 500, an allocation of hundreds of MB, rows dropped or a
 state poisoned) is kept here as the regression test of its fix.

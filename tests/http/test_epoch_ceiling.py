@@ -15,9 +15,9 @@ from tests.support.server import start_server
 pytestmark = [pytest.mark.http]
 
 
-@pytest.fixture(params=["heap", "rocksdb"])
-def http(request, tmp_path):
-    server = start_server(tmp_path, {"STATEHOUSE_BACKEND": request.param})
+@pytest.fixture
+def http(tmp_path):
+    server = start_server(tmp_path, {"STATEHOUSE_BACKEND": "rocksdb"})
     try:
         with httpx.Client(base_url=server.url + "/v1/jobs", timeout=30) as client:
             yield client

@@ -1,7 +1,7 @@
 """The micro-batch protocol on a deployment of one replica, where it folds round trips:
 the commit without a prepare (it checks the same, all or nothing), the checkpoint's trigger that
 waits for its upload and completes it, the next id from begin's listing; the driver failing or
-dying at each new boundary. Real servers, both backends (the steps shared with two replicas are
+dying at each new boundary. A real server (the steps shared with two replicas are
 in tests/client/test_exactly_once.py)."""
 
 import pytest

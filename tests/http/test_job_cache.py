@@ -2,7 +2,7 @@
 task in a reused Python worker opens, asks nothing before its first write; and whatever the replicas
 now contradict (a state dropped and made again with another key type, the job dropped, or made again
 with another max_parallelism) is read afresh, the refused request going again once, so no write is
-wrong. Real replicas: one on each backend, and two (RocksDB)."""
+wrong. Real RocksDB replicas: one, and two."""
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ def made(urls, job_name):
 
 @pytest.fixture
 def one(server, job_name):
-    """One replica, on each backend, with the job made there."""
+    """One replica with the job made there."""
     return made([server.url], job_name)
 
 

@@ -1,5 +1,5 @@
-"""Resource limits over real HTTP, on both backends: jobs per replica, keyed states per job, and
-(RocksDB) open databases. Past a limit the answer is a clear problem, other jobs keep serving,
+"""Resource limits over real HTTP, on RocksDB (the production default): jobs per replica, keyed
+states per job, and open databases. Past a limit the answer is a clear problem, other jobs keep serving,
 and freeing a slot (deleting a job or a state) lets the next one in."""
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ pytestmark = [pytest.mark.http]
 MAX_JOBS, MAX_STATES, MAX_OPEN = 4, 3, 2
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
-def limited(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
     server = start_server(
-        tmp_path_factory.mktemp(f"limits-{request.param}"),
+        tmp_path_factory.mktemp("limits"),
         {
-            "STATEHOUSE_BACKEND": request.param,
+            "STATEHOUSE_BACKEND": "rocksdb",
             "STATEHOUSE_MAX_JOBS": str(MAX_JOBS),
             "STATEHOUSE_MAX_STATES_PER_JOB": str(MAX_STATES),
             "STATEHOUSE_MAX_OPEN_JOBS": str(MAX_OPEN),
         },
     )
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        yield request.param, http
+        yield http
     # A clean drain: uvicorn re-raises the SIGTERM after it (as PID 1 in a container it is ignored: 0).
     assert server.stop() in (0, -signal.SIGTERM) and "Application shutdown complete" in server.log()
 
@@ -63,7 +63,7 @@ def assert_problem(r: httpx.Response, code: str, variable: str) -> None:
 
 
 def test_jobs_up_to_the_limit_then_a_clear_refusal(limited):
-    backend, http = limited
+    http = limited
     jobs = [f"j{i}" for i in range(MAX_JOBS)]
     for job in jobs:
         assert http.put(f"/v1/jobs/{job}").status_code == 201
@@ -82,22 +82,19 @@ def test_jobs_up_to_the_limit_then_a_clear_refusal(limited):
     assert http.put("/v1/jobs/one-too-many").status_code == 201
     assert_problem(http.put("/v1/jobs/two-too-many"), "too_many_jobs", "STATEHOUSE_MAX_JOBS")
     assert gauge(http, "statehouse_jobs") == MAX_JOBS
-    if backend == "rocksdb":
-        # Five jobs were written through two open databases: the idle ones were closed and
-        # reopened on demand, and no data went missing on the way.
-        assert gauge(http, "statehouse_rocksdb_open_instances") <= MAX_OPEN
-        for job in jobs[1:]:
-            assert get_value(http, job, "v", "k") == job and get_value(http, job, "v", "k2") == 2
-        assert gauge(http, "statehouse_rocksdb_open_instances") <= MAX_OPEN
-    else:
-        assert gauge(http, "statehouse_rocksdb_open_instances") == 0
+    # Five jobs were written through two open databases: the idle ones were closed and
+    # reopened on demand, and no data went missing on the way.
+    assert gauge(http, "statehouse_rocksdb_open_instances") <= MAX_OPEN
+    for job in jobs[1:]:
+        assert get_value(http, job, "v", "k") == job and get_value(http, job, "v", "k2") == 2
+    assert gauge(http, "statehouse_rocksdb_open_instances") <= MAX_OPEN
     for job in [*jobs[1:], "one-too-many"]:
         assert http.delete(f"/v1/jobs/{job}").status_code == 204
     assert gauge(http, "statehouse_jobs") == 0
 
 
 def test_states_up_to_the_limit_then_a_clear_refusal(limited):
-    _backend, http = limited
+    http = limited
     assert http.put("/v1/jobs/states").status_code == 201
     assert http.put("/v1/jobs/neighbour").status_code == 201
     assert register(http, "neighbour", "n").status_code == 201
@@ -127,7 +124,7 @@ def test_states_up_to_the_limit_then_a_clear_refusal(limited):
 
 
 def test_restore_into_a_new_job_past_the_limit_is_refused(limited):
-    _backend, http = limited
+    http = limited
     jobs = [f"r{i}" for i in range(MAX_JOBS)]
     for job in jobs:
         assert http.put(f"/v1/jobs/{job}").status_code == 201

@@ -17,9 +17,9 @@ LIST = "/v1/jobs/j/operators/o/subtasks/0/lists/l"
 ELEMENT = "x" * 1_000_000  # about 1 MB encoded: under STATEHOUSE_MAX_VALUE_BYTES
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
-def http(request, tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp(f"oplist-{request.param}"), {"STATEHOUSE_BACKEND": request.param})
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("oplist"), {"STATEHOUSE_BACKEND": "rocksdb"})
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             client.put("/v1/jobs/j", json={"max_parallelism": 128}).raise_for_status()

@@ -1,9 +1,10 @@
-"""Listings that seek: map entries and stored keys page from their cursor, on both backends.
+"""Listings that seek: map entries and stored keys page from their cursor.
 
-Over real HTTP: a map pages end to end, every entry once and in order, with writes between
-pages; TTL, namespaces and bad cursors; the whole-map and list size rules. In process, through
-a partition that counts what it hands out: a page reads about a page, never the whole map (these
-fail if a listing goes back to reading everything and filtering).
+Over real HTTP (RocksDB): a map pages end to end, every entry once and in order, with writes
+between pages; TTL, namespaces and bad cursors; the whole-map and list size rules. In process, on
+both backends (each seeks its own way), through a partition that counts what it hands out: a page
+reads about a page, never the whole map (these fail if a listing goes back to reading everything
+and filtering).
 """
 
 from __future__ import annotations
@@ -188,10 +189,10 @@ def test_keys_listing_with_writes_between_pages(http, job):
 # -- size rules, on a server with small limits -----------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
-def small(request, tmp_path_factory):
-    env = {"STATEHOUSE_BACKEND": request.param, "STATEHOUSE_MAX_MAP_READ_ENTRIES": "100"}
-    srv = start_server(tmp_path_factory.mktemp(f"small-{request.param}"), {**env, "STATEHOUSE_MAX_LIST_BYTES": "1000"})
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    env = {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_MAX_MAP_READ_ENTRIES": "100"}
+    srv = start_server(tmp_path_factory.mktemp("small"), {**env, "STATEHOUSE_MAX_LIST_BYTES": "1000"})
     with httpx.Client(base_url=srv.url + "/v1", timeout=10) as client:
         yield client
     srv.stop()
@@ -267,6 +268,8 @@ class Counting:
 
 @pytest.fixture(params=["heap", "rocksdb"])
 def counted(request, tmp_path):
+    """A partition of each backend that counts what it hands out: each backend seeks its own way
+    (a sorted heap structure, a RocksDB iterator), so each is checked."""
     counts = Counting()
     if request.param == "heap":
         partition = counts.wrap(HeapPartition)(128)

@@ -17,10 +17,10 @@ TOKEN = "scan-token"
 PATH = "/v1/jobs/{job}/states/{state}/scan"
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
-def http(request, tmp_path_factory):
-    env = {"STATEHOUSE_BACKEND": request.param, "STATEHOUSE_API_TOKENS": TOKEN}
-    server = start_server(tmp_path_factory.mktemp(f"scan-{request.param}"), env)
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    env = {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_API_TOKENS": TOKEN}
+    server = start_server(tmp_path_factory.mktemp("scan"), env)
     try:
         headers = {"authorization": f"Bearer {TOKEN}"}
         with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:

@@ -216,9 +216,8 @@ def test_keys_of_other_replicas_refused(make_catalog):
         tx.timers.register("event", foreign, 1)
 
 
-def test_timers_survive_a_restart(backend, make_catalog, tmp_path):
-    if backend != "rocksdb":
-        pytest.skip("the heap backend keeps nothing across a restart")
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)  # the heap backend keeps nothing across a restart
+def test_timers_survive_a_restart(make_catalog, tmp_path):
     catalog = make_catalog(data_dir=tmp_path / "d")
     job, _ = catalog.create("durable", 128)
     register(job, (10, "a"), (20, "b"))
@@ -370,7 +369,7 @@ def test_restore_and_rescale_fire_every_timer_once(make_catalog, make_manager, t
     assert set(fired) == expected  # every one
 
 
-# -- over HTTP: one real server per backend ----------------------------------------------------
+# -- over HTTP: one real server -------------------------------------------------------------
 
 
 @pytest.fixture
