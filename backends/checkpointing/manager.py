@@ -288,7 +288,7 @@ class CheckpointManager:
                 if metadata.kind == "checkpoint" and i < checkpoint_id and a.kind == "checkpoint" and a.pending
             ]
         for older in subsumed:  # Flink's dropSubsumedCheckpoints
-            older.abort(self.complete_timeout_s)
+            older.abort()
         state.completed.add(metadata)
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)
@@ -312,7 +312,7 @@ class CheckpointManager:
             if attempt is not None or state.completed.get(checkpoint_id) is not None:
                 raise CheckpointConflict(f"checkpoint {checkpoint_id} of job {job!r} is completed; it cannot abort")
             raise CheckpointNotFound(f"job {job!r} has no checkpoint {checkpoint_id}")
-        attempt.abort(self.complete_timeout_s)
+        attempt.abort()
         return attempt.info()
 
     # -- restore -------------------------------------------------------------------------------

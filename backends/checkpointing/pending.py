@@ -120,18 +120,24 @@ class PendingCheckpoint:
             self._info.status = "completed"
             return dataclasses.replace(self._info)
 
-    def abort(self, timeout: float) -> None:
-        """notifyCheckpointAborted: cancel the upload, wait for it, discard what it wrote."""
+    def abort(self, wait_s: float = 0.0) -> None:
+        """notifyCheckpointAborted: cancel the upload and discard what it wrote. The upload sees
+        the cancel between requests, and one request to a storage that stopped answering can take
+        minutes: the abort waits up to ``wait_s`` only (0 for a driver's abort, which must answer
+        while the link is down), and the files go when the upload ends."""
         with self._lock:
             if self._info.status in ("aborted", "completed"):
                 return
             self.ctx.cancel.set()
-        self.wait(timeout)
-        if self.future is not None and not self.future.done():
-            log.warning("checkpoint %s still uploading after abort", self.checkpoint_id)
+        self.wait(wait_s)
         with self._lock:
             self._info.status = "aborted"
-        self.discard_files()
+            running = self.future is not None and not self.future.done()
+        if running and self.future is not None:
+            log.warning("checkpoint %s still uploading after abort; its files go when it ends", self.checkpoint_id)
+            self.future.add_done_callback(lambda _: self.discard_files())
+        else:
+            self.discard_files()
 
     def discard_files(self) -> None:
         """Delete what an unsuccessful attempt wrote (its uploads are registered nowhere)."""

@@ -222,15 +222,6 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: F
         replicas.stop()
 
 
-@pytest.mark.long
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # the bound below, not the checkpoint's outcome
-    reason="an abort waits for the stuck upload: PendingCheckpoint.abort holds the request up to the "
-    "manager's complete_timeout_s (60 s) while the upload sits in an S3 request (read timeout 30 s, 3 "
-    "attempts), the client's request times out at 30 s and is retried, and CheckpointCoordinator.abort "
-    "asks the replicas one after the other: measured 135 s for a coordinator timeout of 10 s",
-)
 def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
     tmp_path: Path, link: FaultyProxy, s3_location: str
 ) -> None:
