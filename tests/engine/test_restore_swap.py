@@ -96,7 +96,7 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
         monkeypatch.setattr("statehouse.snapshots.storage.base.CheckpointStorage.download_verified", fail)
     target = {
         "download": ("statehouse.snapshots.storage.base.CheckpointStorage.read_existing", fail),
-        "fetch": ("statehouse.backends.checkpointing.restore.fetch_key_groups", fail),
+        "fetch": ("statehouse.backends.snapshot.restore.fetch_key_groups", fail),
         "build": ("statehouse.backends.base.partition.StorePartition.load", fail),
         "verify": ("statehouse.backends.checkpointing.restore.stored_descriptors", lambda _p: {}),
         "quiesce": ("statehouse.backends.checkpointing.manager.CheckpointManager._quiesce", fail),
@@ -105,7 +105,7 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
     monkeypatch.setattr(*target)
     if step == "fetch" and manager.get("orders", 1).format == "incremental":
         target = (
-            "statehouse.backends.checkpointing.restore.incremental_records",
+            "statehouse.snapshots.incremental.IncrementalPartReader.records",
             fail,
         )  # the full-format reader is unused
         monkeypatch.setattr(*target)
