@@ -289,7 +289,7 @@ def rocksdict_cases(
 ) -> list[Case]:
     from rocksdict import Rdict, WriteBatch
 
-    from statehouse.backends.rocksdb.partition import db_options
+    from statehouse.backends.rocksdb.database import db_options
 
     if key_group_prefix_width(max_parallelism) != 1:
         raise SystemExit(f"max_parallelism {max_parallelism}: this baseline builds 1-byte key-group prefixes")

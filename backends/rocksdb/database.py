@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, ReadOptions
@@ -21,16 +21,15 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Read
 from statehouse.backends.base.partition import FrozenView
 from statehouse.backends.reserved import META_TABLE
 from statehouse.snapshots.stored.codec import split_nested_key
-from statehouse.snapshots.stored.keys import DEFAULT_FAMILY, column_family, key_group_prefix_width, prefix_successor
+from statehouse.snapshots.stored.keys import column_family, key_group_prefix_width, prefix_successor
 
 # Table files one instance keeps open (RocksDB's default, -1, keeps every SST file open): with
 # the open-instance bound, this bounds a replica's file descriptors.
 MAX_OPEN_FILES = 64
 # A job's write-ahead logs without a data volume's reserve to fit in (staged restores, readers).
 DEFAULT_WAL_LIMIT = 64 << 20
-# Rows of the default column family beside the metadata table's: the max parallelism the
-# database was created with, and each table's "nested" flag (a map's table).
-MAX_PARALLELISM_KEY = b"max_parallelism"
+# Rows of the default column family beside the metadata table's: each table's "nested" flag (a
+# map's table); the max parallelism the database was created with is under MAX_PARALLELISM_KEY.
 NESTED_PREFIX = b"table-nested:"
 META_PREFIX = b"meta:"
 
@@ -78,25 +77,6 @@ def remove_partial_files(path: str, families: Mapping[str, Options]) -> list[str
     for name in removed:
         os.remove(os.path.join(path, name))
     return removed
-
-
-def rebuild_manifest(path: str, tables: Iterable[str]) -> list[str]:
-    """Make a database whose MANIFEST lists table files that are not there (a checkpoint
-    downloaded in part) openable from the files that are: RocksDB's repair writes a new MANIFEST
-    listing every file present in its column family (from the file's own properties), all at
-    level 0, where reads resolve a key's versions by sequence number as before; a table none of
-    whose files is present gets an empty column family. Returns the table files it lists; a file
-    repair could not read would be missing from them (repair sets it aside), so the caller checks."""
-    options = db_options()
-    options.set_disable_auto_compactions(True)  # read once, then removed: nothing to compact
-    Rdict.repair(path, options)
-    families = {cf: options for cf in Rdict.list_cf(path, options) if cf != DEFAULT_FAMILY}
-    families.update({column_family(t): options for t in tables if t != META_TABLE})
-    db = Rdict(path, options, column_families=families)
-    try:
-        return sorted(os.path.basename(f["name"]) for f in db.live_files())
-    finally:
-        db.close()
 
 
 def bounded(source: Any, lower: bytes, upper: bytes | None) -> Any:
@@ -195,10 +175,6 @@ class RocksDBFrozenView(FrozenView):
 
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
         return self._layout.scan(self._family(table), table, key_group)
-
-    def stored_max_parallelism(self) -> int | None:
-        stored = self._family(META_TABLE).get(MAX_PARALLELISM_KEY)
-        return None if stored is None else int(stored)
 
     def release(self) -> None:
         # No gc.collect() here: a read-only instance holds no lock that a reopen would wait

@@ -20,7 +20,6 @@ from rocksdict import AccessType, ColumnFamily, Options, Rdict
 from statehouse.backends.errors import InsufficientStorage
 from statehouse.backends.reserved import BROADCAST_TABLE, LIST_TABLE, META_TABLE
 from statehouse.backends.rocksdb.database import (
-    MAX_PARALLELISM_KEY,
     NESTED_PREFIX,
     KeyLayout,
     iterate,
@@ -28,7 +27,7 @@ from statehouse.backends.rocksdb.database import (
 )
 from statehouse.backends.rocksdb.degrade import DegradePolicy
 from statehouse.backends.rocksdb.space import is_out_of_space
-from statehouse.snapshots.stored.keys import DEFAULT_FAMILY, column_family, prefix_successor
+from statehouse.snapshots.stored.keys import DEFAULT_FAMILY, MAX_PARALLELISM_KEY, column_family, prefix_successor
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances

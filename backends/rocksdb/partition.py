@@ -44,14 +44,11 @@ from statehouse.backends.base.partition import FlatChanges, RowChanges, StorePar
 from statehouse.backends.reserved import META_TABLE
 from statehouse.backends.rocksdb.database import (
     DEFAULT_WAL_LIMIT,
-    MAX_OPEN_FILES,
     KeyLayout,
     RocksDBFrozenView,
     bounded,
     db_options,
     iterate,
-    rebuild_manifest,
-    remove_partial_files,
 )
 from statehouse.backends.rocksdb.degrade import DegradePolicy
 from statehouse.backends.rocksdb.instance import DatabaseInstance
@@ -62,17 +59,6 @@ from statehouse.snapshots.stored.keys import prefix_successor
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
-
-# What callers import from here (the store, snapshots, tests, benchmarks): the database's parts.
-__all__ = [
-    "MAX_OPEN_FILES",
-    "KeyLayout",
-    "RocksDBFrozenView",
-    "RocksDBPartition",
-    "db_options",
-    "rebuild_manifest",
-    "remove_partial_files",
-]
 
 logger = logging.getLogger(__name__)
 

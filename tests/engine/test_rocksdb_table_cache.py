@@ -1,4 +1,4 @@
-"""RocksDB's table cache keeps the table files a job reads open (backends/rocksdb/partition.py,
+"""RocksDB's table cache keeps the table files a job reads open (backends/rocksdb/database.py,
 ``db_options``): a point read of a file whose reader was evicted opens it again, reading its index
 and Bloom filter (for a file of a million keys ~1.5 MB read, checksummed and parsed per read)."""
 
@@ -8,7 +8,7 @@ import re
 
 from rocksdict import Rdict
 
-from statehouse.backends.rocksdb.partition import MAX_OPEN_FILES, db_options
+from statehouse.backends.rocksdb.database import MAX_OPEN_FILES, db_options
 
 # Table files in the test: well below what the table cache holds (MAX_OPEN_FILES less the ten
 # RocksDB keeps for other files), many more than the 2-3 two states' reads touch in a job.
