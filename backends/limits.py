@@ -59,6 +59,10 @@ class RawStreamTooLarge(LimitRefused):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """The size and count limits a replica enforces (the ``STATEHOUSE_MAX_*`` settings): what one key,
+    value, list, raw stream, whole-map read, answer, job count, state count and epoch's staging may
+    hold, with the check that refuses each one in a request's answer."""
+
     max_key_bytes: int = 4096
     max_value_bytes: int = 1 << 20
     max_staged_bytes: int = 256 << 20  # request bytes staged under one epoch, per job and replica

@@ -17,6 +17,10 @@ Cleaner = Callable[[bytes, int], bytes | None]  # stored value, now -> value to 
 
 
 class IncrementalCleanup:
+    """One job's incremental TTL cleanup (Flink's ``TtlIncrementalCleanup``): it owns a wrapping
+    cursor per TTL state over the partition's entries, and each access to a state steps its
+    cursor a few entries, dropping the expired ones in the accessing transaction."""
+
     def __init__(self, partition: StorePartition, key_group_range: KeyGroupRange) -> None:
         self._partition = partition
         self._range = key_group_range

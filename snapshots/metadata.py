@@ -25,6 +25,11 @@ _VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMetadata:
+    """The ``_metadata`` of one replica's part of a checkpoint or savepoint (Flink's
+    ``CheckpointMetadata``, per part): its job, id, kind and format, key-group range and max
+    parallelism, state descriptors, the handles of its keyed and operator files, and the epoch it
+    committed; written last, in checksummed JSON, so a part without it does not exist for restore."""
+
     job: str
     checkpoint_id: int
     kind: SnapshotKind

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 
 
 class Store(ABC):
+    """One backend kind's store (heap or RocksDB; Flink's ``StateBackend``): it opens, lists and
+    destroys the jobs' partitions, builds a restore's staging partition and swaps it in, and
+    names the snapshot strategy its jobs are checkpointed with."""
+
     name: str
 
     @abstractmethod

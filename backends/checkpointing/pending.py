@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class PendingCheckpoint:
+    """One replica's part of a checkpoint being taken (Flink's ``PendingCheckpoint``): it owns the
+    part's report, its snapshot context (storage, written files, cancel flag) and its upload's
+    future, and decides what completing, failing or aborting does to the files it wrote."""
+
     def __init__(self, info: CheckpointInfo, ctx: SnapshotContext) -> None:
         self._info = info
         self.ctx = ctx

@@ -25,6 +25,10 @@ class SharedEntry:
 
 
 class SharedStateRegistry:
+    """Flink's ``SharedStateRegistry``: the shared files of a job's incremental checkpoints, each
+    with the first and newest checkpoint that use it, so the files no retained checkpoint uses can
+    be deleted once a checkpoint completes."""
+
     def __init__(self) -> None:
         self._entries: dict[str, SharedEntry] = {}
         self._lock = threading.Lock()

@@ -19,6 +19,10 @@ Outcome = Callable[[SnapshotResult | None, BaseException | None], None]
 
 
 class SnapshotStrategyRunner:
+    """Flink's ``SnapshotStrategyRunner``: runs a strategy's synchronous part (the freeze, under the
+    job's exclusive lock) on the caller's thread and its asynchronous part (the upload) on a
+    small thread pool it owns, reporting each outcome to a callback."""
+
     def __init__(self, threads: int = 2) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="statehouse-snapshot")
 

@@ -151,6 +151,9 @@ def _sorted_entries(nested: bool, group: dict) -> Iterator[tuple[bytes, bytes, b
 
 
 class HeapFrozenView(FrozenView):
+    """A heap partition frozen for a snapshot: references to the key-group dicts as of the freeze,
+    which later writes copy before changing; releasing it lets the partition stop copying."""
+
     def __init__(self, partition: HeapPartition, version: int, captured: dict[str, tuple[bool, dict[int, dict]]]):
         self._partition = partition
         self._version = version
@@ -172,6 +175,10 @@ class HeapFrozenView(FrozenView):
 
 
 class HeapPartition(StorePartition):
+    """One job's state in memory (Flink's ``CopyOnWriteStateTable``, coarser): per table a dict per
+    key group, each container stamped with the version it was made at, so a freeze costs
+    O(key groups) and a write copies only a container a live frozen view still shares."""
+
     def __init__(self, max_parallelism: int) -> None:
         self.max_parallelism = max_parallelism
         self._tables: dict[str, _Table] = {META_TABLE: _Table(nested=False)}

@@ -11,6 +11,10 @@ from statehouse.snapshots.layout import SnapshotKind
 
 
 class HeapStore(Store):
+    """The heap backend's store (Flink's ``HashMapStateBackend``): partitions in memory only, so no
+    job survives a restart but through a checkpoint; snapshots are copy-on-write freezes in the
+    canonical full format."""
+
     name = "heap"
 
     def existing(self) -> list[str]:

@@ -9,6 +9,9 @@ from statehouse.backends.keyed.base import Key, KeyedState, Rows, one_key
 
 
 class ValueState(KeyedState):
+    """Flink's ``ValueState``: one value per key and namespace, read as the descriptor's default
+    when absent; one record per row in the state's table, written whole by every update."""
+
     def get(self, key: Key, namespace: str = "") -> Any:
         return self.get_many(self._row(key, namespace))[0]
 

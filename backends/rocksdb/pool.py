@@ -29,6 +29,10 @@ class Instance(Protocol):
 
 
 class OpenInstances:
+    """The set of RocksDB instances open on a replica, bounded by ``capacity`` (``None``: no bound):
+    past it, the least recently used idle instances close, so file descriptors stay bounded
+    however many jobs a replica holds; an instance in use is never closed."""
+
     def __init__(self, capacity: int | None = None) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")

@@ -17,6 +17,9 @@ from statehouse.snapshots.storage.base import CheckpointOutputStream, Checkpoint
 
 
 class LocalOutputStream(CheckpointOutputStream):
+    """A file being written to a :class:`LocalStorage`: written under a temporary name, then fsynced
+    and renamed into place on commit (its directory fsynced too), so a crash leaves no half file."""
+
     def __init__(self, path: str, target: str, storage: LocalStorage) -> None:
         super().__init__(path)
         self._target = target
@@ -53,6 +56,10 @@ class LocalOutputStream(CheckpointOutputStream):
 
 
 class LocalStorage(CheckpointStorage):
+    """Checkpoint storage in a local directory (Flink's ``FileSystemCheckpointStorage`` on a local
+    path): paths resolve under ``root`` and may not leave it; unfinished writes are not listed,
+    and deleting files removes the directories they leave empty."""
+
     def __init__(self, root: str) -> None:
         super().__init__()
         self.root = os.path.abspath(root)

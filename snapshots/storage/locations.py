@@ -117,6 +117,10 @@ class Resolved:
 
 
 class RestoreLocations:
+    """The policy of where this replica may restore from: inside its own checkpoint storage, or under
+    one of the extra allowed locations (``STATEHOUSE_RESTORE_LOCATIONS``); it resolves a location,
+    refuses the others (``invalid_location``) and opens storage on what it checked."""
+
     def __init__(
         self, storage: CheckpointStorage, *, s3_endpoint_url: str | None = None, allowed: tuple[str, ...] = ()
     ) -> None:

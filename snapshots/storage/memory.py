@@ -19,6 +19,9 @@ _LOCK = threading.Lock()
 
 
 class MemoryOutputStream(CheckpointOutputStream):
+    """A file being written to a :class:`MemoryStorage`: buffered, and stored under its key only
+    when committed, so a discarded write leaves nothing."""
+
     def __init__(self, path: str, key: str, storage: MemoryStorage) -> None:
         super().__init__(path)
         self._key = key
@@ -38,6 +41,9 @@ class MemoryOutputStream(CheckpointOutputStream):
 
 
 class MemoryStorage(CheckpointStorage):
+    """Checkpoint storage in process memory (``memory://<name>/<prefix>``), for tests: the files of
+    a named bucket are shared by every storage opened on that name, so a restarted manager sees them."""
+
     def __init__(self, name: str = "default", prefix: str = "") -> None:
         super().__init__()
         with _LOCK:

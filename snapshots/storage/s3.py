@@ -86,6 +86,10 @@ class S3OutputStream(CheckpointOutputStream):
 
 
 class S3Storage(CheckpointStorage):
+    """Checkpoint storage in an S3 bucket under a prefix, through boto3: uploads (multipart for large
+    files), ranged reads, listing and deletion, and the aborting of multipart uploads that failed
+    or that a crashed process abandoned, so their parts are not kept and billed."""
+
     def __init__(
         self,
         bucket: str,
