@@ -94,6 +94,8 @@ def open_layout(settings: Settings) -> ReplicaLayout:
 
 
 def open_catalog(settings: Settings, layout: ReplicaLayout | None = None) -> JobCatalog:
+    """The replica's job catalog over the configured backend's store, with the limits the settings
+    set, for the replica set's place ``layout`` records (the settings' own when there is none)."""
     # The recorded layout, not the settings: after a live rescale they may still name the one before.
     count, index = (
         (layout.topology.count, layout.topology.index) if layout else (settings.replica_count, settings.replica_index)
@@ -197,6 +199,9 @@ class StatehouseAPI(FastAPI):
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """The Statehouse ASGI application: its routers and middleware, and a lifespan that opens the
+    checkpoint storage, locks the data directory, opens the catalog, the checkpoint manager and the
+    live-rescale participant (resuming a pending move) at start, and drains and closes them at shutdown."""
     settings = settings or load_settings()  # a bad STATEHOUSE_* variable: one line each, exit 2
     metrics = Metrics()
 

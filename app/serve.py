@@ -305,6 +305,8 @@ def config(settings: Settings, host: str, port: int, app: str = APP, **options: 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m statehouse.app.serve``: run one replica under uvicorn with the server's own
+    connection limits and timeouts, on ``--host`` and ``--port``, its settings from ``STATEHOUSE_*``."""
     parser = argparse.ArgumentParser(
         prog="python -m statehouse.app.serve",
         description="Run the Statehouse server (settings: STATEHOUSE_* variables, docs/operations.md).",

@@ -70,6 +70,8 @@ class TokenError(ValueError):
 
 
 def parse_scopes(text: str) -> Grant:
+    """The grant of a token's ``SCOPE+SCOPE...``: job names, ``*`` (every job) and ``@admin``;
+    a ``TokenError`` for an empty or invalid scope."""
     jobs: set[str] = set()
     all_jobs = admin = False
     for scope in text.split("+"):

@@ -196,6 +196,9 @@ def wants_msgpack(request: Request) -> bool:
 
 
 def render(request: Request, content: Any, status_code: int = 200) -> Response:
+    """``content`` as the response the request asks for (msgpack or JSON, by its ``Accept`` and
+    ``Content-Type``), with ``status_code``; a stored value too deep for the format to write is a
+    problem that says so."""
     # Values are depth-checked on the way in, but one stored before (an older data directory or
     # snapshot) may nest deeper than a format writes: a problem that says so, not a 500.
     if wants_msgpack(request):

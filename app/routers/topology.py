@@ -91,6 +91,8 @@ async def get_topology(service: ServiceDep, grant: GrantDep) -> TopologyInfo:
 
 
 def topology_info(service: Service, grant: Grant) -> TopologyInfo:
+    """``GET /v1/topology``'s answer: this replica's place in its replica set, the key-group range
+    of each job the grant may see, and the live rescale pending here, if any."""
     layout = service.catalog.layout
     assert layout is not None  # the app always opens one
     topology = layout.topology
