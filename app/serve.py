@@ -272,8 +272,8 @@ def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
 
 def log_config(level: str) -> dict[str, Any]:
     """uvicorn's logging configuration plus the server's own loggers (``statehouse.*``, one per
-    module) on stderr at ``level``, each line naming its logger. Without it they had no handler:
-    only warnings reached stderr, through Python's last-resort handler."""
+    module) on stderr at ``level``, each line naming its logger. Without it they would have no
+    handler: only warnings would reach stderr, through Python's last-resort handler."""
     conf = copy.deepcopy(LOGGING_CONFIG)
     conf["formatters"]["statehouse"] = {
         "()": "uvicorn.logging.DefaultFormatter",

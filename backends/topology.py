@@ -1,9 +1,8 @@
 """The replica set a data directory belongs to, persisted in it and enforced at start.
 
-Which key groups a replica owns follows from (replica count, replica index) per job. Those used to
-be two environment variables stored nowhere: a replica restarted with another count silently
-re-sliced its jobs (the data stayed on disk, unreachable), and two processes could share one data
-directory. Now the directory holds:
+Which key groups a replica owns follows from (replica count, replica index) per job. Kept only in
+settings, a replica restarted with another count would silently re-slice its jobs (the data on
+disk, unreachable), and two processes could share one data directory; so the directory holds:
 
 - ``$lock``: an exclusive ``flock`` held for the life of the process (released by the kernel
   when the process dies, however it dies). A second process on the directory stops at start.

@@ -5,7 +5,7 @@ source share (a checkpoint reader without a server installs the client distribut
 A part's handle records each table file's key groups (:meth:`IncrementalHandle.files_for`), so
 a read of some key groups downloads only the files that can hold them, plus the small private
 ones, and rebuilds the MANIFEST from those (RocksDB's repair: every file present at level 0,
-where reads resolve a key's versions by sequence number as before). The files are opened
+where reads resolve a key's versions by sequence number, as in the part's own database). The files are opened
 read-only, the database's recorded max parallelism is checked against the part's metadata, and
 each table's keys of the wanted key groups are cut back by the backend's key layout
 (:mod:`statehouse.snapshots.stored.keys`): one bounded scan per table, as every key group range

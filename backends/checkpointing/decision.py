@@ -92,7 +92,7 @@ class Decision:
             {str(k): int(v) for k, v in data.get("checkpoints", {}).items()},
             dict(data.get("metadata") or {}),
             float(data.get("decided", 0)),
-            int(before) if before is not None else None,  # absent in records written before it was kept
+            int(before) if before is not None else None,  # None: a record without the field
         )
 
 

@@ -2,18 +2,18 @@
 
 Each open instance costs file descriptors (its WAL, MANIFEST, LOG, LOCK, one per column
 family, up to ``MAX_OPEN_FILES`` table files) and memory (memtables, caches). With thousands
-of jobs a replica ran out of descriptors and every request failed; so at most ``capacity``
-stay open, and when one more opens, the least recently used idle ones close. A closed one
-reopens on its next access (about 10 ms). An instance in use — a request, an iterator, a
-checkpoint's freeze — holds a lease and is never closed, so the bound can be exceeded for as
-long as more instances than that are busy at once.
+of jobs all open a replica would run out of descriptors and every request fail; so at most
+``capacity`` stay open, and when one more opens, the least recently used idle ones close. A
+closed one reopens on its next access (about 10 ms). An instance in use — a request, an
+iterator, a checkpoint's freeze — holds a lease and is never closed, so the bound can be
+exceeded for as long as more instances than that are busy at once.
 
-Measured before choosing this over one shared RocksDB per replica with a column family per
-job and state (300 jobs): a shared instance took 24 ms per new column family and growing
-(RocksDB rewrites and re-verifies its whole OPTIONS file on every one) and still holds one
-descriptor per column family, while an instance per job opens in ~10 ms, closes in ~1 ms and
-keeps per-job checkpoints and restores (SST files, directory swaps) as they are. Point reads
-cost the same either way (0.6-0.7 µs).
+Why not one shared RocksDB per replica with a column family per job and state (measured with
+300 jobs): a shared instance takes 24 ms per new column family, growing (RocksDB rewrites and
+re-verifies its whole OPTIONS file on every one), and still holds one descriptor per column
+family, while an instance per job opens in ~10 ms, closes in ~1 ms and keeps per-job
+checkpoints and restores (SST files, directory swaps) as they are. Point reads cost the same
+either way (0.6-0.7 µs).
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ _SCALARS_OR_FLOAT = _SCALARS | {float}
 
 
 # How deep lists and objects may nest in a value: every answer format must write back what was
-# stored, and orjson writes no more than 254 levels (a deeper value was stored, then every JSON
-# read of it was a 500). 64 leaves room for any answer's envelope and is Arrow IPC's own limit.
+# stored, and orjson writes no more than 254 levels (a deeper value could be stored, and every JSON
+# read of it would be a 500). 64 leaves room for any answer's envelope and is Arrow IPC's own limit.
 MAX_DEPTH = 64
 _CONTAINERS = (list, tuple, dict)
 
