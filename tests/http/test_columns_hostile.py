@@ -695,7 +695,7 @@ def test_map_user_keys_and_namespaces_must_be_utf8(http, job):
         ({"epoch": ""}, 422, "invalid_argument"),
         ({"epoch": " 1"}, 422, "invalid_argument"),
         ({"epoch": "0x10"}, 422, "invalid_argument"),
-        ({"epoch": "99999999999999999999"}, 422, "invalid_argument"),  # epochs are int64 (issue 27.7)
+        ({"epoch": "99999999999999999999"}, 422, "invalid_argument"),  # epochs are int64
         ({"epoch": "0", "partition": "-1", "attempt": "a", "seq": "0"}, 422, "invalid_argument"),
         ({"epoch": "0", "partition": str(10**30), "attempt": "a", "seq": "0"}, 422, "invalid_argument"),
         ({"epoch": "0", "partition": str(2**31), "attempt": "a", "seq": "0"}, 422, "invalid_argument"),
@@ -704,7 +704,7 @@ def test_map_user_keys_and_namespaces_must_be_utf8(http, job):
         ({"epoch": "0", "partition": "0", "attempt": "a" * 8000, "seq": "0"}, 422, "invalid_argument"),
         ({"epoch": "0", "partition": "0", "attempt": "a\u00e9", "seq": "0"}, 422, "invalid_argument"),
         ({"epoch": "0", "partition": "0", "attempt": "", "seq": "0"}, 422, "invalid_argument"),
-        # A job starts with epoch 0 committed: nothing more is staged under it (issue 27.11).
+        # A job starts with epoch 0 committed: nothing more is staged under it.
         ({"epoch": "0", "partition": "0", "attempt": "a", "seq": "5"}, 409, "epoch_sealed"),
         ({"epoch": "0", "attempt": "a", "seq": "0"}, 422, "invalid_argument"),
     ],

@@ -117,7 +117,7 @@ def problem(response: httpx.Response, status: int, code: str) -> str:
     return body["detail"]
 
 
-# -- content type first (issue 26) -------------------------------------------------------------
+# -- content type first ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("method", "path", "accepted"), ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
@@ -165,7 +165,7 @@ def test_msgpack_under_any_of_its_names_is_taken_by_the_batch_route(small):
         assert r.status_code == 200, (media, r.text)
 
 
-# -- nesting depth, on every door (issue 27.4) --------------------------------------------------
+# -- nesting depth, on every door --------------------------------------------------------------
 
 
 def nested(depth: int, leaf=1):
@@ -253,7 +253,7 @@ def test_values_as_deep_as_allowed_read_back_in_every_format(small):
     assert small.client.get("/v1/jobs/j/operators/o/broadcast/b/entries/deep").json()["value"] == value
 
 
-# -- decoded values per body (issue 27.4, 27.5) -------------------------------------------------
+# -- decoded values per body -------------------------------------------------------------------
 
 
 def test_many_small_values_are_refused_before_they_are_decoded(small):

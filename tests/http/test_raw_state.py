@@ -1,4 +1,4 @@
-"""Raw keyed and operator state (issue 33): streams per key group and partitions per subtask that
+"""Raw keyed and operator state: streams per key group and partitions per subtask that
 travel with every kind of snapshot and are redistributed on restore as Flink's raw state is.
 
 Engine level on both backends (real heap and RocksDB stores, a real checkpoint manager) for the

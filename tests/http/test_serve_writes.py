@@ -1,6 +1,6 @@
-"""app/serve.py writes each answer's head and body with one socket write (issue 32, the request
-floor): over a real socket against a real server, answers still arrive whole and in order —
-pipelined, on a connection the client closes, and for HEAD (a head with no body after it)."""
+"""app/serve.py writes each answer's head and body with one socket write (the request floor):
+over a real socket against a real server, answers still arrive whole and in order — pipelined,
+on a connection the client closes, and for HEAD (a head with no body after it)."""
 
 from __future__ import annotations
 
