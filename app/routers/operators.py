@@ -117,6 +117,8 @@ async def list_broadcast(
     name: str,
     paging: PageDep,
 ) -> Response:
+    """The operator's broadcast state `name`, its entries in key order, paged (`limit`, and the
+    previous page's `next_cursor` as `cursor`); it is read whole, being small by design."""
     after = paging.after
 
     def page() -> Response:  # reads the whole broadcast state (kept small by design): off the event loop

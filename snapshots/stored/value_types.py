@@ -2,8 +2,8 @@
 
 A state registered with ``value_type`` refuses values of other types on every path (per
 operation and columnar), so its values come back as one typed column (a sum of doubles is a
-float64 column, not msgpack bytes). Without one a state takes any value msgpack stores, as
-before. Stored bytes are msgpack either way (one storage format).
+float64 column, not msgpack bytes). Without one a state takes any value msgpack stores. Stored
+bytes are msgpack either way (one storage format).
 
 For value, list and map states the type is that of the values (list elements, map entries);
 for reducing and aggregating states it is that of the values added, and what a read returns
