@@ -265,7 +265,7 @@ def _http_cases(vectors) -> list[dict[str, Any]]:
     ]
     for want in wanted:
         chosen.append(next(c for c in pool if want(c)))
-    # Names written in another order on each subtask, 4 subtasks to 3 (the case).
+    # Names written in another order on each subtask, 4 subtasks to 3.
     chosen.append(next(c for c in vectors["operator"] if c["kind"] == "names" and (c["old"], c["new"]) == (4, 3)))
     return chosen
 

@@ -38,7 +38,7 @@ def refused(response: httpx.Response) -> None:
 
 def test_appends_stop_at_the_list_limit_and_the_list_stays_readable(http):
     accepted = 0
-    for _ in range(80):  # the 80 appends of 1 MB
+    for _ in range(80):  # 80 appends of 1 MB: past the 16 MB default
         answer = http.post(LIST, json={"value": ELEMENT})
         if answer.status_code != 204:
             refused(answer)

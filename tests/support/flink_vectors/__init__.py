@@ -252,7 +252,7 @@ def operator_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
             cases.append(kind_case)
         else:
             cases.append(_operator_case(rng, kind, names, old, new, union_share))
-    # The cases of the issue: a trailing empty subtask, union state at the same parallelism.
+    # Two edge cases: a trailing empty subtask, union state at the same parallelism.
     for modes, counts, new in (("S", (5, 1, 0), 2), ("U", (3, 1, 3), 3)):
         names = ["s" if modes == "S" else "u"]
         cases.append(
@@ -265,7 +265,7 @@ def operator_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
 def registration_order_case(rng: random.Random) -> dict[str, Any]:
     """About 20 names that every old subtask registers (as operator code does), each subtask in
     its own random order: Flink walks the names of each handle in the order of a ``HashMap``
-    filled in that subtask's registration order (kind ``names``; the issue's case is 4 -> 3)."""
+    filled in that subtask's registration order (kind ``names``; 4 -> 3 among them)."""
     names = list(dict.fromkeys(_random_name(rng, 1, 8) for _ in range(20)))
     old = rng.choice([4, 4, 4, 2, 3, 5, 6])
     new = rng.choice([3, 3, old - 1 or 2, old + 1, rng.randint(1, 8)])
