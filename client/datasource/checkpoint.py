@@ -49,6 +49,11 @@ Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, recor
 
 @dataclass(frozen=True)
 class CheckpointOptions:
+    """A read of a checkpoint or savepoint straight from checkpoint storage (``option("checkpoint",
+    N)``), as parsed once from the source's options on the driver: which snapshot of which job,
+    where the replicas keep it, and which state; every option a live read takes but a checkpoint
+    read cannot is refused naming it."""
+
     job: str
     checkpoint_id: int | None  # None: the latest checkpoint every replica completed
     storage: str  # the replicas' STATEHOUSE_CHECKPOINT_DIR: a path or s3://bucket/prefix
