@@ -228,6 +228,8 @@ class JavaHashMap:
     # -- inserts ---------------------------------------------------------------------------
 
     def put(self, key: str) -> None:
+        """``HashMap.put``: a new key goes to the end of its bucket (a long bucket becomes a tree bin),
+        resizing after the insert."""
         h = _spread(key)
         tab = self.table if self.table else self._resize()
         i = (len(tab) - 1) & h
@@ -255,6 +257,7 @@ class JavaHashMap:
             self._resize()
 
     def compute_if_absent(self, key: str) -> None:
+        """``HashMap.computeIfAbsent``: resizing before the lookup, a new key to the front of its bucket."""
         h = _spread(key)
         tab = self.table
         if self.size > self.threshold or not tab:

@@ -194,6 +194,7 @@ class Topology:
         return record
 
     def to_json(self) -> dict[str, Any]:
+        """The record as ``$topology.json`` stores it (:meth:`from_json` reads it back)."""
         return {
             "format": FORMAT,
             "set_id": self.set_id,

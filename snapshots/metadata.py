@@ -62,6 +62,7 @@ class SnapshotMetadata:
         return sorted(h.path for h in (*own, self.operator))
 
     def to_bytes(self) -> bytes:
+        """The ``_metadata`` file: the fields as JSON, beside the SHA-256 of their canonical form."""
         body = {
             "magic": _MAGIC,
             "version": _VERSION,
@@ -91,6 +92,8 @@ class SnapshotMetadata:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> SnapshotMetadata:
+        """Read a ``_metadata`` file back; ``SnapshotCorrupt`` (naming ``where``) if its checksum,
+        magic, version or fields do not hold."""
         try:
             wrapper = json.loads(data)
             body = wrapper["body"]

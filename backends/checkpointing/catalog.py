@@ -49,6 +49,9 @@ class SnapshotCatalog:
         return f"{self.storage.location.rstrip('/')}/{directory}"
 
     def history(self, job: str) -> JobHistory:
+        """What storage holds of ``job`` for this replica: the ids no new checkpoint may take, this
+        replica's completed parts (their metadata read; an unreadable one is skipped with a warning),
+        and the completed checkpoint parts of other replica counts."""
         listing = job_listing(self.storage, job)
         # Ids in use: this replica's own parts (complete or not), and every snapshot that was
         # completed under another replica count (ids keep increasing across a rescale).

@@ -175,7 +175,7 @@ class HeapFrozenView(FrozenView):
 
 
 class HeapPartition(StorePartition):
-    """One job's state in memory (Flink's ``CopyOnWriteStateTable``, coarser): per table a dict per
+    """One job's state in memory (Flink's ``CopyOnWriteStateMap``, coarser): per table a dict per
     key group, each container stamped with the version it was made at, so a freeze costs
     O(key groups) and a write copies only a container a live frozen view still shares."""
 

@@ -40,6 +40,9 @@ class OperatorSnapshot(OperatorStateData):
 
     @classmethod
     def from_view(cls, view: FrozenView | StorePartition) -> OperatorSnapshot:
+        """The operator state a frozen view (or a partition) holds: list states per subtask, their
+        modes, broadcast states, and the job's other metadata rows (writer epochs among them; not
+        the state descriptors)."""
         snap = cls()
         tables = view.tables()
         if LIST_TABLE in tables:
