@@ -1,8 +1,8 @@
 """An operator list of one subtask is bounded where it is written, by STATEHOUSE_MAX_LIST_BYTES as a
 keyed list of one key is: an append or a replace that would store more is refused 413
-`list_too_large` naming the setting, changes nothing, and the list stays readable whole. Before,
-80 appends of 1 MB were all taken and the list could then never be read (413 `answer_too_large`).
-Both backends, over real HTTP."""
+`list_too_large` naming the setting, changes nothing, and the list stays readable whole (an
+unbounded list could grow past what one answer may hold, 413 `answer_too_large`, and never be
+read again). Over real HTTP."""
 
 from __future__ import annotations
 
