@@ -31,9 +31,11 @@ from statehouse.app.dependencies import GRANT, authenticate
 from statehouse.app.problems import ApiError, state_error
 from statehouse.app.routing import route_path
 from statehouse.app.wire import JSON, media_type
+from statehouse.protocol import routes
 
-API_PREFIX = "/v1"
-_JOB = re.compile(r"/v1/jobs/([^/]+)")
+API_PREFIX = routes.API
+# Matched at the start of a path (not the whole of it): every route under a job's path names the job.
+_JOB = routes.pattern(routes.JOB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ class Intake:
         path = route_path(scope)
         if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
             job = _JOB.match(path)
-            scope[GRANT] = authenticate(scope, job[1] if job else None)
+            scope[GRANT] = authenticate(scope, job["job"] if job else None)
         entries = self.routes.get(scope["method"])
         rule = next((e.rule for e in entries if e.path.match(path)), None) if entries else None
         if rule is not None and not (rule.optional and not _has_body(scope)):

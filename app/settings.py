@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
+from statehouse.protocol.routes import LISTING_PAGE
 from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.locations import parse_restore_locations
 
@@ -110,7 +111,7 @@ class Settings(BaseSettings):
     )
     max_staged_attempts: int = Field(default=10_000, ge=1, description="task attempts staged under one epoch, per job")
     max_body_bytes: int = Field(default=64 << 20, ge=1, description="largest request body, in bytes")
-    max_page_size: int = Field(default=1000, ge=1, description="largest page of a listing")
+    max_page_size: int = Field(default=LISTING_PAGE, ge=1, description="largest page of a listing")
     max_jobs: int = Field(
         default=1000, ge=1, description="most jobs on one replica (creates and restores past it are refused)"
     )

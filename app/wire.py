@@ -20,12 +20,10 @@ from starlette.responses import Response
 
 from statehouse.app.arrow_body import OBJECT_BYTES, read_stream
 from statehouse.app.problems import ApiError
+from statehouse.protocol.routes import ARROW_STREAM, JSON, MSGPACK
 from statehouse.snapshots.stored.codec import too_deep
 
-MSGPACK = "application/msgpack"
-JSON = "application/json"
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
-_MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+_MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
 
 
 def _json_default(value: Any) -> Any:

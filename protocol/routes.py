@@ -17,7 +17,8 @@ TOPOLOGY_STEP = f"{TOPOLOGY}/{{step}}"
 TOPOLOGY_DECISION = f"{TOPOLOGY}/decision"
 TOPOLOGY_STEPS = ("prepare", "load", "decide", "commit", "abort")
 
-JOB = f"{API}/jobs/{{job}}"
+JOBS = f"{API}/jobs"
+JOB = f"{JOBS}/{{job}}"
 FENCE = f"{JOB}/fence"
 BATCH = f"{JOB}/batch"
 RESTORE = f"{JOB}/restore"
@@ -33,6 +34,13 @@ CHECKPOINT_ABORT = f"{CHECKPOINT}/abort"
 STATES = f"{JOB}/states"
 STATE = f"{STATES}/{{state}}"
 STATE_KEYS = f"{STATE}/keys"
+# One key of a state, and one user key of a map state's key.
+KEY = f"{STATE_KEYS}/{{key}}"
+KEY_ADD = f"{KEY}/add"
+KEY_ADD_GET = f"{KEY}/add_get"
+ENTRIES = f"{KEY}/entries"
+ENTRY = f"{ENTRIES}/{{user_key}}"
+ENTRY_ADD = f"{ENTRY}/add"
 STATE_SCAN = f"{STATE}/scan"
 STATE_SIZES = f"{STATE}/sizes"
 # The columnar endpoint: one state, or several over the same rows (``?states=a,b``).
@@ -40,6 +48,7 @@ STATE_COLUMNS = f"{STATE}/columns/{{op}}"
 JOB_COLUMNS = f"{JOB}/columns/{{op}}"
 
 TIMERS = f"{JOB}/timers/{{domain}}"
+TIMER = f"{TIMERS}/keys/{{key}}/{{timestamp}}"
 TIMER_COUNTS = f"{TIMERS}/counts"
 TIMER_ADVANCE = f"{TIMERS}/advance"
 TIMER_COLUMNS = f"{TIMERS}/columns/{{op}}"
@@ -49,14 +58,22 @@ OPERATOR_LIST = f"{OPERATOR}/subtasks/{{index}}/lists/{{name}}"
 OPERATOR_RAW = f"{OPERATOR}/subtasks/{{index}}/raw"
 OPERATOR_RAW_PARTITIONS = f"{OPERATOR_RAW}/partitions"
 BROADCAST_ENTRIES = f"{OPERATOR}/broadcast/{{name}}/entries"
+BROADCAST_ENTRY = f"{BROADCAST_ENTRIES}/{{key}}"
 
 RAW_KEY_GROUP = f"{JOB}/raw/key-groups/{{key_group}}"
 RAW_KEY_GROUP_APPEND = f"{RAW_KEY_GROUP}/append"
+
+# A replica's probes and metrics, outside the API's prefix (no token asked).
+HEALTHZ = "/healthz"
+READYZ = "/readyz"
+METRICS = "/metrics"
 
 # Media types of request and answer bodies.
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+# Raw state's bodies: the bytes as they are.
+OCTET_STREAM = "application/octet-stream"
 
 # A scan page's Arrow schema metadata: the cursor of the next page (absent: the range is read).
 NEXT_CURSOR = b"statehouse.next_cursor"

@@ -18,13 +18,14 @@ from statehouse.backends.attempts import perform
 from statehouse.backends.job import Job
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.staging import AttemptRef
+from statehouse.protocol import routes
 from statehouse.protocol.ops import OPS, RAW_OPS
 
-router = api_router(prefix="/v1", tags=["batch"])
+router = api_router(tags=["batch"])
 
 
 @router.post(
-    "/jobs/{job}/batch",
+    routes.BATCH,
     response_model=BatchResponse,
     openapi_extra={"requestBody": doc.BATCH_BODY},
     responses=doc.BATCH,

@@ -26,9 +26,10 @@ from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID
 from statehouse.backends.checkpointing.info import CheckpointInfo
+from statehouse.protocol import routes
 from statehouse.protocol.errors import InvalidArgument
 
-router = api_router(prefix="/v1", tags=["checkpoints"])
+router = api_router(tags=["checkpoints"])
 
 # The validator after the parameter: before it, FastAPI writes ge/le into the OpenAPI schema as
 # they are instead of JSON Schema's minimum/maximum.
@@ -38,7 +39,7 @@ CheckpointId = Annotated[
 
 
 @router.post(
-    "/jobs/{job}/checkpoints",
+    routes.CHECKPOINTS,
     response_model=CheckpointInfoModel,
     status_code=202,
     responses={200: {"model": CheckpointInfoModel}, **doc.TRIGGER},
@@ -71,7 +72,7 @@ async def trigger(
     return info
 
 
-@router.get("/jobs/{job}/checkpoints", response_model=CheckpointPage, responses=doc.LIST_CHECKPOINTS)
+@router.get(routes.CHECKPOINTS, response_model=CheckpointPage, responses=doc.LIST_CHECKPOINTS)
 async def list_checkpoints(
     service: ServiceDep,
     job: JobName,
@@ -109,7 +110,7 @@ WaitMs = Annotated[
 _WAIT_STEP_S = 0.002  # how often a waiting request looks again: an upload takes 10 ms or more
 
 
-@router.get("/jobs/{job}/checkpoints/{checkpoint_id}", response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
+@router.get(routes.CHECKPOINT, response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
 async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: CheckpointId, wait_ms: WaitMs = 0) -> Any:
     """This replica's part of checkpoint N; with `wait_ms`, once its upload has ended (or the wait is over)."""
     return await _waited(service, job, checkpoint_id, wait_ms)
@@ -127,9 +128,7 @@ async def _waited(service: Service, job: str, checkpoint_id: int, wait_ms: int) 
     return info
 
 
-@router.post(
-    "/jobs/{job}/checkpoints/{checkpoint_id}/complete", response_model=CheckpointInfoModel, responses=doc.COMPLETE
-)
+@router.post(routes.CHECKPOINT_COMPLETE, response_model=CheckpointInfoModel, responses=doc.COMPLETE)
 async def complete(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
     """notifyCheckpointComplete: waits for the upload if needed, writes this part's `_metadata` last, subsumes
     older checkpoints and applies retention."""
@@ -137,14 +136,14 @@ async def complete(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId
     return info
 
 
-@router.post("/jobs/{job}/checkpoints/{checkpoint_id}/abort", response_model=CheckpointInfoModel, responses=doc.ABORT)
+@router.post(routes.CHECKPOINT_ABORT, response_model=CheckpointInfoModel, responses=doc.ABORT)
 async def abort(service: ServiceDep, job: JobDep, checkpoint_id: CheckpointId) -> Any:
     """notifyCheckpointAborted: discards this attempt's private files."""
     info = await run_in_threadpool(service.checkpoints.abort, job.name, checkpoint_id)
     return info
 
 
-@router.post("/jobs/{job}/restore", response_model=RestoreInfoModel, responses=doc.RESTORE)
+@router.post(routes.RESTORE, response_model=RestoreInfoModel, responses=doc.RESTORE)
 async def restore(
     service: ServiceDep, grant: GrantDep, job: JobName, body: Annotated[RestoreBody, Body(default_factory=RestoreBody)]
 ) -> Any:

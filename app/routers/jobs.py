@@ -22,13 +22,14 @@ from statehouse.app.models import (
 from statehouse.app.offload import dispatch
 from statehouse.app.paging import PageDep
 from statehouse.app.routing import api_router
+from statehouse.protocol import routes
 
-router = api_router(prefix="/v1", tags=["jobs"])
+router = api_router(tags=["jobs"])
 
 StateName = Annotated[str, Path(description="state name", pattern=NAME_PATTERN)]
 
 
-@router.put("/jobs/{job}", response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}, **doc.PUT_JOB})
+@router.put(routes.JOB, response_model=JobInfo, status_code=200, responses={201: {"model": JobInfo}, **doc.PUT_JOB})
 async def put_job(
     service: ServiceDep,
     response: Response,
@@ -45,7 +46,7 @@ async def put_job(
     return JobInfo.of(created_job)
 
 
-@router.get("/jobs", response_model=JobPage, responses=doc.LIST_JOBS)
+@router.get(routes.JOBS, response_model=JobPage, responses=doc.LIST_JOBS)
 async def list_jobs(service: ServiceDep, grant: GrantDep, paging: PageDep) -> JobPage:
     """The jobs on this replica that the bearer token is scoped to (all of them when auth is off)."""
     after = paging.after
@@ -55,12 +56,12 @@ async def list_jobs(service: ServiceDep, grant: GrantDep, paging: PageDep) -> Jo
     return JobPage(items=[JobInfo.of(service.catalog.get(n, serving=False)) for n in page], next_cursor=next_cursor)
 
 
-@router.get("/jobs/{job}", response_model=JobInfo, responses=doc.JOB_ONLY)
+@router.get(routes.JOB, response_model=JobInfo, responses=doc.JOB_ONLY)
 async def get_job(job: JobDep) -> JobInfo:
     return JobInfo.of(job)
 
 
-@router.delete("/jobs/{job}", status_code=204, responses=doc.JOB_ONLY)
+@router.delete(routes.JOB, status_code=204, responses=doc.JOB_ONLY)
 async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="job name")]) -> Response:
     """Delete a job and all its local state (checkpoints in storage are kept); also a job refused for its
     layout (`layout_mismatch`)."""
@@ -69,7 +70,7 @@ async def delete_job(service: ServiceDep, job: Annotated[str, Path(description="
     return Response(status_code=204)
 
 
-@router.post("/jobs/{job}/fence", response_model=FenceResponse, responses=doc.FENCE)
+@router.post(routes.FENCE, response_model=FenceResponse, responses=doc.FENCE)
 async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
     """Raise the job's writer epoch (never lowers it); with `next`, to at least one past the current one. Batches
     that carry an older epoch are then refused, so a stale attempt of a Spark micro-batch cannot overwrite a newer
@@ -94,7 +95,7 @@ async def fence(job: JobDep, body: FenceBody) -> FenceResponse:
 
 
 @router.put(
-    "/jobs/{job}/states/{state}",
+    routes.STATE,
     response_model=DescriptorInfo,
     responses={201: {"model": DescriptorInfo}, **doc.PUT_STATE},
 )
@@ -106,7 +107,7 @@ async def put_state(job: JobDep, state: StateName, body: DescriptorBody, respons
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
 
-@router.get("/jobs/{job}/states", response_model=DescriptorPage, responses=doc.LIST_STATES)
+@router.get(routes.STATES, response_model=DescriptorPage, responses=doc.LIST_STATES)
 async def list_states(job: JobDep, paging: PageDep) -> DescriptorPage:
     after = paging.after
     names = (n for n in sorted(job.descriptors) if after is None or n.encode() > after)
@@ -114,12 +115,12 @@ async def list_states(job: JobDep, paging: PageDep) -> DescriptorPage:
     return DescriptorPage(items=[DescriptorInfo(**job.descriptor(n).to_dict()) for n in page], next_cursor=next_cursor)
 
 
-@router.get("/jobs/{job}/states/{state}", response_model=DescriptorInfo, responses=doc.STATE)
+@router.get(routes.STATE, response_model=DescriptorInfo, responses=doc.STATE)
 async def get_state(job: JobDep, state: str) -> DescriptorInfo:
     return DescriptorInfo(**job.descriptor(state).to_dict())
 
 
-@router.delete("/jobs/{job}/states/{state}", status_code=204, responses=doc.DROP_STATE)
+@router.delete(routes.STATE, status_code=204, responses=doc.DROP_STATE)
 async def delete_state(job: JobDep, state: str) -> Response:
     """Drop a state and all its data."""
     await run_in_threadpool(job.drop_state, state)

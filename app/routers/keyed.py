@@ -17,13 +17,13 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends import ops
 from statehouse.backends.job import Job
+from statehouse.protocol import routes
 from statehouse.protocol.errors import InvalidKey
 from statehouse.snapshots.stored import codec
 
-router = api_router(prefix="/v1", tags=["keyed state"])
+router = api_router(tags=["keyed state"])
 
 Namespace = Annotated[str, Query(description="namespace (Flink's VoidNamespace is the default, '')")]
-BASE = "/jobs/{job}/states/{state}/keys/{key}"
 
 # A whole read of these kinds costs what the key holds (a map's entries, a list's elements), so
 # it runs in a worker thread and the event loop keeps serving (/healthz too); other one-key
@@ -59,7 +59,7 @@ def found(request: Request, result: dict[str, Any], what: str) -> Response:
     return render(request, result)
 
 
-@router.get(BASE, response_model=ValueResponse, responses=doc.KEYED_READ)
+@router.get(routes.KEY, response_model=ValueResponse, responses=doc.KEYED_READ)
 async def get_key(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = ""
 ) -> Response:
@@ -72,7 +72,7 @@ async def get_key(
     return await dispatch(job, read, OFF_LOOP if job.descriptor(state).kind in LONG_READS else 1)
 
 
-@router.put(BASE, status_code=204, responses=doc.KEYED_WRITE)
+@router.put(routes.KEY, status_code=204, responses=doc.KEYED_WRITE)
 async def put_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
@@ -81,7 +81,7 @@ async def put_key(
     return Response(status_code=204)
 
 
-@router.post(BASE + "/add", status_code=204, responses=doc.KEYED_WRITE)
+@router.post(routes.KEY_ADD, status_code=204, responses=doc.KEYED_WRITE)
 async def add_to_key(
     service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
 ) -> Response:
@@ -90,7 +90,7 @@ async def add_to_key(
     return Response(status_code=204)
 
 
-@router.post(BASE + "/add_get", response_model=ValueResponse, responses=doc.KEYED_ADD_GET)
+@router.post(routes.KEY_ADD_GET, response_model=ValueResponse, responses=doc.KEYED_ADD_GET)
 async def add_get_key(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, body: AddBody, ns: Namespace = ""
 ) -> Response:
@@ -100,13 +100,13 @@ async def add_get_key(
     return render(request, result)
 
 
-@router.delete(BASE, status_code=204, responses=doc.KEYED_CLEAR)
+@router.delete(routes.KEY, status_code=204, responses=doc.KEYED_CLEAR)
 async def clear_key(service: ServiceDep, job: JobDep, state: str, key: str, ns: Namespace = "") -> Response:
     await run_op(service, job, {"op": "clear", "state": state, "key": key, "ns": ns})
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries/{user_key}", response_model=ValueResponse, responses=doc.MAP_READ)
+@router.get(routes.ENTRY, response_model=ValueResponse, responses=doc.MAP_READ)
 async def get_entry(
     request: Request, service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
@@ -114,7 +114,7 @@ async def get_entry(
     return found(request, result, f"entry {user_key!r} of key {key!r} (namespace {ns!r}) of state {state!r}")
 
 
-@router.put(BASE + "/entries/{user_key}", status_code=204, responses=doc.KEYED_WRITE)
+@router.put(routes.ENTRY, status_code=204, responses=doc.KEYED_WRITE)
 async def put_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: ValueBody, ns: Namespace = ""
 ) -> Response:
@@ -123,7 +123,7 @@ async def put_entry(
     return Response(status_code=204)
 
 
-@router.post(BASE + "/entries/{user_key}/add", status_code=204, responses=doc.KEYED_WRITE)
+@router.post(routes.ENTRY_ADD, status_code=204, responses=doc.KEYED_WRITE)
 async def add_to_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, body: AddBody, ns: Namespace = ""
 ) -> Response:
@@ -134,7 +134,7 @@ async def add_to_entry(
     return Response(status_code=204)
 
 
-@router.delete(BASE + "/entries/{user_key}", status_code=204, responses=doc.MAP_REMOVE)
+@router.delete(routes.ENTRY, status_code=204, responses=doc.MAP_REMOVE)
 async def remove_entry(
     service: ServiceDep, job: JobDep, state: str, key: str, user_key: str, ns: Namespace = ""
 ) -> Response:
@@ -142,7 +142,7 @@ async def remove_entry(
     return Response(status_code=204)
 
 
-@router.get(BASE + "/entries", response_model=EntryPage, responses=doc.MAP_LIST)
+@router.get(routes.ENTRIES, response_model=EntryPage, responses=doc.MAP_LIST)
 async def list_entries(
     request: Request,
     job: JobDep,
@@ -164,7 +164,7 @@ async def list_entries(
     return await run_in_threadpool(page)
 
 
-@router.get("/jobs/{job}/states/{state}/keys", response_model=KeyPage, responses=doc.LIST_KEYS)
+@router.get(routes.STATE_KEYS, response_model=KeyPage, responses=doc.LIST_KEYS)
 async def list_keys(
     job: JobDep,
     state: str,

@@ -27,11 +27,10 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import render
 from statehouse.backends.operator_state import operator_contents
 from statehouse.backends.redistribution import MAX_SUBTASKS
+from statehouse.protocol import routes
 
-router = api_router(prefix="/v1", tags=["operator state"])
+router = api_router(tags=["operator state"])
 
-LIST = "/jobs/{job}/operators/{operator}/subtasks/{index}/lists/{name}"
-BROADCAST = "/jobs/{job}/operators/{operator}/broadcast/{name}/entries"
 Index = Annotated[
     int,
     Path(ge=0, le=MAX_SUBTASKS - 1, description="subtask index, in canonical decimal form"),
@@ -43,7 +42,7 @@ Mode = Annotated[
 ]
 
 
-@router.get("/jobs/{job}/operators/{operator}", response_model=OperatorInfo, responses=doc.OPERATOR_READ)
+@router.get(routes.OPERATOR, response_model=OperatorInfo, responses=doc.OPERATOR_READ)
 async def describe_operator(job: JobDep, operator: str) -> OperatorInfo:
     """The operator's list states on this replica (name, mode, the subtasks holding elements) and
     its broadcast states' names: what to read of it."""
@@ -58,7 +57,7 @@ async def describe_operator(job: JobDep, operator: str) -> OperatorInfo:
     return await run_in_threadpool(describe)
 
 
-@router.get(LIST, response_model=OperatorListResponse, responses=doc.OPERATOR_LIST_READ)
+@router.get(routes.OPERATOR_LIST, response_model=OperatorListResponse, responses=doc.OPERATOR_LIST_READ)
 async def get_list(request: Request, job: JobDep, operator: str, index: Index, name: str) -> Response:
     def read() -> Response:  # a whole list, however long: off the event loop
         with job.transaction() as tx:
@@ -71,7 +70,7 @@ async def get_list(request: Request, job: JobDep, operator: str, index: Index, n
     return await run_in_threadpool(read)
 
 
-@router.put(LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
+@router.put(routes.OPERATOR_LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
 async def put_list(job: JobDep, operator: str, index: Index, name: str, body: ValueBody, mode: Mode = None) -> Response:
     """Replace the subtask's list (`{"value": [...]}`)."""
     if not isinstance(body.value, list):
@@ -89,7 +88,7 @@ async def put_list(job: JobDep, operator: str, index: Index, name: str, body: Va
     return Response(status_code=204)
 
 
-@router.post(LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
+@router.post(routes.OPERATOR_LIST, status_code=204, responses=doc.OPERATOR_LIST_WRITE)
 async def add_to_list(
     job: JobDep, operator: str, index: Index, name: str, body: AddBody, mode: Mode = None
 ) -> Response:
@@ -103,13 +102,13 @@ async def add_to_list(
     return Response(status_code=204)
 
 
-@router.delete(LIST, status_code=204, responses=doc.OPERATOR_CLEAR)
+@router.delete(routes.OPERATOR_LIST, status_code=204, responses=doc.OPERATOR_CLEAR)
 async def clear_list(job: JobDep, operator: str, index: Index, name: str) -> Response:
     await in_transaction(job, lambda tx: tx.operator.list_clear(operator, index, name))
     return Response(status_code=204)
 
 
-@router.get(BROADCAST, response_model=EntryPage, responses=doc.BROADCAST_LIST)
+@router.get(routes.BROADCAST_ENTRIES, response_model=EntryPage, responses=doc.BROADCAST_LIST)
 async def list_broadcast(
     request: Request,
     job: JobDep,
@@ -131,7 +130,7 @@ async def list_broadcast(
     return await run_in_threadpool(page)
 
 
-@router.get(BROADCAST + "/{key}", response_model=ValueResponse, responses=doc.BROADCAST_READ)
+@router.get(routes.BROADCAST_ENTRY, response_model=ValueResponse, responses=doc.BROADCAST_READ)
 async def get_broadcast(request: Request, job: JobDep, operator: str, name: str, key: str) -> Response:
     value = await in_transaction(job, lambda tx: tx.operator.broadcast_get(operator, name, key))
     if value is None:
@@ -139,13 +138,13 @@ async def get_broadcast(request: Request, job: JobDep, operator: str, name: str,
     return render(request, {"value": value})
 
 
-@router.put(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_WRITE)
+@router.put(routes.BROADCAST_ENTRY, status_code=204, responses=doc.BROADCAST_WRITE)
 async def put_broadcast(job: JobDep, operator: str, name: str, key: str, body: ValueBody) -> Response:
     await in_transaction(job, lambda tx: tx.operator.broadcast_put(operator, name, key, body.value))
     return Response(status_code=204)
 
 
-@router.delete(BROADCAST + "/{key}", status_code=204, responses=doc.BROADCAST_REMOVE)
+@router.delete(routes.BROADCAST_ENTRY, status_code=204, responses=doc.BROADCAST_REMOVE)
 async def remove_broadcast(job: JobDep, operator: str, name: str, key: str) -> Response:
     await in_transaction(job, lambda tx: tx.operator.broadcast_remove(operator, name, key))
     return Response(status_code=204)

@@ -18,12 +18,10 @@ from statehouse.app.routing import api_router
 from statehouse.app.wire import from_base64, is_msgpack, read_body, render
 from statehouse.backends.bounds import MAX_EPOCH
 from statehouse.backends.redistribution import MAX_SUBTASKS
+from statehouse.protocol import routes
 
-router = api_router(prefix="/v1", tags=["raw state"])
+router = api_router(tags=["raw state"])
 
-OCTETS = "application/octet-stream"
-KEY_GROUP = "/jobs/{job}/raw/key-groups/{key_group}"
-PARTITIONS = "/jobs/{job}/operators/{operator}/subtasks/{index}/raw"
 KeyGroup = Annotated[
     int,
     Path(ge=0, le=MAX_SUBTASKS - 1, description="key group, below the job's max_parallelism"),
@@ -42,13 +40,18 @@ Epoch = Annotated[
 
 
 def _body(what: str) -> dict[str, object]:
-    return {"requestBody": {"required": True, "content": {OCTETS: {"schema": doc.OCTET_SCHEMA, "description": what}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {routes.OCTET_STREAM: {"schema": doc.OCTET_SCHEMA, "description": what}},
+        }
+    }
 
 
 @router.get(
-    KEY_GROUP,
+    routes.RAW_KEY_GROUP,
     response_class=Response,
-    responses={200: {"content": {OCTETS: {"schema": doc.OCTET_SCHEMA}}}, **doc.RAW_KEYED_READ},
+    responses={200: {"content": {routes.OCTET_STREAM: {"schema": doc.OCTET_SCHEMA}}}, **doc.RAW_KEYED_READ},
 )
 async def get_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
     """The key group's raw stream, whole; 404 `key_not_found` when it holds none (the client reads
@@ -56,10 +59,12 @@ async def get_raw_stream(job: JobDep, key_group: KeyGroup) -> Response:
     stream = await in_transaction(job, lambda tx: tx.raw_keyed.get(key_group), OFF_LOOP)
     if stream is None:
         raise ApiError("key_not_found", f"key group {key_group} of job {job.name!r} holds no raw stream")
-    return Response(stream, media_type=OCTETS)
+    return Response(stream, media_type=routes.OCTET_STREAM)
 
 
-@router.put(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_WRITE, openapi_extra=_body("the whole stream"))
+@router.put(
+    routes.RAW_KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_WRITE, openapi_extra=_body("the whole stream")
+)
 async def put_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
     """Replace the key group's raw stream (an empty body clears it)."""
     data = await request.body()
@@ -68,7 +73,7 @@ async def put_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, epo
 
 
 @router.post(
-    KEY_GROUP + "/append", responses=doc.RAW_KEYED_APPEND, openapi_extra=_body("the part to append to the stream")
+    routes.RAW_KEY_GROUP_APPEND, responses=doc.RAW_KEYED_APPEND, openapi_extra=_body("the part to append to the stream")
 )
 async def append_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
     """Append a part to the key group's raw stream; answers the stream's new `length`."""
@@ -77,13 +82,13 @@ async def append_raw_stream(request: Request, job: JobDep, key_group: KeyGroup, 
     return render(request, {"length": length})
 
 
-@router.delete(KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_CLEAR)
+@router.delete(routes.RAW_KEY_GROUP, status_code=204, responses=doc.RAW_KEYED_CLEAR)
 async def clear_raw_stream(job: JobDep, key_group: KeyGroup, epoch: Epoch = None) -> Response:
     await in_transaction(job, lambda tx: tx.raw_keyed.clear(key_group), epoch=epoch)
     return Response(status_code=204)
 
 
-@router.get(PARTITIONS, responses=doc.RAW_OPERATOR_READ)
+@router.get(routes.OPERATOR_RAW, responses=doc.RAW_OPERATOR_READ)
 async def get_raw_partitions(request: Request, job: JobDep, operator: str, index: Index) -> Response:
     """The subtask's raw partitions in order, `{"partitions": [...]}`: bytes in msgpack
     (`Accept: application/msgpack`), base64 in JSON; 404 `key_not_found` when it holds none."""
@@ -93,7 +98,9 @@ async def get_raw_partitions(request: Request, job: JobDep, operator: str, index
     return render(request, {"partitions": partitions})
 
 
-@router.put(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_REPLACE, openapi_extra=doc.RAW_PARTITIONS_BODY)
+@router.put(
+    routes.OPERATOR_RAW, status_code=204, responses=doc.RAW_OPERATOR_REPLACE, openapi_extra=doc.RAW_PARTITIONS_BODY
+)
 async def put_raw_partitions(
     request: Request, job: JobDep, operator: str, index: Index, epoch: Epoch = None
 ) -> Response:
@@ -110,7 +117,7 @@ async def put_raw_partitions(
 
 
 @router.post(
-    PARTITIONS + "/partitions",
+    routes.OPERATOR_RAW_PARTITIONS,
     status_code=204,
     responses=doc.RAW_OPERATOR_WRITE,
     openapi_extra=_body("one partition, appended after the subtask's others"),
@@ -124,7 +131,7 @@ async def add_raw_partition(
     return Response(status_code=204)
 
 
-@router.delete(PARTITIONS, status_code=204, responses=doc.RAW_OPERATOR_CLEAR)
+@router.delete(routes.OPERATOR_RAW, status_code=204, responses=doc.RAW_OPERATOR_CLEAR)
 async def clear_raw_partitions(job: JobDep, operator: str, index: Index, epoch: Epoch = None) -> Response:
     await in_transaction(job, lambda tx: tx.raw_operator.clear(operator, index), epoch=epoch)
     return Response(status_code=204)

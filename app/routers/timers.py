@@ -33,14 +33,14 @@ from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import TimeDomain
+from statehouse.protocol import routes
 from statehouse.protocol.attempts import ATTEMPT_FIELDS
 from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
 from statehouse.protocol.ops import TimerColumnOpName
 from statehouse.snapshots.stored import codec
 
-router = api_router(prefix="/v1", tags=["timers"])
+router = api_router(tags=["timers"])
 
-TIMERS = "/jobs/{job}/timers/{domain}"
 Domain = Annotated[TimeDomain, Path(description="event (watermark) or processing (clock) time")]
 Timestamp = Annotated[
     int,
@@ -65,7 +65,7 @@ async def _write(
     service.metrics.count_ops(Counter({("timer", op): 1}))
 
 
-@router.put(TIMERS + "/keys/{key}/{timestamp}", status_code=204, responses=doc.TIMER)
+@router.put(routes.TIMER, status_code=204, responses=doc.TIMER)
 async def put_timer(
     service: ServiceDep,
     job: JobDep,
@@ -83,7 +83,7 @@ async def put_timer(
     return Response(status_code=204)
 
 
-@router.delete(TIMERS + "/keys/{key}/{timestamp}", status_code=204, responses=doc.TIMER)
+@router.delete(routes.TIMER, status_code=204, responses=doc.TIMER)
 async def delete_timer(
     service: ServiceDep,
     job: JobDep,
@@ -100,7 +100,7 @@ async def delete_timer(
 
 
 @router.post(
-    TIMERS + "/columns/{op}",
+    routes.TIMER_COLUMNS,
     response_model=ColumnsResponse,
     openapi_extra={"requestBody": doc.TIMER_COLUMNS_BODY, "parameters": ATTEMPT_PARAMETERS},
     responses=doc.TIMER_COLUMNS,
@@ -125,7 +125,7 @@ async def timer_columns(
     return read.written(op, work.rows)
 
 
-@router.post(TIMERS + "/advance", response_model=AdvanceResponse, responses=doc.ADVANCE)
+@router.post(routes.TIMER_ADVANCE, response_model=AdvanceResponse, responses=doc.ADVANCE)
 async def advance_timers(
     request: Request, service: ServiceDep, job: JobDep, domain: Domain, body: AdvanceBody
 ) -> Response:
@@ -147,7 +147,7 @@ async def advance_timers(
     return render(request, result.to_dict())
 
 
-@router.get(TIMERS, response_model=TimerPage, responses=doc.LIST_TIMERS)
+@router.get(routes.TIMERS, response_model=TimerPage, responses=doc.LIST_TIMERS)
 async def list_timers(
     request: Request, job: JobDep, domain: Domain, paging: PageDep, key_group: KeyGroupQuery = None
 ) -> Response:
@@ -161,7 +161,7 @@ async def list_timers(
     return await run_in_threadpool(page)
 
 
-@router.get(TIMERS + "/counts", response_model=TimerCounts, responses=doc.COUNT_TIMERS)
+@router.get(routes.TIMER_COUNTS, response_model=TimerCounts, responses=doc.COUNT_TIMERS)
 async def count_timers(job: JobDep, domain: Domain, key_group: KeyGroupQuery = None) -> TimerCounts:
     """How many timers of a domain this replica holds per key group, and the domain's current time here."""
 

@@ -20,9 +20,8 @@ import httpx
 import pyarrow as pa
 
 from statehouse.protocol.keygroups import operator_index
+from statehouse.protocol.routes import NEXT_CURSOR
 from tests.support.server import ServerProcess, start_server, start_servers
-
-NEXT_CURSOR = b"statehouse.next_cursor"  # the scan page's schema metadata (app/routers/scan.py)
 
 
 @dataclass
