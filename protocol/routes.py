@@ -2,7 +2,8 @@
 these templates (FastAPI path parameters in braces), the client, the ``statehouse`` command and
 the Spark data source fill them in (:func:`path`). One table, so a route renamed on one side
 cannot leave the other asking for a path nobody serves (``tests/http/test_routes.py`` checks
-every template against the app's routes)."""
+every template against the app's routes, ``tests/http/test_route_table_served.py`` every route
+against the table)."""
 
 from __future__ import annotations
 
