@@ -44,7 +44,7 @@ class RawJob(Protocol):
     def replica_for_subtask(self, subtask: int) -> int: ...
 
 
-OCTETS = {"content-type": "application/octet-stream"}
+OCTETS = {"content-type": routes.OCTET_STREAM}
 MSGPACK_ANSWER = {"accept": routes.MSGPACK}
 MSGPACK_BODY = {"content-type": routes.MSGPACK}
 

@@ -27,6 +27,7 @@ from typing import Any
 import urllib3
 
 from statehouse.client.cli.common import CommandError, emit, note, output_option
+from statehouse.protocol import routes
 
 STATE_FILE = "statehouse-serve.json"
 _TOPOLOGY_SETTINGS = (
@@ -93,7 +94,7 @@ class ReplicaSet:
         for i in range(first, count):
             self._spawn(i, count, urls, adopt=False, version=version)
         for i in range(first, count):
-            self._wait_ready(i, urls[i], probe="/healthz")  # not ready until the move commits
+            self._wait_ready(i, urls[i], probe=routes.HEALTHZ)  # not ready until the move commits
         self.count = count
         return urls
 
@@ -136,7 +137,7 @@ class ReplicaSet:
                 )
             )
 
-    def _wait_ready(self, index: int, url: str, probe: str = "/readyz") -> None:
+    def _wait_ready(self, index: int, url: str, probe: str = routes.READYZ) -> None:
         deadline = time.monotonic() + self.args.start_timeout
         http = urllib3.PoolManager(timeout=urllib3.Timeout(total=2), retries=False)
         while True:
