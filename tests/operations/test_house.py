@@ -15,22 +15,15 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.layers import FOLDERS, sources
 from tests.support.server import REPO
 
-PRODUCT = ("app", "backends", "snapshots", "protocol", "client")
-# Not modules of the namespace: the client distribution's build files.
-OUTSIDE = ("client/packaging",)
 # A definition counts as long when its last line is at least this many lines below its first.
 LONG = 15
 
 
 def product_sources() -> list[Path]:
-    return sorted(
-        p
-        for folder in PRODUCT
-        for p in (REPO / folder).rglob("*.py")
-        if not any(p.is_relative_to(REPO / o) for o in OUTSIDE)
-    )
+    return sorted(p for folder in FOLDERS for p in sources(folder))
 
 
 def relative(path: Path) -> str:

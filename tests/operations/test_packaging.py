@@ -21,7 +21,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
-from tests.operations.test_import_graph import CLIENT_FOLDERS, SERVER_FOLDERS
+from tests.support.layers import CLIENT_FOLDERS, SERVER_FOLDERS
 from tests.support.server import REPO
 
 # setuptools builds in the source tree (build/, *.egg-info): one xdist worker runs every such build
