@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import httpx
 import msgpack
+import pyarrow as pa
 import pytest
 
 from statehouse.app.openapi import OPERATION_IDS
@@ -26,6 +27,7 @@ from tests.support.server import REPO, start_server
 
 pytestmark = [pytest.mark.http]
 
+ARROW = "application/vnd.apache.arrow.stream"
 PACKAGE = "statehouse_openapi_client"  # the generated package's import name
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 TOKEN = "generated-client-token"
@@ -252,6 +254,70 @@ def test_generated_client_drives_a_whole_session(gen, server, job_name):
     ok(gen.delete_state.sync_detailed(job_name, "a", client=c), 204)
     ok(gen.delete_job.sync_detailed(job_name, client=c), 204)
     problem(gen, gen.get_job.sync_detailed(job_name, client=c), 404, "job_not_found")
+
+
+def arrow_file(gen, **columns: pa.Array):
+    """One record batch of ``columns`` as an Arrow IPC stream, the ``File`` body a generated
+    columnar function sends (with the Arrow media type its config maps onto octet-stream)."""
+    batch = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return gen.types.File(payload=sink.getvalue().to_pybytes(), mime_type=ARROW)
+
+
+def arrow_read(c, kwargs: dict) -> pa.Table:
+    """Send the request a generated columnar function builds (its ``_get_kwargs``) and read the
+    Arrow answer: its parser reads only the JSON answer of a write."""
+    response = c.get_httpx_client().request(**kwargs)
+    assert response.status_code == 200 and response.headers["content-type"] == ARROW, response.content
+    return pa.ipc.open_stream(response.content).read_all()
+
+
+def test_generated_client_has_the_three_columnar_functions(gen, server, job_name):
+    m = gen.m
+    c = client(gen, server.url)
+    ok(gen.put_job.sync_detailed(job_name, client=c, body=m.JobBody(max_parallelism=128)), 201)
+    for name, value_type in (
+        ("spent", m.DescriptorBodyValueTypeType0.FLOAT64),
+        ("n", m.DescriptorBodyValueTypeType0.INT64),
+    ):
+        body = m.DescriptorBody(kind=m.DescriptorBodyKind.REDUCING, function="sum", value_type=value_type)
+        ok(gen.put_state.sync_detailed(job_name, name, client=c, body=body), 201)
+    keys = pa.array(["alice", "bob", "alice"])
+
+    def stored(state: str, key: str):
+        return ok(gen.get_keyed_value.sync_detailed(job_name, state, key, client=c)).value
+
+    # one state: POST .../states/{state}/columns/{op}
+    file = arrow_file(gen, key=keys, value=pa.array([2.5, 1.0, 0.5]))
+    added = ok(gen.apply_columns.sync_detailed(job_name, "spent", m.ApplyColumnsOp.ADD, client=c, body=file))
+    assert isinstance(added, m.ColumnsResponse) and (added.op, added.rows, added.staged) == ("add", 3, False)
+    assert (stored("spent", "alice"), stored("spent", "bob")) == (3.0, 1.0)
+    read = gen.apply_columns._get_kwargs(job_name, "spent", m.ApplyColumnsOp.GET, body=arrow_file(gen, key=keys))
+    assert arrow_read(c, read).column("value").to_pylist() == [3.0, 1.0, 3.0]
+
+    # several states: POST .../columns/{op}?states=
+    file = arrow_file(gen, key=keys, **{"value:spent": pa.array([1.0, 2.0, 3.0]), "value:n": pa.array([1, 1, 1])})
+    added = ok(
+        gen.apply_states_columns.sync_detailed(
+            job_name, m.ApplyStatesColumnsOp.ADD, client=c, body=file, states="spent,n"
+        )
+    )
+    assert (added.op, added.rows, added.staged) == ("add", 6, False)  # rows times states
+    assert [stored(s, k) for s in ("spent", "n") for k in ("alice", "bob")] == [7.0, 3.0, 2, 1]
+
+    # timers: POST .../timers/{domain}/columns/{op}
+    file = arrow_file(gen, key=pa.array(["alice", "bob"]), timestamp=pa.array([1_000, 2_000], pa.int64()))
+    domain = m.ApplyTimerColumnsDomain.EVENT
+    registered = ok(
+        gen.apply_timer_columns.sync_detailed(job_name, domain, m.ApplyTimerColumnsOp.REGISTER, client=c, body=file)
+    )
+    assert (registered.op, registered.rows, registered.staged) == ("register", 2, False)
+    timers = ok(gen.list_timers.sync_detailed(job_name, m.ListTimersDomain.EVENT, client=c)).items
+    assert sorted((t.key, t.timestamp, t.ns) for t in timers) == [("alice", 1_000, ""), ("bob", 2_000, "")]
+
+    ok(gen.delete_job.sync_detailed(job_name, client=c), 204)
 
 
 def test_key_of_another_replica_is_a_typed_421(gen, two_replicas, job_name):
