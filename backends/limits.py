@@ -129,11 +129,12 @@ class Limits:
                 limit=self.max_list_bytes,
             )
 
-    def check_raw_stream(self, stored_bytes: int, what: str) -> None:
-        """A raw-state write that would store more than ``max_raw_stream_bytes`` in one record."""
-        if stored_bytes > self.max_raw_stream_bytes:
+    def check_raw_stream(self, raw_bytes: int, what: str) -> None:
+        """A raw-state write after which one record would hold more than ``max_raw_stream_bytes``
+        of the client's bytes (a stream's, or a subtask's partitions' together, framing not counted)."""
+        if raw_bytes > self.max_raw_stream_bytes:
             raise RawStreamTooLarge(
-                f"{what} would be {stored_bytes} bytes; the limit is {self.max_raw_stream_bytes} "
+                f"{what} would be {raw_bytes} bytes; the limit is {self.max_raw_stream_bytes} "
                 "(STATEHOUSE_MAX_RAW_STREAM_BYTES): clear it and write less, or keep the data in keyed state",
                 limit=self.max_raw_stream_bytes,
             )

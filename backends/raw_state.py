@@ -16,8 +16,9 @@ read back as ``rawKeyedStateInputs``); raw operator state is a list of partition
   keeps that call apart from the operator's managed lists (``operator_format.merge_for_replica``
   gives both the operator's one parallelism).
 
-Both are bounded per record by ``Limits.max_raw_stream_bytes``: every append rewrites the record
-and every read returns it whole.
+Both are bounded per record by ``Limits.max_raw_stream_bytes``, counted in the client's bytes (a
+stream's length, the sum of a subtask's partitions' lengths): every append rewrites the record and
+every read returns it whole.
 """
 
 from __future__ import annotations
@@ -166,11 +167,13 @@ class RawOperatorState:
         primary = self._primary(operator, subtask)
         if any(not isinstance(p, bytes) for p in partitions):
             raise InvalidValue("raw operator partitions must be bytes (msgpack bin values)")
-        records = b"".join(msgpack.packb(p, use_bin_type=True) for p in partitions)
         existing = b"" if replace else self._tx.get(LIST_TABLE, NO_KEY_GROUP, primary) or b""
-        stored = existing + records
+        # The limit is on the partitions' own bytes, as a keyed stream's is on its bytes: the
+        # record's msgpack framing (up to 5 bytes a partition) is not the client's to count.
+        held = sum(len(p) for p in iter_values(existing))
         what = f"the raw operator state of {operator}/{subtask}"
-        self._limits.check_raw_stream(len(stored), what)
+        self._limits.check_raw_stream(held + sum(len(p) for p in partitions), what)
+        stored = existing + b"".join(msgpack.packb(p, use_bin_type=True) for p in partitions)
         # Counted even when it stores nothing: a restore knows the operator's old parallelism.
         count_subtask(self._tx, raw_operator(operator), subtask, DEFAULT_NAME)
         if stored:

@@ -25,6 +25,7 @@ from statehouse.protocol.errors import InvalidArgument
 from statehouse.snapshots.storage import open_storage
 from tests.support.flink_vectors import load, operator_expected, operator_input
 from tests.support.job_contents import global_checkpoint
+from tests.support.server import start_server
 
 MAX_PARALLELISM = 128
 OLD_SUBTASKS = 5  # the operator's parallelism before the restore
@@ -202,7 +203,7 @@ def test_refusals_change_nothing():
         with pytest.raises(RawStreamTooLarge):
             tx.raw_keyed.append(1, b"123456")
         with pytest.raises(RawStreamTooLarge):
-            tx.raw_operator.add("op", 0, [b"1234567890"])  # records count: 3+1 and 10+1 bytes
+            tx.raw_operator.add("op", 0, [b"12345678"])  # 3 + 8 of the partitions' own bytes
         with pytest.raises(InvalidArgument):
             tx.raw_keyed.get(8)
         with pytest.raises(KeyNotOwned):
@@ -267,6 +268,86 @@ def test_http_limit(http: httpx.Client, job_name: str):
     assert http.post(sub, content=part, headers=OCTETS).status_code == 204
     _problem(http.post(sub, content=part, headers=OCTETS), 413, "raw_stream_too_large")
     assert len(http.get(f"{job}/raw/key-groups/0").content) == 9 << 20
+
+
+RAW_LIMIT = 1000  # STATEHOUSE_MAX_RAW_STREAM_BYTES of the small_raw server
+
+
+@pytest.fixture(scope="module")
+def small_raw(tmp_path_factory):
+    """A server whose raw keyed streams and subtasks' raw partitions may hold RAW_LIMIT bytes."""
+    srv = start_server(
+        tmp_path_factory.mktemp("small-raw"),
+        {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_MAX_RAW_STREAM_BYTES": str(RAW_LIMIT)},
+    )
+    try:
+        with httpx.Client(base_url=srv.url + "/v1", timeout=30) as client:
+            yield client
+    finally:
+        srv.stop()
+
+
+def _too_large(r: httpx.Response, would_be: int) -> None:
+    """413 naming the setting and the client's bytes the write would have made."""
+    _problem(r, 413, "raw_stream_too_large")
+    detail = r.json()["detail"]
+    assert "STATEHOUSE_MAX_RAW_STREAM_BYTES" in detail and f"would be {would_be} bytes" in detail, detail
+
+
+def _raw_partitions(http: httpx.Client, sub: str) -> list[bytes]:
+    return msgpack.unpackb(http.get(sub, headers={"Accept": "application/msgpack"}).content)["partitions"]
+
+
+def test_http_limit_is_the_clients_bytes_keyed(small_raw: httpx.Client, job_name: str):
+    """A raw keyed stream of exactly the limit, in one write or in parts, is stored and read back;
+    one byte more is 413 and the stream stays as it was."""
+    http, job = small_raw, f"/jobs/{job_name}"
+    http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    stream = bytes(range(256)) * (RAW_LIMIT // 256) + b"\xff" * (RAW_LIMIT % 256)
+    assert http.put(f"{job}/raw/key-groups/0", content=stream, headers=OCTETS).status_code == 204
+    assert http.get(f"{job}/raw/key-groups/0").content == stream
+    _too_large(http.post(f"{job}/raw/key-groups/0/append", content=b"x", headers=OCTETS), RAW_LIMIT + 1)
+    _too_large(http.put(f"{job}/raw/key-groups/1", content=stream + b"x", headers=OCTETS), RAW_LIMIT + 1)
+    for part in (stream[:1], stream[1:400], stream[400:]):  # appends whose sum is the limit
+        assert http.post(f"{job}/raw/key-groups/1/append", content=part, headers=OCTETS).status_code == 200
+    _too_large(http.post(f"{job}/raw/key-groups/1/append", content=b"x", headers=OCTETS), RAW_LIMIT + 1)
+    assert http.get(f"{job}/raw/key-groups/0").content == stream
+    assert http.get(f"{job}/raw/key-groups/1").content == stream
+
+
+def test_http_limit_is_the_clients_bytes_operator(small_raw: httpx.Client, job_name: str):
+    """A subtask's raw partitions totalling exactly the limit, one partition or several, through
+    the partition append, the replace and the batch, are stored and read back; one byte more is
+    413 and the partitions stay as they were."""
+    http, job = small_raw, f"/jobs/{job_name}"
+    http.put(job, json={"max_parallelism": 16}).raise_for_status()
+    whole = bytes(range(256)) * (RAW_LIMIT // 256) + b"\x00" * (RAW_LIMIT % 256)
+    parts = [whole[:1], whole[1:2], whole[2:300], whole[300:]]  # several; the sum is the limit
+
+    one = f"{job}/operators/src/subtasks/0/raw"
+    assert http.post(f"{one}/partitions", content=whole, headers=OCTETS).status_code == 204
+    assert _raw_partitions(http, one) == [whole]
+    assert http.post(f"{one}/partitions", content=b"", headers=OCTETS).status_code == 204  # no byte more
+    _too_large(http.post(f"{one}/partitions", content=b"x", headers=OCTETS), RAW_LIMIT + 1)
+
+    several = f"{job}/operators/src/subtasks/1/raw"
+    for part in parts:
+        assert http.post(f"{several}/partitions", content=part, headers=OCTETS).status_code == 204
+    _too_large(http.post(f"{several}/partitions", content=b"x", headers=OCTETS), RAW_LIMIT + 1)
+    assert _raw_partitions(http, several) == parts
+
+    replaced = f"{job}/operators/src/subtasks/2/raw"
+    body = {"partitions": parts}
+    assert http.put(replaced, content=msgpack.packb(body, use_bin_type=True), headers=MSGPACK).status_code == 204
+    assert _raw_partitions(http, replaced) == parts
+    over = {"partitions": [*parts, b"x"]}
+    _too_large(http.put(replaced, content=msgpack.packb(over, use_bin_type=True), headers=MSGPACK), RAW_LIMIT + 1)
+
+    batched = {"op": "raw_operator_put", "operator": "src", "subtask": 3, "value": parts}
+    assert _results(_batch(http, job, [batched])) == [{}]
+    assert _raw_partitions(http, f"{job}/operators/src/subtasks/3/raw") == parts
+    _too_large(_batch(http, job, [{**batched, "value": [*parts, b"x"]}]), RAW_LIMIT + 1)
+    assert _raw_partitions(http, one) == [whole, b""] and _raw_partitions(http, replaced) == parts
 
 
 def _problem(r: httpx.Response, status: int, code: str) -> None:
