@@ -1,5 +1,6 @@
 """/openapi.json is the contract: a client generated from it with openapi-python-client drives a
-whole session against real servers, and every error parses into its typed ``Problem``.
+whole session against real servers, its three columnar functions (and docs/api.md's example of
+them) send Arrow streams, and every error parses into its typed ``Problem``.
 
 Also here: the document's own promises (operation ids, Problem everywhere, security, media
 types) and that each problem ``type`` resolves to an anchor of docs/api.md.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,12 +25,13 @@ import pytest
 from statehouse.app.openapi import OPERATION_IDS
 from statehouse.app.problems import STATUS_BY_CODE
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
+from tests.support.docs_blocks import check_output, parse_page
 from tests.support.server import REPO, start_server
 
 pytestmark = [pytest.mark.http]
 
 ARROW = "application/vnd.apache.arrow.stream"
-PACKAGE = "statehouse_openapi_client"  # the generated package's import name
+PACKAGE = "statehouse_client"  # the generated package's import name, the default docs/api.md imports
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 TOKEN = "generated-client-token"
 MIRROR = "https://docs.internal.example/statehouse/api.html"  # STATEHOUSE_PROBLEM_DOCS_URL of `guarded`
@@ -86,6 +89,7 @@ def gen(spec, tmp_path_factory):
             m=importlib.import_module(f"{PACKAGE}.models"),
             types=importlib.import_module(f"{PACKAGE}.types"),
             package=importlib.import_module(PACKAGE),
+            path=output.parent,
         )
     finally:
         sys.path.remove(str(output.parent))
@@ -317,6 +321,20 @@ def test_generated_client_has_the_three_columnar_functions(gen, server, job_name
     timers = ok(gen.list_timers.sync_detailed(job_name, m.ListTimersDomain.EVENT, client=c)).items
     assert sorted((t.key, t.timestamp, t.ns) for t in timers) == [("alice", 1_000, ""), ("bob", 2_000, "")]
 
+    ok(gen.delete_job.sync_detailed(job_name, client=c), 204)
+
+
+def test_the_documented_columnar_example_runs(gen, server, job_name):
+    """docs/api.md's generated-client example of the columnar endpoint, run as written against
+    the session server (its address and job name replaced), printing what the page shows."""
+    [block] = [b for b in parse_page(REPO / "docs" / "api.md") if "apply_columns" in b.code]
+    code = block.code.replace("http://localhost:8000", server.url).replace("arrow-demo", job_name)
+    env = {**os.environ, "PYTHONPATH": str(gen.path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_output(block, result.stdout)
+    c = client(gen, server.url)
+    assert ok(gen.get_keyed_value.sync_detailed(job_name, "spent", "alice", client=c)).value == 3.0
     ok(gen.delete_job.sync_detailed(job_name, client=c), 204)
 
 
