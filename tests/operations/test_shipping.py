@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.support.chart import NAMESPACE, RELEASE, render
+from tests.support.docs_blocks import parse
 from tests.support.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -369,6 +370,34 @@ def test_every_setting_is_wired_and_documented(rendered):
         assert name.lower() in Settings.model_fields, name
         assert f"STATEHOUSE_{name}" in env, f"chart does not set STATEHOUSE_{name}"
         assert f"`STATEHOUSE_{name}`" in operations, f"docs/operations.md does not document STATEHOUSE_{name}"
+
+
+def test_the_readme_renders_the_chart_without_helm(chart):
+    """helm/statehouse/README.md's "Rendering without helm" command, run as written from the
+    repository root: it prints the manifests of the install the README shows, a StatefulSet of 3."""
+    readme = CHART / "README.md"
+    [block] = [b for b in parse(readme) if "tests.support.helm_template" in b.code]
+    assert block.language == "bash" and block.marker is None, block
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = [d for d in yaml.safe_load_all(result.stdout) if d]
+    statefulset = one(printed, "StatefulSet", FULLNAME)
+    assert (statefulset["metadata"]["namespace"], statefulset["spec"]["replicas"]) == (NAMESPACE, 3)
+    assert container(printed)["image"].startswith("registry.example.com/statehouse:")
+    values = {
+        "image": {"repository": "registry.example.com/statehouse"},
+        "replicaCount": 3,
+        "s3": {"enabled": True, "bucket": "spark-state", "existingSecret": "statehouse-s3"},
+        "auth": {"enabled": True, "existingSecret": "statehouse-tokens"},
+    }
+    manifests, _notes = render(chart, values)
+
+    def by_name(docs: list[dict]) -> list[dict]:
+        return sorted(docs, key=lambda d: (d["kind"], d["metadata"]["name"]))
+
+    assert by_name(printed) == by_name(manifests)  # what the library renders for those values, every manifest
 
 
 # -- Dockerfile ----------------------------------------------------------------------------------
