@@ -3,10 +3,12 @@ replica): added delay and jitter, answers swallowed after the replica acted on a
 epoch commit and on a fence, every connection reset mid-batch, and a link that silently drops
 everything for a while. No call hangs past its timeout and retries, and the state ends exact:
 every batch applied once, none lost, none doubled. A batch that fails is re-run as a Spark driver
-would (its next begin is a replay when its commit went through). CI-sized: one replica, heap."""
+would (its next begin is a replay when its commit went through). CI-sized: one replica, heap; ``make test-long``
+runs 200 batches with faults drawn at random."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -51,10 +53,10 @@ def drop_for(proxy: FaultyProxy, seconds: float) -> Callable[[], None]:
     return fault
 
 
-def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
-    proxy = link
+def faults_of(proxy: FaultyProxy) -> list[tuple[str, Callable[[], None]]]:
+    """Each fault of the link by name, as a call that sets it on ``proxy``."""
     path = f"/v1/jobs/{JOB}"
-    faults: list[tuple[str, Callable[[], None]]] = [
+    return [
         ("clean", proxy.set),
         ("delay and jitter", lambda: proxy.set(delay=0.05, jitter=0.1)),
         ("staged write's answer lost", lambda: proxy.swallow(f"POST {path}/batch")),
@@ -64,6 +66,11 @@ def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
         ("silent drop", drop_for(proxy, TIMEOUT * 1.5)),
         ("slow link", lambda: proxy.set(delay=0.2)),
     ]
+
+
+def run_batches(proxy: FaultyProxy, faults: list[tuple[str, Callable[[], None]]]) -> None:
+    """One micro-batch per fault, each re-run as a driver would until it goes through, every call
+    and batch within its bound; then the state is exact: every batch applied once."""
     reruns: dict[str, int] = {}
     with StatehouseClient([proxy.url], timeout=TIMEOUT, retries=RETRIES) as client:
         job = client.create_job(JOB, 128)
@@ -74,7 +81,7 @@ def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
             if name == "every connection reset":
                 proxy.set()  # existing connections are gone: the batch meets reconnections
             started = time.monotonic()
-            for rerun in range(8):
+            for _ in range(8):
                 call = time.monotonic()
                 try:
                     plan = coordinator.begin(batch_id)
@@ -82,7 +89,7 @@ def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
                         coordinator.commit(plan, [task(job, plan, 0, 1)])
                     break
                 except StatehouseError:
-                    reruns[name] = rerun + 1
+                    reruns[name] = reruns.get(name, 0) + 1
                 finally:
                     assert time.monotonic() - call < BATCH_BOUND, (name, time.monotonic() - call)
             else:
@@ -90,8 +97,21 @@ def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
             assert time.monotonic() - started < BATCH_BOUND * 2, name
             proxy.set()
         assert proxy.swallows_pending() == 0  # every lost answer happened
-        assert proxy.counts["swallowed"] == 3 and proxy.counts["resets"] >= 3, proxy.counts
         # Exact: each of the batches applied once, whatever was lost or resent.
         assert set(totals(job, KEYS).values()) == {len(faults)}, (totals(job, KEYS), reruns)
         assert coordinator.applied().batch_id == len(faults) - 1
         print(f"faulty link: {dict(proxy.counts)}, batches re-run: {reruns}")  # seen with pytest -s
+
+
+def test_micro_batches_over_a_faulty_link_apply_exactly_once(link):
+    """Every fault once, in order."""
+    run_batches(link, faults_of(link))
+    assert link.counts["swallowed"] == 3 and link.counts["resets"] >= 3, link.counts
+
+
+@pytest.mark.long
+def test_micro_batches_over_a_faulty_link_at_length(link):
+    """200 micro-batches, each meeting a fault drawn at random (seeded) from the same list."""
+    faults = faults_of(link)
+    draw = random.Random(11)
+    run_batches(link, [draw.choice(faults) for _ in range(200)])
