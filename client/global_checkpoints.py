@@ -99,8 +99,11 @@ class CheckpointCoordinator:
             result.append(GlobalCheckpoint(checkpoint_id, parts[0]["kind"], parts[0].get("metadata") or {}, parts))
         return result
 
-    def latest(self, kind: str | None = None) -> GlobalCheckpoint | None:
-        done = [c for c in self.completed() if kind is None or c.kind == kind]
+    def latest(self, kind: str | None = None, *, every_layout: bool = False) -> GlobalCheckpoint | None:
+        """The newest of :meth:`completed` (of ``kind``, if given). ``every_layout``: the newest a
+        restore can take, of this layout or an earlier one (``statehouse status`` shows it, the last
+        line of ``statehouse checkpoints``); ids only grow across rescales, so it is the newest taken."""
+        done = [c for c in self.completed(every_layout=every_layout) if kind is None or c.kind == kind]
         return done[-1] if done else None
 
     def checkpoint(

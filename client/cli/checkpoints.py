@@ -1,7 +1,8 @@
 """``statehouse checkpoints JOB``: the job's global checkpoints and savepoints (complete on every
 replica), oldest first, with their metadata (a micro-batch's id and epoch, a rescale's plan): what a
 restore can take. Those an earlier layout wrote (before a rescale; the replicas remove them once the new
-layout retained its own) are listed too, with the replica count that wrote them."""
+layout retained its own) are listed too, with the replica count that wrote them. The last one listed is
+the latest global checkpoint ``statehouse status`` shows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """``statehouse status``: the replica set, its topology version, every job's ranges, each job's
-latest global checkpoint (complete on every replica), and a live rescale pending on it."""
+latest global checkpoint, and a live rescale pending on it. The latest global checkpoint is the
+newest a restore can take: completed by every replica of this layout or of an earlier one (before a
+rescale), the last that ``statehouse checkpoints`` lists."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.errors import StatehouseError
 from statehouse.protocol import routes
 
-HELP = "replicas, topology version, jobs, ranges, latest global checkpoint"
+HELP = "replicas, topology version, jobs, ranges, latest restorable global checkpoint"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +86,7 @@ def _job(sh: Any, name: str, shown: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if job["serving"]:
         try:
-            latest = CheckpointCoordinator(job_client(sh, name, shown)).latest()
+            latest = CheckpointCoordinator(job_client(sh, name, shown)).latest(every_layout=True)
         except StatehouseError as exc:
             job["checkpoint_error"] = f"unknown ({exc})"
         else:

@@ -23,6 +23,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.cli.serve import read_state, state_path
+from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.rescale import LiveRescale
 from statehouse.protocol.keygroups import assign_to_key_group, operator_index
 from tests.support.cli import CLI, Served, cli, environment, free_ports
@@ -344,5 +345,52 @@ def test_resume_of_a_move_a_restarted_replica_finished_says_it_is_done(tmp_path)
         status = json.loads(cli("status", "--json", urls=urls[1]).stdout)
         assert (status["replica_count"], status["version"]) == (3, 2)
         assert values(urls[2]) == ORACLE
+    finally:
+        replicas.stop()
+
+
+# -- status and checkpoints agree on the latest global checkpoint --------------------------------------------
+
+
+def latest_of_both(urls: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """What `statehouse status` names as the job's latest global checkpoint (its JSON and its
+    line), and the last one `statehouse checkpoints` lists: the same checkpoint, or both none."""
+    listed = json.loads(cli("checkpoints", JOB, "--json", urls=urls).stdout)["checkpoints"]
+    newest = {"checkpoint_id": listed[-1]["checkpoint_id"], "kind": listed[-1]["kind"]} if listed else None
+    status = json.loads(cli("status", "--json", urls=urls).stdout)
+    shown = next(job for job in status["jobs"] if job["job"] == JOB)["latest_checkpoint"]
+    line = next(x for x in cli("status", urls=urls).stdout.splitlines() if x.startswith(f"  {JOB}:"))
+    said = f"latest global checkpoint: {shown['kind']} {shown['checkpoint_id']}" if shown else "none"
+    assert line.endswith(said), line
+    return shown, newest
+
+
+def test_status_names_the_newest_checkpoint_that_checkpoints_lists_across_a_rescale(tmp_path):
+    """Before a live rescale, right after it (only the earlier layout's checkpoints are there, and
+    a restore takes them) and after the new layout's own: `statehouse status` names the newest
+    checkpoint `statehouse checkpoints` lists."""
+    replicas = ReplicaSet(tmp_path, {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+    try:
+        urls = replicas.start(2)
+        with StatehouseClient(urls) as sh:
+            job = sh.create_job(JOB, max_parallelism=P)
+            job.register(STATE, "value")
+            job.value_state(STATE).put_many(KEYS, list(range(len(KEYS))))
+            coordinator = CheckpointCoordinator(job)
+            taken = [coordinator.checkpoint().checkpoint_id for _ in range(2)]
+            taken.append(coordinator.savepoint().checkpoint_id)
+        shown, newest = latest_of_both(urls)
+        assert shown == newest == {"checkpoint_id": taken[-1], "kind": "savepoint"}
+
+        joining = replicas.add(2, 3, version=2).url
+        with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [joining], wait=120) as move:
+            assert move.run().outcome == "committed"
+        shown, newest = latest_of_both([*urls, joining])
+        assert shown == newest and shown is not None and shown["checkpoint_id"] >= taken[-1]
+
+        with StatehouseClient([*urls, joining]) as sh:
+            own = CheckpointCoordinator(sh.job(JOB)).checkpoint().checkpoint_id
+        shown, newest = latest_of_both([*urls, joining])
+        assert shown == newest == {"checkpoint_id": own, "kind": "checkpoint"}
     finally:
         replicas.stop()
