@@ -16,7 +16,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="the job's name")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", type=int, metavar="N", help="the checkpoint or savepoint id")
-    which.add_argument("--latest", action="store_true", help="the latest global checkpoint or savepoint")
+    which.add_argument(
+        "--latest",
+        action="store_true",
+        help="the latest restorable global checkpoint or savepoint, of this layout or an earlier one "
+        "(the one statehouse status names)",
+    )
     connection_options(parser)
 
 
@@ -25,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         coordinator = CheckpointCoordinator(job_client(sh, args.job, sh.topology()))
         checkpoint_id = args.checkpoint
         if args.latest:
-            latest = coordinator.latest()
+            latest = coordinator.latest(every_layout=True)
             if latest is None:
                 raise CommandError(f"job {args.job!r} has no global checkpoint: take one with statehouse savepoint")
             checkpoint_id = latest.checkpoint_id

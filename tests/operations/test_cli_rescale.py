@@ -368,7 +368,7 @@ def latest_of_both(urls: list[str]) -> tuple[dict[str, Any] | None, dict[str, An
 def test_status_names_the_newest_checkpoint_that_checkpoints_lists_across_a_rescale(tmp_path):
     """Before a live rescale, right after it (only the earlier layout's checkpoints are there, and
     a restore takes them) and after the new layout's own: `statehouse status` names the newest
-    checkpoint `statehouse checkpoints` lists."""
+    checkpoint `statehouse checkpoints` lists, and `statehouse restore --latest` restores it."""
     replicas = ReplicaSet(tmp_path, {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
     try:
         urls = replicas.start(2)
@@ -387,6 +387,11 @@ def test_status_names_the_newest_checkpoint_that_checkpoints_lists_across_a_resc
             assert move.run().outcome == "committed"
         shown, newest = latest_of_both([*urls, joining])
         assert shown == newest and shown is not None and shown["checkpoint_id"] >= taken[-1]
+        # `restore --latest` takes the same one (a restore of the move's own checkpoint changes nothing).
+        restored = json.loads(cli("restore", JOB, "--latest", "--json", urls=[*urls, joining]).stdout)
+        assert restored["checkpoint_id"] == shown["checkpoint_id"]
+        with StatehouseClient([*urls, joining]) as sh:
+            assert sh.job(JOB).value_state(STATE).get_many(KEYS).tolist() == list(range(len(KEYS)))
 
         with StatehouseClient([*urls, joining]) as sh:
             own = CheckpointCoordinator(sh.job(JOB)).checkpoint().checkpoint_id
