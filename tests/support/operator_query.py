@@ -39,7 +39,6 @@ from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import BatchContext
 from statehouse.client.transport import ReplicaConnection
 from tests.support.rescale_driver import fail_task
-from tests.support.server import REPO
 from tests.support.spark import local_spark
 from tests.support.spark_driver import Kill, kill_in_task
 
@@ -126,8 +125,6 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    # Workers import tests.support.operator_query to run on_partition (the JVM passes PYTHONPATH on).
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     kill = Kill(os.getpid() if os.getsid(0) == os.getpid() else None, os.path.join(args.markers, "killed"))
     config = ClientConfig.of(args.statehouse)  # the defaults, as docs/spark.md configures the query
     markers = Markers(args.markers, frozenset(args.hold_commit), frozenset(args.hold_checkpoint))

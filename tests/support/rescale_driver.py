@@ -40,7 +40,6 @@ from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.spark import BatchContext
 from statehouse.client.transport import ReplicaConnection
-from tests.support.server import REPO
 from tests.support.spark import local_spark
 from tests.support.spark_driver import Kill, die
 
@@ -183,8 +182,6 @@ def main(argv: list[str] | None = None) -> None:
     if (args.kill_at is None) != (args.kill_to is None):
         parser.error("--kill-at and --kill-to go together")
 
-    # Workers import tests.support.rescale_driver to run fail_task (the JVM passes PYTHONPATH on).
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     kill = Kill(os.getpid() if os.getsid(0) == os.getpid() else None, os.path.join(args.markers, "killed"))
     config = ClientConfig.of(args.statehouse, **CLIENT_OPTIONS)
     faults = Faults(args.markers, kill, args.kill_at, args.kill_to, args.hold)

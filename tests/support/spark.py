@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from docs.examples.streaming import executors_run_this_checkout
+
 # C1 only and the serial GC: the JVM starts about twice as fast.
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # A class-data-sharing archive of the classes a Spark session loads (JDK 13+ dynamic CDS), made
@@ -60,12 +62,8 @@ def local_spark(app_name: str, java_options: str | None = None) -> Any:
     with :data:`JAVA_OPTIONS` and the class archive (:func:`class_archive`)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    # Python workers import the repository's modules by name (docs.examples, tests.support); the
-    # JVM passes PYTHONPATH on to them.
-    repo = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if repo not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([repo, *paths])
+    # Python workers import the checkout's modules by name (docs.examples, tests.support).
+    executors_run_this_checkout()
     if java_options is None:
         archive = class_archive()
         java_options = f"-XX:SharedArchiveFile={archive} -Xlog:cds=off" if archive is not None else ""

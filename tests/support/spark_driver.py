@@ -31,7 +31,6 @@ from docs.examples import user_features, user_features_columnar
 from statehouse.client import ClientConfig
 from statehouse.client.spark import BatchContext
 from statehouse.client.transport import ReplicaConnection
-from tests.support.server import REPO
 from tests.support.spark import local_spark
 
 # In protocol order. mid-task: a task of the batch has staged its writes but not reported them.
@@ -151,8 +150,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.kill_at == "before-checkpoint" and args.kill_batch < 1:
         parser.error("before-checkpoint needs --kill-batch >= 1: batch 0's begin takes a baseline checkpoint too")
 
-    # Workers import tests.support.spark_driver to run kill_in_task (the JVM passes PYTHONPATH on).
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     kill = Kill(os.getpid() if os.getsid(0) == os.getpid() else None, args.kill_record)
     config = ClientConfig.of(args.statehouse)
     on_partition = None
