@@ -41,10 +41,16 @@ def check_subtask(subtask: object) -> int:
 
 @dataclass
 class OperatorSubtaskState:
-    """What one subtask of one operator holds: list states (mode, elements) and broadcast maps."""
+    """What one subtask of one operator holds: list states (mode, elements) and broadcast maps.
+
+    ``lists`` are in the order the subtask registered them. After :func:`redistribute`,
+    ``restored_names`` is the order in which a Flink subtask restoring its handles registers
+    its list states (see :func:`restored_name_order`).
+    """
 
     lists: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
     broadcast: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restored_names: list[str] = field(default_factory=list)
 
 
 # -- java.util.HashMap<String, ?> iteration order ---------------------------------------------
@@ -447,12 +453,44 @@ def java_hashmap_order(names: list[str], how: Literal["put", "computeIfAbsent"] 
     return hash_map.order()
 
 
-def handle_name_order(names: list[str]) -> list[str]:
-    """The order of state names in one subtask's handle: a map built as Flink's snapshot builds it."""
-    hash_map = JavaHashMap.with_expected_size(len(names))
+def _copied(names: list[str]) -> list[str]:
+    """A backend's registry (a default ``HashMap``, filled in registration order) as its snapshot
+    copies it (``newHashMapWithExpectedSize``): the order the snapshot writes those states."""
+    registry = JavaHashMap()
     for name in names:
-        hash_map.put(name)
-    return hash_map.order()
+        registry.put(name)
+    copy = JavaHashMap.with_expected_size(len(names))
+    for name in registry.order():
+        copy.put(name)
+    return copy.order()
+
+
+@dataclass(frozen=True)
+class SnapshotNameOrder:
+    """The orders of state names in a ``DefaultOperatorStateBackend`` snapshot whose list and
+    broadcast states were registered in a given order.
+
+    ``lists`` is the order of the list states' metadata in the stream (a restore registers them
+    in it); ``handle`` the order of the handle's map of every state (the repartitioner walks it).
+    """
+
+    lists: list[str]
+    handle: list[str]
+
+    @classmethod
+    def of(cls, lists: list[str], broadcast: list[str]) -> SnapshotNameOrder:
+        written = _copied(lists)
+        handle = JavaHashMap.with_expected_size(len(lists) + len(broadcast))
+        for name in (*written, *_copied(broadcast)):
+            handle.put(name)
+        return cls(written, handle.order())
+
+
+def restored_name_order(orders: list[list[str]]) -> list[str]:
+    """The registration order of a Flink subtask restoring handles whose list states were
+    written in ``orders`` (one per handle, in restore order): each handle's states in turn,
+    every one first registered by the first handle that holds it."""
+    return list(dict.fromkeys(name for order in orders for name in order))
 
 
 # -- the repartitioner ------------------------------------------------------------------------
@@ -506,14 +544,16 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
     union_names: list[str] = []
     grouped = JavaHashMap()  # groupByStateMode: split names, first seen subtask by subtask
     seen: set[str] = set()
-    orders: dict[tuple[str, ...], list[str]] = {}
+    orders: dict[tuple[tuple[str, ...], tuple[str, ...]], SnapshotNameOrder] = {}
+    written: list[SnapshotNameOrder | None] = []
     for subtask in old:
-        # Flink's snapshot puts list states, then broadcast states into one map per handle.
-        registered = (*subtask.lists, *(n for n in subtask.broadcast if n not in subtask.lists))
-        order = orders.get(registered)
-        if order is None:
-            order = orders[registered] = handle_name_order(list(registered))
-        order = [n for n in order if n in subtask.lists]
+        broadcast = tuple(n for n in subtask.broadcast if n not in subtask.lists)
+        key = (tuple(subtask.lists), broadcast)
+        snapshot = orders.get(key)
+        if snapshot is None:
+            snapshot = orders[key] = SnapshotNameOrder.of(list(key[0]), list(broadcast))
+        written.append(snapshot if key != ((), ()) else None)  # a backend holding nothing writes no handle
+        order = [n for n in snapshot.handle if n in subtask.lists]
         split_names = [n for n in order if subtask.lists[n][0] != "union"]
         if seen.issuperset(split_names):
             # Calls for names already there change nothing but the first one's table resize.
@@ -530,16 +570,21 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
     def entries(name: str) -> list[tuple[int, list[Any]]]:
         return [(h, s.lists[name][1]) for h, s in enumerate(old) if name in s.lists]
 
+    handles: list[set[int]] = [set() for _ in range(parallelism)]  # the old subtasks' handles each one gets
     if len(old) == parallelism:
         # Same parallelism: every subtask keeps its own handle (RoundRobinOperatorStateRepartitioner
         # returns the old states as they are when there is no union state).
-        for target, source in zip(new, old, strict=True):
+        for index, (target, source) in enumerate(zip(new, old, strict=True)):
             target.lists = {n: (m, list(e)) for n, (m, e) in source.lists.items()}
+            if written[index] is not None:
+                handles[index].add(index)
     else:
         start = 0
         for name in grouped.order():
             parts, start = _split_name(entries(name), parallelism, start)
-            for target, chunks in zip(new, parts, strict=True):
+            for index, (target, chunks) in enumerate(zip(new, parts, strict=True)):
+                # A chunk, even an empty one, brings its old subtask's handle.
+                handles[index].update(h for h, _chunk in chunks)
                 if chunks:
                     # A subtask's list concatenates its chunks in old-subtask (handle) order.
                     elements = [e for _h, chunk in sorted(chunks, key=lambda c: c[0]) for e in chunk]
@@ -547,11 +592,19 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
 
     for name in union_names:
         union = [e for _h, elements in entries(name) for e in elements]
-        for target in new:
+        for index, target in enumerate(new):
             target.lists[name] = ("union", list(union))
+            handles[index].update(h for h, _elements in entries(name))
 
     if old:
+        broadcast_holders = [h for h, s in enumerate(old) if s.broadcast]
         for i, target in enumerate(new):
             source = old[i % len(old)]
             target.broadcast = {n: dict(m) for n, m in source.broadcast.items()}
+            if broadcast_holders and len(old) != parallelism:  # the repartitioner's broadcast step
+                handles[i].add(broadcast_holders[i % len(broadcast_holders)])
+    for target, sources in zip(new, handles, strict=True):
+        target.restored_names = restored_name_order(
+            [snapshot.lists for h in sorted(sources) if (snapshot := written[h]) is not None]
+        )
     return new

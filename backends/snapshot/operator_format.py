@@ -19,7 +19,12 @@ from statehouse.backends.operator_state import (
     operator_subtasks_row,
 )
 from statehouse.backends.raw_state import operator_of
-from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, redistribute
+from statehouse.backends.redistribution import (
+    OperatorSubtaskState,
+    SnapshotNameOrder,
+    check_parallelism,
+    redistribute,
+)
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
     LIST_MODE_META,
@@ -167,7 +172,8 @@ def _redistributed(
     replica_count: int,
 ) -> tuple[dict[tuple[str, str, int], bytes], dict[int, list[str]]]:
     """``snap``'s lists with ``operator``'s redistributed from ``old_parallelism`` to ``parallelism``
-    subtasks, of which only those of this replica are kept, and each new subtask's name order.
+    subtasks, of which only those of this replica are kept, and each new subtask's name order
+    (the order in which its Flink restore registers its list states).
 
     Each old subtask is one Flink handle holding every list state of the operator: those it
     wrote in the order it first did (``order``), then the others (as empty lists if it stores
@@ -179,16 +185,20 @@ def _redistributed(
     mine = {k: v for k, v in snap.lists.items() if k[0] == operator}
     names += sorted({name for _op, name, _sub in mine} - set(names))
     modes = {name: "union" if snap.modes.get((operator, name)) == "union" else "split" for name in names}
+    broadcast = sorted(name for op, name in snap.broadcast if op == operator and name not in modes)
+    registered = {
+        sub: list(dict.fromkeys([*(n for n in order.get(sub, ()) if n in modes), *names]))
+        for sub in range(old_parallelism)
+    }
     if parallelism == old_parallelism and "union" not in modes.values():
-        return snap.lists, order  # Flink hands every subtask its own state back
+        # Flink hands every subtask its own handle back, which it restores in the handle's order.
+        restored = {sub: SnapshotNameOrder.of(names_, broadcast).lists for sub, names_ in registered.items()}
+        return snap.lists, {sub: names_ for sub, names_ in restored.items() if names_}
     old = [OperatorSubtaskState() for _ in range(old_parallelism)]
     for sub, state in enumerate(old):
-        registered = [n for n in order.get(sub, ()) if n in modes]
-        for name in dict.fromkeys([*registered, *names]):
+        for name in registered[sub]:
             raw = mine.get((operator, name, sub))
             state.lists[name] = (modes[name], [] if raw is None else _records(raw))
-    broadcast = sorted(name for op, name in snap.broadcast if op == operator and name not in modes)
-    for state in old:
         state.broadcast = {name: {} for name in broadcast}  # only their names count here
     new = redistribute(old, parallelism)
     lists = {k: v for k, v in snap.lists.items() if k[0] != operator}
@@ -204,9 +214,7 @@ def _redistributed(
             else:
                 raw = b"".join(records)
             lists[(operator, name, sub)] = raw
-    # A restored Flink subtask registers the states its handles bring, in their order.
-    new_order = {sub: [n for n, (_m, r) in state.lists.items() if r] for sub, state in enumerate(new)}
-    return lists, {sub: names for sub, names in new_order.items() if names}
+    return lists, {sub: state.restored_names for sub, state in enumerate(new) if state.restored_names}
 
 
 def replace_ops(current: OperatorSnapshot, snap: OperatorSnapshot) -> Iterator[WriteOp]:

@@ -209,6 +209,39 @@ def test_restore_gives_each_subtask_flinks_lists(vectors, old_replicas, new_repl
     assert _mismatches(cases, check) == []
 
 
+def _restored(parts: list[OperatorSnapshot], replicas: int, parallelism: int | None) -> list[OperatorSnapshot]:
+    """Each of ``replicas`` replicas' operator state after restoring ``parts`` (and so what its
+    next snapshot holds)."""
+    rescale = None if parallelism is None else {"op": parallelism}
+    return [merge_for_replica(parts, replica, replicas, rescale) for replica in range(replicas)]
+
+
+def _lists(replicas: list[OperatorSnapshot], parallelism: int) -> list[dict[str, tuple[str, list[Any]]]]:
+    got: list[dict[str, tuple[str, list[Any]]]] = [{} for _ in range(parallelism)]
+    for merged in replicas:
+        for (_op, name, sub), raw in merged.lists.items():
+            got[sub][name] = (merged.modes[("op", name)], list(iter_values(raw)))
+    return got
+
+
+@pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 3, 2), (3, 1, 2)])
+def test_two_rescales_in_a_row_give_each_subtask_flinks_lists(vectors, replicas):
+    """Flink's own backend snapshots, repartitions and restores twice (p0 -> p1 -> p2): a restored
+    subtask's next snapshot walks its names in the order its restore registered them, so the
+    second rescale cuts every split list where Flink does, whatever the replica count."""
+    cases = vectors["operator_chains"]
+    assert len(cases) >= 800 and sum(c["old"] != c["via"] != c["new"] for c in cases) >= 300
+
+    def check(case):
+        first = _restored(_snapshot_parts(case, "op", replicas[0]), replicas[1], case["via"])
+        second = _restored(first, replicas[2], case["new"])
+        return _lists(first, case["via"]) == operator_expected(case, "mid") and _lists(
+            second, case["new"]
+        ) == operator_expected(case, "out")
+
+    assert _mismatches(cases, check) == []
+
+
 def test_writes_record_the_subtask_count_and_name_order():
     """A subtask that wrote or cleared a list counts, whatever it holds now; each subtask's
     names are recorded in the order it first wrote them."""

@@ -13,16 +13,20 @@
  *   DEFMAX <parallelism>                          -> computeDefaultMaxParallelism
  *   HM <put|cia> <initialCapacity|-1> <hex>...    -> java.util.HashMap iteration order of the names,
  *        filled with put() (initial capacity, -1 = default constructor) or computeIfAbsent()
- *   OP <oldParallelism> <newParallelism> <subtask>;<subtask>;...
- *        one OperatorStreamStateHandle per old subtask: "-" = the subtask has no handle, else
- *        comma-separated "<hex name>:<S|U|B>:<element count>" (split, union, broadcast: a broadcast
- *        state is one entry) put, in that order, into
- *        CollectionUtil.newHashMapWithExpectedSize(n) (as DefaultOperatorStateBackendSnapshotStrategy
- *        builds a handle's map); element e of a name is one byte at its own offset in the
- *        subtask's ByteStreamStateHandle. Answer: RoundRobinOperatorStateRepartitioner.INSTANCE
- *        .repartitionState(...), per new subtask (";"-separated) its handles in result order
- *        ("|"-separated), each "<old subtask>=<hex name>:<S|U|B>:<element indexes, '.'-separated>"
- *        entries ("," separated) in the handle's map order.
+ *   OP <p0> <p1> <subtask>;<subtask>;...
+ *   CHAIN <p0> <p1> <p2> <subtask>;<subtask>;...
+ *        Flink's own operator state backend through one (OP) or two (CHAIN) rescales. Old subtask
+ *        s is "-" (nothing registered) or comma-separated "<hex name>:<S|U|B>:<element count>"
+ *        (split, union, broadcast) in the order its operator registers them: a
+ *        DefaultOperatorStateBackend registers those states and adds elements "s<s>e<i>" (a
+ *        broadcast state gets one entry). Its snapshot is repartitioned by
+ *        RoundRobinOperatorStateRepartitioner to p1 subtasks, each restored from its handles and
+ *        then registering every state of the operator in name order (as operator code does in
+ *        initializeState); for CHAIN, their snapshots are repartitioned to p2 subtasks and
+ *        restored. A subtask's handles are restored in old-subtask order (Flink leaves that order
+ *        to a HashMap of stream handles, whose names are random). Answer, per rescale (" "-
+ *        separated): per subtask (";"-separated) its non-empty list states in name order (","
+ *        separated), each "<hex name>:<S|U>:<elements, '.'-separated>".
  */
 
 import java.io.BufferedReader;
@@ -30,18 +34,31 @@ import java.io.InputStreamReader;
 import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashMap;
+import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 
+import org.apache.flink.api.common.ExecutionConfig;
+import org.apache.flink.api.common.state.BroadcastState;
+import org.apache.flink.api.common.state.ListState;
+import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.api.common.state.MapStateDescriptor;
+import org.apache.flink.api.common.typeutils.base.StringSerializer;
+import org.apache.flink.core.fs.CloseableRegistry;
+import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.checkpoint.RoundRobinOperatorStateRepartitioner;
+import org.apache.flink.runtime.state.DefaultOperatorStateBackend;
+import org.apache.flink.runtime.state.DefaultOperatorStateBackendBuilder;
 import org.apache.flink.runtime.state.KeyGroupRange;
 import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
 import org.apache.flink.runtime.state.OperatorStateHandle;
-import org.apache.flink.runtime.state.OperatorStreamStateHandle;
+import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.StreamStateHandle;
-import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
-import org.apache.flink.util.CollectionUtil;
+import org.apache.flink.runtime.state.memory.MemCheckpointStreamFactory;
+import org.apache.flink.util.concurrent.FutureUtils;
 
 public final class FlinkVectors {
 
@@ -101,95 +118,137 @@ public final class FlinkVectors {
         return String.join(" ", names);
     }
 
-    static OperatorStateHandle.Mode mode(String letter) {
-        switch (letter) {
-            case "S":
-                return OperatorStateHandle.Mode.SPLIT_DISTRIBUTE;
-            case "U":
-                return OperatorStateHandle.Mode.UNION;
-            case "B":
-                return OperatorStateHandle.Mode.BROADCAST;
-            default:
-                throw new IllegalArgumentException("mode " + letter);
-        }
+    /** One operator's states: name -> mode letter, in name order (operator code registers them so). */
+    static final class Operator {
+        final TreeMap<String, String> modes = new TreeMap<>();
     }
 
-    static String letter(OperatorStateHandle.Mode mode) {
+    static DefaultOperatorStateBackend backend(List<OperatorStateHandle> restore) throws Exception {
+        return new DefaultOperatorStateBackendBuilder(
+                        FlinkVectors.class.getClassLoader(),
+                        new ExecutionConfig(),
+                        false,
+                        restore,
+                        new CloseableRegistry())
+                .build();
+    }
+
+    static ListStateDescriptor<String> listDescriptor(String name) {
+        return new ListStateDescriptor<>(name, StringSerializer.INSTANCE);
+    }
+
+    static Object register(DefaultOperatorStateBackend backend, String name, String mode) throws Exception {
         switch (mode) {
-            case SPLIT_DISTRIBUTE:
-                return "S";
-            case UNION:
-                return "U";
+            case "S":
+                return backend.getListState(listDescriptor(name));
+            case "U":
+                return backend.getUnionListState(listDescriptor(name));
             default:
-                return "B";
+                return backend.getBroadcastState(
+                        new MapStateDescriptor<>(name, StringSerializer.INSTANCE, StringSerializer.INSTANCE));
         }
     }
 
-    static String repartition(String[] f) {
-        int oldParallelism = Integer.parseInt(f[1]);
-        int newParallelism = Integer.parseInt(f[2]);
-        String[] subtasks = f.length > 3 ? f[3].split(";", -1) : new String[0];
-        if (subtasks.length != oldParallelism) {
-            throw new IllegalArgumentException("expected " + oldParallelism + " subtasks, got " + subtasks.length);
+    /** The backend's snapshot: its one handle, or none when it holds no state. */
+    static List<OperatorStateHandle> snapshot(DefaultOperatorStateBackend backend) throws Exception {
+        SnapshotResult<OperatorStateHandle> result = FutureUtils.runIfNotDoneAndGet(backend.snapshot(
+                1L, 1L, new MemCheckpointStreamFactory(Integer.MAX_VALUE),
+                CheckpointOptions.forCheckpointWithDefaultLocation()));
+        OperatorStateHandle handle = result == null ? null : result.getJobManagerOwnedSnapshot();
+        List<OperatorStateHandle> handles = new ArrayList<>();
+        if (handle != null) {
+            handles.add(handle);
         }
-        List<List<OperatorStateHandle>> old = new ArrayList<>(oldParallelism);
-        // offset -> element index, per old subtask (offsets are unique within one subtask's stream)
-        Map<StreamStateHandle, Integer> subtaskOf = new HashMap<>();
-        List<Map<Long, Integer>> elementAt = new ArrayList<>();
-        for (int s = 0; s < oldParallelism; s++) {
-            Map<Long, Integer> positions = new HashMap<>();
-            elementAt.add(positions);
-            if (subtasks[s].equals("-")) {
-                old.add(new ArrayList<>());
-                continue;
+        return handles;
+    }
+
+    /** Repartition, then restore each new subtask from its handles in old-subtask order and
+     * register every state of the operator in name order. */
+    static List<DefaultOperatorStateBackend> rescale(
+            Operator operator, List<DefaultOperatorStateBackend> old, int newParallelism) throws Exception {
+        List<List<OperatorStateHandle>> handles = new ArrayList<>();
+        Map<StreamStateHandle, Integer> subtaskOf = new IdentityHashMap<>();
+        for (int s = 0; s < old.size(); s++) {
+            List<OperatorStateHandle> own = snapshot(old.get(s));
+            for (OperatorStateHandle handle : own) {
+                subtaskOf.put(handle.getDelegateStateHandle(), s);
             }
-            String[] entries = subtasks[s].isEmpty() ? new String[0] : subtasks[s].split(",");
-            Map<String, OperatorStateHandle.StateMetaInfo> offsets =
-                    CollectionUtil.newHashMapWithExpectedSize(entries.length);
-            long position = 0;
-            for (String entry : entries) {
-                String[] p = entry.split(":");
-                int count = Integer.parseInt(p[2]);
-                long[] at = new long[count];
-                for (int e = 0; e < count; e++) {
-                    at[e] = position;
-                    positions.put(position, e);
-                    position++;
-                }
-                OperatorStateHandle.Mode mode = mode(p[1]);
-                offsets.put(unhex(p[0]), new OperatorStateHandle.StateMetaInfo(at, mode));
-            }
-            ByteStreamStateHandle stream = new ByteStreamStateHandle("subtask-" + s, new byte[(int) position]);
-            subtaskOf.put(stream, s);
-            List<OperatorStateHandle> handles = new ArrayList<>();
-            handles.add(new OperatorStreamStateHandle(offsets, stream));
-            old.add(handles);
+            handles.add(own);
         }
         List<List<OperatorStateHandle>> result =
-                RoundRobinOperatorStateRepartitioner.INSTANCE.repartitionState(old, oldParallelism, newParallelism);
-        if (result.size() != newParallelism) {
-            throw new IllegalStateException("result has " + result.size() + " subtasks");
-        }
-        List<String> out = new ArrayList<>();
-        for (List<OperatorStateHandle> handles : result) {
-            List<String> handleTexts = new ArrayList<>();
-            for (OperatorStateHandle handle : handles) {
-                int s = subtaskOf.get(handle.getDelegateStateHandle());
-                List<String> entryTexts = new ArrayList<>();
-                for (Map.Entry<String, OperatorStateHandle.StateMetaInfo> e :
-                        handle.getStateNameToPartitionOffsets().entrySet()) {
-                    List<String> indexes = new ArrayList<>();
-                    for (long offset : e.getValue().getOffsets()) {
-                        indexes.add(Integer.toString(elementAt.get(s).get(offset)));
-                    }
-                    String mode = letter(e.getValue().getDistributionMode());
-                    entryTexts.add(hex(e.getKey()) + ":" + mode + ":" + String.join(".", indexes));
-                }
-                handleTexts.add(s + "=" + String.join(",", entryTexts));
+                RoundRobinOperatorStateRepartitioner.INSTANCE.repartitionState(handles, old.size(), newParallelism);
+        List<DefaultOperatorStateBackend> restored = new ArrayList<>();
+        for (List<OperatorStateHandle> mine : result) {
+            List<OperatorStateHandle> ordered = new ArrayList<>(mine);
+            ordered.sort((a, b) -> Integer.compare(
+                    subtaskOf.get(a.getDelegateStateHandle()), subtaskOf.get(b.getDelegateStateHandle())));
+            DefaultOperatorStateBackend backend = backend(ordered);
+            for (Map.Entry<String, String> e : operator.modes.entrySet()) {
+                register(backend, e.getKey(), e.getValue());
             }
-            out.add(String.join("|", handleTexts));
+            restored.add(backend);
+        }
+        return restored;
+    }
+
+    @SuppressWarnings("unchecked")
+    static String lists(Operator operator, List<DefaultOperatorStateBackend> subtasks) throws Exception {
+        List<String> out = new ArrayList<>();
+        for (DefaultOperatorStateBackend backend : subtasks) {
+            List<String> entries = new ArrayList<>();
+            for (Map.Entry<String, String> e : operator.modes.entrySet()) {
+                if (e.getValue().equals("B")) {
+                    continue;
+                }
+                List<String> elements = new ArrayList<>();
+                for (String element : ((ListState<String>) register(backend, e.getKey(), e.getValue())).get()) {
+                    elements.add(element);
+                }
+                if (!elements.isEmpty()) {
+                    entries.add(hex(e.getKey()) + ":" + e.getValue() + ":" + String.join(".", elements));
+                }
+            }
+            out.add(String.join(",", entries));
         }
         return String.join(";", out);
+    }
+
+    /** OP (one rescale) or CHAIN (two): the subtasks' lists after each. */
+    @SuppressWarnings("unchecked")
+    static String rescales(String[] f, int rescales) throws Exception {
+        int p0 = Integer.parseInt(f[1]);
+        String spec = f.length > 2 + rescales ? f[2 + rescales] : "";
+        String[] subtasks = spec.split(";", -1);
+        if (subtasks.length != p0) {
+            throw new IllegalArgumentException("expected " + p0 + " subtasks, got " + subtasks.length);
+        }
+        Operator operator = new Operator();
+        List<DefaultOperatorStateBackend> backends = new ArrayList<>();
+        for (int s = 0; s < p0; s++) {
+            DefaultOperatorStateBackend backend = backend(Collections.emptyList());
+            if (!subtasks[s].equals("-") && !subtasks[s].isEmpty()) {
+                for (String entry : subtasks[s].split(",")) {
+                    String[] p = entry.split(":");
+                    String name = unhex(p[0]);
+                    operator.modes.put(name, p[1]);
+                    Object state = register(backend, name, p[1]);
+                    if (p[1].equals("B")) {
+                        ((BroadcastState<String, String>) state).put("k", "s" + s);
+                        continue;
+                    }
+                    for (int e = 0; e < Integer.parseInt(p[2]); e++) {
+                        ((ListState<String>) state).add("s" + s + "e" + e);
+                    }
+                }
+            }
+            backends.add(backend);
+        }
+        List<String> answers = new ArrayList<>();
+        for (int level = 0; level < rescales; level++) {
+            backends = rescale(operator, backends, Integer.parseInt(f[2 + level]));
+            answers.add(lists(operator, backends));
+        }
+        return String.join(" ", answers);
     }
 
     public static void main(String[] args) throws Exception {
@@ -218,7 +277,10 @@ public final class FlinkVectors {
                     out.println(hashMapOrder(f));
                     break;
                 case "OP":
-                    out.println(repartition(f));
+                    out.println(rescales(f, 1));
+                    break;
+                case "CHAIN":
+                    out.println(rescales(f, 2));
                     break;
                 default:
                     throw new IllegalArgumentException("unknown request " + f[0]);

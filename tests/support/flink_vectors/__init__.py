@@ -7,18 +7,23 @@ Flink's answers to ``tests/vectors/flink-vectors.json.gz``. ``tests/engine/test_
 checks Statehouse against that file in every run, and regenerates it fresh when
 ``STATEHOUSE_FLINK_LIB`` names the jars.
 
-Operator cases: each old subtask is one ``OperatorStreamStateHandle`` (or none) whose map
-holds list states (split or union, 0+ elements each), then broadcast states (one entry each),
-as Flink's snapshot puts them; element ``i`` of name ``n`` on old subtask ``s`` is ``s<s>e<i>``.
-Kinds: ``random`` (names absent from or empty on some subtasks, subtasks without a handle),
-``statehouse`` (every subtask holds every name of the operator, each group in name order: what
-a Statehouse snapshot means, see docs/state-model.md), ``collide`` (names sharing a ``HashMap``
-bucket), ``many`` (12-49 names: table resizing), ``treeify`` (8+ names in one bucket:
-resizing instead of treeifying, tree bins) and ``names`` (about 20 names every subtask
-registers, each subtask in its own random order). The stored form is compact: per case its
-``names``, their ``modes`` (one letter each: S, U, B), per old subtask ``[[name index,
-count]...]`` and per new subtask Flink's handles ``[old subtask, [[name index, first element,
-count]...]]`` in Flink's order; ``operator_input``/``operator_expected`` expand them.
+Operator cases run Flink's own ``DefaultOperatorStateBackend``: each old subtask is a backend
+that registers its states in a given order (list states, split or union, with 0+ elements each;
+broadcast states with one entry), snapshots, and ``RoundRobinOperatorStateRepartitioner`` cuts
+the handles for the new subtasks, which restore them; element ``i`` of a list on old subtask
+``s`` is ``s<s>e<i>``. Kinds: ``random`` (names absent from or empty on some subtasks, subtasks
+holding nothing), ``statehouse`` (every subtask holds every name of the operator, each group in
+name order), ``collide`` (names sharing a ``HashMap`` bucket), ``many`` (12-49 names: table
+resizing), ``treeify`` (8+ names in one bucket: resizing instead of treeifying, tree bins) and
+``names`` (about 20 names every subtask registers, each subtask in its own random order).
+``operator_chains`` go through two rescales in a row (p0 -> ``via`` -> p1), every old subtask
+registering every state of the operator (what a Statehouse snapshot means, see
+docs/state-model.md): the second cut depends on the order in which each restored subtask
+registered its states. The stored form is compact: per case its ``names``, their ``modes``
+(one letter each: S, U, B), per old subtask ``[[name index, count]...]`` in registration order
+(or None: nothing registered) and per new subtask its non-empty lists ``[[name index, [[old
+subtask, element]...]]...]`` in Flink's order (``mid`` after a chain's first rescale, ``out``
+after the last); ``operator_input``/``operator_expected`` expand them.
 """
 
 from __future__ import annotations
@@ -262,6 +267,55 @@ def operator_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
     return cases
 
 
+def chain_cases(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Two rescales in a row, every old subtask registering every state of the operator (what a
+    Statehouse snapshot means): its lists in its own random order, then its broadcast states."""
+    cases = []
+    for i in range(n):
+        if i % 3 == 2:
+            names = list(dict.fromkeys(_random_name(rng, 1, 8) for _ in range(rng.randint(12, 24))))
+        elif i % 3 == 1:
+            names = colliding_names(rng, rng.choice([4, 5]), rng.randint(2, 4))
+            names += [_random_name(rng) for _ in range(rng.randint(0, 6))]
+            names = list(dict.fromkeys(names))
+        else:
+            names = rng.sample(COMMON_NAMES + [_random_name(rng) for _ in range(8)], rng.randint(1, 7))
+        union_share = rng.choice([0.0, 0.0, 0.1, 0.3])
+        modes = ["U" if rng.random() < union_share else "S" for _ in names]
+        if len(names) > 1 and rng.random() < 0.2:
+            modes[rng.randrange(len(names))] = "B"
+        p0 = rng.choice([1, 2, 3, 4, 5, rng.randint(1, 8)])
+        p1 = rng.choice([p0 + 1, max(1, p0 - 1), rng.randint(1, 8), p0])
+        p2 = rng.choice([p1 + 1, max(1, p1 - 1), rng.randint(1, 8), p0])
+        max_count = rng.choice([1, 2, 4, 8])
+        lists = [i for i, mode in enumerate(modes) if mode != "B"]
+        broadcast = sorted((i for i, mode in enumerate(modes) if mode == "B"), key=lambda i: names[i])
+        subtasks = []
+        for _s in range(p0):
+            order = rng.sample(lists, len(lists))
+            counts = [[i, 0 if rng.random() < 0.25 else rng.randint(1, max_count)] for i in order]
+            subtasks.append(counts + [[i, 1] for i in broadcast])
+        cases.append(
+            {"kind": "chain", "old": p0, "via": p1, "new": p2, "names": names, "modes": "".join(modes), "in": subtasks}
+        )
+    return cases
+
+
+def _lists_answer(case: dict[str, Any], text: str) -> list[list[list[Any]]]:
+    """The lists after one rescale (OP and CHAIN answers): per subtask [[name index, [[old subtask,
+    element]...]]...]."""
+    index = {name: i for i, name in enumerate(case["names"])}
+    out = []
+    for subtask in text.split(";"):
+        entries = []
+        for entry in subtask.split(",") if subtask else []:
+            name, _mode, elements = entry.split(":")
+            pairs = [[int(x) for x in e[1:].split("e")] for e in elements.split(".")]
+            entries.append([index[unhex16(name)], pairs])
+        out.append(entries)
+    return out
+
+
 def registration_order_case(rng: random.Random) -> dict[str, Any]:
     """About 20 names that every old subtask registers (as operator code does), each subtask in
     its own random order: Flink walks the names of each handle in the order of a ``HashMap``
@@ -292,31 +346,6 @@ def _op_request(case: dict[str, Any]) -> str:
     return f"OP {case['old']} {case['new']} {';'.join(subtasks)}"
 
 
-def _op_answer(case: dict[str, Any], line: str) -> list[list[list[Any]]]:
-    """Per new subtask, its handles in Flink's order: [old subtask, [[name index, first element, count]...]].
-
-    Flink gives a handle a contiguous run of each name's elements (checked).
-    """
-    index = {name: i for i, name in enumerate(case["names"])}
-    out = []
-    for subtask in line.split(";"):
-        handles = []
-        for handle in subtask.split("|") if subtask else []:
-            old, _, text = handle.partition("=")
-            entries = []
-            for entry in text.split(",") if text else []:
-                name, mode, indexes = entry.split(":")
-                i = index[unhex16(name)]
-                elements = [int(e) for e in indexes.split(".")] if indexes else []
-                first = elements[0] if elements else 0
-                if mode != case["modes"][i] or elements != list(range(first, first + len(elements))):
-                    raise RuntimeError(f"unexpected answer for case {case}: {entry}")
-                entries.append([i, first, len(elements)])
-            handles.append([int(old), entries])
-        out.append(handles)
-    return out
-
-
 def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
     rng = random.Random(seed)
     keys = key_group_cases(rng, int(12_000 * scale))
@@ -324,6 +353,7 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
     defaults = default_max_cases(rng, max(20, int(300 * scale)))
     maps = hashmap_cases(rng, int(600 * scale))
     ops = operator_cases(rng, int(4_200 * scale))
+    chains = chain_cases(rng, int(900 * scale))
 
     requests: list[str] = []
     for kind, max_parallelism, parallelism, key in keys:
@@ -332,6 +362,7 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
     requests += [f"DEFMAX {p}" for p in defaults]
     requests += [f"HM {how} {cap} {' '.join(hex16(n) for n in names)}".rstrip() for how, cap, names in maps]
     requests += [_op_request(case) for case in ops]
+    requests += [f"CHAIN {c['old']} {c['via']} {c['new']} {_op_request(c).split(' ', 3)[3]}" for c in chains]
     answers = iter(run_flink(lib, requests))
 
     for case in keys:
@@ -343,7 +374,10 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
         line = next(answers)
         case.append([unhex16(h) for h in line.split(" ")] if line else [])
     for case in ops:
-        case["out"] = _op_answer(case, next(answers))
+        case["out"] = _lists_answer(case, next(answers))
+    for case in chains:
+        mid, out = next(answers).split(" ")
+        case["mid"], case["out"] = _lists_answer(case, mid), _lists_answer(case, out)
     return {
         "flink": FLINK_VERSION,
         "seed": seed,
@@ -353,6 +387,7 @@ def build(seed: int, lib: Path, scale: float = 1.0) -> dict[str, Any]:
         "default_max_parallelism": default_pairs,
         "hashmap_order": maps,
         "operator": ops,
+        "operator_chains": chains,
     }
 
 
@@ -383,29 +418,15 @@ def operator_input(case: dict[str, Any]) -> list[list[tuple[str, str, list[str]]
     ]
 
 
-def operator_expected(case: dict[str, Any]) -> list[dict[str, tuple[str, list[str]]]]:
-    """Flink's list states per new subtask, {name: (mode, elements)}, empty lists left out.
-
-    Flink's order across handles is ``HashMap`` order of the stream handles (unspecified);
-    Statehouse concatenates parts in old-subtask order, so parts are ordered by old subtask here.
-    Broadcast states are left out (Statehouse keeps one map per operator).
-    """
+def operator_expected(case: dict[str, Any], level: str = "out") -> list[dict[str, tuple[str, list[str]]]]:
+    """Flink's list states per new subtask, {name: (mode, elements)}, empty lists left out, after
+    the (last) rescale, or for a chain after the first (``level="mid"``). Broadcast states are left
+    out (Statehouse keeps one map per operator)."""
     names, modes = case["names"], case["modes"]
-    expected = []
-    for handles in case["out"]:
-        parts: dict[int, list[tuple[int, int]]] = {}
-        for old, entries in handles:
-            for i, first, count in entries:
-                if modes[i] != "B":
-                    parts.setdefault(i, []).extend((old, e) for e in range(first, first + count))
-        expected.append(
-            {
-                names[i]: (_MODES[modes[i]], [f"s{s}e{e}" for s, e in sorted(elements)])
-                for i, elements in parts.items()
-                if elements
-            }
-        )
-    return expected
+    return [
+        {names[i]: (_MODES[modes[i]], [f"s{s}e{e}" for s, e in pairs]) for i, pairs in entries}
+        for entries in case[level]
+    ]
 
 
 __all__ = ["VECTORS", "build", "flink_lib", "load", "operator_expected", "operator_input", "write"]

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.out}: {len(vectors['key_groups'])} keys, {len(vectors['key_group_ranges'])} ranges, "
         f"{len(vectors['default_max_parallelism'])} default max parallelisms, "
-        f"{len(vectors['hashmap_order'])} HashMap orders, {len(vectors['operator'])} operator cases "
+        f"{len(vectors['hashmap_order'])} HashMap orders, {len(vectors['operator'])} operator cases, "
+        f"{len(vectors['operator_chains'])} chained "
         f"({args.out.stat().st_size} bytes)",
         file=sys.stderr,
     )
