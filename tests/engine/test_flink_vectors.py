@@ -303,36 +303,63 @@ def _http_cases(vectors) -> list[dict[str, Any]]:
     return chosen
 
 
+def _write_over_http(http, job: str, case) -> None:
+    http.put(job, json={"max_parallelism": 128}).raise_for_status()
+    for s, handle in enumerate(operator_input(case)):
+        for name, mode, elements in handle or []:
+            if mode == "broadcast":
+                http.put(f"{job}/operators/op/broadcast/{name}/entries/k", json={"value": s}).raise_for_status()
+                continue
+            path = f"{job}/operators/op/subtasks/{s}/lists/{name}"
+            http.put(path, params={"mode": mode}, json={"value": elements}).raise_for_status()
+
+
+def _restore_over_http(http, job: str, checkpoint: int, old: int, new: int) -> None:
+    """Checkpoint ``job``, complete it and restore it with ``new`` subtasks of operator ``op``."""
+    http.post(f"{job}/checkpoints", json={"checkpoint_id": checkpoint}).raise_for_status()
+    deadline = time.monotonic() + 20
+    while http.get(f"{job}/checkpoints/{checkpoint}").json()["status"] != "uploaded":
+        assert time.monotonic() < deadline, "checkpoint stuck"
+        time.sleep(0.05)
+    http.post(f"{job}/checkpoints/{checkpoint}/complete").raise_for_status()
+    body: dict[str, Any] = {"checkpoint_id": checkpoint}
+    if new != old:
+        body["operator_parallelism"] = {"op": new}
+    http.post(f"{job}/restore", json=body).raise_for_status()
+
+
+def _check_over_http(http, job: str, case, subtasks: int, expected) -> None:
+    for sub in range(subtasks):
+        for name in (n for n, m in zip(case["names"], case["modes"], strict=True) if m != "B"):
+            r = http.get(f"{job}/operators/op/subtasks/{sub}/lists/{name}")
+            want = expected[sub].get(name) if sub < len(expected) else None
+            if want is None:
+                assert r.status_code == 404, (case, sub, name, r.text)
+            else:
+                assert r.status_code == 200 and (r.json()["mode"], r.json()["value"]) == want, (case, sub, name)
+
+
 def test_restore_over_http(http, job_name, vectors):
     for number, case in enumerate(_http_cases(vectors)):
         job = f"/jobs/{job_name}-{number}"
-        http.put(job, json={"max_parallelism": 128}).raise_for_status()
-        for s, handle in enumerate(operator_input(case)):
-            for name, mode, elements in handle or []:
-                if mode == "broadcast":
-                    http.put(f"{job}/operators/op/broadcast/{name}/entries/k", json={"value": s}).raise_for_status()
-                    continue
-                path = f"{job}/operators/op/subtasks/{s}/lists/{name}"
-                http.put(path, params={"mode": mode}, json={"value": elements}).raise_for_status()
-        http.post(f"{job}/checkpoints", json={"checkpoint_id": 1}).raise_for_status()
-        deadline = time.monotonic() + 20
-        while http.get(f"{job}/checkpoints/1").json()["status"] != "uploaded":
-            assert time.monotonic() < deadline, "checkpoint stuck"
-            time.sleep(0.05)
-        http.post(f"{job}/checkpoints/1/complete").raise_for_status()
-        body: dict[str, Any] = {"checkpoint_id": 1}
-        if case["new"] != case["old"]:
-            body["operator_parallelism"] = {"op": case["new"]}
-        http.post(f"{job}/restore", json=body).raise_for_status()
-        expected = operator_expected(case)
-        for sub in range(max(case["new"], case["old"])):
-            for name in (n for n, m in zip(case["names"], case["modes"], strict=True) if m != "B"):
-                r = http.get(f"{job}/operators/op/subtasks/{sub}/lists/{name}")
-                want = expected[sub].get(name) if sub < case["new"] else None
-                if want is None:
-                    assert r.status_code == 404, (case, sub, name, r.text)
-                else:
-                    assert r.status_code == 200 and (r.json()["mode"], r.json()["value"]) == want, (case, sub, name)
+        _write_over_http(http, job, case)
+        _restore_over_http(http, job, 1, case["old"], case["new"])
+        _check_over_http(http, job, case, max(case["new"], case["old"]), operator_expected(case))
+
+
+def test_two_restores_over_http(http, job_name, vectors):
+    """Rescaled twice: the second restore cuts the lists the first one gave, where Flink does."""
+    case = next(
+        c
+        for c in vectors["operator_chains"]
+        if len(c["names"]) >= 12 and c["old"] < c["via"] > c["new"] > 1 and "U" not in c["modes"]
+    )
+    job = f"/jobs/{job_name}"
+    _write_over_http(http, job, case)
+    _restore_over_http(http, job, 1, case["old"], case["via"])
+    _check_over_http(http, job, case, max(case["old"], case["via"]), operator_expected(case, "mid"))
+    _restore_over_http(http, job, 2, case["via"], case["new"])
+    _check_over_http(http, job, case, case["via"], operator_expected(case))
 
 
 # -- Flink itself, when its jars are here --------------------------------------------------------
