@@ -120,7 +120,11 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
 
     workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-replica-"))
     try:
-        store = RocksDBStore(str(workdir / "data")) if spec["backend"] == "rocksdb" else HeapStore()
+        store = (
+            RocksDBStore(str(workdir / "data"), block_cache_bytes=spec["block_cache_bytes"])
+            if spec["backend"] == "rocksdb"
+            else HeapStore()
+        )
         catalog = JobCatalog(store)
         if spec["storage"] == "s3":
             os.environ.update(s3_env(spec["s3_endpoint"], spec["s3_prefix"]))
@@ -254,6 +258,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storage", type=listed(str), default=["local", "s3"])
     p.add_argument("--backends", type=listed(str), default=["rocksdb"])
     p.add_argument("--events", type=int, default=50_000, help="events per micro-batch")
+    p.add_argument(
+        "--block-cache-bytes",
+        type=int,
+        default=256 << 20,
+        help="RocksDB's shared block cache (the server's STATEHOUSE_ROCKSDB_BLOCK_CACHE_BYTES default)",
+    )
     p.add_argument("--batches", type=int, default=6, help="timed micro-batches per run")
     p.add_argument("--warmup", type=int, default=1, help="micro-batches before the timed ones")
     p.add_argument("--before", help="a source tree to run the same workers from, in the same rounds")
@@ -270,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(json.dumps(run_worker(json.loads(cfg.worker))))
         return None
     base = {"events": cfg.events, "batches": cfg.batches, "warmup": cfg.warmup, "seed": 7}
+    base["block_cache_bytes"] = cfg.block_cache_bytes
     if cfg.profile:
         spec = {**base, **next(configs(cfg)), "s3_endpoint": cfg.s3_endpoint, "s3_prefix": f"replica-{os.getpid()}"}
         if spec["storage"] == "s3" and not cfg.s3_endpoint:

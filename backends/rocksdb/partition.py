@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 512  # entries a scan reads under one lease
+# From this many keys a read goes through RocksDB's multi-get with its keys sorted: once the
+# state outgrows the block cache that measured about twice as fast as point gets (bench/RESULTS.md
+# §16); a few keys are cheaper one by one.
+_MULTI_GET_MIN = 64
 _T = TypeVar("_T")
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 _SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "rocksdb.sstables"
@@ -125,6 +129,16 @@ def _leased_iter(method: Callable[..., Iterator[_T]]) -> Callable[..., Iterator[
             instance.release()
 
     return leased
+
+
+def _multi_get(family: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """The values of ``keys`` (in their order), read by one multi-get in key order."""
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    found = family.get([keys[i] for i in order])
+    values: list[bytes | None] = [None] * len(keys)
+    for i, value in zip(order, found, strict=True):
+        values[i] = value
+    return values
 
 
 def _put_rows(changes: FlatChanges) -> tuple[Iterable[int], Iterable[bytes], Iterable[bytes | None]] | None:
@@ -249,9 +263,12 @@ class RocksDBPartition(StorePartition):
     ) -> list[bytes | None]:
         if table == META_TABLE:
             return super().get_many(table, key_groups, primaries, secondaries)
-        # Point gets in a loop: rocksdict's multi-get measured no faster here.
         instance = self._instance
-        values = map(instance.families[table].get, instance.layout.keys(key_groups, primaries, secondaries))
+        family = instance.families[table]
+        keys = instance.layout.keys(key_groups, primaries, secondaries)
+        if budget is None and len(keys) >= _MULTI_GET_MIN:
+            return _multi_get(family, keys)
+        values = map(family.get, keys)
         if budget is None:
             return list(values)
         found: list[bytes | None] = []  # each get copies its value: stop once they pass the budget

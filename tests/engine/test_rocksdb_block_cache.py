@@ -59,3 +59,20 @@ def test_the_gauge_reports_the_shared_cache(tmp_path):
         assert 0 < float(line.split()[1]) <= CACHE
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+def test_many_keys_are_read_in_one_multi_get_in_their_own_order(tmp_path, flushed):
+    """A read of many keys (a columnar request's) goes through one multi-get in key order, and
+    answers in the caller's order, absent keys as None, from the memtable and the table files."""
+    store = RocksDBStore(str(tmp_path), block_cache_bytes=CACHE)
+    partition = store.open_partition("j", 128)
+    partition.create_table("s", False)
+    partition.write([WriteOp("put", "s", k % 128, b"key-%06d" % k, value=b"v%d" % k) for k in range(0, 1000, 2)])
+    if flushed:
+        partition.flush()
+    wanted = [997, 4, 4, 999_999, 0, 13, 500, *range(998, 0, -7)]
+    got = partition.get_many("s", [k % 128 for k in wanted], [b"key-%06d" % k for k in wanted])
+    assert got == [b"v%d" % k if k % 2 == 0 and k < 1000 else None for k in wanted]
+    assert len(wanted) >= 64  # many: the multi-get
+    assert got == [partition.get("s", k % 128, b"key-%06d" % k) for k in wanted]  # as point gets answer
