@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, ReadOptions
+from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, ReadOptions
 
 from statehouse.backends.base.partition import FrozenView
 from statehouse.backends.reserved import META_TABLE
@@ -61,6 +61,10 @@ def db_options(max_wal_bytes: int = DEFAULT_WAL_LIMIT, block_cache: Cache | None
     if block_cache is not None:
         table.set_block_cache(block_cache)
     options.set_block_based_table_factory(table)
+    # LZ4, not RocksDB's default Snappy: a state larger than the block cache reads its blocks from
+    # the files, each read decompressing one, and LZ4 decompresses faster at about the same size
+    # (RocksDB's tuning guide says so too). Files written with Snappy stay readable.
+    options.set_compression_type(DBCompressionType.lz4())
     return options
 
 
