@@ -8,7 +8,8 @@ groups them (``attempts.perform`` of a ``StatesColumnOp`` under a task attempt);
 commit of the epoch (``attempts.prepare`` / ``attempts.commit``), then a checkpoint
 (``CheckpointManager``: trigger, wait for the upload, complete; RocksDB: incremental) to a
 local directory or SeaweedFS S3. The store holds ``--users`` keys per state before the timed
-micro-batches (filled once, then a first checkpoint that is not timed).
+micro-batches (filled once, then a first checkpoint that is not timed); RocksDB's block cache
+is the server's default shared one (``--block-cache-bytes``, 256 MiB).
 
 Per phase and micro-batch: the bench thread's CPU (``time.thread_time``: the Python work of the
 phase) and the process's CPU (every thread: RocksDB's flushes and compactions, the upload
@@ -23,6 +24,7 @@ the same rounds, the order reversed every other round: before/after.
     .venv/bin/python -m bench.replica --runs 3 [--before /tmp/base] [--json out.json]
     .venv/bin/python -m bench.replica --runs 1 --users 10000 --storage local --batches 3   # quick
     .venv/bin/python -m bench.replica --profile checkpoint --users 1000000 --storage local  # where
+    .venv/bin/python -m bench.replica --runs 2 --users 1000000,10000000 --storage local --batches 4  # large state
 """
 
 from __future__ import annotations
