@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy
 from rocksdict import BottommostLevelCompaction, Cache, Checkpoint, CompactOptions, Rdict, WriteBatch
@@ -134,7 +134,7 @@ def _leased_iter(method: Callable[..., Iterator[_T]]) -> Callable[..., Iterator[
 def _multi_get(family: Rdict, keys: list[bytes]) -> list[bytes | None]:
     """The values of ``keys`` (in their order), read by one multi-get in key order."""
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    found = family.get([keys[i] for i in order])
+    found = cast("list[bytes | None]", family.get([keys[i] for i in order]))  # a list in: a list out
     values: list[bytes | None] = [None] * len(keys)
     for i, value in zip(order, found, strict=True):
         values[i] = value
