@@ -591,10 +591,11 @@ def redistribute(old: list[OperatorSubtaskState], parallelism: int) -> list[Oper
                     target.lists[name] = ("split", elements)
 
     for name in union_names:
-        union = [e for _h, elements in entries(name) for e in elements]
+        held = entries(name)
+        union = [e for _h, elements in held for e in elements]
         for index, target in enumerate(new):
             target.lists[name] = ("union", list(union))
-            handles[index].update(h for h, _elements in entries(name))
+            handles[index].update(h for h, _elements in held)
 
     if old:
         broadcast_holders = [h for h, s in enumerate(old) if s.broadcast]

@@ -19,12 +19,7 @@ from statehouse.backends.operator_state import (
     operator_subtasks_row,
 )
 from statehouse.backends.raw_state import operator_of
-from statehouse.backends.redistribution import (
-    OperatorSubtaskState,
-    SnapshotNameOrder,
-    check_parallelism,
-    redistribute,
-)
+from statehouse.backends.redistribution import OperatorSubtaskState, check_parallelism, redistribute
 from statehouse.backends.reserved import (
     BROADCAST_TABLE,
     LIST_MODE_META,
@@ -186,21 +181,19 @@ def _redistributed(
     names += sorted({name for _op, name, _sub in mine} - set(names))
     modes = {name: "union" if snap.modes.get((operator, name)) == "union" else "split" for name in names}
     broadcast = sorted(name for op, name in snap.broadcast if op == operator and name not in modes)
-    registered = {
-        sub: list(dict.fromkeys([*(n for n in order.get(sub, ()) if n in modes), *names]))
-        for sub in range(old_parallelism)
-    }
-    if parallelism == old_parallelism and "union" not in modes.values():
-        # Flink hands every subtask its own handle back, which it restores in the handle's order.
-        restored = {sub: SnapshotNameOrder.of(names_, broadcast).lists for sub, names_ in registered.items()}
-        return snap.lists, {sub: names_ for sub, names_ in restored.items() if names_}
+    # Same count, no union state: Flink hands every subtask its own handle back, so the lists
+    # stay where they are; only the order each subtask's restore registers names is new.
+    unmoved = parallelism == old_parallelism and "union" not in modes.values()
     old = [OperatorSubtaskState() for _ in range(old_parallelism)]
     for sub, state in enumerate(old):
-        for name in registered[sub]:
-            raw = mine.get((operator, name, sub))
+        for name in dict.fromkeys([*(n for n in order.get(sub, ()) if n in modes), *names]):
+            raw = None if unmoved else mine.get((operator, name, sub))
             state.lists[name] = (modes[name], [] if raw is None else _records(raw))
         state.broadcast = {name: {} for name in broadcast}  # only their names count here
     new = redistribute(old, parallelism)
+    restored = {sub: state.restored_names for sub, state in enumerate(new) if state.restored_names}
+    if unmoved:
+        return snap.lists, restored
     lists = {k: v for k, v in snap.lists.items() if k[0] != operator}
     unions: dict[str, bytes] = {}  # a union list is the same on every subtask: join it once
     for sub in range(replica_index, parallelism, replica_count):
@@ -214,7 +207,7 @@ def _redistributed(
             else:
                 raw = b"".join(records)
             lists[(operator, name, sub)] = raw
-    return lists, {sub: state.restored_names for sub, state in enumerate(new) if state.restored_names}
+    return lists, restored
 
 
 def replace_ops(current: OperatorSnapshot, snap: OperatorSnapshot) -> Iterator[WriteOp]:
