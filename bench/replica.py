@@ -281,8 +281,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if cfg.worker:
         print(json.dumps(run_worker(json.loads(cfg.worker))))
         return None
-    base = {"events": cfg.events, "batches": cfg.batches, "warmup": cfg.warmup, "seed": 7}
-    base["block_cache_bytes"] = cfg.block_cache_bytes
+    base = {
+        "events": cfg.events,
+        "batches": cfg.batches,
+        "warmup": cfg.warmup,
+        "seed": 7,
+        "block_cache_bytes": cfg.block_cache_bytes,
+    }
     if cfg.profile:
         spec = {**base, **next(configs(cfg)), "s3_endpoint": cfg.s3_endpoint, "s3_prefix": f"replica-{os.getpid()}"}
         if spec["storage"] == "s3" and not cfg.s3_endpoint:

@@ -189,26 +189,6 @@ def _snapshot_parts(case, operator: str, old_replicas: int) -> list[OperatorSnap
     return parts
 
 
-@pytest.mark.parametrize(("old_replicas", "new_replicas"), [(1, 1), (2, 3), (3, 2)])
-def test_restore_gives_each_subtask_flinks_lists(vectors, old_replicas, new_replicas):
-    cases = [c for c in vectors["operator"] if _every_subtask_registers_every_name(c)]
-    assert len(cases) > 1000 and sum(c["kind"] == "names" for c in cases) >= 300
-
-    def check(case):
-        parts = _snapshot_parts(case, "op", old_replicas)
-        parallelism = None if case["new"] == case["old"] else {"op": case["new"]}
-        got: list[dict[str, tuple[str, list[Any]]]] = [{} for _ in range(case["new"])]
-        for replica in range(new_replicas):
-            merged = merge_for_replica(parts, replica, new_replicas, parallelism)
-            assert merged.meta[operator_subtasks_row("op")] == str(case["new"]).encode()
-            for (_op, name, sub), raw in merged.lists.items():
-                assert sub % new_replicas == replica
-                got[sub][name] = (merged.modes[("op", name)], list(iter_values(raw)))
-        return got == operator_expected(case)
-
-    assert _mismatches(cases, check) == []
-
-
 def _restored(parts: list[OperatorSnapshot], replicas: int, parallelism: int | None) -> list[OperatorSnapshot]:
     """Each of ``replicas`` replicas' operator state after restoring ``parts`` (and so what its
     next snapshot holds)."""
@@ -217,11 +197,28 @@ def _restored(parts: list[OperatorSnapshot], replicas: int, parallelism: int | N
 
 
 def _lists(replicas: list[OperatorSnapshot], parallelism: int) -> list[dict[str, tuple[str, list[Any]]]]:
+    """The restored lists per subtask, {name: (mode, elements)}; each replica records the count
+    restored to and holds only its own subtasks."""
     got: list[dict[str, tuple[str, list[Any]]]] = [{} for _ in range(parallelism)]
-    for merged in replicas:
+    for replica, merged in enumerate(replicas):
+        assert merged.meta[operator_subtasks_row("op")] == str(parallelism).encode()
         for (_op, name, sub), raw in merged.lists.items():
+            assert sub % len(replicas) == replica
             got[sub][name] = (merged.modes[("op", name)], list(iter_values(raw)))
     return got
+
+
+@pytest.mark.parametrize(("old_replicas", "new_replicas"), [(1, 1), (2, 3), (3, 2)])
+def test_restore_gives_each_subtask_flinks_lists(vectors, old_replicas, new_replicas):
+    cases = [c for c in vectors["operator"] if _every_subtask_registers_every_name(c)]
+    assert len(cases) > 1000 and sum(c["kind"] == "names" for c in cases) >= 300
+
+    def check(case):
+        parallelism = None if case["new"] == case["old"] else case["new"]
+        restored = _restored(_snapshot_parts(case, "op", old_replicas), new_replicas, parallelism)
+        return _lists(restored, case["new"]) == operator_expected(case)
+
+    assert _mismatches(cases, check) == []
 
 
 @pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 3, 2), (3, 1, 2)])

@@ -309,6 +309,17 @@ def test_an_aborted_or_failed_grow_leaves_the_served_set_as_it_was(served):
 # -- --resume of a move that finished without the command --------------------------------------------------
 
 
+def two_replicas_with_the_job(replicas: ReplicaSet) -> list[str]:
+    """Two replicas started, the job created on them, its value state holding KEYS' values (their
+    indexes): their URLs."""
+    urls = replicas.start(2)
+    with StatehouseClient(urls) as sh:
+        job = sh.create_job(JOB, max_parallelism=P)
+        job.register(STATE, "value")
+        job.value_state(STATE).put_many(KEYS, list(range(len(KEYS))))
+    return urls
+
+
 @pytest.mark.slow  # a joining replica killed and restarted: about half a minute
 def test_resume_of_a_move_a_restarted_replica_finished_says_it_is_done(tmp_path):
     """The joining replica dies after the commit was decided: --resume commits the others and exits
@@ -316,11 +327,7 @@ def test_resume_of_a_move_a_restarted_replica_finished_says_it_is_done(tmp_path)
     --resume then says the move is done and exits 0."""
     replicas = ReplicaSet(tmp_path, {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
     try:
-        urls = replicas.start(2)
-        with StatehouseClient(urls) as sh:
-            job = sh.create_job(JOB, max_parallelism=P)
-            job.register(STATE, "value")
-            job.value_state(STATE).put_many(KEYS, list(range(len(KEYS))))
+        urls = two_replicas_with_the_job(replicas)
         joining = replicas.add(2, 3, version=2).url
         with StatehouseClient(urls) as sh:
             stopped(LiveRescale(sh, 3, [joining], progress=stop_at("decided")))
@@ -371,12 +378,9 @@ def test_status_names_the_newest_checkpoint_that_checkpoints_lists_across_a_resc
     checkpoint `statehouse checkpoints` lists, and `statehouse restore --latest` restores it."""
     replicas = ReplicaSet(tmp_path, {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
     try:
-        urls = replicas.start(2)
+        urls = two_replicas_with_the_job(replicas)
         with StatehouseClient(urls) as sh:
-            job = sh.create_job(JOB, max_parallelism=P)
-            job.register(STATE, "value")
-            job.value_state(STATE).put_many(KEYS, list(range(len(KEYS))))
-            coordinator = CheckpointCoordinator(job)
+            coordinator = CheckpointCoordinator(sh.job(JOB))
             taken = [coordinator.checkpoint().checkpoint_id for _ in range(2)]
             taken.append(coordinator.savepoint().checkpoint_id)
         shown, newest = latest_of_both(urls)
