@@ -139,13 +139,20 @@ class IncrementalPartReader:
     def records(self, table: str) -> Iterator[Record]:
         """``table``'s entries in the wanted key groups, in key (so key group) order; the
         database is open."""
+        width = key_group_prefix_width(self.max_parallelism)
+        nested = self.handle.tables.get(table, False)
+        for key, value in self.entries(table):
+            yield (*split_key(key, width, nested), value)
+
+    def entries(self, table: str) -> Iterator[tuple[bytes, bytes]]:
+        """:meth:`records` as the database stores them: ``(key, value)`` in ascending key order,
+        each key in the RocksDB backend's layout for this max parallelism."""
         from rocksdict import ReadOptions
 
         family = self._families.get(table)
         if family is None or not len(self.wanted):
             return
         width = key_group_prefix_width(self.max_parallelism)
-        nested = self.handle.tables[table]
         lower = key_group_prefix(self.wanted.start, width)
         upper = prefix_successor(key_group_prefix(self.wanted.end, width))
         read_options = ReadOptions()
@@ -156,7 +163,7 @@ class IncrementalPartReader:
         try:
             it.seek(lower)
             while it.valid():
-                yield (*split_key(it.key(), width, nested), it.value())
+                yield it.key(), it.value()
                 it.next()
         finally:
             del it  # before the database can close

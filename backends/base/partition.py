@@ -9,7 +9,8 @@ table the secondary key is always empty.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from itertools import islice
 from typing import Literal, NamedTuple
 
@@ -206,15 +207,10 @@ class StorePartition(ABC):
             + ops
         )
 
-    def load(self, ops: Iterable[WriteOp], batch_size: int = 5_000) -> int:
+    def load(self, ops: Iterable[WriteOp]) -> int:
         """Bulk-load a restore into a staged partition (nobody reads it until it is promoted, so
         batches need not be atomic together); returns how many entries were written."""
-        written = 0
-        source = iter(ops)
-        while batch := list(islice(source, batch_size)):
-            self.write(batch)
-            written += len(batch)
-        return written
+        return load_records(self, ops, nullcontext)
 
     @abstractmethod
     def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
@@ -242,3 +238,21 @@ class StorePartition(ABC):
     def meta_items(self) -> Iterator[tuple[bytes, bytes]]:
         for primary, _secondary, value in self.scan(META_TABLE, 0):
             yield primary, value
+
+
+# Writes a load makes at once: each goes under its guard (a live job's lock), so a replica's
+# requests go on between them, and memory holds one batch.
+LOAD_BATCH = 5_000
+Guard = Callable[[], AbstractContextManager[object]]
+
+
+def load_records(partition: StorePartition, ops: Iterable[WriteOp], guard: Guard) -> int:
+    """Write ``ops`` into ``partition`` :data:`LOAD_BATCH` at a time, each batch inside
+    ``guard()``; how many were written."""
+    written = 0
+    source = iter(ops)
+    while batch := list(islice(source, LOAD_BATCH)):
+        with guard():
+            partition.write(batch)
+        written += len(batch)
+    return written

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from statehouse.backends.base.partition import StorePartition, WriteOp
+from statehouse.backends.base.partition import Guard, StorePartition, WriteOp
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
@@ -69,6 +69,12 @@ class FetchedPart(Protocol):
 
     def records(self) -> Iterator[WriteOp]:
         """The fetched key groups' entries as writes into an empty partition."""
+        ...
+
+    def load_into(self, partition: StorePartition, guard: Guard) -> int:
+        """Write the fetched key groups' entries into ``partition``, where those key groups hold
+        nothing, each change to it inside ``guard()`` (a live job's lock); how many entries.
+        A format the partition stores as it is may hand it over whole instead of write by write."""
         ...
 
     def release(self) -> None:

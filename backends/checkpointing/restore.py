@@ -18,10 +18,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from itertools import islice
+from contextlib import contextmanager, nullcontext
 
-from statehouse.backends.base.partition import WriteOp
 from statehouse.backends.base.snapshot import FetchedPart
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.errors import InsufficientStorage
@@ -181,17 +179,13 @@ class RestoreOperation:
             job.register_state(state)
         _create_tables(job, fetched)
         for item in fetched:
-            self.entries += job.partition.load(self._records(item))
+            self.entries += item.load_into(job.partition, nullcontext)
         self.entries += job.partition.load(write_ops(operator))
         with job.transaction() as tx:  # the micro-batches the restored state holds
             tx.record_commit(*_committed(self.parts))
         # Verify what the swapped-in job will serve: the states as stored, after every write.
         if stored_descriptors(job.partition) != {d.name: d for d in descriptors}:
             raise SnapshotCorrupt("the restored job's stored states differ from the snapshot's")
-
-    def _records(self, item: FetchedPart) -> Iterator[WriteOp]:
-        """The writes a fetched part loads, whichever format it was read from."""
-        return item.records()
 
 
 def _create_tables(job: Job, fetched: list[FetchedPart]) -> None:
@@ -260,7 +254,7 @@ class MergeRestore(RestoreOperation):
                     item = self._fetch(part, chunk, temp)
                     try:
                         _create_tables(job, [item])
-                        self.entries += _load(job, self._records(item))
+                        self.entries += item.load_into(job.partition, job.exclusive)
                     finally:
                         item.release()
                 epoch, batch = _committed(self.parts)
@@ -280,22 +274,9 @@ class MergeRestore(RestoreOperation):
         job.stage_operator_state(None)
 
 
-# Records a load writes into a live job per batch (under its lock, between requests).
-LOAD_BATCH = 5_000
 # Bytes of a full part's key-group sections a load fetches at once (one key group larger than
 # this is fetched alone): bounds what a load holds in memory on a replica that keeps serving.
 LOAD_FETCH_BYTES = 32 << 20
-
-
-def _load(job: Job, records: Iterator[WriteOp]) -> int:
-    """Write ``records`` into the live job a batch at a time, each under its lock: requests for
-    the key groups it serves go on between batches, memory stays one batch."""
-    written = 0
-    while batch := list(islice(records, LOAD_BATCH)):
-        with job.exclusive():
-            job.partition.write(batch)
-        written += len(batch)
-    return written
 
 
 def _out_of_space(exc: OSError) -> bool:

@@ -38,7 +38,16 @@ from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy
-from rocksdict import BottommostLevelCompaction, Cache, Checkpoint, CompactOptions, Rdict, WriteBatch
+from rocksdict import (
+    BottommostLevelCompaction,
+    Cache,
+    Checkpoint,
+    CompactOptions,
+    IngestExternalFileOptions,
+    Rdict,
+    SstFileWriter,
+    WriteBatch,
+)
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
@@ -388,6 +397,28 @@ class RocksDBPartition(StorePartition):
                     put(prefix[kg] + primary, value, handle)
         self._add_ops(batch, ops)
         self._instance.db.write(batch)
+
+    def write_table_file(self, path: str, entries: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write ``entries`` (``(key, value)``, keys in this partition's layout and ascending) into a
+        new table file at ``path`` for :meth:`ingest_table_file`, without touching the database;
+        how many (none: no file)."""
+        writer = SstFileWriter(self._instance.options)
+        writer.open(path)
+        count = 0
+        for count, (key, value) in enumerate(entries, 1):  # noqa: B007 - the count is the answer
+            writer[key] = value
+        if count:
+            writer.finish()
+        return count
+
+    @_writing
+    def ingest_table_file(self, table: str, path: str) -> None:
+        # RocksDB's external file ingestion: the file joins the table as it is (hard-linked when it
+        # can be), at the lowest level it fits, its entries newer than any stored before; no
+        # write-ahead log, memtable or compaction for each entry as writes would cost.
+        options = IngestExternalFileOptions()
+        options.set_move_files(True)
+        self._instance.families[table].ingest_external_file([path], options)
 
     @_freeing
     def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:

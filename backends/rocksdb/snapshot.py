@@ -23,7 +23,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 
-from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.base.partition import Guard, StorePartition, WriteOp, load_records
 from statehouse.backends.base.snapshot import PartReader, SnapshotSource
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.rocksdb.partition import RocksDBPartition
@@ -156,6 +156,23 @@ class FetchedIncremental:
             for table in self.reader.tables():
                 for kg, primary, secondary, value in self.reader.records(table):
                     yield WriteOp("put", table, kg, primary, secondary, value)
+
+    def load_into(self, partition: StorePartition, guard: Guard) -> int:
+        """Into a RocksDB partition of the same max parallelism (the same key layout), each
+        table's entries go as they are stored, written into one table file and ingested under the
+        guard; into any other, as writes."""
+        if not isinstance(partition, RocksDBPartition) or partition.max_parallelism != self.reader.max_parallelism:
+            return load_records(partition, self.records(), guard)
+        loaded = 0
+        with self.reader:
+            for table in self.reader.tables():
+                path = os.path.join(self.reader.directory, f"load-{uuid.uuid4().hex}.sst")
+                count = partition.write_table_file(path, self.reader.entries(table))
+                if count:
+                    with guard():
+                        partition.ingest_table_file(table, path)
+                loaded += count
+        return loaded
 
     def release(self) -> None:
         self.reader.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from statehouse.backends.base.partition import WriteOp
+from statehouse.backends.base.partition import Guard, StorePartition, WriteOp, load_records
 from statehouse.backends.base.snapshot import PartReader
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL_RESTORE
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -40,6 +40,9 @@ class FetchedFullPart:
     def records(self) -> Iterator[WriteOp]:
         for kg, table, primary, secondary, value in self.fetched.records():
             yield WriteOp("put", table, kg, primary, secondary, value)
+
+    def load_into(self, partition: StorePartition, guard: Guard) -> int:
+        return load_records(partition, self.records(), guard)
 
     def release(self) -> None:
         """Nothing on disk; the sections go with this object."""

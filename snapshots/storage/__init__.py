@@ -8,7 +8,6 @@ from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
 from statehouse.snapshots.storage.local import LocalStorage
 from statehouse.snapshots.storage.memory import MemoryStorage
-from statehouse.snapshots.storage.s3 import DEFAULT_ABANDONED_UPLOAD_AGE_S, S3Storage
 
 
 def open_storage(
@@ -31,6 +30,9 @@ def open_storage(
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise InvalidLocation(f"an S3 location needs a bucket: s3://bucket/prefix, got {location!r}")
+        # boto3 is imported only for S3 (a third of a second a process spends otherwise).
+        from statehouse.snapshots.storage.s3 import DEFAULT_ABANDONED_UPLOAD_AGE_S, S3Storage
+
         age = DEFAULT_ABANDONED_UPLOAD_AGE_S if s3_abandoned_upload_age_s is None else s3_abandoned_upload_age_s
         return S3Storage(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url, abandoned_upload_age_s=age)
     if parsed.scheme == "memory":
@@ -43,6 +45,5 @@ __all__ = [
     "CheckpointStorage",
     "LocalStorage",
     "MemoryStorage",
-    "S3Storage",
     "open_storage",
 ]

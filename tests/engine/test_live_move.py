@@ -10,6 +10,7 @@ import tracemalloc
 import pyarrow as pa
 import pytest
 
+import statehouse.backends.base.partition as partition_module
 from statehouse.backends.attempts import advance, commit, perform, prepare
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing import restore
@@ -19,7 +20,9 @@ from statehouse.backends.errors import BatchInFlight, KeyNotOwned, RescaleInProg
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import NON_KEYED_TABLES
+from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.snapshot import IncrementalSnapshotStrategy
+from statehouse.backends.snapshot.restore import FetchedFullPart
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
@@ -443,16 +446,16 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
 
     for i in (1, 2):
         _loaded(move, i, catalogs).drop_key_groups(move.moving_in(i))
-        monkeypatch.setattr(restore, "LOAD_BATCH", 10)
-        real = MergeRestore._records
+        monkeypatch.setattr(partition_module, "LOAD_BATCH", 10)
+        real = FetchedFullPart.records
 
-        def failing(self, item, real=real):
-            for n, record in enumerate(real(self, item)):
+        def failing(self, real=real):
+            for n, record in enumerate(real(self)):
                 if n == 100:
                     raise OSError("the replica died mid-load")
                 yield record
 
-        monkeypatch.setattr(MergeRestore, "_records", failing)
+        monkeypatch.setattr(FetchedFullPart, "records", failing)
         with pytest.raises(OSError, match="mid-load"):
             move.load(i)
         partial = _within(dump_all(catalogs[i].get("orders", serving=False)), move.moving_in(i))
@@ -460,6 +463,48 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
         monkeypatch.undo()
         move.load(i)  # run again: clears what the first left, loads it all
         assert dump_all(catalogs[i].get("orders", serving=False)) == clean[i]
+
+
+@pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)  # the heap backend writes what it loads
+def test_a_load_of_incremental_parts_ingests_table_files_and_a_cut_one_runs_again(
+    make_catalog, make_manager, tmp_path, monkeypatch
+):
+    catalogs = _layout(make_catalog, tmp_path, 2, 3, incremental=True)
+    for catalog in catalogs[:2]:
+        _fill(catalog.create("orders", P)[0], 400)
+    move = Move(catalogs, open_storage(str(tmp_path / "checkpoints")), 2, 3, make_manager)
+    move.prepare_and_checkpoint()
+    assert {type(part.metadata.keyed) for part in move.parts} == {IncrementalHandle}
+    ingested: list[str] = []
+    real = RocksDBPartition.ingest_table_file
+
+    def counted(self, table, path):
+        ingested.append(table)
+        if len(ingested) == 3 and cut:
+            raise OSError("the replica died mid-load")
+        return real(self, table, path)
+
+    monkeypatch.setattr(RocksDBPartition, "ingest_table_file", counted)
+    real_write = RocksDBPartition.write
+
+    def write(self, ops):
+        assert all(op.table in NON_KEYED_TABLES for op in ops), "a load of incremental parts wrote keyed entries"
+        return real_write(self, ops)
+
+    monkeypatch.setattr(RocksDBPartition, "write", write)
+    cut = True
+    with pytest.raises(OSError, match="mid-load"):
+        move.load(2)
+    partial = _within(dump_all(catalogs[2].get("orders", serving=False)), move.moving_in(2))
+    cut = False
+    move.load(2)  # run again: clears what the first left, loads it all
+    loaded = _within(dump_all(catalogs[2].get("orders", serving=False)), move.moving_in(2))
+    assert 0 < len(partial) < len(loaded) and len(ingested) > 4
+    # What the ingested files hold is what the old owners stored in those key groups.
+    old = {}
+    for catalog in catalogs[:2]:
+        old.update(_within(dump_all(catalog.get("orders")), move.moving_in(2)))
+    assert loaded == old
 
 
 def _loaded(move: Move, i: int, catalogs) -> object:
@@ -533,7 +578,7 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
     move.prepare_and_checkpoint()
     job = catalogs[1].get("orders")  # owns 64-127; loads 43-63; keeps 64-85 through the move
     kept = keys_in(KeyGroupRange(64, 85), 20)
-    monkeypatch.setattr(restore, "LOAD_BATCH", 20)  # many batches: the writer gets the lock between them
+    monkeypatch.setattr(partition_module, "LOAD_BATCH", 20)  # many batches: the writer gets the lock between them
     loading, wrote, written = threading.Event(), threading.Event(), []
 
     def writer() -> None:
@@ -546,17 +591,17 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
             wrote.set()
             n += 1
 
-    real = MergeRestore._records
+    real = FetchedFullPart.records
 
-    def announced(self, item):
+    def announced(self):
         loading.set()
-        for n, record in enumerate(real(self, item)):
+        for n, record in enumerate(real(self)):
             if n == 20:  # the first batch is in: a write goes between it and the next
                 wrote.clear()
                 assert wrote.wait(60), "the writer never got the job between two batches"
             yield record
 
-    monkeypatch.setattr(MergeRestore, "_records", announced)
+    monkeypatch.setattr(FetchedFullPart, "records", announced)
     thread = threading.Thread(target=writer)
     thread.start()
     try:

@@ -105,7 +105,7 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
     monkeypatch.setattr(*target)
     if step == "fetch" and manager.get("orders", 1).format == "incremental":
         target = (
-            "statehouse.snapshots.incremental.IncrementalPartReader.records",
+            "statehouse.snapshots.incremental.IncrementalPartReader.entries",
             fail,
         )  # the full-format reader is unused
         monkeypatch.setattr(*target)
