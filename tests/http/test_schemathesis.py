@@ -66,7 +66,8 @@ values = [{", ".join(f'"{s}"' for s in STATES)}]
 """
 
 
-@pytest.fixture(scope="module", params=["auth-off", "auth-on"])
+# With a token, as deployments run; without one (every operation open) in make test-long.
+@pytest.fixture(scope="module", params=[pytest.param("auth-off", marks=pytest.mark.long), "auth-on"])
 def target(request, tmp_path_factory):
     """A fresh server with the fuzz job and one state of each kind; the token when auth is on."""
     token = TOKEN if request.param == "auth-on" else None

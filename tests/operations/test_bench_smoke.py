@@ -1,7 +1,8 @@
 """Every benchmark in bench/ runs end to end on tiny sizes, so the scripts never rot.
 
 No assertion on speed: only that each script runs, talks to the real servers it starts and
-reports a result for every configuration it was asked for.
+reports a result for every configuration it was asked for. make test runs the quick ones (the
+shared harness: servers, Redis, result tables); make test-long all of them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="r
 TINY_BATCH = ["--runs", "1", "--count", "200", "--keys", "200", "--batch-sizes", "100", "--clients", "1,2"]
 
 
+@pytest.mark.long
 def test_batch_ops_statehouse_and_rocksdict():
     out = batch_ops.main([*TINY_BATCH, "--backends", "rocksdb,heap", "--baselines", "rocksdict"])
     systems = {(r["system"], r["format"], r["op"], r["clients"]) for r in out["results"]}
@@ -120,6 +122,7 @@ def test_columnar():
     assert all(r["ops_per_s"]["median"] > 0 for r in out["results"])
 
 
+@pytest.mark.long
 def test_map_paging_quick():
     out = map_paging.main(["--quick"])
     assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
@@ -129,6 +132,7 @@ def test_map_paging_quick():
         assert paged["healthz"]["n"] > 0 and all(w["total_s"] > 0 for w in r["whole_map"])
 
 
+@pytest.mark.long
 def test_timers_quick():
     out = timers.main(["--quick"])  # every timer fires once, in order: the script checks it
     assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
@@ -137,6 +141,7 @@ def test_timers_quick():
     assert all(r["runs"][0]["checkpoint"]["bytes_uploaded"] > 0 for r in out["checkpoints"])
 
 
+@pytest.mark.long
 def test_http_server_limits_cost():
     out = http_server.main(["--runs", "1", "--requests", "200"])
     measured = {(r["server"], r["case"]) for r in out["results"]}
@@ -164,6 +169,7 @@ def test_spark_columnar_state_apis(spark):
     _spark_columnar_quick(spark, ["tws-pandas", "tws-row"])
 
 
+@pytest.mark.long
 def test_spark_source(spark):
     """The data source's bootstrap and full read beside Parquet; the script checks every read."""
     out = spark_source.main(["--quick"], spark=spark)
@@ -180,6 +186,7 @@ def test_spark_source(spark):
 
 
 @needs_redis
+@pytest.mark.long
 def test_spark_columnar_redis(spark):
     runs = _spark_columnar_quick(spark, ["redis", "redis-aof"])
     assert all(runs[path][0]["server_cpu_s"] > 0 for path in runs)  # redis-server's own CPU

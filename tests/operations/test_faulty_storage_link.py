@@ -121,6 +121,7 @@ def check_checkpoint(held: Counter[Pair], taken: Taken, sent: set[Pair]) -> None
     assert set(held) <= sent, (taken.fault, "nobody sent")
 
 
+@pytest.mark.long  # make test runs the live rescale over the same link, its checkpoint included
 def test_checkpoints_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: FaultyProxy, s3_location: str) -> None:
     proxy = link
     replicas = start_set(tmp_path, proxy, s3_location, 2, STATEHOUSE_NUM_RETAINED="20")

@@ -21,7 +21,9 @@ from tests.support.source_data import STATES, as_dict, fill, fill_operator, firs
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
 
-@pytest.fixture(scope="module", params=["heap", "rocksdb"])
+# The heap deployment's checkpoints are the full format that the RocksDB deployment's savepoints
+# also are: make test runs the RocksDB deployment (both formats), make test-long both.
+@pytest.fixture(scope="module", params=[pytest.param("heap", marks=pytest.mark.long), "rocksdb"])
 def deployment(request, tmp_path_factory, s3_server):
     """Two replicas on one backend; their checkpoints go to a fresh S3 prefix (RocksDB's are
     incremental). Yields (urls, checkpoint storage, backend)."""
