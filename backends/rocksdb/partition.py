@@ -34,7 +34,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import islice, repeat
+from itertools import count, islice, repeat, starmap
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy
@@ -404,12 +404,13 @@ class RocksDBPartition(StorePartition):
         how many (none: no file)."""
         writer = SstFileWriter(self._instance.options)
         writer.open(path)
-        count = 0
-        for count, (key, value) in enumerate(entries, 1):  # noqa: B007 - the count is the answer
-            writer[key] = value
-        if count:
+        counter = count()
+        # C loops, no Python step per entry; the counter advances once per entry taken.
+        deque(starmap(writer.__setitem__, map(operator.itemgetter(0), zip(entries, counter, strict=False))), maxlen=0)
+        written = next(counter)
+        if written:
             writer.finish()
-        return count
+        return written
 
     @_writing
     def ingest_table_file(self, table: str, path: str) -> None:
