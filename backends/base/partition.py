@@ -207,6 +207,12 @@ class StorePartition(ABC):
             + ops
         )
 
+    def load_entries(self, entries: Iterable[Entry], directory: str, guard: Guard) -> int:
+        """Load ``entries`` (key group ascending) into key groups that hold nothing, each change
+        inside ``guard()``; how many. As writes here; a backend may build files in ``directory``
+        (which the caller removes) and add them whole."""
+        return load_records(self, (WriteOp("put", t, kg, p, s, v) for kg, t, p, s, v in entries), guard)
+
     def load(self, ops: Iterable[WriteOp]) -> int:
         """Bulk-load a restore into a staged partition (nobody reads it until it is promoted, so
         batches need not be atomic together); returns how many entries were written."""
@@ -240,6 +246,8 @@ class StorePartition(ABC):
             yield primary, value
 
 
+# A stored entry as a snapshot holds it: (key group, table, primary, secondary, value).
+Entry = tuple[int, str, bytes, bytes, bytes]
 # Writes a load makes at once: each goes under its guard (a live job's lock), so a replica's
 # requests go on between them, and memory holds one batch.
 LOAD_BATCH = 5_000

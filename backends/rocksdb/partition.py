@@ -25,6 +25,7 @@ keeps every write it acknowledged in its write-ahead log: reopening replays it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import operator
@@ -32,6 +33,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import count, islice, repeat, starmap
@@ -49,7 +51,7 @@ from rocksdict import (
     WriteBatch,
 )
 
-from statehouse.backends.base.partition import FlatChanges, RowChanges, StorePartition, WriteOp
+from statehouse.backends.base.partition import Entry, FlatChanges, Guard, RowChanges, StorePartition, WriteOp
 from statehouse.backends.reserved import META_TABLE
 from statehouse.backends.rocksdb.database import (
     DEFAULT_WAL_LIMIT,
@@ -64,7 +66,7 @@ from statehouse.backends.rocksdb.instance import DatabaseInstance
 from statehouse.backends.rocksdb.space import DataVolume, wal_limit
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.stored.codec import split_nested_key
-from statehouse.snapshots.stored.keys import prefix_successor
+from statehouse.snapshots.stored.keys import key_group_prefix_width, prefix_successor
 
 if TYPE_CHECKING:
     from statehouse.backends.rocksdb.pool import OpenInstances
@@ -80,6 +82,8 @@ _T = TypeVar("_T")
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 _SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "rocksdb.sstables"
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
+# Entries a load sorts into table files at once (whole key groups; ~50 MB of Python objects).
+_LOAD_RUN_ENTRIES = 250_000
 # RocksDB's default size of the table files a compaction writes (target_file_size_base).
 _TARGET_FILE_BYTES = 64 << 20
 
@@ -412,14 +416,49 @@ class RocksDBPartition(StorePartition):
             writer.finish()
         return written
 
+    def ingest_table_file(self, table: str, path: str, guard: Guard) -> None:
+        """Add a table file :meth:`write_table_file` wrote to ``table`` (inside ``guard()``); its
+        entries replace any stored under the same keys. The file is gone after."""
+        try:
+            with guard():
+                self._ingest(table, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # the database holds its own link, or a copy
+
     @_writing
-    def ingest_table_file(self, table: str, path: str) -> None:
+    def _ingest(self, table: str, path: str) -> None:
         # RocksDB's external file ingestion: the file joins the table as it is (hard-linked when it
         # can be), at the lowest level it fits, its entries newer than any stored before; no
         # write-ahead log, memtable or compaction for each entry as writes would cost.
         options = IngestExternalFileOptions()
         options.set_move_files(True)
         self._instance.families[table].ingest_external_file([path], options)
+
+    def load_entries(self, entries: Iterable[Entry], directory: str, guard: Guard) -> int:
+        # A run of whole key groups at a time, each table's entries sorted into one table file:
+        # files of a table never overlap, and memory holds one run.
+        width = key_group_prefix_width(self.max_parallelism)
+        run: dict[str, list[tuple[bytes, bytes]]] = {}
+        loaded = size = 0
+        prefix, last = b"", -1
+        for kg, table, primary, secondary, value in entries:
+            if kg != last:
+                if size >= _LOAD_RUN_ENTRIES:
+                    loaded += self._load_run(run, directory, guard)
+                    run, size = {}, 0
+                prefix, last = kg.to_bytes(width, "big"), kg
+            run.setdefault(table, []).append((prefix + primary + secondary, value))
+            size += 1
+        return loaded + self._load_run(run, directory, guard)
+
+    def _load_run(self, run: dict[str, list[tuple[bytes, bytes]]], directory: str, guard: Guard) -> int:
+        for table, entries in run.items():
+            entries.sort()  # by key: a table's keys are unique
+            path = os.path.join(directory, f"load-{uuid.uuid4().hex}.sst")
+            if self.write_table_file(path, entries):
+                self.ingest_table_file(table, path, guard)
+        return sum(map(len, run.values()))
 
     @_freeing
     def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:

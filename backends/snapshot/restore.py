@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from statehouse.backends.base.partition import Guard, StorePartition, WriteOp, load_records
+from statehouse.backends.base.partition import Guard, StorePartition, WriteOp
 from statehouse.backends.base.snapshot import PartReader
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL_RESTORE
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -31,8 +31,9 @@ def key_groups_handle(part: SnapshotPart) -> KeyGroupsHandle:
 class FetchedFullPart:
     """Verified, still compressed sections of some key groups of a full part, in memory."""
 
-    def __init__(self, fetched: FetchedKeyGroups) -> None:
+    def __init__(self, fetched: FetchedKeyGroups, work_dir: str) -> None:
         self.fetched = fetched
+        self.work_dir = work_dir
 
     def tables(self) -> dict[str, bool]:
         return dict(self.fetched.header.tables)
@@ -42,7 +43,7 @@ class FetchedFullPart:
             yield WriteOp("put", table, kg, primary, secondary, value)
 
     def load_into(self, partition: StorePartition, guard: Guard) -> int:
-        return load_records(partition, self.records(), guard)
+        return partition.load_entries(self.fetched.records(), self.work_dir, guard)
 
     def release(self) -> None:
         """Nothing on disk; the sections go with this object."""
@@ -71,7 +72,7 @@ class FullPartRestore(PartReader):
     def fetch(
         self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
     ) -> FetchedFullPart:
-        return FetchedFullPart(fetch_key_groups(storage, key_groups_handle(part), wanted))
+        return FetchedFullPart(fetch_key_groups(storage, key_groups_handle(part), wanted), work_dir)
 
 
 FULL_RESTORE = FullPartRestore()

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import statehouse.backends.base.partition as partition_module
+import statehouse.backends.rocksdb.partition as rocksdb_partition
 from statehouse.backends.attempts import advance, commit, perform, prepare
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing import restore
@@ -22,13 +23,13 @@ from statehouse.backends.ops import BatchOps
 from statehouse.backends.reserved import NON_KEYED_TABLES
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.snapshot import IncrementalSnapshotStrategy
-from statehouse.backends.snapshot.restore import FetchedFullPart
 from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
 from statehouse.snapshots.catalog import read_parts
-from statehouse.snapshots.handles import IncrementalHandle
+from statehouse.snapshots.full_format import FetchedKeyGroups
+from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from tests.support.doors import DoorTransaction
@@ -446,8 +447,8 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
 
     for i in (1, 2):
         _loaded(move, i, catalogs).drop_key_groups(move.moving_in(i))
-        monkeypatch.setattr(partition_module, "LOAD_BATCH", 10)
-        real = FetchedFullPart.records
+        small_loads(monkeypatch, 10)
+        real = FetchedKeyGroups.records
 
         def failing(self, real=real):
             for n, record in enumerate(real(self)):
@@ -455,7 +456,7 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
                     raise OSError("the replica died mid-load")
                 yield record
 
-        monkeypatch.setattr(FetchedFullPart, "records", failing)
+        monkeypatch.setattr(FetchedKeyGroups, "records", failing)
         with pytest.raises(OSError, match="mid-load"):
             move.load(i)
         partial = _within(dump_all(catalogs[i].get("orders", serving=False)), move.moving_in(i))
@@ -466,29 +467,31 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
 
 
 @pytest.mark.parametrize("backend", ["rocksdb"], indirect=True)  # the heap backend writes what it loads
-def test_a_load_of_incremental_parts_ingests_table_files_and_a_cut_one_runs_again(
-    make_catalog, make_manager, tmp_path, monkeypatch
+@pytest.mark.parametrize("incremental", [True, False], ids=["incremental", "full"])
+def test_a_load_into_rocksdb_ingests_table_files_and_a_cut_one_runs_again(
+    make_catalog, make_manager, tmp_path, monkeypatch, incremental
 ):
-    catalogs = _layout(make_catalog, tmp_path, 2, 3, incremental=True)
+    catalogs = _layout(make_catalog, tmp_path, 2, 3, incremental=incremental)
     for catalog in catalogs[:2]:
         _fill(catalog.create("orders", P)[0], 400)
     move = Move(catalogs, open_storage(str(tmp_path / "checkpoints")), 2, 3, make_manager)
     move.prepare_and_checkpoint()
-    assert {type(part.metadata.keyed) for part in move.parts} == {IncrementalHandle}
+    handle = IncrementalHandle if incremental else KeyGroupsHandle
+    assert {type(part.metadata.keyed) for part in move.parts} == {handle}
     ingested: list[str] = []
     real = RocksDBPartition.ingest_table_file
 
-    def counted(self, table, path):
+    def counted(self, table, path, guard):
         ingested.append(table)
         if len(ingested) == 3 and cut:
             raise OSError("the replica died mid-load")
-        return real(self, table, path)
+        return real(self, table, path, guard)
 
     monkeypatch.setattr(RocksDBPartition, "ingest_table_file", counted)
     real_write = RocksDBPartition.write
 
     def write(self, ops):
-        assert all(op.table in NON_KEYED_TABLES for op in ops), "a load of incremental parts wrote keyed entries"
+        assert all(op.table in NON_KEYED_TABLES for op in ops), "a load wrote keyed entries"
         return real_write(self, ops)
 
     monkeypatch.setattr(RocksDBPartition, "write", write)
@@ -505,6 +508,12 @@ def test_a_load_of_incremental_parts_ingests_table_files_and_a_cut_one_runs_agai
     for catalog in catalogs[:2]:
         old.update(_within(dump_all(catalog.get("orders")), move.moving_in(2)))
     assert loaded == old
+
+
+def small_loads(monkeypatch, entries: int) -> None:
+    """Loads in batches (or, into RocksDB, table files) of ``entries``."""
+    monkeypatch.setattr(partition_module, "LOAD_BATCH", entries)
+    monkeypatch.setattr(rocksdb_partition, "_LOAD_RUN_ENTRIES", entries)
 
 
 def _loaded(move: Move, i: int, catalogs) -> object:
@@ -578,7 +587,7 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
     move.prepare_and_checkpoint()
     job = catalogs[1].get("orders")  # owns 64-127; loads 43-63; keeps 64-85 through the move
     kept = keys_in(KeyGroupRange(64, 85), 20)
-    monkeypatch.setattr(partition_module, "LOAD_BATCH", 20)  # many batches: the writer gets the lock between them
+    small_loads(monkeypatch, 20)  # many batches or files: the writer gets the lock between them
     loading, wrote, written = threading.Event(), threading.Event(), []
 
     def writer() -> None:
@@ -591,7 +600,7 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
             wrote.set()
             n += 1
 
-    real = FetchedFullPart.records
+    real = FetchedKeyGroups.records
 
     def announced(self):
         loading.set()
@@ -601,7 +610,7 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
                 assert wrote.wait(60), "the writer never got the job between two batches"
             yield record
 
-    monkeypatch.setattr(FetchedFullPart, "records", announced)
+    monkeypatch.setattr(FetchedKeyGroups, "records", announced)
     thread = threading.Thread(target=writer)
     thread.start()
     try:
