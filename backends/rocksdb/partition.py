@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import count, islice, repeat, starmap
+from itertools import islice, repeat, starmap
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy
@@ -82,6 +82,8 @@ _T = TypeVar("_T")
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 _SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "rocksdb.sstables"
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
+# Entries a table file is written at a time, holding the interpreter (a few milliseconds).
+_FILE_CHUNK = 8_192
 # Entries a load sorts into table files at once (whole key groups; ~50 MB of Python objects).
 _LOAD_RUN_ENTRIES = 250_000
 # RocksDB's default size of the table files a compaction writes (target_file_size_base).
@@ -408,10 +410,12 @@ class RocksDBPartition(StorePartition):
         how many (none: no file)."""
         writer = SstFileWriter(self._instance.options)
         writer.open(path)
-        counter = count()
-        # C loops, no Python step per entry; the counter advances once per entry taken.
-        deque(starmap(writer.__setitem__, map(operator.itemgetter(0), zip(entries, counter, strict=False))), maxlen=0)
-        written = next(counter)
+        source, put, written = iter(entries), writer.__setitem__, 0
+        # C loops, no Python step per entry; back in Python between chunks, where the interpreter
+        # lets the replica's other threads (its requests) run.
+        while chunk := list(islice(source, _FILE_CHUNK)):
+            deque(starmap(put, chunk), maxlen=0)
+            written += len(chunk)
         if written:
             writer.finish()
         return written
