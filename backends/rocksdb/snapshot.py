@@ -169,7 +169,7 @@ class FetchedIncremental:
                 path = os.path.join(self.reader.directory, f"load-{uuid.uuid4().hex}.sst")
                 count = partition.write_table_file(path, self.reader.entries(table))
                 if count:
-                    partition.ingest_table_file(table, path, guard)
+                    partition.ingest_table_file(table, path, self.reader.wanted, guard)
                 loaded += count
         return loaded
 

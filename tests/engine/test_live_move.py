@@ -481,11 +481,11 @@ def test_a_load_into_rocksdb_ingests_table_files_and_a_cut_one_runs_again(
     ingested: list[str] = []
     real = RocksDBPartition.ingest_table_file
 
-    def counted(self, table, path, guard):
+    def counted(self, table, path, key_groups, guard):
         ingested.append(table)
         if len(ingested) == 3 and cut:
             raise OSError("the replica died mid-load")
-        return real(self, table, path, guard)
+        return real(self, table, path, key_groups, guard)
 
     monkeypatch.setattr(RocksDBPartition, "ingest_table_file", counted)
     real_write = RocksDBPartition.write
