@@ -418,6 +418,9 @@ class RocksDBPartition(StorePartition):
             written += len(chunk)
         if written:
             writer.finish()
+        else:  # RocksDB refuses to finish a file of no entry
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
         return written
 
     def ingest_table_file(self, table: str, path: str, key_groups: KeyGroupRange, guard: Guard) -> None:
