@@ -188,5 +188,5 @@ def test_spark_source(spark):
 @needs_redis
 @pytest.mark.long
 def test_spark_columnar_redis(spark):
-    runs = _spark_columnar_quick(spark, ["redis", "redis-aof"])
+    runs = _spark_columnar_quick(spark, ["redis", "redis-pipelined", "redis-aof"])
     assert all(runs[path][0]["server_cpu_s"] > 0 for path in runs)  # redis-server's own CPU
