@@ -68,11 +68,15 @@ Redis (``MGET``), or from Spark's state store through its ``statestore`` reader 
 v2 paths and ``applyInPandasWithState``). ``nostate`` keeps none.
 
 Each round runs every path once, the order reversed every other round; ratios are taken per
-round, then their median.
+round, then their median. ``--prefill``: a state that has run for weeks; before each query every
+user of the workload is stored (a zero total and count, through the columnar door or Redis's
+``MSET``; not timed), so that events spread over, say, 10,000,000 users read stored keys. Each run
+also reports the server's resident memory and the replicas' data on disk.
 
     .venv/bin/python -m bench.spark_columnar --runs 3 --users 10000   # every path, ~15 min
     .venv/bin/python -m bench.spark_columnar --runs 3        # and 1,000,000 users (Spark state: minutes a run)
     .venv/bin/python -m bench.spark_columnar --quick         # smoke run, under a minute
+    .venv/bin/python -m bench.spark_columnar --users 10000000 --prefill --paths columnar,redis-pipelined,nostate
 """
 
 from __future__ import annotations
@@ -589,6 +593,45 @@ def check_values(path: str, expected: pd.DataFrame, totals: Any, counts: Any) ->
         raise AssertionError(f"{path}: the state differs from the input's sums and counts")
 
 
+PREFILL_CHUNK = 250_000  # users stored per request (per state) by --prefill
+
+
+def prefill(path: str, job: str, users: int, config: ClientConfig, redis: dict[str, RedisServer]) -> float:
+    """Store every user of the workload before the query (a total and a count of zero), as a state
+    that has run for weeks holds them: through the columnar door, or Redis's MSET; seconds taken.
+    Adding zero changes no sum, so the checks stand. Other paths keep no state of their own."""
+    started = time.perf_counter()
+    chunks = (range(s, min(users, s + PREFILL_CHUNK)) for s in range(0, users, PREFILL_CHUNK))
+    if path in STATEHOUSE_PATHS:
+        with StatehouseClient(config) as client:
+            columns = client.job(job).columns()
+            for chunk in chunks:
+                ids = pd.Series([f"user-{i}" for i in chunk], dtype=object)
+                columns.add_states({"total": np.zeros(len(ids)), "events": np.zeros(len(ids), np.int64)}, ids)
+    elif path in REDIS_PATHS:
+        import redis as redis_py
+
+        with redis_py.Redis(host="127.0.0.1", port=redis[path].port) as client:
+            for chunk in chunks:
+                totals, counts = redis_keys(job, (f"user-{i}" for i in chunk))
+                client.mset(dict.fromkeys(totals + counts, 0))
+    return time.perf_counter() - started
+
+
+def server_footprint(pids: set[int], servers: list[Any], path: str) -> dict[str, float]:
+    """The path's server processes' resident memory, and the Statehouse replicas' data on disk."""
+    rss = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as status:
+            rss += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) * 1024
+    disk = 0
+    if path in STATEHOUSE_PATHS:
+        for server in servers:
+            root = Path(server.settings["STATEHOUSE_DATA_DIR"])
+            disk += sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return {"server_rss_mb": rss / 1e6, "server_disk_mb": disk / 1e6}
+
+
 def check_state(config: ClientConfig, job: str, events: pd.DataFrame) -> None:
     expected = expected_state(events)
     users = pd.Series(expected.index, dtype=object)
@@ -634,6 +677,7 @@ def measure(
     redis: dict[str, RedisServer],
     name: str,
     events: pd.DataFrame,
+    prefill_users: int = 0,
 ) -> dict[str, Any]:
     job = f"{path}-{name}"
     if path in STATEHOUSE_PATHS:
@@ -641,6 +685,7 @@ def measure(
             handle = client.create_job(job, 128)
             for state, descriptor in STATES.items():
                 handle.register(state, **descriptor)
+    prefill_s = prefill(path, job, prefill_users, config, redis) if prefill_users else 0.0
     statehouse_pids = {server.process.pid for server in servers}
     redis_pids = {server.process.pid for server in redis.values()}
     # The path's own server: its CPU is the "server" column; every server is kept out of Spark's.
@@ -663,6 +708,7 @@ def measure(
     rows = sum(p["numInputRows"] for p in progress)
     if rows != len(events):
         raise AssertionError(f"{path}: {rows} rows processed, {len(events)} expected")
+    footprint = server_footprint(pids, servers, path)
     if path in STATEHOUSE_PATHS:
         check_state(config, job, events)
     elif path in REDIS_PATHS:
@@ -677,6 +723,8 @@ def measure(
         "server_cpu_s": (server_after - server_before) / 1e9,
         "spark_cpu_s": spark_cpu.seconds(),
         "requests": requests,
+        "prefill_s": prefill_s,
+        **footprint,
     }
 
 
@@ -715,6 +763,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 2 micro-batches of 500 rows, 100 users, 1 run, no warm-up"
+    )
+    parser.add_argument(
+        "--prefill",
+        action="store_true",
+        help="store every user of a workload before each query (Statehouse and Redis paths; not timed)",
     )
     parser.add_argument("--json", default=None)
     cfg = parser.parse_args(argv)
@@ -791,13 +844,16 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                         # Alternate which path goes first, so drift on the shared machine hits all alike.
                         for path in cfg.paths if n % 2 == 0 else cfg.paths[::-1]:
                             name = f"{users}-{n}"
-                            run = measure(spark, path, input_dir, workdir, config, servers, redis, name, events)
+                            filled = users if cfg.prefill else 0
+                            run = measure(spark, path, input_dir, workdir, config, servers, redis, name, events, filled)
                             runs[users][path].append(run)
                             print(
                                 f"  {users:,} users, run {n}, {path}: {run['rows_per_s']:,.0f} rows/s, "
                                 f"{run['wall_s']:.2f} s, server {run['server_cpu_s']:.2f} s CPU, Spark "
                                 + ", ".join(f"{k} {v:.2f} s" for k, v in run["spark_cpu_s"].items())
-                                + f", {run['requests'] / run['micro_batches']:.0f} requests/micro-batch",
+                                + f", {run['requests'] / run['micro_batches']:.0f} requests/micro-batch"
+                                + f", server RSS {run['server_rss_mb']:,.0f} MB, disk {run['server_disk_mb']:,.0f} MB"
+                                + (f", prefilled in {run['prefill_s']:.0f} s" if cfg.prefill else ""),
                                 flush=True,
                             )
             finally:
