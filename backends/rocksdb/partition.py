@@ -436,8 +436,12 @@ class RocksDBPartition(StorePartition):
         # A file SstFileWriter wrote names no column family until a compaction rewrites it, and
         # RocksDB's repair, which a read of some key groups of an incremental checkpoint relies on,
         # sets such a file aside. Rewritten now, in RocksDB's threads (~0.4 s of CPU per million
-        # entries; requests go on): the database holds only files of its own.
-        self.compact_key_groups([table], [key_groups], force=True)
+        # entries; requests go on): the database holds only files of its own. A rewrite that fails
+        # (a full volume) leaves the file as ingested, which such a read then downloads whole.
+        try:
+            self.compact_key_groups([table], [key_groups], force=True)
+        except Exception as exc:  # rocksdict raises bare Exceptions
+            logger.warning("table %s of %s: the ingested file stays as it is: %s", table, self.path, exc)
 
     @_writing
     def _ingest(self, table: str, path: str) -> None:
