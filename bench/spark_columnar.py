@@ -103,6 +103,7 @@ import pyarrow.parquet as pq
 from bench.common import RedisServer, Summary, print_header, redis_process, statehouse, table, write_json
 from docs.examples.user_features_columnar import PartitionEnd, with_partition_end
 from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.spark import BatchContext, exactly_once, with_state, with_state_grouped, with_state_pandas
 
 PATHS = (
@@ -598,16 +599,20 @@ PREFILL_CHUNK = 250_000  # users stored per request (per state) by --prefill
 
 def prefill(path: str, job: str, users: int, config: ClientConfig, redis: dict[str, RedisServer]) -> float:
     """Store every user of the workload before the query (a total and a count of zero), as a state
-    that has run for weeks holds them: through the columnar door, or Redis's MSET; seconds taken.
+    that has run for weeks holds them: through the columnar door (then checkpointed), or Redis's
+    MSET; seconds taken.
     Adding zero changes no sum, so the checks stand. Other paths keep no state of their own."""
     started = time.perf_counter()
     chunks = (range(s, min(users, s + PREFILL_CHUNK)) for s in range(0, users, PREFILL_CHUNK))
     if path in STATEHOUSE_PATHS:
         with StatehouseClient(config) as client:
-            columns = client.job(job).columns()
+            handle = client.job(job)
+            columns = handle.columns()
             for chunk in chunks:
                 ids = pd.Series([f"user-{i}" for i in chunk], dtype=object)
                 columns.add_states({"total": np.zeros(len(ids)), "events": np.zeros(len(ids), np.int64)}, ids)
+            # Checkpointed, as a long-running state is: the query's checkpoints upload what it changes.
+            CheckpointCoordinator(handle, timeout=1800).checkpoint()
     elif path in REDIS_PATHS:
         import redis as redis_py
 
