@@ -38,9 +38,9 @@ from statehouse.snapshots.stored.keys import (
 if TYPE_CHECKING:
     from rocksdict import Options, Rdict
 
-# (key group, primary, secondary, stored value) of one table
 logger = logging.getLogger(__name__)
 
+# (key group, primary, secondary, stored value) of one table
 Record = tuple[int, bytes, bytes, bytes]
 
 
