@@ -64,12 +64,6 @@ def _options() -> Options:
     return options
 
 
-def _empty(directory: str) -> None:
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
-
 def _rebuild_manifest(path: str, tables: dict[str, bool]) -> list[str]:
     """Make a database whose MANIFEST lists table files that are not there openable from the
     files that are; a table none of whose files is present gets an empty column family. Returns
@@ -120,7 +114,8 @@ class IncrementalPartReader:
                 # RocksDB's repair sets aside a table file it cannot place: one a load ingested
                 # names no column family until a compaction rewrites it. Read the whole part.
                 logger.info("part %s: reading every file, repair could not place some", part.directory)
-                _empty(directory)
+                shutil.rmtree(directory)  # what repair made of it too
+                os.mkdir(directory)
                 for name, file in every.items():
                     storage.download_verified(file.under(part.directory), os.path.join(directory, name))
         return reader

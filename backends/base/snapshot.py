@@ -10,10 +10,10 @@ restore operation see the backend's state, not the task that owns it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
-from statehouse.backends.base.partition import Guard, StorePartition, WriteOp
+from statehouse.backends.base.partition import Guard, StorePartition
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
@@ -67,10 +67,6 @@ class FetchedPart(Protocol):
         """The keyed tables (name -> nested) the part holds records of."""
         ...
 
-    def records(self) -> Iterator[WriteOp]:
-        """The fetched key groups' entries as writes into an empty partition."""
-        ...
-
     def load_into(self, partition: StorePartition, guard: Guard) -> int:
         """Write the fetched key groups' entries into ``partition``, where those key groups hold
         nothing, each change to it inside ``guard()`` (a live job's lock); how many entries.
@@ -78,7 +74,7 @@ class FetchedPart(Protocol):
         ...
 
     def release(self) -> None:
-        """Drop what the fetch holds (local files, buffers); the records are not read after."""
+        """Drop what the fetch holds (local files, buffers); nothing is loaded from it after."""
         ...
 
 

@@ -462,15 +462,14 @@ class RocksDBPartition(StorePartition):
         for kg, table, primary, secondary, value in entries:
             if kg != last:
                 if size >= _LOAD_RUN_ENTRIES:
-                    loaded += self._load_run(run, directory, guard)
+                    loaded += self._load_run(run, width, directory, guard)
                     run, size = {}, 0
                 prefix, last = kg.to_bytes(width, "big"), kg
             run.setdefault(table, []).append((prefix + primary + secondary, value))
             size += 1
-        return loaded + self._load_run(run, directory, guard)
+        return loaded + self._load_run(run, width, directory, guard)
 
-    def _load_run(self, run: dict[str, list[tuple[bytes, bytes]]], directory: str, guard: Guard) -> int:
-        width = key_group_prefix_width(self.max_parallelism)
+    def _load_run(self, run: dict[str, list[tuple[bytes, bytes]]], width: int, directory: str, guard: Guard) -> int:
         for table, entries in run.items():
             entries.sort()  # by key: a table's keys are unique
             path = os.path.join(directory, f"load-{uuid.uuid4().hex}.sst")

@@ -7,9 +7,7 @@ loads what it fetches, whichever format and backend wrote it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from statehouse.backends.base.partition import Guard, StorePartition, WriteOp
+from statehouse.backends.base.partition import Guard, StorePartition
 from statehouse.backends.base.snapshot import PartReader
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL_RESTORE
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -37,10 +35,6 @@ class FetchedFullPart:
 
     def tables(self) -> dict[str, bool]:
         return dict(self.fetched.header.tables)
-
-    def records(self) -> Iterator[WriteOp]:
-        for kg, table, primary, secondary, value in self.fetched.records():
-            yield WriteOp("put", table, kg, primary, secondary, value)
 
     def load_into(self, partition: StorePartition, guard: Guard) -> int:
         return partition.load_entries(self.fetched.records(), self.work_dir, guard)
