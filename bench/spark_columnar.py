@@ -310,6 +310,19 @@ def redis_keys(prefix: str, users: Any) -> tuple[list[str], list[str]]:
     return [f"{prefix}:t:{u}" for u in users], [f"{prefix}:e:{u}" for u in users]
 
 
+def queue_increments(pipe: Any, prefix: str, batch: pd.DataFrame) -> pd.DataFrame:
+    """Queue on ``pipe`` one INCRBYFLOAT (total) and one INCRBY (count) per user of ``batch``, its
+    events grouped in pandas; the grouped sums and sizes, in the order queued."""
+    grouped = batch.groupby("user_id", sort=False)["amount"].agg(["sum", "size"])
+    totals, counts = redis_keys(prefix, grouped.index)
+    for total_key, count_key, total, count in zip(
+        totals, counts, grouped["sum"].tolist(), grouped["size"].tolist(), strict=True
+    ):
+        pipe.incrbyfloat(total_key, total)
+        pipe.incrby(count_key, count)
+    return grouped
+
+
 def redis_map(port: int, prefix: str) -> Callable[[Iterable[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """What a user writes without Statehouse: per Arrow batch the events grouped by user in
     pandas, one redis-py pipeline of INCRBYFLOAT (total) and INCRBY (count) per user; after the
@@ -324,14 +337,8 @@ def redis_map(port: int, prefix: str) -> Callable[[Iterable[pd.DataFrame]], Iter
             for batch in batches:
                 if not len(batch):
                     continue
-                grouped = batch.groupby("user_id", sort=False)["amount"].agg(["sum", "size"])
-                totals, counts = redis_keys(prefix, grouped.index)
                 pipe = client.pipeline()
-                for total_key, count_key, total, count in zip(
-                    totals, counts, grouped["sum"].tolist(), grouped["size"].tolist(), strict=True
-                ):
-                    pipe.incrbyfloat(total_key, total)
-                    pipe.incrby(count_key, count)
+                grouped = queue_increments(pipe, prefix, batch)
                 pipe.execute()
                 seen.append(grouped.index.to_numpy())
             if seen:
@@ -364,14 +371,8 @@ def redis_pipelined_map(port: int, prefix: str) -> Callable[[Iterable[pd.DataFra
             for batch in batches:
                 if not len(batch):
                     continue
-                grouped = batch.groupby("user_id", sort=False)["amount"].agg(["sum", "size"])
-                totals, counts = redis_keys(prefix, grouped.index)
                 pipe = client.pipeline(transaction=False)
-                for total_key, count_key, total, count in zip(
-                    totals, counts, grouped["sum"].tolist(), grouped["size"].tolist(), strict=True
-                ):
-                    pipe.incrbyfloat(total_key, total)
-                    pipe.incrby(count_key, count)
+                grouped = queue_increments(pipe, prefix, batch)
                 replies = pipe.execute()
                 yield pd.DataFrame(
                     {
@@ -600,8 +601,8 @@ PREFILL_CHUNK = 250_000  # users stored per request (per state) by --prefill
 def prefill(path: str, job: str, users: int, config: ClientConfig, redis: dict[str, RedisServer]) -> float:
     """Store every user of the workload before the query (a total and a count of zero), as a state
     that has run for weeks holds them: through the columnar door (then checkpointed), or Redis's
-    MSET; seconds taken.
-    Adding zero changes no sum, so the checks stand. Other paths keep no state of their own."""
+    MSET; seconds taken. Adding zero changes no sum, so the checks stand. Other paths keep no
+    state of their own."""
     started = time.perf_counter()
     chunks = (range(s, min(users, s + PREFILL_CHUNK)) for s in range(0, users, PREFILL_CHUNK))
     if path in STATEHOUSE_PATHS:
