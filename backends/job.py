@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.transaction import PartitionTransaction, StagedView, TransactionSource
+from statehouse.backends.change_tracker import Changed, ChangeTracker
 from statehouse.backends.errors import WrongStateKind
 from statehouse.backends.job_life import JobLife
 from statehouse.backends.keyed import (
@@ -105,6 +106,7 @@ class Job:
         self.staging = Staging(name, partition, self._lock)
         self.epochs = WriterEpochs(name, partition, self.staging, self.life)
         self.moves = MoveState(name, partition, self.staging, self.limits)
+        self.tracker: ChangeTracker | None = None  # a pre-copy move's record of what changed (track_changes)
         # Counts every change to the partition made outside the epoch commit (direct writes,
         # registrations): the staged views of an epoch hold exactly its partition as long as
         # this did not move since the epoch's staging began.
@@ -186,6 +188,42 @@ class Job:
             self.changes += 1
         self.partition.reclaim_key_groups(tables, dropped)  # outside the lock: requests go on
 
+    def track_changes(self, ranges: Sequence[KeyGroupRange], token: str) -> ChangeTracker:
+        """Note, from now on, every key written in ``ranges`` (a pre-copy move's key groups moving
+        out), under ``token``; the tracker running under the same token is kept. Taken under the
+        lock: each later write is noted, each earlier one is in any snapshot begun after."""
+        with self.exclusive():
+            if self.tracker is None or self.tracker.token != token:
+                self.tracker = ChangeTracker(token, ranges)
+            return self.tracker
+
+    def stop_tracking(self) -> None:
+        with self._lock:
+            self.tracker = None
+
+    def changed(self, token: str) -> tuple[dict[str, bool], list[Changed]] | None:
+        """The keyed tables (name -> nested) and the whole current content of every key the
+        tracker ``token`` noted, ``(key group, table, primary, [(secondary, value), ...])``, an
+        empty list for a key that holds nothing now; ``None`` when no valid tracker of that token
+        runs. Read under the lock: call it once the key groups are frozen, so it is the content a
+        checkpoint taken meanwhile holds."""
+        with self.exclusive():
+            tracker = self.tracker
+            if tracker is None or tracker.token != token or not tracker.valid:
+                return None
+            tables = self.partition.tables()
+            changed: list[Changed] = []
+            for table, kg, primary in sorted(tracker.touched, key=lambda t: (t[1], t[0], t[2])):
+                nested = tables.get(table)
+                if nested is None:  # the table is gone: nothing of it is stored
+                    changed.append((kg, table, primary, []))
+                elif nested:
+                    changed.append((kg, table, primary, list(self.partition.items(table, kg, primary))))
+                else:
+                    value = self.partition.get(table, kg, primary)
+                    changed.append((kg, table, primary, [] if value is None else [(b"", value)]))
+            return {t: n for t, n in tables.items() if any(c[1] == t for c in changed)}, changed
+
     def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
         """Keep ``operator`` (this replica's operator state under the layout a move goes to) until
         :meth:`apply_staged_operator_state`; durably, in the job's metadata. ``None`` forgets it."""
@@ -229,6 +267,8 @@ class Job:
         """Forget state ``name`` and delete what it stored."""
         with self.exclusive():
             self.states.unregister(name, self.keyspace)
+            if self.tracker is not None:
+                self.tracker.invalidate(f"state {name!r} was dropped")
             self.ttl_cleanup.forget(name)
             self.partition.drop_table(name)
             self.changes += 1
@@ -358,7 +398,11 @@ class JobTransaction:
     def __init__(self, job: Job, source: TransactionSource | None = None) -> None:
         self.job = job
         # Checked against the keyspace it began with: a live rescale's frozen key groups.
-        self._tx = PartitionTransaction(source if source is not None else job.partition, job.keyspace.write_guard())
+        # A pre-copy move's tracker notes what reaches the partition (a staged view's writes reach it later).
+        note = job.tracker.note if source is None and job.tracker is not None else None
+        self._tx = PartitionTransaction(
+            source if source is not None else job.partition, job.keyspace.write_guard(), note
+        )
         self._states: dict[str, KeyedState] = {}
         self.answer = AnswerMeter(job.limits.max_answer_bytes)  # what this request's reads answer
         self.operator = OperatorState(self._tx, job.limits, self.answer)

@@ -39,7 +39,7 @@ from statehouse.protocol.keygroups import KeyGroupRange
 LOCK_FILE = "$lock"
 TOPOLOGY_FILE = "$topology.json"
 FORMAT = 1
-MovePhase = Literal["prepared", "loaded"]
+MovePhase = Literal["copying", "prepared", "loaded"]
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,13 @@ def subtract(a: KeyGroupRange, b: KeyGroupRange) -> list[KeyGroupRange]:
 @dataclass(frozen=True)
 class Move:
     """A live rescale to ``replica_count`` replicas at topology ``version``, as far as this replica
-    got: ``prepared`` (its moving-out key groups frozen; a ``joining`` replica: recorded, serving
-    nothing) or ``loaded`` (its moving-in key groups loaded from ``checkpoints``, not served until
-    the commit). ``from_count`` is the replica count before the move (0 on a joining replica: it
-    held nothing); ``started`` (Unix seconds) when this replica prepared; ``initiator`` who started
-    it (``operator``, or a query's coordinator), so a coordinator only ever aborts its own moves."""
+    got: ``copying`` (a pre-copy: nothing frozen, what changes in the moving-out key groups noted
+    while their bulk is copied), ``prepared`` (its moving-out key groups frozen; a ``joining``
+    replica: recorded, serving nothing) or ``loaded`` (its moving-in key groups loaded from
+    ``checkpoints``, not served until the commit). ``from_count`` is the replica count before the
+    move (0 on a joining replica: it held nothing); ``started`` (Unix seconds) when this replica
+    prepared; ``initiator`` who started it (``operator``, or a query's coordinator), so a
+    coordinator only ever aborts its own moves."""
 
     version: int
     replica_count: int
@@ -134,7 +136,7 @@ class Move:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Move:
         phase = data["phase"]
-        if phase not in ("prepared", "loaded"):
+        if phase not in ("copying", "prepared", "loaded"):
             raise ValueError(f"unknown move phase {phase!r}")
         return cls(
             int(data["version"]),
@@ -462,7 +464,7 @@ def _served_as_recorded(stored: Topology, count: int, index: int, version: int |
     return None
 
 
-StartAction = Literal["serve", "commit", "abort", "wait"]
+StartAction = Literal["serve", "commit", "abort", "wait", "copying"]
 
 
 def start_action(topology: Topology, outcome: str | None) -> tuple[StartAction, str]:
@@ -477,6 +479,12 @@ def start_action(topology: Topology, outcome: str | None) -> tuple[StartAction, 
     target = f"the live rescale to {move.replica_count} replicas (topology version {move.version})"
     if outcome == "abort":
         return "abort", f"{target} was aborted: undoing it here"
+    if move.phase == "copying":  # never decided commit: the freeze and the load come first
+        return "copying", (
+            f"{target} was copying its key groups, nothing frozen: serving as before (changes are no longer "
+            "noted, so the move loads this replica's key groups whole) until the coordinator goes on or aborts it "
+            "(statehouse rescale --resume or --abort)"
+        )
     if outcome == "commit":
         if move.phase == "loaded" or topology.index >= move.replica_count:
             return "commit", f"{target} was decided commit: committing it here"

@@ -35,15 +35,16 @@ from statehouse.protocol.keygroups import KeyGroupRange
 if TYPE_CHECKING:
     from statehouse.client.client import StatehouseClient
 
-# A step's report to the progress callback: its name ("prepared", "checkpointed", "loaded",
-# "decided", "committed", "verified", "aborted", or "waiting": a batch in flight holds prepare
+# A step's report to the progress callback: its name ("copying" and "copied": a pre-copy's start
+# and its loads; "prepared", "checkpointed", "loaded", "decided", "committed", "verified",
+# "aborted", or "waiting": a batch in flight holds prepare
 # (``for``: "batch_in_flight"), or a replica or its checkpoint storage does not answer a step (``for``:
 # the problem's code, e.g. "storage_unavailable", or "unreachable"; with ``step``, ``url``, ``detail``))
 # and what it did. An exception raised by the callback stops the driver there, as a dead
 # coordinator would (the tests use this).
 Progress = Callable[[str, dict[str, Any]], None]
 
-STEPS = ("prepared", "checkpointed", "loaded", "decided", "committed", "verified")
+STEPS = ("copying", "copied", "prepared", "checkpointed", "loaded", "decided", "committed", "verified")
 
 
 class RescaleFailed(StatehouseError):
@@ -128,7 +129,11 @@ class LiveRescale:
     coming back to commit. ``initiator``: who starts the move (``operator``, or a query's
     coordinator), recorded by every replica: a coordinator recovering from a crash aborts only
     its own. Which micro-batch each job's state holds moves with the state (its checkpoint records
-    it), so a query meeting the move goes on at the next batch on the new layout."""
+    it), so a query meeting the move goes on at the next batch on the new layout.
+
+    ``precopy`` (the default): the bulk of what moves is checkpointed and loaded while writes go
+    on everywhere, and only what changed since at the cut, frozen (docs/rescale.md, "Pre-copy");
+    without it everything moves at the cut, frozen from the prepare to the commit."""
 
     def __init__(
         self,
@@ -139,6 +144,7 @@ class LiveRescale:
         wait: float = 300.0,
         progress: Progress | None = None,
         initiator: str = "operator",
+        precopy: bool = True,
     ) -> None:
         self.replicas = client if isinstance(client, Replicas) else client.replicas
         self.to = to
@@ -146,6 +152,7 @@ class LiveRescale:
         self.wait = wait
         self.progress = progress or (lambda step, info: None)
         self.initiator = initiator
+        self.precopy = precopy
         self._connections: dict[str, ReplicaConnection] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="statehouse-rescale")
 
@@ -236,6 +243,8 @@ class LiveRescale:
 
     def _forward(self, move: _Move, from_count: int, started: float) -> RescaleReport:
         try:
+            if self.precopy:
+                self._copy(move)
             self._prepare(move)
             self.progress("prepared", {"version": move.version, "replicas": move.everyone})
             checkpoints = self._checkpoint(move)
@@ -263,6 +272,26 @@ class LiveRescale:
         report = self._commit(move, from_count, started, checkpoints)
         report.loaded = loaded
         return report
+
+    def _copy(self, move: _Move) -> None:
+        """The pre-copy: every replica records the move, nothing frozen, the old ones noting what
+        changes in what they give away; a global checkpoint; each replica of the new layout loads
+        what it gains from it. A move already past it (resumed) skips it."""
+        answers = self._each(move.everyone, lambda url: self._call(url, "prepare", {**move.body, "precopy": True}))
+        moves = [answer.get("move") or {} for answer in answers]
+        if any(shown.get("phase") != "copying" for shown in moves):
+            return
+        tokens = {
+            str(answer["replica_index"]): shown["tracking"]
+            for answer, shown in zip(answers, moves, strict=True)
+            if shown.get("tracking")
+        }
+        self.progress("copying", {"version": move.version, "tracking": len(tokens)})
+        checkpoints = self._checkpoint(move)
+        body = {"version": move.version, "checkpoints": checkpoints, "precopy": tokens}
+        answers = self._each(move.urls, lambda url: self._call(url, "load", body))
+        copied = {url: _load_totals(answer) for url, answer in zip(move.urls, answers, strict=True)}
+        self.progress("copied", {"checkpoints": checkpoints, "loaded": copied})
 
     def _prepare(self, move: _Move) -> None:
         """Prepare every replica; a micro-batch in flight over a moving key group holds it, retried
@@ -309,12 +338,7 @@ class LiveRescale:
         return dict(zip(move.urls, answers, strict=True))
 
     def _load(self, url: str, move: _Move, checkpoints: dict[str, int]) -> dict[str, int]:
-        answer = self._call(url, "load", {"version": move.version, "checkpoints": checkpoints})
-        jobs = (answer or {}).get("jobs", {})
-        return {
-            "bytes_read": sum(j.get("bytes_read", 0) for j in jobs.values()),
-            "entries": sum(j.get("entries", 0) for j in jobs.values()),
-        }
+        return _load_totals(self._call(url, "load", {"version": move.version, "checkpoints": checkpoints}))
 
     def _commit(self, move: _Move, from_count: int, started: float, checkpoints: dict[str, int]) -> RescaleReport:
         """Commit everywhere (decided: forward only). A replica that restarted mid-load is loaded
@@ -582,6 +606,12 @@ class LiveRescale:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _load_totals(answer: dict[str, Any] | None) -> dict[str, int]:
+    """What one replica's load answered, summed over its jobs."""
+    jobs = (answer or {}).get("jobs", {}).values()
+    return {field: sum(j.get(field, 0) for j in jobs) for field in ("bytes_read", "entries", "delta_keys")}
 
 
 def _storage_unavailable(exc: BaseException) -> bool:

@@ -38,9 +38,15 @@ class MoveInfo(BaseModel):
     replica_count: int = Field(description="the replica count it moves the set to")
     from_count: int = Field(description="the replica count before the move (0 on a joining replica: it held nothing)")
     replica_urls: list[str] = Field(description="every replica's URL after the move, in index order, as prepared")
-    phase: Literal["prepared", "loaded"] = Field(
-        description="prepared: moving-out key groups frozen (writes 503 rescale_in_progress); loaded: moving-in key "
-        "groups loaded from the checkpoints, served once the move commits"
+    phase: Literal["copying", "prepared", "loaded"] = Field(
+        description="copying: a pre-copy, nothing frozen, changes in the moving-out key groups noted; prepared: "
+        "moving-out key groups frozen (writes 503 rescale_in_progress); loaded: moving-in key groups loaded from the "
+        "checkpoints, served once the move commits"
+    )
+    tracking: str | None = Field(
+        default=None,
+        description="the token of this replica's change tracking for a pre-copy (null: it notes nothing); the "
+        "pre-copy's load names it",
     )
     joining: bool = Field(description="a new replica the move adds: it serves nothing until the commit")
     frozen_key_groups: dict[str, list[KeyGroupRange]] = Field(
@@ -119,6 +125,7 @@ def topology_info(service: Service, grant: Grant) -> TopologyInfo:
             frozen_key_groups={job: ranges for job, ranges in frozen.items() if grant.allows(job)},
             checkpoints={job: cid for job, cid in topology.move.checkpoints.items() if grant.allows(job)},
             initiator=topology.move.initiator,
+            tracking=participant(service).tracking_token(topology.move.version),
         )
     return TopologyInfo(
         set_id=topology.set_id,
@@ -171,6 +178,12 @@ class PrepareBody(BaseModel):
         description="who starts the move: `operator` (the CLI, a chart hook), or a query's coordinator "
         "(`query:<job>`); a coordinator recovering from a crash aborts only the moves it started",
     )
+    precopy: bool = Field(
+        default=False,
+        description="record the move as `copying`, nothing frozen, and note what changes in the key groups this "
+        "replica gives away (`move.tracking` names it); the same move prepared again without it freezes them and "
+        "writes that delta for the new owners",
+    )
 
 
 class VersionBody(BaseModel):
@@ -180,6 +193,15 @@ class VersionBody(BaseModel):
 class LoadBody(BaseModel):
     version: Version
     checkpoints: Checkpoints
+    precopy: dict[Annotated[int, Field(ge=0, le=32767)], Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]] | None = (
+        Field(
+            default=None,
+            max_length=32768,
+            description="a pre-copy's load (the move still `copying`): per old replica index, the `move.tracking` "
+            "token its prepare answered before these checkpoints were triggered; the load at the cut then takes "
+            "only what changed since from the old replicas whose delta was written under it",
+        )
+    )
 
 
 class DecideBody(BaseModel):
@@ -209,6 +231,10 @@ class JobLoad(BaseModel):
     key_groups: list[KeyGroupRange] = Field(description="the key groups loaded (what moves in to this replica)")
     entries: int = Field(description="records written into the live job")
     bytes_read: int = Field(description="bytes read from checkpoint storage (ranged reads of only those key groups)")
+    delta_key_groups: list[KeyGroupRange] = Field(
+        default_factory=list, description="of them, those brought up to the cut by a pre-copy's delta, not loaded whole"
+    )
+    delta_keys: int = Field(default=0, description="keys the deltas changed")
 
 
 class LoadInfo(BaseModel):
@@ -250,7 +276,7 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
     answer 503 `rescale_in_progress`; reads go on); a new, empty replica records that it joins. 409
     `batch_in_flight` (nothing frozen) while an uncommitted micro-batch staged writes there: retry."""
     await run_in_threadpool(
-        participant(service).prepare, body.version, body.replica_count, body.replica_urls, body.initiator
+        participant(service).prepare, body.version, body.replica_count, body.replica_urls, body.initiator, body.precopy
     )
     return await run_in_threadpool(topology_info, service, grant)
 
@@ -264,7 +290,7 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
 async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> LoadInfo:
     """Step 3: load the key groups moving in to this replica from each job's checkpoint into the live job (not
     served until the commit); synchronous. Every job the replica has must be named (409 `rescale_incomplete`)."""
-    loaded = await run_in_threadpool(participant(service).load, body.version, body.checkpoints)
+    loaded = await run_in_threadpool(participant(service).load, body.version, body.checkpoints, body.precopy)
     service.metrics.rescale_bytes_loaded.inc(sum(job["bytes_read"] for job in loaded.values()))
     return LoadInfo(jobs={job: JobLoad(**info) for job, info in loaded.items()})
 

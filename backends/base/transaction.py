@@ -22,6 +22,9 @@ _KEY_GROUP = itemgetter(0)
 # Checks a write to a table in some key groups before it is taken, raising if it must not be
 # (``KeySpace.check_writes``: a live rescale's frozen key groups).
 WriteGuard: TypeAlias = Callable[[str, Collection[int]], None]
+# Told a transaction's changes before they are written (``ChangeTracker.note``: a pre-copy
+# move's record of what changed in its key groups).
+ChangeNote: TypeAlias = Callable[[Mapping[str, FlatChanges], list[WriteOp]], None]
 
 
 class _PendingKey:
@@ -73,8 +76,11 @@ class PartitionTransaction:
     reads what it wrote before; a failed operation rolls all of them back, and nothing reached
     the source. Typed access to a job's states is ``JobTransaction``'s, over one of these."""
 
-    def __init__(self, partition: TransactionSource, guard: WriteGuard | None = None) -> None:
+    def __init__(
+        self, partition: TransactionSource, guard: WriteGuard | None = None, note: ChangeNote | None = None
+    ) -> None:
         self.partition = partition
+        self._note = note
         # Every write the caller makes is checked by it (TTL cleanups are not: they change
         # nothing visible, and a read must not fail for them; changes taken from another
         # transaction were checked there).
@@ -345,6 +351,8 @@ class PartitionTransaction:
         self.rollback()
         if not (flat or ops):
             return False
+        if self._note is not None:
+            self._note(flat, ops)  # before: a change noted and not written is harmless, the reverse not
         try:
             self.partition.write_changes(flat, ops)
         except InsufficientStorage:

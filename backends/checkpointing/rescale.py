@@ -21,17 +21,20 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.backends.checkpointing.manager import CheckpointManager
+from statehouse.backends.checkpointing.precopy import Delta, apply_delta, delta_path, read_delta, write_delta
 from statehouse.backends.checkpointing.restore import MergeRestore
 from statehouse.backends.errors import BatchInFlight, JobNotFound, StateError
 from statehouse.backends.job import Job
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
 from statehouse.protocol.errors import InvalidArgument
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.errors import CheckpointNotFound
 from statehouse.snapshots.stored.names import validate_name
@@ -96,6 +99,11 @@ class RescaleParticipant:
         self.on_committed = on_committed  # (seconds from prepare to commit): the duration metric
         self.batch_lease_s = batch_lease_s  # how long a begun micro-batch holds off a prepare without a sign of life
         self._lock = threading.RLock()
+        # A pre-copy, in memory only (a restart forgets both, and the move then loads whole): the
+        # token of this replica's change tracking per move version, and per (version, job) the
+        # old replicas' tokens the copy loaded here was taken under.
+        self._tokens: dict[int, str] = {}
+        self._copied: dict[tuple[int, str], dict[int, str]] = {}
 
     @property
     def index(self) -> int:
@@ -103,14 +111,26 @@ class RescaleParticipant:
 
     # -- prepare ----------------------------------------------------------------------------------
 
-    def prepare(self, version: int, replica_count: int, replica_urls: list[str], initiator: str = "operator") -> Move:
+    def prepare(
+        self,
+        version: int,
+        replica_count: int,
+        replica_urls: list[str],
+        initiator: str = "operator",
+        precopy: bool = False,
+    ) -> Move:
         """Record the move to ``replica_count`` replicas at ``version`` and freeze what moves out.
 
         A serving replica (its recorded version below ``version``) freezes, in every job, the key
         groups it gives away and its operator state; refused with ``batch_in_flight`` (nothing
         frozen, nothing recorded) while a micro-batch is in flight (``Job.freeze``). A new, empty
         replica records that it joins. The same move again changes nothing; the same version with
-        another count or other URLs is refused."""
+        another count or other URLs is refused.
+
+        ``precopy``: record the move as ``copying`` instead, nothing frozen, and note from now on
+        what changes in the key groups this replica gives away (:meth:`tracking_token` names it);
+        the same move prepared again without ``precopy`` freezes them and writes that delta
+        (docs/rescale.md, "Pre-copy")."""
         if replica_count < 1:
             raise InvalidArgument(f"replica_count must be at least 1; got {replica_count}")
         if replica_urls and len(replica_urls) != replica_count:
@@ -128,6 +148,8 @@ class RescaleParticipant:
                             f"({', '.join(topology.move.replica_urls) or 'none'}): resume or abort it as prepared",
                             version=version,
                         )
+                    if topology.move.phase == "copying":
+                        return self._track(topology.move) if precopy else self._cut(topology.move)
                     return topology.move
                 raise RescalePending(
                     f"a live rescale to {topology.move.replica_count} replicas (topology version "
@@ -164,22 +186,88 @@ class RescaleParticipant:
                 replica_count,
                 0 if fresh else topology.count,
                 tuple(replica_urls),
+                phase="copying" if precopy else "prepared",
                 joining=fresh,
                 initiator=initiator,
             )
-            self._freeze(move)
+            if precopy:
+                self._track(move)
+            else:
+                self._freeze(move)
             try:
                 self.layout.begin_move(move)
             except BaseException:
                 self._unfreeze()
                 raise
             log.info(
-                "live rescale to %d replicas (topology version %d) prepared%s",
+                "live rescale to %d replicas (topology version %d) %s%s",
                 replica_count,
                 version,
+                "copying (nothing frozen)" if precopy else "prepared",
                 " (joining)" if fresh else "",
             )
             return move
+
+    def _track(self, move: Move) -> Move:
+        """Note what changes in every job's moving-out key groups under this move's token (jobs
+        opened later as they open); a joining replica gives nothing away, and serves nothing."""
+        if move.joining:
+            self.catalog.serving = False
+            return move
+        token = self._tokens.setdefault(move.version, uuid.uuid4().hex)
+        index = self.index
+
+        def track(job: Job) -> None:
+            job.track_changes(move.moving_out(job.max_parallelism, index), token)
+
+        self.catalog.on_open = track
+        for job in self._jobs():
+            track(job)
+        return move
+
+    def _cut(self, move: Move) -> Move:
+        """The end of a pre-copy: freeze as a prepare does, then write each job's delta (what its
+        tracker saw change, as it is now, frozen) beside the decision, for the new owners."""
+        self._freeze(move)
+        token = self._tokens.get(move.version)
+        if token is not None and not move.joining:
+            for job in self._jobs():
+                self._write_delta(move, job, token)
+        move = self.layout.update_move(phase="prepared")
+        log.info("live rescale to %d replicas (topology version %d) prepared", move.replica_count, move.version)
+        return move
+
+    def _write_delta(self, move: Move, job: Job, token: str) -> None:
+        changed = job.changed(token)
+        if changed is None:
+            log.info("job %s: no valid change tracking at the cut; its moving key groups are loaded whole", job.name)
+            return
+        tables, entries = changed
+        path = delta_path(self.layout.topology.set_id, move.version, job.name, self.index)
+        ranges = move.moving_out(job.max_parallelism, self.index)
+        try:
+            write_delta(self.storage, path, Delta(token, ranges, tables, entries))
+        except Exception as exc:  # storage down: the new owners load these key groups whole
+            log.warning(
+                "job %s: the pre-copy delta could not be written (%s); its key groups are loaded whole", job.name, exc
+            )
+
+    def tracking_token(self, version: int) -> str | None:
+        """The token of this replica's change tracking for the move to ``version`` (a pre-copy's
+        loads name it), or None when it tracks nothing."""
+        return self._tokens.get(version)
+
+    def _forget_precopy(self, move: Move) -> None:
+        """A move ended: tracking stops, copies are forgotten, this replica's deltas removed."""
+        for job in self._jobs():
+            job.stop_tracking()
+        self._copied = {k: v for k, v in self._copied.items() if k[0] != move.version}
+        if self._tokens.pop(move.version, None) is not None:
+            paths = [delta_path(self.layout.topology.set_id, move.version, j.name, self.index) for j in self._jobs()]
+            try:
+                self.storage.delete(paths)
+            except Exception as exc:  # left behind: harmless, named after a spent version
+                log.warning("the pre-copy deltas of topology version %d were not removed: %s", move.version, exc)
 
     def _jobs(self) -> list[Job]:
         """Every job of this replica, opened (a job found on disk opens on first use); one deleted
@@ -216,17 +304,30 @@ class RescaleParticipant:
 
     # -- load -------------------------------------------------------------------------------------
 
-    def load(self, version: int, checkpoints: dict[str, int]) -> dict[str, dict[str, Any]]:
+    def load(
+        self, version: int, checkpoints: dict[str, int], precopy: dict[int, str] | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Merge each job's moving-in key groups from its checkpoint into the live job (not served
         until the commit) and stage its operator state for the new layout; record ``loaded``.
         What a previous partial load left is cleared first. Per job: the key groups, the entries
-        loaded and the bytes read from storage."""
+        loaded and the bytes read from storage.
+
+        ``precopy`` (old replica index -> tracking token, each as its pre-copy prepare answered,
+        before the checkpoints were triggered): the copy of a move still ``copying``, recorded in
+        memory only; the load at the cut then takes, from each old replica whose delta was written
+        under the token named here, only what changed since, and the rest whole."""
         with self._lock:
             topology = self.layout.topology
             move = topology.move
             if move is None and topology.version == version:
                 return {}  # committed: nothing left to load
             move = self._pending(version)
+            if precopy is not None and move.phase != "copying":
+                raise RescaleConflict(
+                    f"the move to topology version {version} is {move.phase} here, past its pre-copy: load at the "
+                    "cut (without precopy)",
+                    version=version,
+                )
             if topology.index >= move.replica_count:
                 return {}  # removed by the move: it loads nothing
             for job in checkpoints:
@@ -240,11 +341,15 @@ class RescaleParticipant:
                 )
             loaded: dict[str, dict[str, Any]] = {}
             for job, checkpoint_id in sorted(checkpoints.items()):
-                loaded[job] = self._load_job(move, job, checkpoint_id)
-            self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
+                copied = None if precopy is not None else self._copied.get((version, job))
+                loaded[job] = self._load_job(move, job, checkpoint_id, copied)
+                if precopy is not None:
+                    self._copied[(version, job)] = dict(precopy)
+            if precopy is None:
+                self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
             return loaded
 
-    def _load_job(self, move: Move, job: str, checkpoint_id: int) -> dict[str, Any]:
+    def _load_job(self, move: Move, job: str, checkpoint_id: int, copied: dict[int, str] | None) -> dict[str, Any]:
         directory = self.checkpoints.snapshots.find(job, checkpoint_id)
         parts = read_parts(self.storage, directory)
         if not parts:
@@ -253,11 +358,44 @@ class RescaleParticipant:
                 "on every replica before the load"
             )
         wanted = move.moving_in(parts[0].metadata.max_parallelism, self.index)
+        deltas, whole = self._deltas(move, job, parts, wanted, copied or {})
         operation = MergeRestore(
-            self.catalog, self.storage, job, parts, wanted, move.replica_count, self.index, work_dir=self.work_dir
+            self.catalog, self.storage, job, parts, whole, move.replica_count, self.index, work_dir=self.work_dir
         )
-        operation.run()
-        return {"key_groups": _spans(wanted), "entries": operation.entries, "bytes_read": operation.bytes_read}
+        live = operation.run()
+        changed = sum(apply_delta(live, delta, [share]) for delta, share in deltas)
+        return {
+            "key_groups": _spans(wanted),
+            "entries": operation.entries,
+            "bytes_read": operation.bytes_read,
+            "delta_key_groups": _spans([share for _, share in deltas]),
+            "delta_keys": changed,
+        }
+
+    def _deltas(
+        self, move: Move, job: str, parts: list[Any], wanted: list[KeyGroupRange], copied: dict[int, str]
+    ) -> tuple[list[tuple[Delta, KeyGroupRange]], list[KeyGroupRange]]:
+        """Each old part's share of ``wanted``, split: brought up to the cut by that old replica's
+        delta over the copy loaded here (written under the token the copy was taken under, and
+        covering the share), or loaded whole."""
+        set_id = self.layout.topology.set_id
+        by_delta: list[tuple[Delta, KeyGroupRange]] = []
+        whole: list[KeyGroupRange] = []
+        found: dict[int, Delta | None] = {}
+        for target in wanted:
+            for part in parts:
+                share = part.metadata.key_group_range.intersection(target)
+                if not len(share):
+                    continue
+                index = part.metadata.replica_index
+                if index in copied and index not in found:
+                    found[index] = read_delta(self.storage, delta_path(set_id, move.version, job, index))
+                delta = found.get(index)
+                if delta is not None and delta.token == copied[index] and delta.covers(share):
+                    by_delta.append((delta, share))
+                else:
+                    whole.append(share)
+        return by_delta, whole
 
     def _pending(self, version: int) -> Move:
         move = self.layout.topology.move
@@ -385,6 +523,7 @@ class RescaleParticipant:
         for name, ranges in dropping.items():
             self.catalog.get(name, serving=False).drop_key_groups(ranges)
         self._mark_dropped()
+        self._forget_precopy(move)
         seconds = max(0.0, time.time() - move.started)
         log.info(
             "live rescale to %d replicas (topology version %d) committed: replica %d %s, %.1f s after its prepare",
@@ -421,6 +560,7 @@ class RescaleParticipant:
 
     def _apply_abort(self, move: Move) -> None:
         index = self.index
+        self._forget_precopy(move)
         if move.joining:
             self.catalog.on_open = None
             for name in self.catalog.names():  # what it loaded for the move; it held nothing before
@@ -475,6 +615,9 @@ class RescaleParticipant:
                 self._apply_commit(move)
             elif action == "abort":
                 self._apply_abort(move)
+            elif action == "copying":
+                if move.joining:  # nothing frozen; a joining replica serves nothing yet
+                    self.catalog.serving = False
             else:
                 self._freeze(move)
             return why
@@ -494,6 +637,6 @@ class RescaleParticipant:
     def frozen_key_groups(self) -> dict[str, list[list[int]]]:
         """Per job, the key groups frozen for the pending move (none when no move is pending)."""
         move = self.layout.topology.move
-        if move is None or move.joining:
+        if move is None or move.joining or move.phase == "copying":
             return {}
         return {job.name: _spans(move.moving_out(job.max_parallelism, self.index)) for job in self._jobs()}

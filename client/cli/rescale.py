@@ -95,6 +95,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "layout that serves after the move (default: . when its statehouse-serve.json lists one of the --urls)",
     )
     parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for savepoints and restarts")
+    parser.add_argument(
+        "--no-precopy",
+        dest="precopy",
+        action="store_false",
+        help="live: move everything at the cut (frozen from prepare to commit) instead of pre-copying the bulk while "
+        "writes go on",
+    )
     connection_options(parser)
 
 
@@ -220,7 +227,7 @@ def _drive(args: argparse.Namespace, sh: StatehouseClient, new_urls: list[str], 
         else:
             note(args, f"{step}: {_summary(step, info)}")
 
-    with LiveRescale(sh, args.to, new_urls, wait=args.wait, progress=progress) as move:
+    with LiveRescale(sh, args.to, new_urls, wait=args.wait, progress=progress, precopy=args.precopy) as move:
         try:
             if args.abort:
                 return move.abort()
@@ -340,8 +347,10 @@ def _fit_serve(args: argparse.Namespace, directory: Path) -> None:
 def _summary(step: str, info: dict[str, Any]) -> str:
     if step == "checkpointed":
         return ", ".join(f"{job} checkpoint {c}" for job, c in info["checkpoints"].items()) or "no jobs"
-    if step == "loaded":
+    if step in ("loaded", "copied"):
         return ", ".join(f"{url} {b['bytes_read']} bytes" for url, b in info["loaded"].items())
+    if step == "copying":
+        return f"topology version {info['version']}, nothing frozen: the bulk moves while writes go on"
     if step == "verified":
         return ", ".join(f"{job} {ranges}" for job, ranges in info["ranges"].items()) or "no jobs"
     return f"topology version {info.get('version', '?')}"

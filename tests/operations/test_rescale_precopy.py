@@ -1,0 +1,172 @@
+"""A pre-copy move (docs/rescale.md, "Pre-copy"): the bulk of what moves is checkpointed and loaded
+while writes go on, and at the cut only what changed since, from the old replicas' deltas.
+
+Between the copy and the cut (the coordinator's ``copied`` step) every kind of change is made to
+keys that move and keys that stay: values put and cleared, map entries put and removed, maps
+cleared whole, lists appended and cleared, new keys, a state registered after the copy. Every key's
+state afterwards equals an oracle kept in plain Python, every key lives on its owner only, and the
+loads at the cut say what they took: only deltas when every old replica tracked its changes, the
+key groups of an old replica that restarted mid-copy (its tracking gone) whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statehouse.client import StatehouseClient
+from statehouse.client.rescale import LiveRescale
+from tests.support.replica_set import ReplicaSet, misplaced
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # three replica processes, two moves
+
+JOB = "precopied"
+P = 64
+KEYS = [f"user-{i}" for i in range(240)]
+STATES = ["v", "l", "m", "late"]
+
+
+@pytest.fixture(params=["rocksdb", "heap"])
+def replicas(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ReplicaSet]:
+    replica_set = ReplicaSet(
+        tmp_path / "replicas", {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}, backend=request.param
+    )
+    try:
+        yield replica_set
+    finally:
+        replica_set.stop()
+
+
+class Oracle:
+    """Every key's expected state, changed beside the replicas'."""
+
+    def __init__(self) -> None:
+        self.v: dict[str, int] = {}
+        self.l: dict[str, list[int]] = {}
+        self.m: dict[str, dict[str, int]] = {}
+        self.late: dict[str, int] = {}
+
+    def fill(self, sh: StatehouseClient) -> None:
+        job = sh.create_job(JOB, P)
+        job.register("v", "value")
+        job.register("l", "list")
+        job.register("m", "map")
+        with job.batch() as batch:
+            for i, key in enumerate(KEYS):
+                batch.put("v", key, i)
+                batch.add("l", key, i)
+                for e in range(3):
+                    batch.map_put("m", key, f"e{e}", i * 10 + e)
+                self.v[key], self.l[key], self.m[key] = i, [i], {f"e{e}": i * 10 + e for e in range(3)}
+
+    def change(self, sh: StatehouseClient, round_: int) -> None:
+        """Every kind of change, over keys of every replica (so over moving ones too)."""
+        job = sh.job(JOB)
+        if round_ == 1:
+            job.register("late", "value")  # a state, and its table, the copy does not have
+        with job.batch() as batch:
+            for i, key in enumerate(KEYS):
+                kind = (i + round_) % 6
+                if kind == 0:
+                    batch.put("v", key, 1000 * round_ + i)
+                    self.v[key] = 1000 * round_ + i
+                elif kind == 1:
+                    batch.clear("v", key)
+                    self.v.pop(key, None)
+                elif kind == 2:
+                    batch.map_put("m", key, f"r{round_}", -i)
+                    batch.map_remove("m", key, "e0")
+                    self.m.setdefault(key, {})[f"r{round_}"] = -i
+                    self.m[key].pop("e0", None)
+                elif kind == 3:
+                    batch.clear("m", key)
+                    self.m.pop(key, None)
+                elif kind == 4:
+                    batch.add("l", key, round_)
+                    self.l.setdefault(key, []).append(round_)
+                else:
+                    batch.clear("l", key)
+                    self.l.pop(key, None)
+                if i % 5 == 0:
+                    batch.put("late", key, round_ * 7 + i)
+                    self.late[key] = round_ * 7 + i
+            for j in range(20):  # keys that did not exist at the copy
+                key = f"new-{round_}-{j}"
+                batch.put("v", key, j)
+                self.v[key] = j
+
+    def check(self, urls: list[str], count: int) -> None:
+        keys = [*KEYS, *(f"new-{r}-{j}" for r in (1, 2) for j in range(20))]
+        with StatehouseClient(urls) as sh:
+            job = sh.job(JOB)
+            assert len(job.replicas) == count
+            with job.batch() as batch:
+                got = {key: (batch.get("v", key), batch.get("l", key), batch.get("late", key)) for key in keys}
+            maps = job.map_state("m")
+            seen = {
+                key: (v.value, lst.value or [], maps.entries(key), late.value) for key, (v, lst, late) in got.items()
+            }
+        expected = {
+            key: (self.v.get(key), self.l.get(key, []), self.m.get(key, {}), self.late.get(key)) for key in keys
+        }
+        wrong = {key: (seen[key], expected[key]) for key in keys if seen[key] != expected[key]}
+        assert not wrong, f"{len(wrong)} keys differ (got, expected): {dict(list(wrong.items())[:5])}"
+        assert misplaced(urls, JOB, STATES, P, count) == {state: [] for state in STATES}
+
+
+def _move(sh: StatehouseClient, to: int, new: list[str], on_copied: Any) -> tuple[list[str], dict[str, Any]]:
+    steps: list[str] = []
+
+    def progress(step: str, info: dict[str, Any]) -> None:
+        steps.append(step)
+        if step == "copied":
+            on_copied()
+
+    with LiveRescale(sh, to, new, wait=120, progress=progress) as move:
+        report = move.run()
+    return steps, report.loaded
+
+
+def test_the_cut_loads_only_what_changed_since_the_copy(replicas: ReplicaSet) -> None:
+    urls = replicas.start(2)
+    new = replicas.add(2, 3, version=2).url
+    oracle = Oracle()
+    with StatehouseClient(urls) as sh:
+        oracle.fill(sh)
+        steps, loaded = _move(sh, 3, [new], lambda: oracle.change(sh, 1))
+    assert steps[:3] == ["copying", "copied", "prepared"], steps
+    # At the cut, nothing loaded whole: every moving key group came up to date by delta
+    assert all(load["entries"] == 0 for load in loaded.values()), loaded
+    assert sum(load["delta_keys"] for load in loaded.values()) > 0, loaded
+    oracle.check([*urls, new], 3)
+
+    with StatehouseClient([*urls, new]) as sh:
+        steps, loaded = _move(sh, 2, [], lambda: oracle.change(sh, 2))
+    assert all(load["entries"] == 0 for load in loaded.values()), loaded
+    oracle.check(urls, 2)
+
+
+def test_an_old_replica_restarted_mid_copy_has_its_key_groups_loaded_whole(tmp_path: Path) -> None:
+    replicas = ReplicaSet(tmp_path / "replicas", {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+    try:
+        urls = replicas.start(2)
+        new = replicas.add(2, 3, version=2).url
+        oracle = Oracle()
+
+        def restart_then_change() -> None:
+            replicas.restart(0)  # its change tracking is gone: it writes no delta at the cut
+            with StatehouseClient(urls) as writer:
+                oracle.change(writer, 1)
+
+        with StatehouseClient(urls) as sh:
+            oracle.fill(sh)
+            _steps, loaded = _move(sh, 3, [new], restart_then_change)
+        # Replica 1 takes old replica 0's key groups: whole; replica 2 takes old replica 1's: by delta
+        assert loaded[urls[1]]["entries"] > 0 and loaded[urls[1]]["delta_keys"] == 0, loaded
+        assert loaded[new]["entries"] == 0 and loaded[new]["delta_keys"] > 0, loaded
+        oracle.check([*urls, new], 3)
+    finally:
+        replicas.stop()
