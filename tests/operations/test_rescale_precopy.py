@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from statehouse.client import StatehouseClient
@@ -170,3 +171,38 @@ def test_an_old_replica_restarted_mid_copy_has_its_key_groups_loaded_whole(tmp_p
         oracle.check([*urls, new], 3)
     finally:
         replicas.stop()
+
+
+class CoordinatorDied(Exception):
+    pass
+
+
+@pytest.mark.parametrize("then", ["resume", "abort"])
+def test_a_coordinator_dead_after_the_copy_leaves_writes_going_and_resume_or_abort_ends_it(
+    replicas: ReplicaSet, then: str
+) -> None:
+    urls = replicas.start(2)
+    new = replicas.add(2, 3, version=2).url
+    oracle = Oracle()
+
+    def die(step: str, info: dict[str, Any]) -> None:
+        if step == "copied":
+            raise CoordinatorDied
+
+    with StatehouseClient(urls) as sh:
+        oracle.fill(sh)
+        with LiveRescale(sh, 3, [new], wait=120, progress=die) as move, pytest.raises(CoordinatorDied):
+            move.run()
+        shown = [httpx.get(f"{url}/v1/topology", timeout=10).json()["move"] for url in [*urls, new]]
+        assert [m["phase"] for m in shown] == ["copying"] * 3
+        assert all(m["frozen_key_groups"] == {} for m in shown)
+        oracle.change(sh, 1)  # nothing is frozen: every key takes writes, none waits
+        with LiveRescale(sh, 3, [new], wait=120) as move:
+            report = move.resume() if then == "resume" else move.abort()
+    if then == "resume":
+        assert report.outcome == "committed"
+        oracle.check([*urls, new], 3)
+    else:
+        assert report.outcome == "aborted"
+        assert httpx.get(f"{new}/v1/topology", timeout=10).json()["unassigned"] is True
+        oracle.check(urls, 2)
