@@ -74,9 +74,10 @@ class RescaleReport:
     version: int
     urls: list[str]  # the serving set's URLs in index order, afterwards
     checkpoints: dict[str, int] = field(default_factory=dict)  # job -> the checkpoint moved
-    loaded: dict[str, dict[str, int]] = field(default_factory=dict)  # url -> bytes_read, entries
+    loaded: dict[str, dict[str, int]] = field(default_factory=dict)  # url -> bytes_read, entries, delta_keys
     ranges: dict[str, list[list[int]]] = field(default_factory=dict)  # job -> each replica's [start, end]
     seconds: float = 0.0  # from the first prepare (or the resume) to commit, verified
+    copied: dict[str, dict[str, int]] = field(default_factory=dict)  # the pre-copy's loads, as ``loaded``
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +88,7 @@ class RescaleReport:
             "urls": self.urls,
             "checkpoints": self.checkpoints,
             "loaded": self.loaded,
+            "copied": self.copied,
             "ranges": self.ranges,
             "seconds": round(self.seconds, 3),
         }
@@ -242,9 +244,10 @@ class LiveRescale:
     # -- steps ----------------------------------------------------------------------------
 
     def _forward(self, move: _Move, from_count: int, started: float) -> RescaleReport:
+        copied: dict[str, dict[str, int]] = {}
         try:
             if self.precopy:
-                self._copy(move)
+                copied = self._copy(move)
             self._prepare(move)
             self.progress("prepared", {"version": move.version, "replicas": move.everyone})
             checkpoints = self._checkpoint(move)
@@ -270,17 +273,17 @@ class LiveRescale:
             ) from exc
         self.progress("decided", {"outcome": "commit", "version": move.version})
         report = self._commit(move, from_count, started, checkpoints)
-        report.loaded = loaded
+        report.loaded, report.copied = loaded, copied
         return report
 
-    def _copy(self, move: _Move) -> None:
+    def _copy(self, move: _Move) -> dict[str, dict[str, int]]:
         """The pre-copy: every replica records the move, nothing frozen, the old ones noting what
         changes in what they give away; a global checkpoint; each replica of the new layout loads
-        what it gains from it. A move already past it (resumed) skips it."""
+        what it gains from it (what each loaded). A move already past it (resumed) skips it."""
         answers = self._each(move.everyone, lambda url: self._call(url, "prepare", {**move.body, "precopy": True}))
         moves = [answer.get("move") or {} for answer in answers]
         if any(shown.get("phase") != "copying" for shown in moves):
-            return
+            return {}
         tokens = {
             str(answer["replica_index"]): shown["tracking"]
             for answer, shown in zip(answers, moves, strict=True)
@@ -292,6 +295,7 @@ class LiveRescale:
         answers = self._each(move.urls, lambda url: self._call(url, "load", body))
         copied = {url: _load_totals(answer) for url, answer in zip(move.urls, answers, strict=True)}
         self.progress("copied", {"checkpoints": checkpoints, "loaded": copied})
+        return copied
 
     def _prepare(self, move: _Move) -> None:
         """Prepare every replica; a micro-batch in flight over a moving key group holds it, retried
