@@ -47,6 +47,10 @@ from statehouse.snapshots.stored.descriptors import StateDescriptor
 __all__ = ["Job", "JobTransaction", "StoredKey", "stored_descriptors"]
 
 
+# Keys a pre-copy's delta reads under the job's lock at once (Job.changed).
+_CHANGED_SLICE = 4_096
+
+
 class StoredKey(NamedTuple):
     """A stored (key, namespace) of a state, as :meth:`Job.keys` lists them."""
 
@@ -205,24 +209,29 @@ class Job:
         """The keyed tables (name -> nested) and the whole current content of every key the
         tracker ``token`` noted, ``(key group, table, primary, [(secondary, value), ...])``, an
         empty list for a key that holds nothing now; ``None`` when no valid tracker of that token
-        runs. Read under the lock: call it once the key groups are frozen, so it is the content a
-        checkpoint taken meanwhile holds."""
+        runs. Call it once the key groups are frozen, so that it is the content a checkpoint taken
+        meanwhile holds; read under the lock a slice of keys at a time, so that writes to the other
+        key groups go on in between."""
         with self.exclusive():
             tracker = self.tracker
             if tracker is None or tracker.token != token or not tracker.valid:
                 return None
+            touched = sorted(tracker.touched, key=lambda t: (t[1], t[0], t[2]))
             tables = self.partition.tables()
-            changed: list[Changed] = []
-            for table, kg, primary in sorted(tracker.touched, key=lambda t: (t[1], t[0], t[2])):
-                nested = tables.get(table)
-                if nested is None:  # the table is gone: nothing of it is stored
-                    changed.append((kg, table, primary, []))
-                elif nested:
-                    changed.append((kg, table, primary, list(self.partition.items(table, kg, primary))))
-                else:
-                    value = self.partition.get(table, kg, primary)
-                    changed.append((kg, table, primary, [] if value is None else [(b"", value)]))
-            return {t: n for t, n in tables.items() if any(c[1] == t for c in changed)}, changed
+        changed: list[Changed] = []
+        for start in range(0, len(touched), _CHANGED_SLICE):
+            with self.exclusive():
+                for table, kg, primary in touched[start : start + _CHANGED_SLICE]:
+                    nested = tables.get(table)
+                    if nested is None:  # the table is gone: nothing of it is stored
+                        changed.append((kg, table, primary, []))
+                    elif nested:
+                        changed.append((kg, table, primary, list(self.partition.items(table, kg, primary))))
+                    else:
+                        value = self.partition.get(table, kg, primary)
+                        changed.append((kg, table, primary, [] if value is None else [(b"", value)]))
+        used = {c[1] for c in changed}
+        return {t: n for t, n in tables.items() if t in used}, changed
 
     def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
         """Keep ``operator`` (this replica's operator state under the layout a move goes to) until
