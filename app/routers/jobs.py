@@ -52,8 +52,10 @@ async def list_jobs(service: ServiceDep, grant: GrantDep, paging: PageDep) -> Jo
     after = paging.after
     names = (n for n in service.catalog.names() if (after is None or n.encode() > after) and grant.allows(n))
     page, next_cursor = paging.take(names, str.encode)
-    # Jobs refused for their layout (layout_mismatch) are listed too: they are on this replica.
-    return JobPage(items=[JobInfo.of(service.catalog.get(n, serving=False)) for n in page], next_cursor=next_cursor)
+    # Jobs refused for their layout (layout_mismatch) are listed too: they are on this replica. Off the
+    # event loop: a page may open many jobs (each a RocksDB instance), and other requests go on meanwhile.
+    items = await run_in_threadpool(lambda: [JobInfo.of(service.catalog.get(n, serving=False)) for n in page])
+    return JobPage(items=items, next_cursor=next_cursor)
 
 
 @router.get(routes.JOB, response_model=JobInfo, responses=doc.JOB_ONLY)
