@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from statehouse.client.errors import NotFound, StatehouseError, Unavailable
@@ -249,6 +249,8 @@ class LiveRescale:
             if self.precopy:
                 copied = self._copy(move)
             self._prepare(move)
+            if copied:  # a job made during the copy moves too (whole: it has no copy)
+                move = self._with_current_jobs(move)
             self.progress("prepared", {"version": move.version, "replicas": move.everyone})
             checkpoints = self._checkpoint(move)
             self.progress("checkpointed", {"checkpoints": checkpoints})
@@ -296,6 +298,11 @@ class LiveRescale:
         copied = {url: _load_totals(answer) for url, answer in zip(move.urls, answers, strict=True)}
         self.progress("copied", {"checkpoints": checkpoints, "loaded": copied})
         return copied
+
+    def _with_current_jobs(self, move: _Move) -> _Move:
+        """``move`` with every job the old replicas hold now (their ``GET /v1/topology``)."""
+        shown = self._each(move.old_urls, lambda url: self._connection(url).json("GET", routes.TOPOLOGY))
+        return replace(move, jobs={**move.jobs, **_jobs(shown)})
 
     def _prepare(self, move: _Move) -> None:
         """Prepare every replica; a micro-batch in flight over a moving key group holds it, retried

@@ -150,6 +150,31 @@ def test_the_cut_loads_only_what_changed_since_the_copy(replicas: ReplicaSet) ->
     oracle.check(urls, 2)
 
 
+def test_a_job_made_during_the_copy_moves_whole(replicas: ReplicaSet) -> None:
+    urls = replicas.start(2)
+    new = replicas.add(2, 3, version=2).url
+    oracle = Oracle()
+    born = [f"born-{i}" for i in range(60)]
+
+    def make_a_job() -> None:
+        with StatehouseClient(urls) as writer:
+            job = writer.create_job("born", P)
+            job.register("v", "value")
+            with job.batch() as batch:
+                for i, key in enumerate(born):
+                    batch.put("v", key, i)
+            oracle.change(writer, 1)
+
+    with StatehouseClient(urls) as sh:
+        oracle.fill(sh)
+        _move(sh, 3, [new], make_a_job)
+    oracle.check([*urls, new], 3)
+    with StatehouseClient([*urls, new]) as sh, sh.job("born").batch() as batch:
+        got = {key: batch.get("v", key) for key in born}
+    assert {key: answer.value for key, answer in got.items()} == {key: i for i, key in enumerate(born)}
+    assert misplaced([*urls, new], "born", ["v"], P, 3) == {"v": []}
+
+
 def test_an_old_replica_restarted_mid_copy_has_its_key_groups_loaded_whole(tmp_path: Path) -> None:
     replicas = ReplicaSet(tmp_path / "replicas", {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
     try:
