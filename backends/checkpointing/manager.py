@@ -116,6 +116,13 @@ class CheckpointManager:
                 state = self._jobs[job] = _JobCheckpoints(completed, history.known_ids)
             return state
 
+    def release_held(self) -> None:
+        """A live rescale ended: its checkpoints are retained as any others again."""
+        with self._lock:
+            states = list(self._jobs.values())
+        for state in states:
+            state.completed.release()
+
     def relayout(self) -> None:
         """The catalog's replica index or count changed (a live rescale committed): later
         checkpoints are parts of the new layout, and what this process knew of the old layout's
@@ -289,6 +296,8 @@ class CheckpointManager:
             ]
         for older in subsumed:  # Flink's dropSubsumedCheckpoints
             older.abort()
+        if metadata.kind == "checkpoint" and "rescale_version" in metadata.user_metadata:
+            state.completed.hold(metadata.checkpoint_id)  # a live rescale's: its loads read it
         state.completed.add(metadata)
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)

@@ -258,7 +258,9 @@ class RescaleParticipant:
         return self._tokens.get(version)
 
     def _forget_precopy(self, move: Move) -> None:
-        """A move ended: tracking stops, copies are forgotten, this replica's deltas removed."""
+        """A move ended: tracking stops, copies are forgotten, this replica's deltas removed, and
+        the move's checkpoints are retained as any others."""
+        self.checkpoints.release_held()
         for job in self._jobs():
             job.stop_tracking()
         self._copied = {k: v for k, v in self._copied.items() if k[0] != move.version}

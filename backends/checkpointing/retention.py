@@ -44,6 +44,9 @@ class CompletedCheckpoints:
         self._lock = threading.Lock()
         self._completed = dict(history.completed)
         self._foreign = {i: list(parts) for i, parts in history.foreign.items()}
+        # A pending live rescale's checkpoints (hold): kept past num_retained until it ends, since
+        # its loads read them while the query's checkpoints go on.
+        self._held: set[int] = set()
         self.registry = SharedStateRegistry()
         for checkpoint_id in self._checkpoint_ids():  # in id order: the registry as it was
             self.register_shared(self._completed[checkpoint_id])
@@ -72,6 +75,16 @@ class CompletedCheckpoints:
 
     # -- completing ------------------------------------------------------------------------
 
+    def hold(self, checkpoint_id: int) -> None:
+        """Keep ``checkpoint_id`` however many newer ones complete, until :meth:`release`."""
+        with self._lock:
+            self._held.add(checkpoint_id)
+
+    def release(self) -> None:
+        """Let retention take the held checkpoints again (with the next one that completes)."""
+        with self._lock:
+            self._held.clear()
+
     def register_shared(self, metadata: SnapshotMetadata) -> None:
         """Flink registers shared state before finalizing: from here its files are retained."""
         directory = snapshot_dir(metadata.job, metadata.checkpoint_id, metadata.kind)
@@ -90,8 +103,9 @@ class CompletedCheckpoints:
         """Keep the newest ``num_retained`` completed checkpoints; delete unreachable shared files."""
         with self._lock:
             checkpoints = self._checkpoint_ids()
-            subsumed = [self._completed.pop(i) for i in checkpoints[: max(0, len(checkpoints) - self.num_retained)]]
-            retained = checkpoints[len(subsumed) :]
+            keep = set(checkpoints[-self.num_retained :]) | self._held
+            subsumed = [self._completed.pop(i) for i in checkpoints if i not in keep]
+            retained = [i for i in checkpoints if i in keep]
             unused = self.registry.unregister_unused(retained[0])
         # Each subsumed part's files and the unused shared files go in one request after the
         # metadata (a checkpoint after every micro-batch: on S3 each request costs the replica

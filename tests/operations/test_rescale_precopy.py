@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from statehouse.client import StatehouseClient
+from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.rescale import LiveRescale
 from tests.support.replica_set import ReplicaSet, misplaced
 
@@ -237,3 +238,33 @@ def test_a_coordinator_dead_after_the_copy_leaves_writes_going_and_resume_or_abo
         assert report.outcome == "aborted"
         assert httpx.get(f"{new}/v1/topology", timeout=10).json()["unassigned"] is True
         oracle.check(urls, 2)
+
+
+def test_checkpoints_taken_during_the_copy_leave_the_copys_checkpoint_in_place(tmp_path: Path, monkeypatch) -> None:
+    """A query checkpoints after every micro-batch while the copy loads: with one checkpoint retained,
+    each would subsume the copy's checkpoint; the move's checkpoints are held until it ends."""
+    storage = {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    replicas = ReplicaSet(tmp_path / "replicas", storage, extra={"STATEHOUSE_NUM_RETAINED": "1"})
+    original = LiveRescale._checkpoint
+    queries: list[int] = []
+
+    def checkpoint_then_the_querys(self: LiveRescale, move: Any) -> dict[str, int]:
+        done = original(self, move)
+        if not queries:  # the copy's: the query changes state and checkpoints before the copy is loaded
+            with StatehouseClient(urls) as writer:
+                oracle.change(writer, 1)
+                queries.append(CheckpointCoordinator(writer.job(JOB)).checkpoint().checkpoint_id)
+        return done
+
+    monkeypatch.setattr(LiveRescale, "_checkpoint", checkpoint_then_the_querys)
+    try:
+        urls = replicas.start(2)
+        new = replicas.add(2, 3, version=2).url
+        oracle = Oracle()
+        with StatehouseClient(urls) as sh:
+            oracle.fill(sh)
+            _steps, loaded = _move(sh, 3, [new], lambda: None)
+        assert queries and all(load["entries"] == 0 for load in loaded.values()), loaded
+        oracle.check([*urls, new], 3)
+    finally:
+        replicas.stop()
