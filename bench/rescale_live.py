@@ -1154,8 +1154,8 @@ def report_batches(
                     f"{batches[b] - near_median:+.2f}",
                 ]
             )
-    print("\nThe batches that met each move against the median of those around them (up to 3 each side, none that")
-    print("met or ran beside a move, not batch 0):")
+    print("\nThe batches that met each move against the median of those around them (the 3 nearest on each side")
+    print("that met no move and ran beside none, its copy included; not batch 0):")
     print(table(["rescale", "batch", "s", "how", "median around s (batches)", "over it s"], rows))
     return {"notes": notes, "median_other_s": median, "met": met_by, "in_foreach_batch_s": inside}
 
