@@ -296,6 +296,9 @@ class LiveRescale:
         body = {"version": move.version, "checkpoints": checkpoints, "precopy": tokens}
         answers = self._each(move.urls, lambda url: self._call(url, "load", body))
         copied = {url: _load_totals(answer) for url, answer in zip(move.urls, answers, strict=True)}
+        # The loads wrote new files on the old replicas that gain key groups (and writes went on): a
+        # checkpoint now uploads them while nothing is frozen, so that the cut's builds on it.
+        self._checkpoint(move)
         self.progress("copied", {"checkpoints": checkpoints, "loaded": copied})
         return copied
 

@@ -42,8 +42,9 @@ class ReplicaConnection:
 
     A 503 ``rescale_in_progress`` (a write to a key group a live rescale is moving) is retried
     here instead, for every request, idempotent or not (the refusal applied nothing): after the
-    answer's ``Retry-After`` (or the backoff, if longer), for at most ``rescale_wait`` seconds in
-    all. Once the move commits, the retry is answered 421 naming the new version, which the
+    answer's ``Retry-After`` (or the backoff, if longer), at that steady pace (a writer stalls at
+    most one interval past the move's commit, not a growing backoff), for at most
+    ``rescale_wait`` seconds in all. Once the move commits, the retry is answered 421 naming the new version, which the
     callers route again (``Replicas.refreshed``)."""
 
     def __init__(
@@ -83,7 +84,6 @@ class ReplicaConnection:
     ) -> _Answer:
         """One request, retried per :class:`ReplicaConnection`'s policy; errors as exceptions."""
         deadline: float | None = None
-        attempt = 0
         while True:
             try:
                 response = self._pool.urlopen(
@@ -103,7 +103,7 @@ class ReplicaConnection:
                 raise error
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + self._rescale_wait
-            delay = max(_retry_after(response.headers.get("retry-after")), self._backoff * 2 ** min(attempt, 6))
+            delay = max(_retry_after(response.headers.get("retry-after")), self._backoff)
             if now + delay > deadline:
                 raise type(error)(
                     f"{error.detail} (still refused after {self._rescale_wait:.0f}s of retries: finish or abort the "
@@ -113,7 +113,6 @@ class ReplicaConnection:
                     problem=error.problem,
                 )
             time.sleep(delay)
-            attempt += 1
 
     def request(
         self,
