@@ -45,7 +45,7 @@ class ChangeTracker:
         return self.invalid_reason is None
 
     def invalidate(self, reason: str) -> None:
-        """The changes can no longer be told key by key: the delta is not to be used."""
+        """The changes cannot be told key by key from here on: the delta is not to be used."""
         if self.invalid_reason is None:
             log.info("change tracking %s stops: %s", self.token, reason)
             self.invalid_reason = reason

@@ -34,6 +34,8 @@ class JobLayout(BaseModel):
 
 
 class MoveInfo(BaseModel):
+    """A live rescale pending on this replica, as far as it got (``backends/topology.py``'s ``Move``)."""
+
     version: int = Field(description="the topology version the live rescale moves the set to")
     replica_count: int = Field(description="the replica count it moves the set to")
     from_count: int = Field(description="the replica count before the move (0 on a joining replica: it held nothing)")
@@ -165,6 +167,9 @@ def _replica_url(url: str) -> str:
 
 
 class PrepareBody(BaseModel):
+    """Step 1 of a live rescale on one replica: the move (version, count, URLs, who starts it), and
+    whether it starts with a pre-copy (nothing frozen) or with the freeze."""
+
     version: Version
     replica_count: int = Field(ge=1, le=32768, description="M: the replica count after the move")
     replica_urls: list[Annotated[str, Field(max_length=2048), AfterValidator(_replica_url)]] = Field(
