@@ -100,6 +100,9 @@ class CheckpointManager:
         self._runner = SnapshotStrategyRunner(upload_threads)
         self._lock = threading.RLock()
         self._jobs: dict[str, _JobCheckpoints] = {}
+        # The live rescale pending here, whose checkpoints (their metadata's rescale_version) are
+        # kept past num_retained until it ends: its loads read them while the query checkpoints.
+        self._held_version: int | None = None
         storage.sweep_abandoned()  # S3: abort what a failed or killed process left uploading (billed)
 
     @property
@@ -116,9 +119,15 @@ class CheckpointManager:
                 state = self._jobs[job] = _JobCheckpoints(completed, history.known_ids)
             return state
 
+    def hold_for(self, version: int) -> None:
+        """Keep the checkpoints of the live rescale to topology ``version`` until :meth:`release_held`."""
+        with self._lock:
+            self._held_version = version
+
     def release_held(self) -> None:
         """A live rescale ended: its checkpoints are retained as any others again."""
         with self._lock:
+            self._held_version = None
             states = list(self._jobs.values())
         for state in states:
             state.completed.release()
@@ -296,8 +305,9 @@ class CheckpointManager:
             ]
         for older in subsumed:  # Flink's dropSubsumedCheckpoints
             older.abort()
-        if metadata.kind == "checkpoint" and "rescale_version" in metadata.user_metadata:
-            state.completed.hold(metadata.checkpoint_id)  # a live rescale's: its loads read it
+        held = self._held_version is not None and metadata.user_metadata.get("rescale_version") == self._held_version
+        if metadata.kind == "checkpoint" and held:
+            state.completed.hold(metadata.checkpoint_id)
         state.completed.add(metadata)
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)

@@ -29,7 +29,7 @@ from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.backends.checkpointing.manager import CheckpointManager
 from statehouse.backends.checkpointing.precopy import Delta, apply_delta, delta_path, read_delta, write_delta
-from statehouse.backends.checkpointing.restore import MergeRestore
+from statehouse.backends.checkpointing.restore import MergeRestore, check_coverage
 from statehouse.backends.errors import BatchInFlight, JobNotFound, StateError
 from statehouse.backends.job import Job
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
@@ -199,6 +199,7 @@ class RescaleParticipant:
             except BaseException:
                 self._unfreeze()
                 raise
+            self.checkpoints.hold_for(version)
             log.info(
                 "live rescale to %d replicas (topology version %d) %s%s",
                 replica_count,
@@ -261,11 +262,12 @@ class RescaleParticipant:
         """A move ended: tracking stops, copies are forgotten, this replica's deltas removed, and
         the move's checkpoints are retained as any others."""
         self.checkpoints.release_held()
-        for job in self._jobs():
+        jobs = self._jobs()
+        for job in jobs:
             job.stop_tracking()
         self._copied = {k: v for k, v in self._copied.items() if k[0] != move.version}
         if self._tokens.pop(move.version, None) is not None:
-            paths = [delta_path(self.layout.topology.set_id, move.version, j.name, self.index) for j in self._jobs()]
+            paths = [delta_path(self.layout.topology.set_id, move.version, j.name, self.index) for j in jobs]
             try:
                 self.storage.delete(paths)
             except Exception as exc:  # left behind: harmless, named after a spent version
@@ -360,7 +362,7 @@ class RescaleParticipant:
                 "on every replica before the load"
             )
         wanted = move.moving_in(parts[0].metadata.max_parallelism, self.index)
-        deltas, whole = self._deltas(move, job, parts, wanted, copied or {})
+        deltas, whole = self._deltas(move, job, parts, wanted, copied) if copied else ([], wanted)
         operation = MergeRestore(
             self.catalog, self.storage, job, parts, whole, move.replica_count, self.index, work_dir=self.work_dir
         )
@@ -385,10 +387,8 @@ class RescaleParticipant:
         whole: list[KeyGroupRange] = []
         found: dict[int, Delta | None] = {}
         for target in wanted:
-            for part in parts:
+            for part in check_coverage(parts, target):  # refuses a checkpoint that does not cover it
                 share = part.metadata.key_group_range.intersection(target)
-                if not len(share):
-                    continue
                 index = part.metadata.replica_index
                 if index in copied and index not in found:
                     found[index] = read_delta(self.storage, delta_path(set_id, move.version, job, index))
@@ -606,6 +606,7 @@ class RescaleParticipant:
                 return why
             if move is None:
                 return ""
+            self.checkpoints.hold_for(move.version)
             try:
                 decision = self.decision(move.version)
             except StateError as exc:
