@@ -35,7 +35,7 @@ class ChangeTracker:
     def __init__(self, token: str, ranges: Sequence[KeyGroupRange], max_keys: int = MAX_TRACKED_KEYS) -> None:
         self.token = token
         self.ranges = [r for r in ranges if len(r)]
-        self._key_groups = frozenset(kg for r in self.ranges for kg in range(r.start, r.end + 1))
+        self._key_groups = frozenset(kg for r in self.ranges for kg in r)
         self.touched: set[tuple[str, int, bytes]] = set()
         self.invalid_reason: str | None = None
         self.max_keys = max_keys

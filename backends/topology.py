@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from statehouse.protocol.keygroups import KeyGroupRange
 
@@ -136,7 +136,7 @@ class Move:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Move:
         phase = data["phase"]
-        if phase not in ("copying", "prepared", "loaded"):
+        if phase not in get_args(MovePhase):
             raise ValueError(f"unknown move phase {phase!r}")
         return cls(
             int(data["version"]),

@@ -45,7 +45,7 @@ class Delta:
 
     def covers(self, wanted: KeyGroupRange) -> bool:
         """Whether every key group of ``wanted`` was tracked."""
-        return all(any(r.start <= kg <= r.end for r in self.ranges) for kg in range(wanted.start, wanted.end + 1))
+        return all(any(kg in r for r in self.ranges) for kg in wanted)
 
     def to_bytes(self) -> bytes:
         body = msgpack.packb(
@@ -104,13 +104,11 @@ def read_delta(storage: CheckpointStorage, path: str) -> Delta | None:
 def apply_delta(job: Job, delta: Delta, wanted: Sequence[KeyGroupRange]) -> int:
     """Bring the keys ``delta`` changed in ``wanted`` to their content at the cut: each key's
     stored content cleared, then its entries put (the job's lock taken per batch); how many keys."""
-    inside = [c for c in delta.changed if any(r.start <= c[0] <= r.end for r in wanted)]
-    tables = job.partition.tables()
+    inside = [c for c in delta.changed if any(c[0] in r for r in wanted)]
     with job.exclusive():
-        for table in {c[1] for c in inside}:
-            if table not in tables and table in delta.tables:
-                job.partition.create_table(table, delta.tables[table])
-    tables = job.partition.tables()
+        for table in {c[1] for c in inside} & delta.tables.keys():
+            job.partition.create_table(table, delta.tables[table])  # as a load does: kept if it exists
+        tables = job.partition.tables()
 
     def ops() -> list[WriteOp]:
         out = []
