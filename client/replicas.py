@@ -286,6 +286,13 @@ def _valid(url: str) -> bool:
     return True
 
 
+def _committing(shown: Shown | None, version: int) -> bool:
+    """Whether a replica is joining the move to ``version`` that other replicas already serve: the
+    coordinator's commit reaches the replicas one after the other."""
+    move = (shown or {}).get("move") or {}
+    return bool(move.get("joining")) and move.get("version") == version
+
+
 def _found(answered: dict[str, Shown]) -> str:
     return "; ".join(
         f"{url} is replica {s['replica_index']} of {s['replica_count']} of set {s['set_id']!r} version {s['version']}"
@@ -358,10 +365,10 @@ def _layout(
                     f"the set advertises {url} as replica {index}, but it is replica {current[url]['replica_index']} "
                     f"({found}): fix STATEHOUSE_REPLICA_URLS on the replicas"
                 )
-            if strict and url in behind:
+            if (strict and url in behind) or _committing(answered.get(url), newest):
                 raise _Unsettled(
                     f"the replicas are at different topology versions ({found}): a live rescale is committing; "
-                    f"ask again in a moment"
+                    f"ask again in a moment (if this lasts, finish it: statehouse rescale --resume)"
                 )
             if strict and url in failed:
                 raise _unanswered({url: failed[url]})
