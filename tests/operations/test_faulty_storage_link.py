@@ -76,9 +76,13 @@ def start_set(root: Path, proxy: FaultyProxy, location: str, count: int, **extra
     """Replicas 0..count-1 (RocksDB: incremental checkpoints, shared SST files) whose S3 is the proxy."""
     storage = {"STATEHOUSE_CHECKPOINT_DIR": location, "STATEHOUSE_S3_ENDPOINT_URL": proxy.url}
     replicas = ReplicaSet(root, storage, extra=dict(extra))
-    replicas.start(count)
-    with StatehouseClient(replicas.urls) as client:
-        client.create_job(JOB, P).register(STATE, "list")
+    try:
+        replicas.start(count)
+        with StatehouseClient(replicas.urls) as client:
+            client.create_job(JOB, P).register(STATE, "list")
+    except BaseException:
+        replicas.stop()
+        raise
     return replicas
 
 
@@ -186,7 +190,6 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: F
     proxy = link
     replicas = start_set(tmp_path, proxy, s3_location, 2)
     seeds = replicas.urls
-    new = replicas.add(2, 3, version=2).url
     steps: list[str] = []
     waited: list[dict[str, Any]] = []
 
@@ -198,6 +201,7 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: F
             waited.append(info)
 
     try:
+        new = replicas.add(2, 3, version=2).url
         with Writers(seeds, [*seeds, new], JOB, STATE, KEYS) as writers:
             writers.progress()
             started = time.monotonic()
