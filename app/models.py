@@ -633,6 +633,9 @@ class Problem(BaseModel):
     attempts: list[dict[str, Any]] | SkipJsonSchema[None] = _extra(
         "attempt_lost: each winning attempt this replica lacks, with its expected and held write counts"
     )
+    retry_after_ms: int | SkipJsonSchema[None] = _extra(
+        "rescale_in_progress: milliseconds to wait before retrying (finer than Retry-After)"
+    )
     request_id: str | SkipJsonSchema[None] = _extra(
         "internal_error: the id the server log has the fault under (also the X-Request-ID response header)"
     )

@@ -45,9 +45,12 @@ class RescaleInProgress(StateError):
     ``version`` (the target topology version) says which one to retry on."""
 
     code = "rescale_in_progress"
+    # A freeze lasts about a second: a client that knows (``retry_after_ms``) retries at this pace,
+    # while ``Retry-After`` (whole seconds) serves the others.
+    retry_after_ms = 200
 
     def __init__(self, detail: str, *, version: int) -> None:
-        super().__init__(detail, topology_version=version)
+        super().__init__(detail, topology_version=version, retry_after_ms=self.retry_after_ms)
         self.version = version
 
 

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from statehouse.client.job import JobClient
 
 log = logging.getLogger(__name__)
+# How often a micro-batch waiting at its boundary looks whether the live rescale ended: a cut is
+# frozen about a second, so half a second of polling would be half of the wait.
+MOVE_POLL = 0.2
 
 __all__ = [
     "Applied",
@@ -257,7 +260,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                     f"{shown.get('initiator', 'operator')}): finish it (statehouse rescale --resume) or abort it "
                     "(statehouse rescale --abort)"
                 )
-            time.sleep(0.5)
+            time.sleep(MOVE_POLL)
         self._relearn()
         if reported:
             log.warning(

@@ -42,7 +42,7 @@ class ReplicaConnection:
 
     A 503 ``rescale_in_progress`` (a write to a key group a live rescale is moving) is retried
     here instead, for every request, idempotent or not (the refusal applied nothing): after the
-    answer's ``Retry-After`` (or the backoff, if longer), at that steady pace (a writer stalls at
+    answer's ``retry_after_ms`` or ``Retry-After`` (or the backoff, if longer), at that steady pace (a writer stalls at
     most one interval past the move's commit, not a growing backoff), for at most
     ``rescale_wait`` seconds in all. Once the move commits, the retry is answered 421 naming the new version, which the
     callers route again (``Replicas.refreshed``)."""
@@ -103,7 +103,7 @@ class ReplicaConnection:
                 raise error
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + self._rescale_wait
-            delay = max(_retry_after(response.headers.get("retry-after")), self._backoff)
+            delay = max(_retry_delay(error.problem, response.headers.get("retry-after")), self._backoff)
             if now + delay > deadline:
                 raise type(error)(
                     f"{error.detail} (still refused after {self._rescale_wait:.0f}s of retries: finish or abort the "
@@ -182,6 +182,15 @@ class _Retry(urllib3.Retry):
         if status_code == 503 and has_retry_after:
             return False
         return super().is_retry(method, status_code, has_retry_after)
+
+
+def _retry_delay(problem: dict[str, Any] | None, retry_after: str | None) -> float:
+    """The pace the server asks for: the problem's ``retry_after_ms`` (finer than the header), else
+    the ``Retry-After`` header."""
+    ms = (problem or {}).get("retry_after_ms")
+    if isinstance(ms, int) and not isinstance(ms, bool) and 0 <= ms <= 60_000:
+        return ms / 1000
+    return _retry_after(retry_after)
 
 
 def _retry_after(value: str | None) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from statehouse.client import InvalidRequest, StatehouseError, Unavailable
+from statehouse.client import InvalidRequest, StatehouseError, Unavailable, transport
 from statehouse.client.transport import ReplicaConnection
 
 pytestmark = [pytest.mark.http]
@@ -164,6 +164,16 @@ def test_a_write_refused_by_a_live_rescale_is_retried_as_retry_after_says(server
     server.script = [(503, {"retry-after": "0.1"}, MOVING)] * 2
     assert connection(server, retries=0).json("POST", "/v1/jobs/j/batch", {"ops": []}, idempotent=False) == {"ok": True}
     assert len(server.seen) == 3
+
+
+def test_the_problems_retry_after_ms_sets_the_pace_finer_than_the_header(server, monkeypatch):
+    """A freeze lasts about a second: retried every ``retry_after_ms``, not every whole second."""
+    waits: list[float] = []
+    monkeypatch.setattr(transport.time, "sleep", waits.append)
+    server.script = [(503, {"retry-after": "1"}, MOVING | {"retry_after_ms": 200})] * 3
+    server.script += [(503, {"retry-after": "1"}, MOVING | {"retry_after_ms": "soon"})]  # not a number: the header
+    assert connection(server, retries=0).json("POST", "/v1/jobs/j/batch", {"ops": []}, idempotent=False) == {"ok": True}
+    assert waits == [0.2, 0.2, 0.2, 1.0] and len(server.seen) == 5
 
 
 def test_a_live_rescale_that_does_not_end_is_waited_for_boundedly(server):

@@ -295,7 +295,7 @@ def grow_and_shrink(replica_set: ReplicaSet) -> None:
     moving, staying = key_in(86, 127), key_in(0, 42)
     frozen = put(urls[1], moving, 1)
     assert problem(frozen, 503, "rescale_in_progress")["topology_version"] == 2
-    assert frozen.headers["Retry-After"] == "1"
+    assert frozen.headers["Retry-After"] == "1" and frozen.json()["retry_after_ms"] == 200
     assert ok(httpx.get(f"{urls[1]}/v1/jobs/{JOB}/states/{STATE}/keys/{moving}", timeout=30))["value"] == oracle[moving]
     ok(put(urls[0], staying, 7))
     oracle[staying] = 7
