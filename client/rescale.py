@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 # (``for``: "batch_in_flight"), or a replica or its checkpoint storage does not answer a step (``for``:
 # the problem's code, e.g. "storage_unavailable", or "unreachable"; with ``step``, ``url``, ``detail``))
 # and what it did. An exception raised by the callback stops the driver there, as a dead
-# coordinator would (the tests use this).
+# coordinator would (the tests use this). A checkpoint's "waiting" comes from the thread that
+# checkpoints that job (the jobs are checkpointed side by side).
 Progress = Callable[[str, dict[str, Any]], None]
 
 STEPS = ("copying", "copied", "prepared", "checkpointed", "loaded", "decided", "committed", "verified")
@@ -322,30 +323,37 @@ class LiveRescale:
                 time.sleep(0.2)
 
     def _checkpoint(self, move: _Move) -> dict[str, int]:
-        """One global checkpoint of every job on the old replicas. One that fails because checkpoint
-        storage is unavailable (its listing, trigger or upload) is taken again, under a new id, until
-        ``wait``: the step waits for storage as the others do, rather than spending the move."""
-        old = self.replicas
+        """One global checkpoint of every job on the old replicas, the jobs side by side (the cut's
+        is inside the freeze: one after the other, a set of many jobs would stay frozen for the sum
+        of their round trips)."""
         deadline = time.monotonic() + self.wait
-        checkpoints = {}
-        for name, parallelism in move.jobs.items():
-            coordinator = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait)
-            reported = False
-            while True:
-                coordinator.timeout = max(1.0, deadline - time.monotonic())  # an upload's wait ends with the step's
-                try:
-                    done = coordinator.checkpoint(metadata={"rescale_version": move.version})
-                    break
-                except StatehouseError as exc:
-                    if not _storage_unavailable(exc) or time.monotonic() >= deadline:
-                        raise
-                    if not reported:  # once per job: what the step waits for
-                        reported = True
-                        waiting = {"for": "storage_unavailable", "step": "checkpoint", "url": ", ".join(old.urls)}
-                        self.progress("waiting", {**waiting, "job": name, "detail": exc.detail})
-                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            checkpoints[name] = done.checkpoint_id
-        return checkpoints
+        jobs = list(move.jobs.items())
+        with ThreadPoolExecutor(max_workers=min(8, len(jobs) or 1), thread_name_prefix="statehouse-checkpoint") as pool:
+            taken = [
+                pool.submit(self._checkpoint_job, name, parallelism, move.version, deadline)
+                for name, parallelism in jobs
+            ]
+            return {name: future.result() for (name, _p), future in zip(jobs, taken, strict=True)}
+
+    def _checkpoint_job(self, name: str, parallelism: int, version: int, deadline: float) -> int:
+        """One job's global checkpoint. One that fails because checkpoint storage is unavailable (its
+        listing, trigger or upload) is taken again, under a new id, until ``deadline``: the step
+        waits for storage as the others do, rather than spending the move."""
+        old = self.replicas
+        coordinator = CheckpointCoordinator(JobClient(old, name, parallelism), timeout=self.wait)
+        reported = False
+        while True:
+            coordinator.timeout = max(1.0, deadline - time.monotonic())  # an upload's wait ends with the step's
+            try:
+                return coordinator.checkpoint(metadata={"rescale_version": version}).checkpoint_id
+            except StatehouseError as exc:
+                if not _storage_unavailable(exc) or time.monotonic() >= deadline:
+                    raise
+                if not reported:  # once per job: what the step waits for
+                    reported = True
+                    waiting = {"for": "storage_unavailable", "step": "checkpoint", "url": ", ".join(old.urls)}
+                    self.progress("waiting", {**waiting, "job": name, "detail": exc.detail})
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _load_all(self, move: _Move, checkpoints: dict[str, int]) -> dict[str, dict[str, int]]:
         answers = self._each(move.urls, lambda url: self._load(url, move, checkpoints))
