@@ -207,18 +207,20 @@ def step_of(path: str) -> str | None:
     return None
 
 
-def fill(config: ClientConfig, count: int, chunk: int = 20_000) -> None:
-    """``count`` keys of 100 random bytes (base64 text: the same value travels as JSON and msgpack)."""
+def fill(config: ClientConfig, count: int, chunk: int = 20_000, *, jobs: int = 0, job_keys: int = 0) -> None:
+    """``count`` keys of 100 random bytes (base64 text: the same value travels as JSON and msgpack)
+    in the bulk job; ``jobs`` more jobs (``more-0``...) of ``job_keys`` keys each beside it."""
     import base64
 
     with StatehouseClient(config) as client:
-        job = client.create_job(BULK, MAX_PARALLELISM)
-        job.register("v", "value")
-        columns = job.columns()
-        for start in range(0, count, chunk):
-            keys = [f"k{i:015d}" for i in range(start, min(count, start + chunk))]
-            values = [base64.b64encode(os.urandom(75)).decode() for _ in keys]
-            columns.put("v", keys, values)
+        for name, keys_in in [(BULK, count), *((f"more-{j}", job_keys) for j in range(jobs))]:
+            job = client.create_job(name, MAX_PARALLELISM)
+            job.register("v", "value")
+            columns = job.columns()
+            for start in range(0, keys_in, chunk):
+                keys = [f"k{i:015d}" for i in range(start, min(keys_in, start + chunk))]
+                values = [base64.b64encode(os.urandom(75)).decode() for _ in keys]
+                columns.put("v", keys, values)
 
 
 def stored_bytes(urls: list[str]) -> dict[int, int]:
@@ -754,6 +756,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="--no-spark: a thread updates random existing keys during the moves; latencies, then every key checked",
     )
+    p.add_argument("--jobs", type=int, default=0, help="more jobs beside the bulk one (a set of many jobs)")
+    p.add_argument("--job-keys", type=int, default=20_000, help="--jobs: keys in each")
     p.add_argument("--write-batch", type=int, default=500, help="--writers: random keys per columns.put")
     p.add_argument("--write-rate", type=float, help="--writers: rows/s (default: as fast as it can)")
     p.add_argument("--s3-endpoint", help="use this SeaweedFS S3 (bucket 'snapshots') instead of starting one")
@@ -813,8 +817,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         new = replicas.add(2, 3, version=2)
         config = ClientConfig.of(seeds, timeout=1800.0)
         started = time.perf_counter()
-        fill(config, cfg.keys)
-        print(f"filled {cfg.keys:,} keys in {time.perf_counter() - started:.1f} s")
+        fill(config, cfg.keys, jobs=cfg.jobs, job_keys=cfg.job_keys)
+        more = f" and {cfg.jobs} more jobs of {cfg.job_keys:,}" if cfg.jobs else ""
+        print(f"filled {cfg.keys:,} keys{more} in {time.perf_counter() - started:.1f} s")
 
         log = CallLog()
         log.install()
