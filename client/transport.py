@@ -42,8 +42,9 @@ class ReplicaConnection:
 
     A 503 ``rescale_in_progress`` (a write to a key group a live rescale is moving) is retried
     here instead, for every request, idempotent or not (the refusal applied nothing): after the
-    answer's ``retry_after_ms`` or ``Retry-After`` (or the backoff, if longer), at that steady pace (a writer stalls at
-    most one interval past the move's commit, not a growing backoff), for at most
+    answer's ``retry_after_ms`` (for the first 5 s of refusals; then ``Retry-After``), or the
+    backoff if longer, at that steady pace (a writer stalls at most one interval past the move's
+    commit, not a growing backoff), for at most
     ``rescale_wait`` seconds in all. Once the move commits, the retry is answered 421 naming the new version, which the
     callers route again (``Replicas.refreshed``)."""
 
@@ -83,7 +84,7 @@ class ReplicaConnection:
         self, method: str, path: str, body: bytes | None, headers: dict[str, str], *, idempotent: bool
     ) -> _Answer:
         """One request, retried per :class:`ReplicaConnection`'s policy; errors as exceptions."""
-        deadline: float | None = None
+        refused: float | None = None  # when the first 503 rescale_in_progress came
         while True:
             try:
                 response = self._pool.urlopen(
@@ -102,9 +103,13 @@ class ReplicaConnection:
             if response.status != 503 or error.code != "rescale_in_progress":
                 raise error
             now = time.monotonic()
-            deadline = deadline if deadline is not None else now + self._rescale_wait
-            delay = max(_retry_delay(error.problem, response.headers.get("retry-after")), self._backoff)
-            if now + delay > deadline:
+            refused = refused if refused is not None else now
+            retry_after = response.headers.get("retry-after")
+            # The finer pace while a freeze is as short as one should be; past that (a coordinator
+            # that died mid-move, say) the header's, so that waiting writers do not flood the replica.
+            fine = now - refused < _FINE_PACE_FOR
+            delay = max(_retry_delay(error.problem if fine else None, retry_after), self._backoff)
+            if now + delay > refused + self._rescale_wait:
                 raise type(error)(
                     f"{error.detail} (still refused after {self._rescale_wait:.0f}s of retries: finish or abort the "
                     f"rescale with statehouse rescale --resume|--abort)",
@@ -182,6 +187,9 @@ class _Retry(urllib3.Retry):
         if status_code == 503 and has_retry_after:
             return False
         return super().is_retry(method, status_code, has_retry_after)
+
+
+_FINE_PACE_FOR = 5.0  # seconds of refusals retried at the problem's retry_after_ms
 
 
 def _retry_delay(problem: dict[str, Any] | None, retry_after: str | None) -> float:
