@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from statehouse.backends.base.partition import StorePartition
@@ -216,22 +218,28 @@ class Job:
             tracker = self.tracker
             if tracker is None or tracker.token != token or not tracker.valid:
                 return None
-            touched = sorted(tracker.touched, key=lambda t: (t[1], t[0], t[2]))
+            touched = sorted(tracker.touched)  # by table, then in stored order: one multi-get per table
             tables = self.partition.tables()
         changed: list[Changed] = []
         for start in range(0, len(touched), _CHANGED_SLICE):
             with self.exclusive():
-                for table, kg, primary in touched[start : start + _CHANGED_SLICE]:
-                    nested = tables.get(table)
-                    if nested is None:  # the table is gone: nothing of it is stored
-                        changed.append((kg, table, primary, []))
-                    elif nested:
-                        changed.append((kg, table, primary, list(self.partition.items(table, kg, primary))))
-                    else:
-                        value = self.partition.get(table, kg, primary)
-                        changed.append((kg, table, primary, [] if value is None else [(b"", value)]))
+                for table, rows in groupby(touched[start : start + _CHANGED_SLICE], key=itemgetter(0)):
+                    changed += self._content(table, tables.get(table), list(rows))
         used = {c[1] for c in changed}
         return {t: n for t, n in tables.items() if t in used}, changed
+
+    def _content(self, table: str, nested: bool | None, rows: list[tuple[str, int, bytes]]) -> list[Changed]:
+        """The whole current content of ``rows`` (``(table, key group, primary)``, all of ``table``);
+        a value table's in one multi-get."""
+        if nested is None:  # the table is gone: nothing of it is stored
+            return [(kg, table, primary, []) for _t, kg, primary in rows]
+        if nested:
+            return [(kg, table, primary, list(self.partition.items(table, kg, primary))) for _t, kg, primary in rows]
+        values = self.partition.get_many(table, [kg for _t, kg, _p in rows], [primary for _t, _kg, primary in rows])
+        return [
+            (kg, table, primary, [] if value is None else [(b"", value)])
+            for (_t, kg, primary), value in zip(rows, values, strict=True)
+        ]
 
     def stage_operator_state(self, operator: OperatorSnapshot | None) -> None:
         """Keep ``operator`` (this replica's operator state under the layout a move goes to) until
