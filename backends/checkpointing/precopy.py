@@ -103,7 +103,8 @@ def read_delta(storage: CheckpointStorage, path: str) -> Delta | None:
 
 def apply_delta(job: Job, delta: Delta, wanted: Sequence[KeyGroupRange]) -> int:
     """Bring the keys ``delta`` changed in ``wanted`` to their content at the cut: each key's
-    stored content cleared, then its entries put (the job's lock taken per batch); how many keys."""
+    stored content cleared (a value's only when it holds nothing now: its put replaces it), then
+    its entries put (the job's lock taken per batch); how many keys."""
     inside = [c for c in delta.changed if any(c[0] in r for r in wanted)]
     with job.exclusive():
         for table in {c[1] for c in inside} & delta.tables.keys():
@@ -115,7 +116,8 @@ def apply_delta(job: Job, delta: Delta, wanted: Sequence[KeyGroupRange]) -> int:
         for kg, table, primary, entries in inside:
             if table not in tables:
                 continue  # gone at the cut and never here: nothing to clear
-            out.append(WriteOp("clear", table, kg, primary))
+            if delta.tables.get(table) or not entries:  # a value's put replaces it; entries of a map or list may go
+                out.append(WriteOp("clear", table, kg, primary))
             out.extend(WriteOp("put", table, kg, primary, secondary, value) for secondary, value in entries)
         return out
 
