@@ -20,6 +20,7 @@ from bench import (
     http_server,
     latency,
     map_paging,
+    precopy_delta,
     rescale_live,
     restore,
     spark_columnar,
@@ -120,6 +121,13 @@ def test_columnar():
         assert (f"statehouse {backend}", "columnar client", "get") in paths, paths
         assert (f"statehouse {backend}", "columnar client", "put") in paths, paths
     assert all(r["ops_per_s"]["median"] > 0 for r in out["results"])
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+def test_precopy_delta(backend):
+    out = precopy_delta.main(["--keys", "2000", "--changed", "500", "--runs", "1", "--backend", backend])
+    (run,) = out["runs"]  # the script checks that every changed key was read and applied
+    assert run["bytes"] > 500 * 100 and all(run[f"{step}_s"] > 0 for step in ("read", "pack", "apply"))
 
 
 @pytest.mark.long
