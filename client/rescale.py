@@ -327,13 +327,9 @@ class LiveRescale:
         is inside the freeze: one after the other, a set of many jobs would stay frozen for the sum
         of their round trips)."""
         deadline = time.monotonic() + self.wait
-        jobs = list(move.jobs.items())
-        with ThreadPoolExecutor(max_workers=min(8, len(jobs) or 1), thread_name_prefix="statehouse-checkpoint") as pool:
-            taken = [
-                pool.submit(self._checkpoint_job, name, parallelism, move.version, deadline)
-                for name, parallelism in jobs
-            ]
-            return {name: future.result() for (name, _p), future in zip(jobs, taken, strict=True)}
+        names = list(move.jobs)
+        taken = self._each(names, lambda name: self._checkpoint_job(name, move.jobs[name], move.version, deadline))
+        return dict(zip(names, taken, strict=True))
 
     def _checkpoint_job(self, name: str, parallelism: int, version: int, deadline: float) -> int:
         """One job's global checkpoint. One that fails because checkpoint storage is unavailable (its
@@ -613,10 +609,10 @@ class LiveRescale:
                     f"{step} on {url}: {exc.detail}", status=exc.status, code=exc.code, problem=exc.problem
                 ) from exc
 
-    def _each(self, urls: list[str], call: Callable[[str], Any], *, tolerate: bool = False) -> list[Any]:
-        """``call(url)`` for every URL in parallel; the first error raised once all ended (none
-        with ``tolerate``)."""
-        futures = [self._pool.submit(call, url) for url in urls]
+    def _each(self, items: list[str], call: Callable[[str], Any], *, tolerate: bool = False) -> list[Any]:
+        """``call(item)`` for every item (replica URLs, job names) in parallel; the first error
+        raised once all ended (none with ``tolerate``)."""
+        futures = [self._pool.submit(call, item) for item in items]
         errors = [f.exception() for f in futures]
         first = next((e for e in errors if e is not None), None)
         if first is not None and not tolerate:

@@ -44,9 +44,9 @@ class ReplicaConnection:
     here instead, for every request, idempotent or not (the refusal applied nothing): after the
     answer's ``retry_after_ms`` (for the first 5 s of refusals; then ``Retry-After``), or the
     backoff if longer, at that steady pace (a writer stalls at most one interval past the move's
-    commit, not a growing backoff), for at most
-    ``rescale_wait`` seconds in all. Once the move commits, the retry is answered 421 naming the new version, which the
-    callers route again (``Replicas.refreshed``)."""
+    commit, not a growing backoff), for at most ``rescale_wait`` seconds in all. Once the move
+    commits, the retry is answered 421 naming the new version, which the callers route again
+    (``Replicas.refreshed``)."""
 
     def __init__(
         self,
