@@ -112,6 +112,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return WorkerGroups(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A server the tests start is forked from a process that imported the server's code once
+    # (tests/support/zygote.py): the same code from `main` on, without a second of imports each.
+    server_support.FORK_SERVERS = True
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _groups_dir in config.stash:
         shutil.rmtree(config.stash[_groups_dir], ignore_errors=True)
@@ -178,6 +184,7 @@ import itertools  # noqa: E402
 
 import httpx  # noqa: E402
 
+from tests.support import server as server_support  # noqa: E402
 from tests.support.server import start_server, start_servers, start_two_replicas  # noqa: E402
 from tests.support.spark import local_spark  # noqa: E402
 

@@ -1,22 +1,112 @@
-"""Start a real Statehouse server (uvicorn in a subprocess) for tests and benchmarks."""
+"""Start a real Statehouse server (uvicorn in a process of its own) for tests and benchmarks."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+SERVE = [sys.executable, "-m", "statehouse.app.serve"]
 
 
-def stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+class Process(Protocol):
+    """What tests use of a server's process: ``subprocess.Popen``'s, or a :class:`ForkedProcess`'s."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A server forked by the zygote (tests/support/zygote.py), with ``subprocess.Popen``'s
+    methods: not this process's child, so its exit code is the one the zygote writes when it
+    reaps it."""
+
+    def __init__(self, pid: int, status: Path) -> None:
+        self.pid, self.returncode, self._status = pid, None, status
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._status.exists():
+            self.returncode = int(self._status.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(SERVE, timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # its pid is not reused before the zygote has reaped it
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """This test process's zygote (tests/support/zygote.py), started on the first fork asked for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+
+    def fork(self, argv: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
+        status = log.with_name(f".{log.name}.{uuid.uuid4().hex}.exit")
+        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log), "status": str(status)}
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.zygote"],
+                    cwd=REPO,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+                atexit.register(self.close)
+            assert self._process.stdin is not None and self._process.stdout is not None
+            self._process.stdin.write(json.dumps(request).encode() + b"\n")
+            self._process.stdin.flush()
+            answer = self._process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the server zygote exited with {self._process.wait()}")
+        return ForkedProcess(json.loads(answer)["pid"], status)
+
+    def close(self) -> None:
+        if self._process is not None and self._process.stdin is not None:
+            self._process.stdin.close()
+            self._process.wait(10)
+
+
+# Set by the test suite (tests/conftest.py): servers are forked from a zygote. Benchmarks start
+# each server as ``python -m statehouse.app.serve``, as deployments do.
+FORK_SERVERS = False
+_zygote = Zygote()
+
+
+def stop_process(process: Process, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
     """Signal a child and wait for it; SIGKILL it if it has not exited within ``timeout``."""
     if process.poll() is None:
         process.send_signal(sig)
@@ -37,7 +127,7 @@ def free_port() -> int:
 @dataclass
 class ServerProcess:
     url: str
-    process: subprocess.Popen
+    process: Process
     log_path: Path
     settings: dict[str, str]  # the STATEHOUSE_* environment it runs with
 
@@ -70,8 +160,8 @@ def start_servers(
     specs: list[tuple[Path, dict[str, str]]], timeout: float = 120, probe: str = "/readyz"
 ) -> list[ServerProcess]:
     """:func:`start_server` for each ``(workdir, env)``, all launched before any is awaited: a
-    start is mostly the interpreter importing the app (~3 s of CPU), so on 2 cores two replicas
-    are up in about the time of one. If one fails, all are killed."""
+    start is mostly CPU (imports, the app's routes, opening the state), so on 2 cores two
+    replicas are up in about the time of one. If one fails, all are killed."""
     servers: list[ServerProcess] = []
     try:
         for workdir, env in specs:
@@ -94,14 +184,13 @@ def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | 
         **(env or {}),
     }
     log_path = workdir / f"server-{port}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "statehouse.app.serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    argv = ["--host", "127.0.0.1", "--port", str(port)]
+    process: Process
+    if FORK_SERVERS:
+        process = _zygote.fork(argv, full_env, log_path)
+    else:
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(SERVE + argv, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
     return ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
 
