@@ -9,6 +9,7 @@ the codes' table (app/problems.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -27,9 +28,6 @@ from statehouse.backends.errors import StateError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 DEFAULT_PROBLEM_DOCS_URL: str = Settings.model_fields["problem_docs_url"].default  # "": this service's pages
-
-# Codes whose answer says when to retry: the client retries them without backing off further.
-RETRY_AFTER_BY_CODE: dict[str, str] = {"rescale_in_progress": "1"}
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_name": 422,
@@ -166,8 +164,9 @@ def state_error(request: Request, exc: StateError) -> Response:
     _count(request, exc.code)
     status = STATUS_BY_CODE.get(exc.code, 400)
     headers = {"WWW-Authenticate": "Bearer"} if exc.code == "unauthorized" else None
-    if exc.code in RETRY_AFTER_BY_CODE:
-        headers = {"Retry-After": RETRY_AFTER_BY_CODE[exc.code]}
+    retry_after_ms = exc.extra.get("retry_after_ms")
+    if retry_after_ms is not None:  # the error's own pace; the header counts whole seconds
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after_ms / 1000)))}
     return problem_response(status, exc.code, exc.detail, request.url.path, headers, **exc.extra)
 
 
