@@ -3,7 +3,8 @@
 Follows shared/TESTING.md: a fresh temporary directory, explicit free ports below 55000
 (gRPC ports are HTTP + 10000), S3 polled with ``head_bucket`` for at most 15 s, stopped
 with SIGTERM and, after 15 s, SIGKILL. ``stop()``/``start()`` keep the data directory, so
-fault tests can take S3 away and bring it back with its files.
+fault tests can take S3 away and bring it back with its files; ``kill()`` takes it away at once
+(SIGKILL, an S3 outage by a crash), its files kept as well.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -92,6 +94,7 @@ class SeaweedS3:
             "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.port={p}", f"-master.port={p + 1}", f"-volume.port={p + 2}", f"-filer.port={p + 3}",
             f"-s3.localSocket={d}/s3.sock", f"-filer.localSocket={d}/filer.sock", f"-bucket={self.bucket}",
+            "-volume.preStopSeconds=0",  # no other server to tell it stops: a SIGTERM stops it at once
         ]  # fmt: skip
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
         self._log = open(os.path.join(d, "weed.out"), "ab")  # noqa: SIM115 - closed in stop()
@@ -111,15 +114,20 @@ class SeaweedS3:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"SeaweedFS S3 did not come up on {self.endpoint}: {exc}") from exc
-                time.sleep(0.2)
+                time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
         process, self._process = self._process, None
         if process is not None:
-            stop_process(process)
+            stop_process(process, sig)
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def kill(self) -> None:
+        """S3 gone at once, as in a crash (SIGKILL: no shutdown runs). What it acknowledged is in the
+        data directory's files, which the kernel keeps: ``start()`` brings it back with them."""
+        self.stop(signal.SIGKILL)
 
     def close(self) -> None:
         self.stop()
