@@ -53,8 +53,9 @@ class Writer(threading.Thread):
 class OneKey:
     """A plain HTTP client of the one-key endpoint. It sends a write to a replica of the layout it knows
     (``serving``); a 421 goes to the owner it names (the owner's URL, or the replica of ``every`` that
-    reports that index at that version), a 503 ``rescale_in_progress`` is retried after ``Retry-After``;
-    either refusal guarantees the write was not applied, so it is re-sent as it is."""
+    reports that index at that version), a 503 ``rescale_in_progress`` is retried after its
+    ``retry_after_ms`` (``Retry-After``, in whole seconds, if it has none); either refusal guarantees
+    the write was not applied, so it is re-sent as it is."""
 
     def __init__(self, serving: list[str], every: list[str], job: str, state: str) -> None:
         self.serving, self.urls, self.job, self.state = serving, every, job, state
@@ -75,7 +76,7 @@ class OneKey:
     def __call__(self, pairs: list[Pair]) -> None:
         for key, value in pairs:
             url = random.choice(self.serving)
-            for _attempt in range(1000):
+            for _attempt in range(5000):  # a move frozen for minutes, retried every 200 ms
                 response = self.http.post(
                     f"{url}/v1/jobs/{self.job}/states/{self.state}/keys/{key}/add", json={"value": value}
                 )
@@ -89,7 +90,9 @@ class OneKey:
                     if named is None:
                         time.sleep(0.05)  # the layout that names the owner is being committed
                 elif response.status_code == 503 and problem["code"] == "rescale_in_progress":
-                    time.sleep(float(response.headers.get("Retry-After", "1")))
+                    after_ms = problem.get("retry_after_ms")
+                    after = after_ms / 1000 if after_ms is not None else float(response.headers.get("Retry-After", "1"))
+                    time.sleep(after)
                 else:
                     raise AssertionError(f"{response.status_code} {response.text}")
             else:
