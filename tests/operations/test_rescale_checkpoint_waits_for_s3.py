@@ -1,7 +1,7 @@
 """The move's checkpoint waits for checkpoint storage, as every step of a live rescale does (up to
 ``wait``; docs/operations.md, Rescaling): S3 down once the replicas prepared, the global checkpoint
 fails with storage unavailable, the driver reports that it waits and takes it again; S3 comes back
-and the same move (the same topology version: none is spent) commits. Real SeaweedFS, stopped and
+and the same move (the same topology version: none is spent) commits. Real SeaweedFS, killed and
 started on the same port and data directory, plain writers through the three doors; afterwards every
 acknowledged write is present exactly once and every key is stored only on its owner."""
 
@@ -40,7 +40,7 @@ def test_s3_down_at_the_moves_checkpoint_is_waited_for(tmp_path, s3, s3_location
     def progress(step: str, info: dict[str, Any]) -> None:
         steps.append(step)
         if step == "prepared":
-            s3.stop()
+            s3.kill()
         elif step == "waiting" and info.get("step") == "checkpoint" and not waited:
             waited.append(info)
             s3.start()  # the storage comes back while the driver waits for it

@@ -2,7 +2,7 @@
 (S3 unavailable included) leaves either the old layout serving or the new one, decided by one durable
 record, and the operation can be resumed or rolled back by the CLI.
 
-Real SeaweedFS, stopped and started again on the same port and data directory (tests/support/s3server.py),
+Real SeaweedFS, killed and started again on the same port and data directory (tests/support/s3server.py),
 around three points of a 2 -> 3 move while plain writers append unique ids through the one-key, batch
 and columnar doors (tests/support/writers.py): S3 down before the move's checkpoint, during the loads, and at
 the decision. Each time the replicas keep the old layout serving (the moving key groups frozen: their
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.http, pytest.mark.slow]  # 20-40 s each: three replica
 
 # The driver's bound on each wait while S3 stays down (it then leaves the move pending); the
 # storage coming back is awaited by events, never by this.
-SHORT_WAIT = 3.0
+SHORT_WAIT = 1.0
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_s3_down_before_the_checkpoint(tmp_path, s3, s3_location, backend, end):
 
             def progress(step: str, _info: dict[str, Any]) -> None:
                 if step == "prepared":
-                    s3.stop()
+                    s3.kill()
 
             with (
                 StatehouseClient(seeds) as client,
@@ -125,7 +125,7 @@ def test_s3_down_during_the_load(tmp_path, s3, s3_location):
     def progress(step: str, info: dict[str, Any]) -> None:
         if step == "checkpointed":
             moved.update(info["checkpoints"])
-            s3.stop()
+            s3.kill()
         elif step == "waiting" and info["step"] == "load" and once.acquire(blocking=False):
             waited.append(info)
             for _again in range(2):  # the load is idempotent: the same clear answer each time
@@ -163,7 +163,7 @@ def test_s3_down_at_the_decision(tmp_path, s3, s3_location):
 
     def progress(step: str, _info: dict[str, Any]) -> None:
         if step == "loaded":
-            s3.stop()
+            s3.kill()
 
     try:
         with Writers(seeds, [*seeds, new], JOB, STATE, KEYS) as writers:
