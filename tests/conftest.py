@@ -112,10 +112,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return WorkerGroups(config, log)
 
 
+# Where the machine has one, the tests' directories are in memory: creating a RocksDB job or
+# state syncs files, and on a virtual disk those syncs made most of the HTTP tests' time (a
+# crash of the machine, the only thing a sync protects against, is no test's subject).
+MEMORY_TEMP_ROOT, MEMORY_TEMP_ROOT_MIN_FREE = Path("/dev/shm"), 8 << 30
+
+
+def _memory_temp_root() -> Path | None:
+    if not (MEMORY_TEMP_ROOT.is_dir() and os.access(MEMORY_TEMP_ROOT, os.W_OK)):
+        return None
+    space = os.statvfs(MEMORY_TEMP_ROOT)
+    return MEMORY_TEMP_ROOT if space.f_bavail * space.f_frsize >= MEMORY_TEMP_ROOT_MIN_FREE else None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # A server the tests start is forked from a process that imported the server's code once
     # (tests/support/zygote.py): the same code from `main` on, without a second of imports each.
     server_support.FORK_SERVERS = True
+    # pytest's own setting for the root of its temporary directories; one given wins.
+    root = _memory_temp_root()
+    if root is not None and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
