@@ -196,7 +196,7 @@ def test_live_rescale_over_a_slow_and_lossy_storage_link(tmp_path: Path, link: F
     def progress(step: str, info: dict[str, Any]) -> None:
         steps.append(step)
         if step == "prepared":  # the checkpoint, the loads and the decision over the faulty link
-            proxy.set(delay=0.02, jitter=0.05, stall=0.1, stall_s=1.0, cut=0.1)
+            proxy.set(delay=0.02, jitter=0.05, stall=0.1, stall_s=0.5, cut=0.1)
         elif step == "waiting":
             waited.append(info)
 
@@ -235,7 +235,7 @@ def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
     by itself); over a clean link the next checkpoint completes."""
     proxy = link
     replicas = start_set(tmp_path, proxy, s3_location, 2)
-    timeout = 10.0
+    timeout = 3.0  # the coordinator's bound on the uploads, which the silent link outlasts
     try:
         with StatehouseClient(replicas.urls) as client:
             job = client.job(JOB)
@@ -255,5 +255,8 @@ def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
         # The trigger's and aborts' round trips on a loaded machine; not the upload's S3 timeouts.
         assert failed_after < timeout + 10, failed_after
     finally:
+        # The stuck upload waits for its S3 read timeout, and a replica's shutdown for the upload:
+        # reset, it fails at once and the replicas stop without it.
+        proxy.set(reset=True)
         proxy.set()
         replicas.stop()
