@@ -333,7 +333,7 @@ def test_resume_of_a_move_a_restarted_replica_finished_says_it_is_done(tmp_path)
             stopped(LiveRescale(sh, 3, [joining], progress=stop_at("decided")))
         replicas.servers[2].stop(signal.SIGKILL)
 
-        told = refusal(cli("rescale", "--resume", "--wait", "3", urls=urls[0], code=4))
+        told = refusal(cli("rescale", "--resume", "--wait", "1", urls=urls[0], code=4))
         assert told.startswith(
             f"statehouse rescale: commit of the rescale to 3 replicas was decided, but {joining} did not commit "
         )
