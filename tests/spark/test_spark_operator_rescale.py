@@ -51,11 +51,12 @@ JOB = "operator-rescale"
 WRITER_JOB, COUNTERS = "operator-writer", "hits"
 MAX_PARALLELISM = 128  # user_features.setup's default
 STATES = ["total_spent", "avg_amount", "recent_items", "item_counts"]
-BATCHES = 32
-HOLD_AT = 4  # the micro-batch whose commit is in flight when the first grow starts
-SHRINK_AT = 10  # the shrink runs between this batch's commit and its checkpoint
-KILL_AT = 15  # the driver dies in a task of this batch, once the removed replica is gone
-REGROW_AFTER = 21  # the last grow starts as the next batch's file is dropped
+# Each step two or three micro-batches after the one before (the retried task's batch among them).
+BATCHES = 14
+HOLD_AT = 2  # the micro-batch whose commit is in flight when the first grow starts
+SHRINK_AT = 5  # the shrink runs between this batch's commit and its checkpoint
+KILL_AT = 8  # the driver dies in a task of this batch, once the removed replica is gone
+REGROW_AFTER = 10  # the last grow starts as the next batch's file is dropped
 FAIL_TASKS = (HOLD_AT + 1, SHRINK_AT + 1, REGROW_AFTER + 2)
 LIMIT = 240.0  # a ceiling for a step that hangs, not a timed assertion
 STATEHOUSE = str(Path(sys.executable).parent / "statehouse")
