@@ -1,7 +1,7 @@
 """The test that matters: a real local Spark streaming query keeps running while its replica
 set is rescaled 2 -> 3 and later 3 -> 2, live, over real S3 (SeaweedFS), with faults around each cut.
 
-The driver (tests/support/rescale_driver.py, a session of its own) runs 20 micro-batches, one input file each,
+The driver (tests/support/rescale_driver.py, a session of its own) runs 8 micro-batches, one input file each,
 and rescales through ``MicroBatchCoordinator.rescale`` at two batch boundaries. Around the cut to 3: the
 new replica is SIGKILLed once it has loaded its key groups and restarted in place; the driver is SIGKILLed
 with commit decided and not applied, and restarted (``recover()`` finishes the move, the query goes on); a
@@ -37,8 +37,10 @@ pytestmark = [pytest.mark.http, pytest.mark.spark, pytest.mark.s3, pytest.mark.s
 JOB = "live-rescale"
 MAX_PARALLELISM = 128  # user_features.setup's default
 STATES = ["total_spent", "avg_amount", "recent_items", "item_counts"]
-BATCHES = 20
-GROW_AT, SHRINK_AT = 6, 14  # the first micro-batch on 3 replicas, and on 2 again
+BATCHES = 8
+# The first micro-batch on 3 replicas, and on 2 again: batches 0-1 run on 2 replicas, 2-4 on 3 (a task of
+# the first retried), 5-7 on 2 again (likewise).
+GROW_AT, SHRINK_AT = 2, 5
 RUN_LIMIT = 240.0  # a ceiling for one driver run that hangs, not a timed assertion
 
 
