@@ -3,8 +3,10 @@ SIGKILLed between Statehouse's commit of a batch (epoch committed, checkpoint ta
 commit log), then restarted from its Spark checkpoint: Spark runs the batch again, the sink sees the
 state holds it and applies nothing. The state is compared with a plain-Python oracle over all input.
 
-The driver runs in a session of its own (this module, run as ``python -m tests.spark.test_spark_source_sink``)
-so the kill takes its JVM and Python workers down at once, as tests/spark/test_spark_driver_kill.py does.
+The killed driver runs in a session of its own (this module, run as ``python -m tests.spark.test_spark_source_sink``)
+so the kill takes its JVM and Python workers down at once, as tests/spark/test_spark_driver_kill.py does; the
+query then restarts in the tests' own Spark session, from the same Spark checkpoint: all a restarted driver
+resumes from is that checkpoint and the replicas (the dead JVM is gone either way).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.datasource import StatehouseDataSource, register
 from tests.support.server import REPO
 from tests.support.spark_driver import Kill, die, kill_session
 
@@ -36,11 +40,11 @@ def events(files: int = 3, per_file: int = 120) -> list[list[dict]]:
     ]
 
 
-def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path, kill: bool) -> int:
+def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path) -> int:
+    """The driver killed at ``KILL_BATCH``, in a session of its own."""
     args = [sys.executable, "-m", "tests.spark.test_spark_source_sink", "--urls", ",".join(urls), "--job", job]
     args += ["--input", str(tmp_path / "input"), "--checkpoint", str(tmp_path / "spark-checkpoint")]
-    if kill:
-        args += ["--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
+    args += ["--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
     with open(log, "wb") as out:
         driver = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -50,7 +54,27 @@ def run_driver(tmp_path: Path, urls: list[str], job: str, log: Path, kill: bool)
         driver.wait(10)
 
 
-def test_sink_killed_between_statehouse_and_spark_commits_is_exact(tmp_path: Path, replicas: list[str]) -> None:
+def run_query(spark: Any, urls: str, job: str, input_dir: str, checkpoint: str, fmt: str = "statehouse") -> None:
+    """The streaming query: the events in ``input_dir``, one file per micro-batch, into state 'spent', until it
+    has caught up."""
+    stream = spark.readStream.schema("user STRING, amount DOUBLE").option("maxFilesPerTrigger", 1).json(input_dir)
+    query = (
+        stream.selectExpr("user AS key", "amount AS value")
+        .writeStream.format(fmt)
+        .option("urls", urls)
+        .option("job", job)
+        .option("state", "spent")
+        .option("op", "add")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def test_sink_killed_between_statehouse_and_spark_commits_is_exact(
+    spark: Any, tmp_path: Path, replicas: list[str]
+) -> None:
     job = "sink"
     batches = events()
     (tmp_path / "input").mkdir()
@@ -60,14 +84,14 @@ def test_sink_killed_between_statehouse_and_spark_commits_is_exact(tmp_path: Pat
         client.create_job(job, 32).register("spent", "reducing", function="sum", value_type="float64")
 
     log = tmp_path / "killed.log"
-    assert run_driver(tmp_path, replicas, job, log, kill=True) == -9, log.read_text()[-5000:]
+    assert run_driver(tmp_path, replicas, job, log) == -9, log.read_text()[-5000:]
     assert (tmp_path / "killed").read_text().split() == ["after-statehouse-commit"]
     with StatehouseClient(replicas) as client:
         done = [c.metadata.get("batch_id") for c in MicroBatchCoordinator(client.job(job)).completed()]
     assert done[-1] == KILL_BATCH  # Statehouse holds the batch Spark has not committed
 
-    log = tmp_path / "restarted.log"
-    assert run_driver(tmp_path, replicas, job, log, kill=False) == 0, log.read_text()[-5000:]
+    register(spark)
+    run_query(spark, ",".join(replicas), job, str(tmp_path / "input"), str(tmp_path / "spark-checkpoint"))
     oracle: dict[str, float] = defaultdict(float)
     for rows in batches:
         for row in rows:
@@ -81,8 +105,7 @@ def test_sink_killed_between_statehouse_and_spark_commits_is_exact(tmp_path: Pat
 
 
 def main() -> None:
-    """The streaming driver: the events in --input, one file per micro-batch, into state 'spent'."""
-    from statehouse.client.datasource import StatehouseDataSource, register
+    """The streaming driver killed once Statehouse committed ``--kill-batch``, before Spark did."""
     from statehouse.client.datasource.options import SourceOptions
     from statehouse.client.datasource.writer import StreamWriter
     from tests.support.spark import local_spark
@@ -111,19 +134,7 @@ def main() -> None:
             return KillingWriter(SourceOptions.parse(self.options, writing=True), schema)
 
     spark.dataSource.register(KillingSource)
-    stream = spark.readStream.schema("user STRING, amount DOUBLE").option("maxFilesPerTrigger", 1).json(args.input)
-    query = (
-        stream.selectExpr("user AS key", "amount AS value")
-        .writeStream.format("statehouse_killing" if args.kill_batch is not None else "statehouse")
-        .option("urls", args.urls)
-        .option("job", args.job)
-        .option("state", "spent")
-        .option("op", "add")
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
+    run_query(spark, args.urls, args.job, args.input, args.checkpoint, fmt="statehouse_killing")
     spark.stop()
 
 
