@@ -52,7 +52,7 @@ class CheckpointCoordinator:
     """The global checkpoints of one job (Flink's ``CheckpointCoordinator``): triggers a checkpoint
     or savepoint on every replica, waits for every part's upload and completes it everywhere, or
     aborts it everywhere; lists those every replica completed; restores every replica from one.
-    ``timeout`` bounds the wait for the uploads."""
+    ``timeout`` bounds a checkpoint from its trigger to the end of its last upload."""
 
     def __init__(self, job: JobClient, *, timeout: float = 300.0, poll_interval: float = 0.05) -> None:
         self.job = job
@@ -116,14 +116,16 @@ class CheckpointCoordinator:
         poll), and a deployment of one replica completes in that request too. Without
         ``checkpoint_id``, the next id the last listing gave (a micro-batch's begin lists them), or
         a new listing's."""
-        body: dict[str, Any] = {"kind": kind, "metadata": metadata or {}, "wait_ms": _LONG_POLL_MS}
+        deadline = time.monotonic() + self.timeout  # the trigger's own wait counts too
+        wait_ms = min(_LONG_POLL_MS, int(self.timeout * 1000))
+        body: dict[str, Any] = {"kind": kind, "metadata": metadata or {}, "wait_ms": wait_ms}
         if len(self.job.replicas) == 1:
             body["complete"] = True
         checkpoint_id, infos = self._triggered(checkpoint_id, body)
         try:
             if any(info["status"] != "completed" for info in infos):
                 uploading = [r for r, info in zip(self.job.replicas, infos, strict=True) if _uploading(info)]
-                self._wait_uploaded(checkpoint_id, uploading)
+                self._wait_uploaded(checkpoint_id, uploading, deadline)
                 infos = self.job.replicas.on_all(
                     "POST", self._path(routes.CHECKPOINT_COMPLETE, checkpoint_id=checkpoint_id)
                 )
@@ -176,10 +178,9 @@ class CheckpointCoordinator:
     def savepoint(self, checkpoint_id: int | None = None, *, metadata: dict[str, Any] | None = None):
         return self.checkpoint(checkpoint_id, kind="savepoint", metadata=metadata)
 
-    def _wait_uploaded(self, checkpoint_id: int, pending: list[ReplicaConnection]) -> None:
-        """Until the upload of every replica in ``pending`` has ended: a long poll per replica
-        (``wait_ms``), which answers as soon as its upload ends."""
-        deadline = time.monotonic() + self.timeout
+    def _wait_uploaded(self, checkpoint_id: int, pending: list[ReplicaConnection], deadline: float) -> None:
+        """Until the upload of every replica in ``pending`` has ended, or ``deadline``: a long poll
+        per replica (``wait_ms``), which answers as soon as its upload ends."""
         while pending:
             still = []
             for replica in pending:
