@@ -4,7 +4,9 @@ checkpoint: every user's state equals a plain-Python oracle over all input (noth
 Each case runs real local Spark in a child session (tests/support/spark_driver.py) against two RocksDB replicas,
 killed during micro-batch 1; then the query restarts from its Spark checkpoint in the tests' own Spark
 session: a restarted driver resumes from that checkpoint and the replicas only (the dead JVM is gone
-either way), and a second driver process per case was a second JVM start. The row-wise job is killed
+either way). Each case's driver process is started while the case before runs (its JVM up and warmed
+by a small job of its own, ``--args-from``), and is handed the case's arguments when the case begins:
+what it runs against Statehouse and its input, it runs after that. The row-wise job is killed
 at every step; the columnar job where its tasks' staged rows are in play (a task dead after staging them, the
 epoch sealed over them, one replica committed them and the other not): the other steps are the driver's
 own, the same calls for both jobs.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +53,62 @@ AFTER_KILL: dict[str, tuple[int, list[str], list[str] | None]] = {
 }
 
 
-def run_driver(tmp_path: Path, urls: list[str], job: str, pipeline: str, log: Path, kill_at: str) -> int:
-    """Run the driver in a session of its own; whatever is left of that session afterwards is killed."""
-    args = [sys.executable, "-m", "tests.support.spark_driver", "--job", job, "--statehouse", ",".join(urls)]
-    args += ["--pipeline", pipeline]
+class Drivers:
+    """The cases' driver processes, each in a session of its own, started one case ahead: a case takes the
+    driver started before it, starts the next case's, and hands its own its arguments."""
+
+    def __init__(self, directory: Path, cases: int) -> None:
+        self.directory, self.left = directory, cases
+        self.started = 0
+        self.ahead: tuple[subprocess.Popen, Path, Path] | None = None
+
+    def start(self) -> tuple[subprocess.Popen, Path, Path]:
+        self.started += 1
+        log, given = self.directory / f"driver-{self.started}.log", self.directory / f"args-{self.started}.json"
+        args = [sys.executable, "-m", "tests.support.spark_driver", "--args-from", str(given)]
+        with open(log, "wb") as out:
+            process = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return process, log, given
+
+    def run(self, args: list[str]) -> tuple[int, Path]:
+        """Run a driver with ``args``; its exit code and log. Whatever is left of its session is killed."""
+        driver, log, given = self.ahead or self.start()
+        self.left -= 1
+        self.ahead = self.start() if self.left > 0 else None
+        aside = given.with_suffix(".part")
+        aside.write_text(json.dumps(args))
+        aside.replace(given)  # the driver never reads half a file
+        try:
+            return driver.wait(RUN_TIMEOUT), log
+        finally:
+            kill_session(driver.pid)  # the JVM and pyspark's workers on a timeout, or a failed self-kill
+            driver.wait(10)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            kill_session(self.ahead[0].pid)
+            self.ahead[0].wait(10)
+
+
+@pytest.fixture(scope="module")
+def drivers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drivers]:
+    cases = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    pool = Drivers(tmp_path_factory.mktemp("drivers"), len(cases))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def run_driver(
+    drivers: Drivers, tmp_path: Path, urls: list[str], job: str, pipeline: str, kill_at: str
+) -> tuple[int, Path]:
+    """Run the driver, killed at ``kill_at``; its exit code and log."""
+    args = ["--job", job, "--statehouse", ",".join(urls), "--pipeline", pipeline]
     args += ["--input", str(tmp_path / "input"), "--output", str(tmp_path / "output")]
     args += ["--checkpoint", str(tmp_path / "spark-checkpoint")]
     args += ["--kill-at", kill_at, "--kill-batch", str(KILL_BATCH), "--kill-record", str(tmp_path / "killed")]
-    with open(log, "wb") as out:
-        driver = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return driver.wait(RUN_TIMEOUT)
-    finally:
-        kill_session(driver.pid)  # the JVM and pyspark's workers on a timeout, or a failed self-kill
-        driver.wait(10)
+    return drivers.run(args)
 
 
 def after_kill(urls: list[str], job: str) -> tuple[int, list[str], list[str]]:
@@ -83,14 +128,13 @@ def tail(log: Path) -> str:
 
 @pytest.mark.parametrize(("pipeline", "step"), CASES)
 def test_driver_killed_then_restarted_matches_oracle(
-    spark: Any, tmp_path: Path, replicas: list[str], pipeline: str, step: str
+    spark: Any, tmp_path: Path, replicas: list[str], drivers: Drivers, pipeline: str, step: str
 ) -> None:
     job = f"kill-{pipeline}-{step}"
     batches = make_events(11, files=3, per_file=60)
     write_files(tmp_path / "input", batches)
 
-    killed_log = tmp_path / "killed.log"
-    code = run_driver(tmp_path, replicas, job, pipeline, killed_log, kill_at=step)
+    code, killed_log = run_driver(drivers, tmp_path, replicas, job, pipeline, kill_at=step)
     assert code == -9, tail(killed_log)
     assert set((tmp_path / "killed").read_text().split()) == {step}, tail(killed_log)  # two tasks may race
 

@@ -8,6 +8,11 @@ For the driver-failure tests (tests/spark/test_spark_driver_kill.py)::
 ``--pipeline``: the row-wise job (``docs/examples/user_features.py``, the default) or the columnar one
 (``docs/examples/user_features_columnar.py``); both start through ``user_features.start``.
 
+``python -m tests.support.spark_driver --args-from FILE``: a driver started ahead of its case, while the case
+before runs: it starts its Spark session, runs a small warm-up job (no Statehouse, no input: what a first
+micro-batch would start, pyspark's Python workers and the JVM's code paths), then waits for ``FILE``, a JSON
+list of the arguments above, and runs as given them.
+
 The failure is injected by wrapping things in this process only (the client's JSON calls, the function
 handed to ``foreachBatch``, the pipeline's per-partition callback): the product code has no test hooks.
 The kill takes the whole session down at once, as a lost driver machine would: the driver, its JVM,
@@ -19,12 +24,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from docs.examples import user_features, user_features_columnar
@@ -36,6 +44,7 @@ from tests.support.spark import local_spark
 # In protocol order. mid-task: a task of the batch has staged its writes but not reported them.
 STEPS = ("mid-task", "before-prepare", "before-commit", "mid-commit", "before-checkpoint", "after-checkpoint")
 PIPELINES = {"rows": user_features, "columnar": user_features_columnar}
+ARGS_LIMIT = 900.0  # seconds a driver started ahead waits for its arguments (a test run that died sends none)
 
 
 def kill_session(sid: int) -> None:
@@ -135,7 +144,47 @@ class Killer:
             die(self.kill, step)
 
 
+def warm_up(spark: Any) -> None:
+    """A small job shaped like a micro-batch's first stages (a group-by into Python tasks that import the
+    pipelines): pyspark's daemon and workers started, the shuffle's code paths compiled."""
+    from pyspark.sql import functions as F
+
+    rows = [(f"user-{i % 7}", "pen", float(i)) for i in range(60)]
+    events = spark.createDataFrame(rows, "user_id STRING, item STRING, amount DOUBLE")
+    grouped = events.groupBy("user_id").agg(F.collect_list(F.struct("item", "amount")).alias("events"))
+    grouped.rdd.mapPartitions(_import_pipelines).count()
+
+
+def _import_pipelines(rows: Iterable[Any]) -> Iterator[int]:
+    from docs.examples import user_features_columnar  # noqa: F401  (a columnar case's tasks import it)
+
+    yield sum(1 for _ in rows)
+
+
+def await_arguments(path: str) -> list[str]:
+    """The arguments a driver started ahead is given: the JSON list in ``path``, once it is there."""
+    deadline = time.monotonic() + ARGS_LIMIT
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"spark_driver: no arguments in {path} within {ARGS_LIMIT:.0f} s")
+        time.sleep(0.02)
+    return json.loads(Path(path).read_text())
+
+
 def main(argv: list[str] | None = None) -> None:
+    ahead = argparse.ArgumentParser(add_help=False)
+    ahead.add_argument("--args-from", help="started ahead: warm up, then read the arguments from this file")
+    early, _rest = ahead.parse_known_args(argv)
+    spark = None
+    if early.args_from is not None:
+        began = time.monotonic()
+        spark = local_spark("statehouse-driver-kill")
+        warm_up(spark)
+        ready = time.monotonic()
+        print(f"spark_driver: session up and warmed in {ready - began:.1f} s", file=sys.stderr, flush=True)
+        argv = await_arguments(early.args_from)
+        print(f"spark_driver: given its arguments {time.monotonic() - ready:.1f} s later", file=sys.stderr, flush=True)
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
@@ -158,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.kill_at is not None:
         Killer(args.kill_at, args.kill_batch, config.urls, kill).install()
 
-    spark = local_spark("statehouse-driver-kill")
+    if spark is None:
+        spark = local_spark("statehouse-driver-kill")
     run(spark, args.pipeline, config, args.job, args.input, args.output, args.checkpoint, on_partition)
     spark.stop()
 
