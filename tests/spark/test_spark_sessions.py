@@ -13,7 +13,7 @@ import pytest
 from docs.examples import sessions
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.spark import exactly_once
-from tests.support.features_pipeline import marker_once
+from tests.support.features_pipeline import marker_once, write_input_file
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -61,7 +61,7 @@ def run(spark, tmp_path, urls, job, batches, **options):
     input_dir = tmp_path / "input"
     input_dir.mkdir()
     for n, events in enumerate(batches):
-        (input_dir / f"events-{n:03d}.json").write_text("".join(json.dumps(e) + "\n" for e in events))
+        write_input_file(input_dir, n, events)
     config = ClientConfig.of(list(urls))
     sessions.setup(config, job)
     query = sessions.start(

@@ -12,7 +12,6 @@ resumes from is that checkpoint and the replicas (the dead JVM is gone either wa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
+from tests.support.features_pipeline import write_input_file
 from tests.support.server import REPO
 from tests.support.spark_driver import Kill, die, kill_session
 
@@ -79,7 +79,7 @@ def test_sink_killed_between_statehouse_and_spark_commits_is_exact(
     batches = events()
     (tmp_path / "input").mkdir()
     for n, rows in enumerate(batches):
-        (tmp_path / "input" / f"events-{n:03d}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_input_file(tmp_path / "input", n, rows)
     with StatehouseClient(replicas) as client:
         client.create_job(job, 32).register("spent", "reducing", function="sum", value_type="float64")
 

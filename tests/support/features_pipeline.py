@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import signal
 import time
@@ -39,11 +40,24 @@ def make_events(seed, files, per_file, users=25):
     ]
 
 
+# Spark's file source takes the oldest files first (maxFilesPerTrigger 1: one per micro-batch), by
+# modification time; files written in one tick (on tmpfs, the test directories' filesystem where the
+# machine has one, a whole batch of them) would be taken in the order the directory lists them.
+_FIRST_MTIME = int(time.time()) - 86_400
+
+
+def write_input_file(directory, n, rows):
+    """Input file ``n`` of a stream: its rows as JSON lines, modified ``n`` seconds after the first."""
+    path = directory / f"events-{n:03d}.json"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    os.utime(path, (_FIRST_MTIME + n, _FIRST_MTIME + n))
+    return path
+
+
 def write_files(directory, batches, start=0):
     directory.mkdir(parents=True, exist_ok=True)
     for n, events in enumerate(batches, start):
-        path = directory / f"events-{n:03d}.json"
-        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        write_input_file(directory, n, events)
 
 
 def reference(batches):
