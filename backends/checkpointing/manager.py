@@ -153,7 +153,8 @@ class CheckpointManager:
         kind: SnapshotKind = "checkpoint",
         metadata: dict[str, Any] | None = None,
     ) -> CheckpointInfo:
-        """Freeze the job's state now and upload it in the background; returns ``in_progress``.
+        """Freeze the job's state now and upload it in the background; returns ``in_progress``
+        (``failed`` if the freeze failed).
 
         Savepoints always use the canonical full format. Ids must be newer than every
         checkpoint or savepoint of the job this replica knows (in memory or in storage).
@@ -206,6 +207,7 @@ class CheckpointManager:
                 metadata=dict(metadata or {}),
             )
             attempt = state.attempts[checkpoint_id] = PendingCheckpoint(info, ctx)
+            accepted = attempt.info()
         try:
             attempt.future = self._runner.snapshot(live, strategy, ctx, attempt.uploaded)
         except JobReplaced:  # a restore swapped the job meantime: nothing was frozen, retry
@@ -216,7 +218,10 @@ class CheckpointManager:
         except Exception as exc:
             log.exception("synchronous part of checkpoint %s of job %s failed", checkpoint_id, job)
             attempt.fail(exc)
-        return attempt.info()
+            return attempt.info()
+        # As of the end of the synchronous part, whatever the upload has done since: a trigger
+        # answers alike however fast the storage (a wait for the upload is the caller's).
+        return accepted
 
     # -- queries -------------------------------------------------------------------------------
 
