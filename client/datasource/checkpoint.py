@@ -18,6 +18,7 @@ groups only. Operator state (``option("operator", ...)``) is one partition per p
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
@@ -105,12 +106,19 @@ class CheckpointOptions:
         )
 
     def open(self) -> CheckpointStorage:
-        return open_storage(self.storage, s3_endpoint_url=self.s3_endpoint_url)
+        return _opened(self.storage, self.s3_endpoint_url)
 
     @property
     def named(self) -> str:
         which = "the latest checkpoint" if self.checkpoint_id is None else f"checkpoint {self.checkpoint_id}"
         return f"{which} of job {self.job!r} in {self.storage}"
+
+
+@functools.lru_cache(maxsize=8)
+def _opened(location: str, s3_endpoint_url: str | None) -> CheckpointStorage:
+    """One storage per location in a process: Spark's Python workers run task after task, and an S3
+    client takes 0.2-0.5 s to build."""
+    return open_storage(location, s3_endpoint_url=s3_endpoint_url)
 
 
 def snapshot_parts(options: CheckpointOptions) -> list[SnapshotPart]:
