@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -25,13 +24,11 @@ def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, make
     storage = gated(LocalStorage, str(tmp_path / "cp"))  # every write but the metadata waits
     manager = make_manager(catalog, storage, complete_timeout_s=0.2)
 
-    started = time.monotonic()
     assert manager.trigger("orders", 1).status == "in_progress"
-    with job.transaction() as tx:  # the upload is stuck; writes go on
+    with job.transaction() as tx:  # the upload is stuck until the gate opens: these end only if writes go on
         for i in range(200):
             tx.value("v").update(f"k{i}", "after")
         tx.value("v").update("late", 1)
-    assert time.monotonic() - started < 5
     assert manager.get("orders", 1).status == "in_progress"
     with pytest.raises(CheckpointNotReady):
         manager.complete("orders", 1)
