@@ -27,6 +27,8 @@ _MARKER_OF_FIXTURE = {
 }
 _MARKER_OF_NAME = {
     "start_server": "http",
+    "start_servers": "http",
+    "start_replica_set": "http",
     "start_two_replicas": "http",
     "ServerProcess": "http",
     "local_spark": "spark",
@@ -202,7 +204,7 @@ import itertools  # noqa: E402
 import httpx  # noqa: E402
 
 from tests.support import server as server_support  # noqa: E402
-from tests.support.server import start_server, start_servers, start_two_replicas  # noqa: E402
+from tests.support.server import start_replica_set, start_server, start_two_replicas  # noqa: E402
 from tests.support.spark import local_spark  # noqa: E402
 
 _job_numbers = itertools.count()
@@ -259,19 +261,8 @@ def two_replicas(tmp_path_factory):
 def own_replicas(tmp_path_factory):
     """Two RocksDB replicas this test may kill and restart in place (same port, same disk)."""
     storage = tmp_path_factory.mktemp("shared-checkpoints")
-    servers = start_servers(
-        [
-            (
-                tmp_path_factory.mktemp(f"replica-{i}"),
-                {
-                    "STATEHOUSE_REPLICA_INDEX": str(i),
-                    "STATEHOUSE_REPLICA_COUNT": "2",
-                    "STATEHOUSE_CHECKPOINT_DIR": str(storage),
-                },
-            )
-            for i in range(2)
-        ]
-    )
+    workdirs = [tmp_path_factory.mktemp(f"replica-{i}") for i in range(2)]
+    servers = start_replica_set(workdirs, {"STATEHOUSE_CHECKPOINT_DIR": str(storage)})
     yield servers
     for server in servers:
         with contextlib.suppress(Exception):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.server import ServerProcess, start_servers
+from tests.support.server import ServerProcess, start_replica_set
 
 
 @pytest.fixture(scope="module")
@@ -15,11 +15,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     sees each batch's), for every case: each case has a job of its own (checkpoints, epochs,
     attempts and retention are per job), and two server starts per case cost ~10% of the file."""
     shared = str(tmp_path_factory.mktemp("checkpoints"))
-    env = {"STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared, "STATEHOUSE_NUM_RETAINED": "20"}
-    specs = [(tmp_path_factory.mktemp(f"replica-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}) for i in range(2)]
+    env = {"STATEHOUSE_CHECKPOINT_DIR": shared, "STATEHOUSE_NUM_RETAINED": "20"}
+    workdirs = [tmp_path_factory.mktemp(f"replica-{i}") for i in range(2)]
     servers: list[ServerProcess] = []
     try:
-        servers = start_servers(specs)
+        servers = start_replica_set(workdirs, env)
         yield [s.url for s in servers]
     finally:
         for server in servers:

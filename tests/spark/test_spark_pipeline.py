@@ -9,7 +9,7 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from tests.support.features_pipeline import assert_matches, make_events, reference, run, state_of, write_files
-from tests.support.server import start_servers
+from tests.support.server import start_replica_set
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
@@ -72,10 +72,8 @@ def test_rescale_from_two_to_three_replicas(spark, tmp_path, two_replicas, job_n
         savepoint = coordinator.savepoint()  # records the micro-batch the state holds, whoever takes it
     # A new deployment of three replicas on fresh disks, reading the same checkpoint storage.
     storage = two_replicas[0].settings["STATEHOUSE_CHECKPOINT_DIR"]
-    env = {"STATEHOUSE_REPLICA_COUNT": "3", "STATEHOUSE_CHECKPOINT_DIR": storage}
-    new = start_servers(
-        [(tmp_path_factory.mktemp(f"rescaled-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}) for i in range(3)]
-    )
+    workdirs = [tmp_path_factory.mktemp(f"rescaled-{i}") for i in range(3)]
+    new = start_replica_set(workdirs, {"STATEHOUSE_CHECKPOINT_DIR": storage})
     try:
         new_urls = [s.url for s in new]
         with StatehouseClient(new_urls) as client:

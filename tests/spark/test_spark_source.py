@@ -18,7 +18,7 @@ from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
 from statehouse.client.datasource.writer import BatchWriter
-from tests.support.server import free_port, start_servers
+from tests.support.server import free_port, start_replica_set
 from tests.support.source_data import STATES, as_dict, fill, fill_operator, first_line, read
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
@@ -28,14 +28,11 @@ pytestmark = [pytest.mark.http, pytest.mark.spark]
 def replicas(request, tmp_path_factory):
     """Two replicas of one deployment on one backend, sharing a checkpoint storage."""
     shared = str(tmp_path_factory.mktemp(f"source-checkpoints-{request.param}"))
-    env = {"STATEHOUSE_BACKEND": request.param, "STATEHOUSE_REPLICA_COUNT": "2", "STATEHOUSE_CHECKPOINT_DIR": shared}
-    specs = [
-        (tmp_path_factory.mktemp(f"source-{request.param}-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)})
-        for i in range(2)
-    ]
+    env = {"STATEHOUSE_BACKEND": request.param, "STATEHOUSE_CHECKPOINT_DIR": shared}
+    workdirs = [tmp_path_factory.mktemp(f"source-{request.param}-{i}") for i in range(2)]
     servers = []
     try:
-        servers = start_servers(specs)
+        servers = start_replica_set(workdirs, env)
         yield [s.url for s in servers]
     finally:
         for server in servers:

@@ -15,7 +15,7 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.datasource import StatehouseDataSource, register
-from tests.support.server import start_servers
+from tests.support.server import start_replica_set
 from tests.support.source_data import STATES, as_dict, fill, fill_operator, first_line, read
 
 pytestmark = [pytest.mark.http, pytest.mark.spark]
@@ -34,17 +34,13 @@ def deployment(request, tmp_path_factory, s3_server):
     location = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
     env = {
         "STATEHOUSE_BACKEND": request.param,
-        "STATEHOUSE_REPLICA_COUNT": "2",
         "STATEHOUSE_CHECKPOINT_DIR": location,
         "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
     }
-    specs = [
-        (tmp_path_factory.mktemp(f"chk-source-{request.param}-{i}"), {**env, "STATEHOUSE_REPLICA_INDEX": str(i)})
-        for i in range(2)
-    ]
+    workdirs = [tmp_path_factory.mktemp(f"chk-source-{request.param}-{i}") for i in range(2)]
     servers = []
     try:
-        servers = start_servers(specs)
+        servers = start_replica_set(workdirs, env)
         yield [s.url for s in servers], location, request.param
     finally:
         for server in servers:
@@ -243,14 +239,12 @@ def test_a_checkpoint_of_a_rescaled_deployment(source, deployment, s3_server, tm
         before = CheckpointCoordinator(client.job(job)).checkpoint().checkpoint_id
     env = {
         "STATEHOUSE_BACKEND": backend,
-        "STATEHOUSE_REPLICA_COUNT": "3",
         "STATEHOUSE_CHECKPOINT_DIR": storage,
         "STATEHOUSE_S3_ENDPOINT_URL": s3_server.endpoint,
     }
-    specs = [(tmp_path / f"three-{i}", {**env, "STATEHOUSE_REPLICA_INDEX": str(i)}) for i in range(3)]
     servers = []
     try:
-        servers = start_servers(specs)
+        servers = start_replica_set([tmp_path / f"three-{i}" for i in range(3)], env)
         three = [s.url for s in servers]
         with StatehouseClient(three) as client:
             client.replicas.on_all("POST", f"/v1/jobs/{job}/restore", {"checkpoint_id": before}, idempotent=False)

@@ -73,6 +73,7 @@ class Zygote:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
+        atexit.register(self.close)
 
     def fork(self, argv: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
         status = log.with_name(f".{log.name}.{uuid.uuid4().hex}.exit")
@@ -85,7 +86,6 @@ class Zygote:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                 )
-                atexit.register(self.close)
             assert self._process.stdin is not None and self._process.stdout is not None
             self._process.stdin.write(json.dumps(request).encode() + b"\n")
             self._process.stdin.flush()
@@ -211,19 +211,20 @@ def await_ready(server: ServerProcess, timeout: float = 120, probe: str = "/read
     raise RuntimeError(f"server did not become ready in {timeout}s:\n{server.log()}")
 
 
+def start_replica_set(workdirs: list[Path], env: dict[str, str]) -> list[ServerProcess]:
+    """The replicas of one deployment of ``len(workdirs)``, started together (:func:`start_servers`):
+    replica ``i`` on ``workdirs[i]``, with ``env`` and its index and count."""
+    count = str(len(workdirs))
+    return start_servers(
+        [
+            (workdir, {**env, "STATEHOUSE_REPLICA_INDEX": str(i), "STATEHOUSE_REPLICA_COUNT": count})
+            for i, workdir in enumerate(workdirs)
+        ]
+    )
+
+
 def start_two_replicas(tmp_path_factory) -> list[ServerProcess]:
     """Replicas 0 and 1 of a two-replica RocksDB deployment sharing one checkpoint storage."""
     shared = str(tmp_path_factory.mktemp("replica-checkpoints"))  # one storage, as S3 would be
-    return start_servers(
-        [
-            (
-                tmp_path_factory.mktemp(f"replica-{i}"),
-                {
-                    "STATEHOUSE_REPLICA_INDEX": str(i),
-                    "STATEHOUSE_REPLICA_COUNT": "2",
-                    "STATEHOUSE_CHECKPOINT_DIR": shared,
-                },
-            )
-            for i in range(2)
-        ]
-    )
+    workdirs = [tmp_path_factory.mktemp(f"replica-{i}") for i in range(2)]
+    return start_replica_set(workdirs, {"STATEHOUSE_CHECKPOINT_DIR": shared})
