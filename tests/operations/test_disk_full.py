@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from statehouse.backends.rocksdb.space import wal_limit
 from tests.support.arrow_ipc import ARROW, arrow, values
 from tests.support.checkpoint_status import wait_status
 from tests.support.server import ServerProcess, start_server
@@ -80,6 +81,25 @@ def settle(path: Path) -> None:
             return
 
 
+def keep_full(writer: Writer, filler: Path, volume: Path, leave: int) -> None:
+    """Fill the volume until it stays full, with the job refusing writes.
+
+    A flush or compaction running on frees space as it ends (its log or inputs deleted, or its
+    partial output after it failed for lack of space). Without a reserve, what it frees may be
+    enough for the job to be reopened for writing (as it should be); then writes are made to
+    fail again. Bounded: each round takes what was freed."""
+    for _ in range(20):
+        settle(volume)
+        fill(filler, leave)
+        settle(volume)
+        if free_bytes(volume) >= leave + wal_limit(0):
+            continue  # something freed space after the fill: take it too
+        if readyz_status(writer.http.base_url) == 503:
+            return
+        refused(writer.until_refused())  # reopened for writing meanwhile: run it out again
+    raise AssertionError("the volume never stayed full")
+
+
 def start(tmp_path: Path, volume: Path, reserve: int, port: int | None = None, probe: str = "/readyz"):
     env = {
         "STATEHOUSE_BACKEND": "rocksdb",
@@ -129,7 +149,11 @@ class Writer:
 
 
 def readyz(server: ServerProcess) -> int:
-    return httpx.get(server.url + "/readyz", timeout=10).status_code
+    return readyz_status(server.url)
+
+
+def readyz_status(url: object) -> int:
+    return httpx.get(f"{url}/readyz", timeout=10).status_code
 
 
 def wait_readyz(server: ServerProcess, status: int) -> None:
@@ -164,10 +188,7 @@ def test_a_full_volume_refuses_writes_reports_not_ready_and_recovers_without_res
         refused(writer.until_refused())
         assert len(writer.acked) > 100  # it wrote megabytes before refusing
         assert "statehouse_data_volume_free_bytes" in httpx.get(server.url + "/metrics").text
-        # A flush or compaction running on frees space as it ends (its log or inputs deleted): let
-        # it end, then keep the volume below the reserve.
-        settle(volume)
-        fill(filler, leave=min(reserve, 1 << 20))
+        keep_full(writer, filler, volume, leave=min(reserve, 1 << 20))
         answer = httpx.get(server.url + "/readyz", timeout=10)  # one answer: its status and why
         assert answer.status_code == 503 and "space" in answer.json()["detail"], answer.text
         refused(writer.batch(keys=1, value_bytes=10))  # small ones too
