@@ -37,6 +37,8 @@ class ChangeTracker:
         self.ranges = [r for r in ranges if len(r)]
         self._key_groups = frozenset(kg for r in self.ranges for kg in r)
         self.touched: set[tuple[str, int, bytes]] = set()
+        # Catch-up rounds taken: ``touched`` holds what changed since the last one's keys were taken.
+        self.round = 0
         self.invalid_reason: str | None = None
         self.max_keys = max_keys
 
@@ -50,6 +52,13 @@ class ChangeTracker:
             log.info("change tracking %s stops: %s", self.token, reason)
             self.invalid_reason = reason
             self.touched = set()
+
+    def take_round(self) -> set[tuple[str, int, bytes]]:
+        """The keys noted in this round, and the next round begun with none: a catch-up's delta
+        carries their content as it is when read; whatever is written after this is noted again."""
+        touched, self.touched = self.touched, set()
+        self.round += 1
+        return touched
 
     def note(self, flat: Mapping[str, FlatChanges], ops: Iterable[WriteOp]) -> None:
         """A transaction's changes, before they are written."""

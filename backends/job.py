@@ -207,18 +207,28 @@ class Job:
         with self._lock:
             self.tracker = None
 
-    def changed(self, token: str) -> tuple[dict[str, bool], list[Changed]] | None:
-        """The keyed tables (name -> nested) and the whole current content of every key the
-        tracker ``token`` noted, ``(key group, table, primary, [(secondary, value), ...])``, an
-        empty list for a key that holds nothing now; ``None`` when no valid tracker of that token
-        runs. Call it once the key groups are frozen, so that it is the content a checkpoint taken
-        meanwhile holds; read under the lock a slice of keys at a time, so that writes to the other
-        key groups go on in between."""
+    def invalidate_tracking(self, token: str, reason: str) -> None:
+        """The tracker ``token`` cannot give a delta from here on (a round's keys were taken and
+        their delta lost): the move loads these key groups whole."""
+        with self._lock:
+            if self.tracker is not None and self.tracker.token == token:
+                self.tracker.invalidate(reason)
+
+    def changed(self, token: str, take_round: bool = False) -> tuple[int, dict[str, bool], list[Changed]] | None:
+        """The tracker's round, the keyed tables (name -> nested) and the whole current content of
+        every key the tracker ``token`` noted in that round, ``(key group, table, primary,
+        [(secondary, value), ...])``, an empty list for a key that holds nothing now; ``None`` when
+        no valid tracker of that token runs. At the cut, call it once the key groups are frozen, so
+        that it is the content a checkpoint taken meanwhile holds; ``take_round`` (a catch-up, writes
+        going on) begins the next round as it takes the keys. Read under the lock a slice of keys at
+        a time, so that writes to the other key groups go on in between."""
         with self.exclusive():
             tracker = self.tracker
             if tracker is None or tracker.token != token or not tracker.valid:
                 return None
-            touched = sorted(tracker.touched)  # by table, then in stored order: one multi-get per table
+            taken_round = tracker.round
+            noted = tracker.take_round() if take_round else tracker.touched
+            touched = sorted(noted)  # by table, then in stored order: one multi-get per table
             tables = self.partition.tables()
         changed: list[Changed] = []
         for start in range(0, len(touched), _CHANGED_SLICE):
@@ -226,7 +236,7 @@ class Job:
                 for table, rows in groupby(touched[start : start + _CHANGED_SLICE], key=itemgetter(0)):
                     changed += self._content(table, tables.get(table), list(rows))
         used = {c[1] for c in changed}
-        return {t: n for t, n in tables.items() if t in used}, changed
+        return taken_round, {t: n for t, n in tables.items() if t in used}, changed
 
     def _content(self, table: str, nested: bool | None, rows: list[tuple[str, int, bytes]]) -> list[Changed]:
         """The whole current content of ``rows`` (``(table, key group, primary)``, all of ``table``);

@@ -56,8 +56,8 @@ def run(cfg: argparse.Namespace, seed: int) -> dict[str, float]:
             for key in random.Random(seed).sample(keys, cfg.changed):
                 tx.value("v").update(key, "y" * 100)
         read_s, read_cpu, found = timed(lambda: job.changed("bench"))
-        assert found is not None and len(found[1]) == cfg.changed
-        delta = Delta("bench", [EVERY], *found)
+        assert found is not None and len(found[2]) == cfg.changed
+        delta = Delta("bench", [EVERY], *found[1:])
         pack_s, pack_cpu, data = timed(delta.to_bytes)
         apply_s, apply_cpu, applied = timed(lambda: apply_delta(copy, Delta.from_bytes(data), [EVERY]))
         assert applied == cfg.changed

@@ -82,7 +82,7 @@ from bench.columnar import process_cpu_ns
 from bench.common import print_header, s3_settings, table, write_json
 from docs.examples import user_features
 from statehouse.client import ClientConfig, StatehouseClient
-from statehouse.client.rescale import LiveRescale
+from statehouse.client.rescale import CATCH_UP_ROUNDS, LiveRescale
 from statehouse.client.transport import ReplicaConnection
 from statehouse.protocol.keygroups import KeyGroupRange
 from tests.support.replica_set import ReplicaSet
@@ -756,6 +756,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="--no-spark: a thread updates random existing keys during the moves; latencies, then every key checked",
     )
+    p.add_argument(
+        "--catch-up-rounds",
+        type=int,
+        default=CATCH_UP_ROUNDS,
+        help="--no-spark: LiveRescale's catch-up rounds of the pre-copy (0: none, the cut carries all the copy missed)",
+    )
     p.add_argument("--jobs", type=int, default=0, help="more jobs beside the bulk one (a set of many jobs)")
     p.add_argument("--job-keys", type=int, default=20_000, help="--jobs: keys in each")
     p.add_argument("--write-batch", type=int, default=500, help="--writers: random keys per columns.put")
@@ -838,7 +844,13 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                 else:
                     with StatehouseClient(config) as client:
                         for step in plan:
-                            with LiveRescale(client, to=step.count, new_urls=list(step.urls), precopy=cfg.precopy) as m:
+                            with LiveRescale(
+                                client,
+                                to=step.count,
+                                new_urls=list(step.urls),
+                                precopy=cfg.precopy,
+                                catch_up_rounds=cfg.catch_up_rounds,
+                            ) as m:
                                 rescales.append(measure(log, replicas, step, m.run))
                             time.sleep(WRITERS_ALONE if writers else 0)
         else:

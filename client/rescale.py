@@ -36,16 +36,21 @@ if TYPE_CHECKING:
     from statehouse.client.client import StatehouseClient
 
 # A step's report to the progress callback: its name ("copying" and "copied": a pre-copy's start
-# and its loads; "prepared", "checkpointed", "loaded", "decided", "committed", "verified",
-# "aborted", or "waiting": a batch in flight holds prepare
-# (``for``: "batch_in_flight"), or a replica or its checkpoint storage does not answer a step (``for``:
-# the problem's code, e.g. "storage_unavailable", or "unreachable"; with ``step``, ``url``, ``detail``))
-# and what it did. An exception raised by the callback stops the driver there, as a dead
-# coordinator would (the tests use this). A checkpoint's "waiting" comes from the thread that
-# checkpoints that job (the jobs are checkpointed side by side).
+# and its end, "caught up": each of its catch-up rounds, with the keys it carried; "prepared",
+# "checkpointed", "loaded", "decided", "committed", "verified", "aborted", or "waiting": a batch in
+# flight holds prepare (``for``: "batch_in_flight"), or a replica or its checkpoint storage does not
+# answer a step (``for``: the problem's code, e.g. "storage_unavailable", or "unreachable"; with
+# ``step``, ``url``, ``detail``)) and what it did. An exception raised by the callback stops the
+# driver there, as a dead coordinator would (the tests use this). A checkpoint's "waiting" comes
+# from the thread that checkpoints that job (the jobs are checkpointed side by side).
 Progress = Callable[[str, dict[str, Any]], None]
 
-STEPS = ("copying", "copied", "prepared", "checkpointed", "loaded", "decided", "committed", "verified")
+# A pre-copy catches up in at most this many rounds, and stops once a round carries fewer keys
+# per old replica than CATCH_UP_KEYS (tens of milliseconds of work on either side).
+CATCH_UP_ROUNDS = 3
+CATCH_UP_KEYS = 5_000
+
+STEPS = ("copying", "caught up", "copied", "prepared", "checkpointed", "loaded", "decided", "committed", "verified")
 
 
 class RescaleFailed(StatehouseError):
@@ -135,8 +140,10 @@ class LiveRescale:
     it), so a query meeting the move goes on at the next batch on the new layout.
 
     ``precopy`` (the default): the bulk of what moves is checkpointed and loaded while writes go
-    on everywhere, and only what changed since at the cut, frozen (docs/rescale.md, "Pre-copy");
-    without it everything moves at the cut, frozen from the prepare to the commit."""
+    on everywhere, then what changed meanwhile in up to ``catch_up_rounds`` rounds (fewer when a
+    round carries few keys), and only what changed after the last at the cut, frozen
+    (docs/rescale.md, "Pre-copy"); without it everything moves at the cut, frozen from the prepare
+    to the commit."""
 
     def __init__(
         self,
@@ -148,6 +155,7 @@ class LiveRescale:
         progress: Progress | None = None,
         initiator: str = "operator",
         precopy: bool = True,
+        catch_up_rounds: int = CATCH_UP_ROUNDS,
     ) -> None:
         self.replicas = client if isinstance(client, Replicas) else client.replicas
         self.to = to
@@ -156,6 +164,7 @@ class LiveRescale:
         self.progress = progress or (lambda step, info: None)
         self.initiator = initiator
         self.precopy = precopy
+        self.catch_up_rounds = catch_up_rounds
         self._connections: dict[str, ReplicaConnection] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="statehouse-rescale")
 
@@ -297,11 +306,26 @@ class LiveRescale:
         body = {"version": move.version, "checkpoints": checkpoints, "precopy": tokens}
         answers = self._each(move.urls, lambda url: self._call(url, "load", body))
         copied = {url: _load_totals(answer) for url, answer in zip(move.urls, answers, strict=True)}
+        if tokens:
+            self._catch_up(move, {**body, "catch_up": True})
         # The loads wrote new files on the old replicas that gain key groups (and writes went on): a
         # checkpoint now uploads them while nothing is frozen, so that the cut's builds on it.
         self._checkpoint(move)
         self.progress("copied", {"checkpoints": checkpoints, "loaded": copied})
         return copied
+
+    def _catch_up(self, move: _Move, body: dict[str, Any]) -> None:
+        """Catch-up rounds, writes going on: the old replicas write what changed since the last
+        round, the new layout applies it; until a round carries fewer than ``CATCH_UP_KEYS`` keys on
+        every old replica (the cut's delta, inside the freeze, then carries about as few), or
+        ``catch_up_rounds`` were taken."""
+        for round_ in range(self.catch_up_rounds):
+            written = self._each(move.old_urls, lambda url: self._call(url, "catch-up", {"version": move.version}))
+            self._each(move.urls, lambda url: self._call(url, "load", body))
+            keys = [sum(job["keys"] for job in (answer.get("jobs") or {}).values()) for answer in written]
+            self.progress("caught up", {"round": round_ + 1, "keys": sum(keys)})
+            if max(keys, default=0) < CATCH_UP_KEYS:
+                return
 
     def _with_current_jobs(self, move: _Move) -> _Move:
         """``move`` with every job the old replicas hold now (their ``GET /v1/topology``)."""

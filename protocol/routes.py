@@ -13,10 +13,11 @@ import string
 API = "/v1"
 
 TOPOLOGY = f"{API}/topology"
-# The steps of a live rescale (``step``: prepare, load, decide, commit, abort) and the decision's read.
+# The steps of a live rescale (``step``: prepare, catch-up, load, decide, commit, abort) and the
+# decision's read.
 TOPOLOGY_STEP = f"{TOPOLOGY}/{{step}}"
 TOPOLOGY_DECISION = f"{TOPOLOGY}/decision"
-TOPOLOGY_STEPS = ("prepare", "load", "decide", "commit", "abort")
+TOPOLOGY_STEPS = ("prepare", "catch-up", "load", "decide", "commit", "abort")
 
 JOBS = f"{API}/jobs"
 JOB = f"{JOBS}/{{job}}"

@@ -196,6 +196,9 @@ class VersionBody(BaseModel):
 
 
 class LoadBody(BaseModel):
+    """Step 3 on one replica of the new layout: the move's checkpoint of every job, and for a
+    pre-copy the old replicas' tokens its copy is taken under, or a catch-up over that copy."""
+
     version: Version
     checkpoints: Checkpoints
     precopy: dict[Annotated[int, Field(ge=0, le=32767)], Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]] | None = (
@@ -206,6 +209,22 @@ class LoadBody(BaseModel):
             "token its prepare answered before these checkpoints were triggered; the load at the cut then takes "
             "only what changed since from the old replicas whose delta was written under it",
         )
+    )
+    catch_up: bool = Field(
+        default=False,
+        description="a pre-copy's catch-up (the move still `copying`; `checkpoints` names the copy's, nothing is read "
+        "from them): apply over the copy the catch-up rounds the old replicas wrote since the last",
+    )
+
+
+class RoundInfo(BaseModel):
+    round: int = Field(description="the catch-up round written (0: the changes since the copy's tracking began)")
+    keys: int = Field(description="the keys whose content it carries")
+
+
+class CatchUpInfo(BaseModel):
+    jobs: dict[str, RoundInfo] = Field(
+        description="per job whose changes are tracked here; empty on a replica that gives nothing away"
     )
 
 
@@ -287,6 +306,21 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
 
 
 @router.post(
+    routes.path(routes.TOPOLOGY_STEP, step="catch-up"),
+    response_model=CatchUpInfo,
+    responses=doc.errors(*STEP),
+)
+@admin_route(ADMIN_STEP)
+async def catch_up_rescale(service: ServiceDep, grant: GrantDep, body: VersionBody) -> CatchUpInfo:
+    """A pre-copy's catch-up round (the move still `copying`, nothing frozen): write, per job, the current content of
+    every key changed in the key groups this replica gives away since the last round, and begin the next, so
+    that the cut carries only what changes after it; then `load` with `catch_up` on the new layout applies it.
+    409 `rescale_conflict` past the copy."""
+    written = await run_in_threadpool(participant(service).catch_up, body.version)
+    return CatchUpInfo(jobs={job: RoundInfo(**info) for job, info in written.items()})
+
+
+@router.post(
     routes.path(routes.TOPOLOGY_STEP, step="load"),
     response_model=LoadInfo,
     responses=doc.errors(*STEP, *LOAD),
@@ -295,7 +329,9 @@ async def prepare_rescale(service: ServiceDep, grant: GrantDep, body: PrepareBod
 async def load_rescale(service: ServiceDep, grant: GrantDep, body: LoadBody) -> LoadInfo:
     """Step 3: load the key groups moving in to this replica from each job's checkpoint into the live job (not
     served until the commit); synchronous. Every job the replica has must be named (409 `rescale_incomplete`)."""
-    loaded = await run_in_threadpool(participant(service).load, body.version, body.checkpoints, body.precopy)
+    loaded = await run_in_threadpool(
+        participant(service).load, body.version, body.checkpoints, body.precopy, body.catch_up
+    )
     service.metrics.rescale_bytes_loaded.inc(sum(job["bytes_read"] for job in loaded.values()))
     return LoadInfo(jobs={job: JobLoad(**info) for job, info in loaded.items()})
 

@@ -29,19 +29,24 @@ _FORMAT = 1
 _DIGEST = hashlib.sha256().digest_size
 
 
-def delta_path(set_id: str, version: int, job: str, index: int) -> str:
-    return f"_topology/{set_id}/rescale-v{version}/delta-{job}-{index}.bin"
+def delta_path(set_id: str, version: int, job: str, index: int, round_: int = 0) -> str:
+    return f"_topology/{set_id}/rescale-v{version}/delta-{job}-{index}-r{round_}.bin"
 
 
 @dataclass(frozen=True)
 class Delta:
-    """What one old replica's tracker ``token`` saw change in ``ranges`` of one job: each key's
-    whole content at the cut (``Changed``), and the nesting of the tables they are in."""
+    """What one old replica's tracker ``token`` saw change in ``ranges`` of one job in its
+    ``round`` (the keys noted since the previous catch-up round's were taken): each key's whole
+    content when read (``Changed``; at the cut, frozen), and the nesting of the tables they are in.
+    Applied over a copy brought up to date by every earlier round, in order; ``cut``: the last
+    round, written frozen at the cut."""
 
     token: str
     ranges: list[KeyGroupRange]
     tables: dict[str, bool]
     changed: list[Changed]
+    round: int = 0
+    cut: bool = True
 
     def covers(self, wanted: KeyGroupRange) -> bool:
         """Whether every key group of ``wanted`` was tracked."""
@@ -52,6 +57,8 @@ class Delta:
             {
                 "format": _FORMAT,
                 "token": self.token,
+                "round": self.round,
+                "cut": self.cut,
                 "ranges": [[r.start, r.end] for r in self.ranges],
                 "tables": self.tables,
                 "changed": [[kg, t, p, [list(e) for e in entries]] for kg, t, p, entries in self.changed],
@@ -76,6 +83,8 @@ class Delta:
                 (int(kg), str(t), bytes(p), [(bytes(s), bytes(v)) for s, v in entries])
                 for kg, t, p, entries in doc["changed"]
             ],
+            int(doc["round"]),
+            bool(doc["cut"]),
         )
 
 
@@ -99,6 +108,22 @@ def read_delta(storage: CheckpointStorage, path: str) -> Delta | None:
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         log.warning("the pre-copy delta %s is not usable (%s): its key groups are loaded whole", path, exc)
         return None
+
+
+def read_rounds(
+    storage: CheckpointStorage, set_id: str, version: int, job: str, index: int, token: str, start: int
+) -> tuple[list[Delta], bool]:
+    """Old replica ``index``'s deltas of ``job`` from round ``start`` on, in order, as far as they
+    are written (under ``token``, each its round) and up to the cut's; whether the cut's ends them."""
+    deltas: list[Delta] = []
+    while True:
+        round_ = start + len(deltas)
+        delta = read_delta(storage, delta_path(set_id, version, job, index, round_))
+        if delta is None or delta.token != token or delta.round != round_:
+            return deltas, False
+        deltas.append(delta)
+        if delta.cut:
+            return deltas, True
 
 
 def apply_delta(job: Job, delta: Delta, wanted: Sequence[KeyGroupRange]) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.decision import Decision, Outcome, RescaleDecided, decide, read_decision
 from statehouse.backends.checkpointing.manager import CheckpointManager
-from statehouse.backends.checkpointing.precopy import Delta, apply_delta, delta_path, read_delta, write_delta
+from statehouse.backends.checkpointing.precopy import Delta, apply_delta, delta_path, read_rounds, write_delta
 from statehouse.backends.checkpointing.restore import MergeRestore, check_coverage
 from statehouse.backends.errors import BatchInFlight, JobNotFound, StateError
 from statehouse.backends.job import Job
@@ -40,6 +40,8 @@ from statehouse.snapshots.errors import CheckpointNotFound
 from statehouse.snapshots.stored.names import validate_name
 
 log = logging.getLogger(__name__)
+
+_UNUSABLE = -1  # an old replica whose deltas cannot bring the copy here up to date
 
 
 class RescalePending(StateError):
@@ -73,7 +75,8 @@ class RescaleNotLoaded(StateError):
 
 
 def _spans(ranges: list[Any]) -> list[list[int]]:
-    return [[r.start, r.end] for r in ranges]
+    """Each range once, in order, as ``[start, end]``."""
+    return [[r.start, r.end] for r in dict.fromkeys(ranges)]
 
 
 class RescaleParticipant:
@@ -104,6 +107,11 @@ class RescaleParticipant:
         # old replicas' tokens the copy loaded here was taken under.
         self._tokens: dict[int, str] = {}
         self._copied: dict[tuple[int, str], dict[int, str]] = {}
+        # Per (version, job), per old replica index: the round of its deltas the copy here needs
+        # next (every earlier one applied), or _UNUSABLE once one could not be applied. And the
+        # deltas this replica wrote per move version, removed when the move ends.
+        self._rounds: dict[tuple[int, str], dict[int, int]] = {}
+        self._written: dict[int, list[str]] = {}
 
     @property
     def index(self) -> int:
@@ -238,20 +246,50 @@ class RescaleParticipant:
         log.info("live rescale to %d replicas (topology version %d) prepared", move.replica_count, move.version)
         return move
 
-    def _write_delta(self, move: Move, job: Job, token: str) -> None:
-        changed = job.changed(token)
+    def catch_up(self, version: int) -> dict[str, dict[str, int]]:
+        """A catch-up round of a pre-copy, writes going on: each job's delta of what its tracker
+        noted since the last round (their content now), and the next round begun, so that the cut
+        carries only what changes after it. Per job written: the round and the keys in it. A
+        replica that gives nothing away writes nothing."""
+        with self._lock:
+            move = self._pending(version)
+            if move.phase != "copying":
+                raise RescaleConflict(
+                    f"the move to topology version {version} is {move.phase} here, past its pre-copy: a catch-up "
+                    "round belongs to the copy",
+                    version=version,
+                )
+            token = self._tokens.get(version)
+            if token is None or move.joining:
+                return {}
+            written = {}
+            for job in self._jobs():
+                done = self._write_delta(move, job, token, take_round=True)
+                if done is not None:
+                    written[job.name] = {"round": done[0], "keys": done[1]}
+            return written
+
+    def _write_delta(self, move: Move, job: Job, token: str, take_round: bool = False) -> tuple[int, int] | None:
+        """Write ``job``'s delta of its tracker's round (at the cut, frozen; ``take_round``: a
+        catch-up's, beginning the next round); the round and its keys, or None if none was written."""
+        changed = job.changed(token, take_round)
         if changed is None:
-            log.info("job %s: no valid change tracking at the cut; its moving key groups are loaded whole", job.name)
-            return
-        tables, entries = changed
-        path = delta_path(self.layout.topology.set_id, move.version, job.name, self.index)
+            log.info("job %s: no valid change tracking; its moving key groups are loaded whole at the cut", job.name)
+            return None
+        round_, tables, entries = changed
+        path = delta_path(self.layout.topology.set_id, move.version, job.name, self.index, round_)
         ranges = move.moving_out(job.max_parallelism, self.index)
+        self._written.setdefault(move.version, []).append(path)
         try:
-            write_delta(self.storage, path, Delta(token, ranges, tables, entries))
+            write_delta(self.storage, path, Delta(token, ranges, tables, entries, round_, cut=not take_round))
         except Exception as exc:  # storage down: the new owners load these key groups whole
+            if take_round:  # the round's keys are taken: no later delta can stand for them
+                job.invalidate_tracking(token, f"the delta of catch-up round {round_} could not be written")
             log.warning(
                 "job %s: the pre-copy delta could not be written (%s); its key groups are loaded whole", job.name, exc
             )
+            return None
+        return round_, len(entries)
 
     def tracking_token(self, version: int) -> str | None:
         """The token of this replica's change tracking for the move to ``version`` (a pre-copy's
@@ -266,8 +304,10 @@ class RescaleParticipant:
         for job in jobs:
             job.stop_tracking()
         self._copied = {k: v for k, v in self._copied.items() if k[0] != move.version}
-        if self._tokens.pop(move.version, None) is not None:
-            paths = [delta_path(self.layout.topology.set_id, move.version, j.name, self.index) for j in jobs]
+        self._rounds = {k: v for k, v in self._rounds.items() if k[0] != move.version}
+        self._tokens.pop(move.version, None)
+        paths = self._written.pop(move.version, [])
+        if paths:
             try:
                 self.storage.delete(paths)
             except Exception as exc:  # left behind: harmless, named after a spent version
@@ -309,7 +349,11 @@ class RescaleParticipant:
     # -- load -------------------------------------------------------------------------------------
 
     def load(
-        self, version: int, checkpoints: dict[str, int], precopy: dict[int, str] | None = None
+        self,
+        version: int,
+        checkpoints: dict[str, int],
+        precopy: dict[int, str] | None = None,
+        catch_up: bool = False,
     ) -> dict[str, dict[str, Any]]:
         """Merge each job's moving-in key groups from its checkpoint into the live job (not served
         until the commit) and stage its operator state for the new layout; record ``loaded``.
@@ -319,14 +363,16 @@ class RescaleParticipant:
         ``precopy`` (old replica index -> tracking token, each as its pre-copy prepare answered,
         before the checkpoints were triggered): the copy of a move still ``copying``, recorded in
         memory only; the load at the cut then takes, from each old replica whose delta was written
-        under the token named here, only what changed since, and the rest whole."""
+        under the token named here, only what changed since, and the rest whole. With ``catch_up``
+        (still ``copying``), nothing is read from ``checkpoints``: the copy loaded from them is
+        brought up to date by each old replica's next catch-up round (:meth:`catch_up`)."""
         with self._lock:
             topology = self.layout.topology
             move = topology.move
             if move is None and topology.version == version:
                 return {}  # committed: nothing left to load
             move = self._pending(version)
-            if precopy is not None and move.phase != "copying":
+            if (precopy is not None or catch_up) and move.phase != "copying":
                 raise RescaleConflict(
                     f"the move to topology version {version} is {move.phase} here, past its pre-copy: load at the "
                     "cut (without precopy)",
@@ -344,11 +390,16 @@ class RescaleParticipant:
                     jobs=missing,
                 )
             loaded: dict[str, dict[str, Any]] = {}
+            if catch_up:
+                for job in sorted(checkpoints):
+                    loaded[job] = self._catch_up_job(move, job)
+                return loaded
             for job, checkpoint_id in sorted(checkpoints.items()):
                 copied = None if precopy is not None else self._copied.get((version, job))
                 loaded[job] = self._load_job(move, job, checkpoint_id, copied)
                 if precopy is not None:
                     self._copied[(version, job)] = dict(precopy)
+                    self._rounds[(version, job)] = dict.fromkeys(precopy, 0)
             if precopy is None:
                 self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
             return loaded
@@ -376,6 +427,29 @@ class RescaleParticipant:
             "delta_keys": changed,
         }
 
+    def _catch_up_job(self, move: Move, job: str) -> dict[str, Any]:
+        """Apply the catch-up rounds each old replica wrote since the last over the copy of ``job``
+        loaded here; an old replica whose next round is of another tracker is left to the cut's
+        load whole."""
+        copied, rounds = self._copied.get((move.version, job)), self._rounds.get((move.version, job))
+        empty = {"key_groups": [], "entries": 0, "bytes_read": 0, "delta_key_groups": [], "delta_keys": 0}
+        if not copied or rounds is None:
+            return empty
+        live = self.catalog.get(job, serving=False)
+        moving_in = move.moving_in(live.max_parallelism, self.index)
+        set_id, applied, changed = self.layout.topology.set_id, [], 0
+        for index, token in sorted(copied.items()):
+            start = rounds.get(index, _UNUSABLE)
+            if start == _UNUSABLE:
+                continue
+            deltas, _ = read_rounds(self.storage, set_id, move.version, job, index, token, start)
+            for delta in deltas:
+                wanted = [r for r in (given.intersection(own) for given in delta.ranges for own in moving_in) if len(r)]
+                changed += apply_delta(live, delta, wanted)
+                applied += wanted
+            rounds[index] = start + len(deltas)
+        return {**empty, "delta_key_groups": _spans(applied), "delta_keys": changed}
+
     def _deltas(
         self, move: Move, job: str, parts: list[Any], wanted: list[KeyGroupRange], copied: dict[int, str]
     ) -> tuple[list[tuple[Delta, KeyGroupRange]], list[KeyGroupRange]]:
@@ -385,16 +459,19 @@ class RescaleParticipant:
         set_id = self.layout.topology.set_id
         by_delta: list[tuple[Delta, KeyGroupRange]] = []
         whole: list[KeyGroupRange] = []
-        found: dict[int, Delta | None] = {}
+        found: dict[int, list[Delta]] = {}
+        rounds = self._rounds.get((move.version, job), {})
         for target in wanted:
             for part in check_coverage(parts, target):  # refuses a checkpoint that does not cover it
                 share = part.metadata.key_group_range.intersection(target)
                 index = part.metadata.replica_index
-                if index in copied and index not in found:
-                    found[index] = read_delta(self.storage, delta_path(set_id, move.version, job, index))
-                delta = found.get(index)
-                if delta is not None and delta.token == copied[index] and delta.covers(share):
-                    by_delta.append((delta, share))
+                start = rounds.get(index, _UNUSABLE)
+                if index in copied and index not in found and start != _UNUSABLE:
+                    deltas, to_cut = read_rounds(self.storage, set_id, move.version, job, index, copied[index], start)
+                    found[index] = deltas if to_cut else []
+                deltas = found.get(index, [])
+                if deltas and all(delta.covers(share) for delta in deltas):
+                    by_delta += [(delta, share) for delta in deltas]
                 else:
                     whole.append(share)
         return by_delta, whole

@@ -349,6 +349,8 @@ def _summary(step: str, info: dict[str, Any]) -> str:
         return ", ".join(f"{job} checkpoint {c}" for job, c in info["checkpoints"].items()) or "no jobs"
     if step in ("loaded", "copied"):
         return ", ".join(f"{url} {b['bytes_read']} bytes" for url, b in info["loaded"].items())
+    if step == "caught up":
+        return f"round {info['round']}: {info['keys']} keys changed meanwhile, applied on the new layout"
     if step == "copying":
         return f"topology version {info['version']}, nothing frozen: the bulk moves while writes go on"
     if step == "verified":

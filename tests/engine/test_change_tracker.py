@@ -10,7 +10,14 @@ import pytest
 
 from statehouse.backends.base.partition import RowChanges, WriteOp
 from statehouse.backends.change_tracker import ChangeTracker
-from statehouse.backends.checkpointing.precopy import Delta, apply_delta, delta_path, read_delta, write_delta
+from statehouse.backends.checkpointing.precopy import (
+    Delta,
+    apply_delta,
+    delta_path,
+    read_delta,
+    read_rounds,
+    write_delta,
+)
 from statehouse.backends.columns import ColumnOp, apply_columns
 from statehouse.backends.reserved import META_TABLE, NON_KEYED_TABLES
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
@@ -91,14 +98,48 @@ def test_a_copy_brought_up_by_the_delta_holds_what_the_job_holds(make_catalog, t
     change(source)
     assert stored(copy, [MOVING]) != stored(source, [MOVING])
 
-    tables, changed = source.changed("t1")
-    assert changed and all(kg in MOVING for kg, *_ in changed)
+    round_, tables, changed = source.changed("t1")
+    assert round_ == 0 and changed and all(kg in MOVING for kg, *_ in changed)
     assert source.changed("other token") is None
     delta = Delta.from_bytes(Delta("t1", [MOVING], tables, changed).to_bytes())
     outside = stored(copy, [KeyGroupRange(0, 63)])
     apply_delta(copy, delta, [MOVING])
     assert stored(copy, [MOVING]) == stored(source, [MOVING])
     assert stored(copy, [KeyGroupRange(0, 63)]) == outside  # nothing outside what it brings up
+
+
+def test_catch_up_rounds_then_the_cut_bring_the_copy_up_to_date_in_order(make_catalog, tmp_path):
+    """Round 0 (a catch-up, writes going on) takes the keys noted so far and begins round 1; what
+    is written after it is noted again, also keys round 0 carried. Rounds applied in order, the cut's
+    last, leave the copy equal to the job; a reader stops at a missing round, another tracker's
+    round, and says whether it reached the cut."""
+    source, _ = make_catalog(data_dir=tmp_path / "source").create("j", P)
+    copy, _ = make_catalog(data_dir=tmp_path / "copy").create("j", P)
+    storage = open_storage(str(tmp_path / "storage"))
+    fill(source)
+    fill(copy)
+    source.track_changes([MOVING], "t1")
+    change(source)
+    round0 = source.changed("t1", take_round=True)
+    assert round0 is not None and round0[0] == 0 and round0[2]
+    assert source.tracker is not None and source.tracker.round == 1 and not source.tracker.touched
+    with source.transaction() as tx:  # after the round: noted again, some keys round 0 carried too
+        for i, key in enumerate(KEYS[:40]):
+            tx.value("v").update(key, 5000 + i)
+            tx.map("m").put(key, "late-entry", i)
+    cut = source.changed("t1")
+    assert cut is not None and cut[0] == 1 and 0 < len(cut[2]) < len(round0[2])
+    path = lambda r: delta_path("set", 2, "j", 0, r)  # noqa: E731
+    write_delta(storage, path(0), Delta("t1", [MOVING], round0[1], round0[2], 0, cut=False))
+    assert read_rounds(storage, "set", 2, "j", 0, "t1", 0) == ([read_delta(storage, path(0))], False)
+    write_delta(storage, path(1), Delta("t1", [MOVING], cut[1], cut[2], 1, cut=True))
+    deltas, to_cut = read_rounds(storage, "set", 2, "j", 0, "t1", 0)
+    assert [d.round for d in deltas] == [0, 1] and to_cut
+    assert read_rounds(storage, "set", 2, "j", 0, "other", 0) == ([], False)
+    assert read_rounds(storage, "set", 2, "j", 0, "t1", 1)[1]  # from round 1 on: the cut alone
+    for delta in deltas:
+        apply_delta(copy, delta, [MOVING])
+    assert stored(copy, [MOVING]) == stored(source, [MOVING])
 
 
 def test_a_dropped_state_or_too_many_keys_invalidates_the_tracker(make_catalog):

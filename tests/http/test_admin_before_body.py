@@ -15,9 +15,10 @@ pytestmark = [pytest.mark.http]
 
 ADMIN, USER = "admin-secret", "user-secret"
 # The steps that refuse a non-admin token before its body.
-STEPS = ["prepare", "load", "decide", "commit", "abort"]
+STEPS = ["prepare", "catch-up", "load", "decide", "commit", "abort"]
 INVALID = {
     "prepare": [{}, {"version": 0, "replica_count": 2}, {"version": 2, "replica_count": 2, "replica_urls": ["x"]}, []],
+    "catch-up": [{}, {"version": 0}, {"version": "x"}, []],
     "load": [{}, {"version": 0, "checkpoints": {"j": 0}}, {"version": "x"}, []],
     "decide": [{}, {"version": 2, "outcome": "maybe"}, {"version": -1, "outcome": "commit"}, "text"],
     "commit": [{}, {"version": 0}, {"version": "x"}, []],

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from statehouse.client import StatehouseClient
+from statehouse.client import StatehouseClient, rescale
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.rescale import LiveRescale
 from tests.support.replica_set import ReplicaSet, misplaced
@@ -106,7 +106,7 @@ class Oracle:
                 self.v[key] = j
 
     def check(self, urls: list[str], count: int) -> None:
-        keys = [*KEYS, *(f"new-{r}-{j}" for r in (1, 2) for j in range(20))]
+        keys = [*KEYS, *(f"new-{r}-{j}" for r in (1, 2, 3) for j in range(20))]
         with StatehouseClient(urls) as sh:
             job = sh.job(JOB)
             assert len(job.replicas) == count
@@ -144,7 +144,7 @@ def test_the_cut_loads_only_what_changed_since_the_copy(replicas: ReplicaSet) ->
     with StatehouseClient(urls) as sh:
         oracle.fill(sh)
         steps, loaded = _move(sh, 3, [new], lambda: oracle.change(sh, 1))
-    assert steps[:3] == ["copying", "copied", "prepared"], steps
+    assert steps[:4] == ["copying", "caught up", "copied", "prepared"], steps
     # At the cut, nothing loaded whole: every moving key group came up to date by delta
     assert all(load["entries"] == 0 for load in loaded.values()), loaded
     assert sum(load["delta_keys"] for load in loaded.values()) > 0, loaded
@@ -154,6 +154,40 @@ def test_the_cut_loads_only_what_changed_since_the_copy(replicas: ReplicaSet) ->
         steps, loaded = _move(sh, 2, [], lambda: oracle.change(sh, 2))
     assert all(load["entries"] == 0 for load in loaded.values()), loaded
     oracle.check(urls, 2)
+
+
+def test_catch_up_rounds_carry_what_changed_during_the_copy_and_the_cut_only_the_rest(
+    replicas: ReplicaSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes made as the copy is checkpointed go in catch-up round 1, changes made after it in
+    round 2 (each written by the old replicas and applied by the new layout, writes going on),
+    and what changes after the last round in the cut's delta; the state equals the oracle."""
+    monkeypatch.setattr(rescale, "CATCH_UP_KEYS", 0)  # every round taken, as under a busy writer
+    urls = replicas.start(2)
+    new = replicas.add(2, 3, version=2).url
+    oracle = Oracle()
+    rounds: list[int] = []
+
+    with StatehouseClient(urls) as sh:
+
+        def progress(step: str, info: dict[str, Any]) -> None:
+            if step == "copying":
+                oracle.change(sh, 1)
+            elif step == "caught up":
+                rounds.append(info["keys"])
+                if info["round"] == 1:
+                    oracle.change(sh, 2)
+            elif step == "copied":
+                oracle.change(sh, 3)
+
+        oracle.fill(sh)
+        with LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
+            report = move.run()
+    assert len(rounds) == rescale.CATCH_UP_ROUNDS and rounds[0] > 0 and rounds[1] > 0 and rounds[2] == 0, rounds
+    assert all(load["entries"] == 0 for load in report.loaded.values()), report.loaded
+    cut_keys = sum(load["delta_keys"] for load in report.loaded.values())
+    assert 0 < cut_keys < rounds[0] + rounds[1], (cut_keys, rounds)
+    oracle.check([*urls, new], 3)
 
 
 @pytest.mark.parametrize("backend", ["rocksdb"])
