@@ -168,7 +168,7 @@ class CallLog:
 
     def phase(self, call: Call) -> str:
         window = self.copy_window()
-        if call.precopy:
+        if call.precopy or step_of(call.path) == "catch-up":  # a catch-up round is of the copy
             return "copy"
         inside = window is not None and window[0] <= call.started and call.ended <= window[1]
         return "copy" if inside and step_of(call.path) == "checkpoint" else "cut"
@@ -183,8 +183,12 @@ class CallLog:
         return {step: max(s) - min(s) for step, s in spans.items()}
 
     def loads(self, phase: str = "cut") -> dict[str, dict[str, Any]]:
-        """Each replica's answer to its (last) load of ``phase``."""
-        return {c.url: c.answer for c in self.calls if c.path == LOAD and self.phase(c) == phase}
+        """Each replica's answer to its (last) load of ``phase``; a catch-up's apply is not one."""
+        return {
+            c.url: c.answer
+            for c in self.calls
+            if c.path == LOAD and self.phase(c) == phase and not (isinstance(c.body, dict) and c.body.get("catch_up"))
+        }
 
     def parts(self, job: str, *, uploaded_only: bool = False, phase: str = "cut") -> dict[str, int]:
         """The bytes of each replica's part of the ``phase`` checkpoint of ``job`` (uploaded + reused), or
