@@ -7,9 +7,9 @@ access to the job's states inside one transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -184,15 +184,19 @@ class Job:
             self.ttl_cleanup = IncrementalCleanup(self.partition, self.key_group_range)
             self.changes += 1  # staged views read the partition as it was: a commit replays, not takes them
 
-    def drop_key_groups(self, ranges: Sequence[KeyGroupRange]) -> None:
+    def drop_key_groups(self, ranges: Sequence[KeyGroupRange], reclaim: bool = True) -> Callable[[], None]:
         """Delete everything stored in these key groups, of every keyed table (states, timers, raw
         keyed streams); never a key group this replica owns. RocksDB deletes each range at once
         (a range tombstone per table), the heap drops its per-key-group dicts: no entry is read.
-        RocksDB then compacts those ranges, after the lock is released, to free their space."""
+        RocksDB then compacts those ranges to free their space, after the lock is released; without
+        ``reclaim``, when the caller runs the returned call (the deletion holds meanwhile)."""
         with self.exclusive():
             tables, dropped = self.moves.drop_key_groups(ranges, self.key_group_range)
             self.changes += 1
-        self.partition.reclaim_key_groups(tables, dropped)  # outside the lock: requests go on
+        compact = partial(self.partition.reclaim_key_groups, tables, dropped)
+        if reclaim:
+            compact()  # outside the lock: requests go on
+        return compact
 
     def track_changes(self, ranges: Sequence[KeyGroupRange], token: str) -> ChangeTracker:
         """Note, from now on, every key written in ``ranges`` (a pre-copy move's key groups moving

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from statehouse.backends.catalog import JobCatalog
@@ -79,6 +80,11 @@ def _spans(ranges: list[Any]) -> list[list[int]]:
     return [[r.start, r.end] for r in dict.fromkeys(ranges)]
 
 
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
+
+
 class RescaleParticipant:
     """The live-rescale steps of one replica, over its catalog, its recorded layout and the
     checkpoint storage the set shares. Steps run one at a time (a lock); each may block for long
@@ -112,6 +118,10 @@ class RescaleParticipant:
         # deltas this replica wrote per move version, removed when the move ends.
         self._rounds: dict[tuple[int, str], dict[int, int]] = {}
         self._written: dict[int, list[str]] = {}
+        # The compaction of what a commit dropped runs after its answer, while the new layout
+        # serves; the next move waits for it, so that its checkpoint does not carry the dropped data.
+        self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statehouse-reclaim")
+        self._reclaiming: Future[None] | None = None
 
     @property
     def index(self) -> int:
@@ -147,6 +157,7 @@ class RescaleParticipant:
                 "(in index order) or none"
             )
         with self._lock:
+            self._wait_reclaimed()
             topology = self.layout.topology
             if topology.move is not None:
                 if topology.move.same_target(version, replica_count):
@@ -599,10 +610,12 @@ class RescaleParticipant:
         self.catalog.on_open = None
         self.catalog.switch_layout(move.replica_count, index, move.version)
         self.checkpoints.relayout()
-        for name, ranges in dropping.items():
-            self.catalog.get(name, serving=False).drop_key_groups(ranges)
+        reclaims = [
+            self.catalog.get(name, serving=False).drop_key_groups(ranges, False) for name, ranges in dropping.items()
+        ]
         self._mark_dropped()
         self._forget_precopy(move)
+        self._reclaiming = self._reclaimer.submit(_run_all, reclaims)
         seconds = max(0.0, time.time() - move.started)
         log.info(
             "live rescale to %d replicas (topology version %d) committed: replica %d %s, %.1f s after its prepare",
@@ -614,6 +627,16 @@ class RescaleParticipant:
         )
         if self.on_committed is not None:
             self.on_committed(seconds)
+
+    def _wait_reclaimed(self) -> None:
+        """Wait for the compaction of what the last commit dropped (a failed one is logged: the
+        space stays taken until a compaction reaches those files, nothing else is lost)."""
+        reclaiming, self._reclaiming = self._reclaiming, None
+        if reclaiming is not None:
+            try:
+                reclaiming.result()
+            except Exception:
+                log.exception("compacting the key groups the last live rescale moved away failed")
 
     def _mark_dropped(self) -> None:
         previous = self.layout.topology.previous
