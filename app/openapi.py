@@ -54,6 +54,7 @@ OPERATION_IDS: dict[str, str] = {
     "get_topology": "getTopology",
     # a live rescale's steps
     "prepare_rescale": "prepareRescale",
+    "catch_up_rescale": "catchUpRescale",
     "load_rescale": "loadRescale",
     "decide_rescale": "decideRescale",
     "get_rescale_decision": "getRescaleDecision",

@@ -39,7 +39,15 @@ AUTH_OFF_EXCLUDED = ["ignored_auth", "missing_required_header", "negative_data_r
 DESTRUCTIVE = ("deleteJob", "deleteState")
 # A live rescale's steps (auth off: anyone is @admin) freeze the job, after which its writes answer
 # 503 rescale_in_progress, as they must: they run after everything else, alone.
-RESCALE = ("prepareRescale", "loadRescale", "decideRescale", "getRescaleDecision", "commitRescale", "abortRescale")
+RESCALE = (
+    "prepareRescale",
+    "catchUpRescale",
+    "loadRescale",
+    "decideRescale",
+    "getRescaleDecision",
+    "commitRescale",
+    "abortRescale",
+)
 
 JOB = "fuzz"
 STATES = {
