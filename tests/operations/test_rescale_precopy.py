@@ -239,6 +239,41 @@ def test_an_old_replica_restarted_mid_copy_has_its_key_groups_loaded_whole(tmp_p
         replicas.stop()
 
 
+def test_an_old_replica_restarted_between_catch_up_rounds_has_its_share_loaded_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old replica 0 restarts after round 1 was applied: its tracker and token are gone, so it
+    writes no later round and no delta at the cut; the share it gives away is loaded whole at the
+    cut over what the rounds had applied, the other share by delta, and every key is exact."""
+    monkeypatch.setattr(rescale, "CATCH_UP_KEYS", 0)
+    replicas = ReplicaSet(tmp_path / "replicas", {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
+    try:
+        urls = replicas.start(2)
+        new = replicas.add(2, 3, version=2).url
+        oracle = Oracle()
+
+        with StatehouseClient(urls) as sh:
+
+            def progress(step: str, info: dict[str, Any]) -> None:
+                if step == "copying":
+                    oracle.change(sh, 1)
+                elif step == "caught up" and info["round"] == 1:
+                    replicas.restart(0)
+                    oracle.change(sh, 2)
+                elif step == "copied":
+                    oracle.change(sh, 3)
+
+            oracle.fill(sh)
+            with LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
+                report = move.run()
+        # Replica 1 takes old replica 0's key groups: whole; replica 2 takes old replica 1's: by delta
+        assert report.loaded[urls[1]]["entries"] > 0 and report.loaded[urls[1]]["delta_keys"] == 0, report.loaded
+        assert report.loaded[new]["entries"] == 0 and report.loaded[new]["delta_keys"] > 0, report.loaded
+        oracle.check([*urls, new], 3)
+    finally:
+        replicas.stop()
+
+
 class CoordinatorDied(Exception):
     pass
 
