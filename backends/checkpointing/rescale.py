@@ -393,6 +393,8 @@ class RescaleParticipant:
                 return {}  # removed by the move: it loads nothing
             for job in checkpoints:
                 validate_name(job, "job")  # before it names a path in storage
+            if catch_up:  # over the copy's jobs; one made since has no copy, and moves whole at the cut
+                return {job: self._catch_up_job(move, job) for job in sorted(checkpoints)}
             missing = sorted(set(self.catalog.names()) - set(checkpoints))
             if missing:
                 raise RescaleIncomplete(
@@ -401,10 +403,6 @@ class RescaleParticipant:
                     jobs=missing,
                 )
             loaded: dict[str, dict[str, Any]] = {}
-            if catch_up:
-                for job in sorted(checkpoints):
-                    loaded[job] = self._catch_up_job(move, job)
-                return loaded
             for job, checkpoint_id in sorted(checkpoints.items()):
                 copied = None if precopy is not None else self._copied.get((version, job))
                 loaded[job] = self._load_job(move, job, checkpoint_id, copied)
