@@ -11,7 +11,7 @@ key groups of an old replica that restarted mid-copy (its tracking gone) whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from statehouse.client import StatehouseClient, rescale
 from statehouse.client.coordinator import CheckpointCoordinator
-from statehouse.client.rescale import LiveRescale
+from statehouse.client.rescale import LiveRescale, RescaleReport
 from tests.support.replica_set import ReplicaSet, misplaced
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # three replica processes, two moves
@@ -159,6 +159,29 @@ def test_the_cut_loads_only_what_changed_since_the_copy(replicas: ReplicaSet) ->
     oracle.check(urls, 2)
 
 
+def _move_changing_in_every_phase(
+    sh: StatehouseClient, oracle: Oracle, new: str, between_rounds: Callable[[], None] = lambda: None
+) -> tuple[RescaleReport, list[int]]:
+    """A 2 -> 3 move with changes made as the copy is checkpointed (round 1 carries them), after
+    round 1 (``between_rounds`` first; round 2) and after the last round (the cut); each round's keys."""
+    rounds: list[int] = []
+
+    def progress(step: str, info: dict[str, Any]) -> None:
+        if step == "copying":
+            oracle.change(sh, 1)
+        elif step == "caught up":
+            rounds.append(info["keys"])
+            if info["round"] == 1:
+                between_rounds()
+                oracle.change(sh, 2)
+        elif step == "copied":
+            oracle.change(sh, 3)
+
+    oracle.fill(sh)
+    with LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
+        return move.run(), rounds
+
+
 def test_catch_up_rounds_carry_what_changed_during_the_copy_and_the_cut_only_the_rest(
     replicas: ReplicaSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,23 +192,8 @@ def test_catch_up_rounds_carry_what_changed_during_the_copy_and_the_cut_only_the
     urls = replicas.start(2)
     new = replicas.add(2, 3, version=2).url
     oracle = Oracle()
-    rounds: list[int] = []
-
     with StatehouseClient(urls) as sh:
-
-        def progress(step: str, info: dict[str, Any]) -> None:
-            if step == "copying":
-                oracle.change(sh, 1)
-            elif step == "caught up":
-                rounds.append(info["keys"])
-                if info["round"] == 1:
-                    oracle.change(sh, 2)
-            elif step == "copied":
-                oracle.change(sh, 3)
-
-        oracle.fill(sh)
-        with LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
-            report = move.run()
+        report, rounds = _move_changing_in_every_phase(sh, oracle, new)
     assert len(rounds) == rescale.CATCH_UP_ROUNDS and rounds[0] > 0 and rounds[1] > 0 and rounds[2] == 0, rounds
     assert all(load["entries"] == 0 for load in report.loaded.values()), report.loaded
     cut_keys = sum(load["delta_keys"] for load in report.loaded.values())
@@ -258,21 +266,8 @@ def test_an_old_replica_restarted_between_catch_up_rounds_has_its_share_loaded_w
         urls = replicas.start(2)
         new = replicas.add(2, 3, version=2).url
         oracle = Oracle()
-
         with StatehouseClient(urls) as sh:
-
-            def progress(step: str, info: dict[str, Any]) -> None:
-                if step == "copying":
-                    oracle.change(sh, 1)
-                elif step == "caught up" and info["round"] == 1:
-                    replicas.restart(0)
-                    oracle.change(sh, 2)
-                elif step == "copied":
-                    oracle.change(sh, 3)
-
-            oracle.fill(sh)
-            with LiveRescale(sh, 3, [new], wait=120, progress=progress) as move:
-                report = move.run()
+            report, _rounds = _move_changing_in_every_phase(sh, oracle, new, lambda: replicas.restart(0))
         # Replica 1 takes old replica 0's key groups: whole; replica 2 takes old replica 1's: by delta
         assert report.loaded[urls[1]]["entries"] > 0 and report.loaded[urls[1]]["delta_keys"] == 0, report.loaded
         assert report.loaded[new]["entries"] == 0 and report.loaded[new]["delta_keys"] > 0, report.loaded
