@@ -42,8 +42,6 @@ from statehouse.snapshots.stored.names import validate_name
 
 log = logging.getLogger(__name__)
 
-_UNUSABLE = -1  # an old replica whose deltas cannot bring the copy here up to date
-
 
 class RescalePending(StateError):
     """Another move is pending on this replica: finish or abort it first."""
@@ -114,8 +112,8 @@ class RescaleParticipant:
         self._tokens: dict[int, str] = {}
         self._copied: dict[tuple[int, str], dict[int, str]] = {}
         # Per (version, job), per old replica index: the round of its deltas the copy here needs
-        # next (every earlier one applied), or _UNUSABLE once one could not be applied. And the
-        # deltas this replica wrote per move version, removed when the move ends.
+        # next (every earlier one applied). And the deltas this replica wrote per move version,
+        # removed when the move ends.
         self._rounds: dict[tuple[int, str], dict[int, int]] = {}
         self._written: dict[int, list[str]] = {}
         # The compaction of what a commit dropped runs after its answer, while the new layout
@@ -438,8 +436,8 @@ class RescaleParticipant:
 
     def _catch_up_job(self, move: Move, job: str) -> dict[str, Any]:
         """Apply the catch-up rounds each old replica wrote since the last over the copy of ``job``
-        loaded here; an old replica whose next round is of another tracker is left to the cut's
-        load whole."""
+        loaded here, each old replica's up to its first round missing or of another tracker (the
+        cut's load then finds that gap too, and loads that share whole)."""
         copied, rounds = self._copied.get((move.version, job)), self._rounds.get((move.version, job))
         empty = {"key_groups": [], "entries": 0, "bytes_read": 0, "delta_key_groups": [], "delta_keys": 0}
         if not copied or rounds is None:
@@ -448,9 +446,7 @@ class RescaleParticipant:
         moving_in = move.moving_in(live.max_parallelism, self.index)
         set_id, applied, changed = self.layout.topology.set_id, [], 0
         for index, token in sorted(copied.items()):
-            start = rounds.get(index, _UNUSABLE)
-            if start == _UNUSABLE:
-                continue
+            start = rounds[index]
             deltas, _ = read_rounds(self.storage, set_id, move.version, job, index, token, start)
             for delta in deltas:
                 wanted = [r for r in (given.intersection(own) for given in delta.ranges for own in moving_in) if len(r)]
@@ -474,8 +470,8 @@ class RescaleParticipant:
             for part in check_coverage(parts, target):  # refuses a checkpoint that does not cover it
                 share = part.metadata.key_group_range.intersection(target)
                 index = part.metadata.replica_index
-                start = rounds.get(index, _UNUSABLE)
-                if index in copied and index not in found and start != _UNUSABLE:
+                if index in copied and index not in found:
+                    start = rounds.get(index, 0)
                     deltas, to_cut = read_rounds(self.storage, set_id, move.version, job, index, copied[index], start)
                     found[index] = deltas if to_cut else []
                 deltas = found.get(index, [])

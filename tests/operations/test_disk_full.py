@@ -81,7 +81,7 @@ def settle(path: Path) -> None:
             return
 
 
-def keep_full(writer: Writer, filler: Path, volume: Path, leave: int) -> None:
+def keep_full(server: ServerProcess, writer: Writer, filler: Path, volume: Path, leave: int) -> None:
     """Fill the volume until it stays full, with the job refusing writes.
 
     A flush or compaction running on frees space as it ends (its log or inputs deleted, or its
@@ -94,7 +94,7 @@ def keep_full(writer: Writer, filler: Path, volume: Path, leave: int) -> None:
         settle(volume)
         if free_bytes(volume) >= leave + wal_limit(0):
             continue  # something freed space after the fill: take it too
-        if readyz_status(writer.http.base_url) == 503:
+        if readyz(server) == 503:
             return
         refused(writer.until_refused())  # reopened for writing meanwhile: run it out again
     raise AssertionError("the volume never stayed full")
@@ -149,11 +149,7 @@ class Writer:
 
 
 def readyz(server: ServerProcess) -> int:
-    return readyz_status(server.url)
-
-
-def readyz_status(url: object) -> int:
-    return httpx.get(f"{url}/readyz", timeout=10).status_code
+    return httpx.get(server.url + "/readyz", timeout=10).status_code
 
 
 def wait_readyz(server: ServerProcess, status: int) -> None:
@@ -188,7 +184,7 @@ def test_a_full_volume_refuses_writes_reports_not_ready_and_recovers_without_res
         refused(writer.until_refused())
         assert len(writer.acked) > 100  # it wrote megabytes before refusing
         assert "statehouse_data_volume_free_bytes" in httpx.get(server.url + "/metrics").text
-        keep_full(writer, filler, volume, leave=min(reserve, 1 << 20))
+        keep_full(server, writer, filler, volume, leave=min(reserve, 1 << 20))
         answer = httpx.get(server.url + "/readyz", timeout=10)  # one answer: its status and why
         assert answer.status_code == 503 and "space" in answer.json()["detail"], answer.text
         refused(writer.batch(keys=1, value_bytes=10))  # small ones too
