@@ -23,8 +23,8 @@ import pyarrow as pa
 from statehouse.backends.job import Job
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.stored.arrow import Row, decode_record, rows_table
 from statehouse.snapshots.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.record_columns import records_table, visibility
 
 _POSITION = struct.Struct(">HI")  # key group, primary length; then the primary and the secondary
 _CHUNK = 512  # flat tables: primaries read per get_many
@@ -164,22 +164,25 @@ class _Reader:
                     yield kg, stored_key, b"", record
 
     def page(self, stored: Iterator[Stored], max_rows: int, max_bytes: int) -> ScanPage:
-        descriptor, ttl = self.descriptor, self.descriptor.ttl
+        descriptor = self.descriptor
         now = self.job.clock.now_ms()
-        rows: list[Row] = []
+        keeps = visibility(descriptor, now)
+        groups: list[int] = []
+        primaries: list[bytes] = []
+        secondaries: list[bytes] = []
+        records: list[bytes] = []
         used, last = 0, None
         for kg, primary, secondary, raw in stored:
-            if len(rows) >= max_rows or (last is not None and used >= max_bytes):
-                return self._page(rows, last, used)
+            if len(records) >= max_rows or (last is not None and used >= max_bytes):
+                return ScanPage(records_table(descriptor, groups, primaries, secondaries, records, now), last, used)
             used += len(primary) + len(secondary) + len(raw)
             last = Position(kg, primary, secondary)
-            decoded = decode_record(descriptor.kind, ttl, raw, now)
-            if decoded is not None:
-                rows.append((kg, primary, secondary, *decoded))
-        return self._page(rows, None, used)
-
-    def _page(self, rows: list[Row], last: Position | None, used: int) -> ScanPage:
-        return ScanPage(rows_table(self.descriptor, rows), last, used)
+            if keeps is None or keeps(raw):
+                groups.append(kg)
+                primaries.append(primary)
+                secondaries.append(secondary)
+                records.append(raw)
+        return ScanPage(records_table(descriptor, groups, primaries, secondaries, records, now), None, used)
 
 
 def _below(prefix: bytes) -> bytes | None:

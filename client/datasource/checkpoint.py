@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -41,9 +42,9 @@ from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorStateData, list_elements
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
-from statehouse.snapshots.stored.arrow import Row, decode_record, rows_table
 from statehouse.snapshots.stored.codec import encode_key
 from statehouse.snapshots.stored.descriptors import StateDescriptor
+from statehouse.snapshots.stored.record_columns import records_table
 
 Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, record
 
@@ -228,21 +229,16 @@ class CheckpointKeyedReader(KeyFilterPushdown, DataSourceReader):
             return
         descriptor, part = self.descriptor, self.parts[partition.part]
         wanted = KeyGroupRange(partition.start, partition.end)
-        prefixes = None if partition.keys is None else [encode_key(k, descriptor.key_type) for k in partition.keys]
+        prefixes = None if partition.keys is None else tuple(encode_key(k, descriptor.key_type) for k in partition.keys)
         try:
             stored = part_records(self.options.open(), part, descriptor.name, wanted)
-            rows: list[Row] = []
-            for kg, primary, secondary, raw in stored:
-                if prefixes is not None and not primary.startswith(tuple(prefixes)):
-                    continue
-                decoded = decode_record(descriptor.kind, descriptor.ttl, raw, self.now_ms)
-                if decoded is not None:
-                    rows.append((kg, primary, secondary, *decoded))
-                if len(rows) >= PAGE_ROWS:
-                    yield from rows_table(descriptor, rows).to_batches()
-                    rows = []
-            if rows:
-                yield from rows_table(descriptor, rows).to_batches()
+            while chunk := list(islice(stored, PAGE_ROWS)):
+                if prefixes is not None:
+                    chunk = [row for row in chunk if row[1].startswith(prefixes)]
+                if chunk:
+                    groups, primaries, secondaries, records = zip(*chunk, strict=True)
+                    table = records_table(descriptor, groups, primaries, secondaries, records, self.now_ms)
+                    yield from table.to_batches()
         except StateError as exc:
             doing = f"reading state {descriptor.name!r} from {self.options.named}"
             raise SourceError(f"statehouse: {doing}: {exc}") from None

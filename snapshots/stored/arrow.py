@@ -123,12 +123,12 @@ def schema(descriptor: StateDescriptor) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _read_op(descriptor: StateDescriptor) -> str:
+def read_op(descriptor: StateDescriptor) -> str:
     return "map_get" if descriptor.kind == "map" else "get"
 
 
 def _value_type(descriptor: StateDescriptor) -> pa.DataType:
-    typed = value_type(descriptor, _read_op(descriptor))
+    typed = value_type(descriptor, read_op(descriptor))
     return typed if typed is not None else pa.string()
 
 
@@ -153,10 +153,10 @@ def rows_table(descriptor: StateDescriptor, rows: Sequence[Row]) -> pa.Table:
     }
     if descriptor.kind == "map":
         columns["user_key"] = pa.array([decode_user_key(row[2]) for row in rows], pa.string())
-    if value_type(descriptor, _read_op(descriptor)) is None:
+    if value_type(descriptor, read_op(descriptor)) is None:
         columns["value"] = pa.array([json_text(v) for v in values], pa.string())
     else:
-        columns["value"] = to_arrow(values, descriptor, _read_op(descriptor))
+        columns["value"] = to_arrow(values, descriptor, read_op(descriptor))
     columns["key_group"] = pa.array([row[0] for row in rows], pa.int32())
     full = schema(descriptor)
     if descriptor.ttl is not None:

@@ -142,19 +142,28 @@ def decode_many(raws: list[bytes | None]) -> list[Any]:
     present = [raw for raw in raws if raw is not None]
     if not present:
         return [None] * len(raws)
-    data = b"".join(present)
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data))
-    unpacker.feed(data)
-    try:
-        values = list(unpacker)
-    except msgpack.StackError:
-        raise _undecodable() from None
-    if len(values) != len(present):  # a stored value is one msgpack object; never trust it blindly
+    values = unpack_joined(b"".join(present), len(present))
+    if values is None:
         values = [decode_value(raw) for raw in present]
     if len(present) == len(raws):
         return values
     decoded = iter(values)
     return [None if raw is None else next(decoded) for raw in raws]
+
+
+def unpack_joined(data: bytes | memoryview, count: int) -> list[Any] | None:
+    """``count`` stored values written one after the other, decoded in one C loop; ``None`` when
+    the bytes are not exactly ``count`` msgpack objects (a stored value is one: never trust it
+    blindly; decode them one by one to learn which is not)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        values = list(unpacker)
+    except msgpack.StackError:
+        raise _undecodable() from None
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return values if len(values) == count else None
 
 
 def iter_values(data: bytes) -> Iterator[Any]:
