@@ -16,7 +16,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 import pyarrow as pa
 
@@ -27,7 +26,6 @@ from statehouse.snapshots.stored.descriptors import StateDescriptor
 from statehouse.snapshots.stored.record_columns import records_table, visibility
 
 _POSITION = struct.Struct(">HI")  # key group, primary length; then the primary and the secondary
-_CHUNK = 512  # flat tables: primaries read per get_many
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +155,8 @@ class _Reader:
                 for sec, raw in partition.items_from(table, kg, following, None):
                     yield kg, following, sec, raw
             return
-        primaries = partition.primaries_from(table, kg, primary)
-        while chunk := list(islice(primaries, _CHUNK)):
-            for stored_key, record in zip(chunk, partition.get_many(table, [kg] * len(chunk), chunk), strict=True):
-                if record is not None:
-                    yield kg, stored_key, b"", record
+        for stored_key, record in partition.entries_from(table, kg, primary):
+            yield kg, stored_key, b"", record
 
     def page(self, stored: Iterator[Stored], max_rows: int, max_bytes: int) -> ScanPage:
         descriptor = self.descriptor
@@ -171,18 +166,20 @@ class _Reader:
         primaries: list[bytes] = []
         secondaries: list[bytes] = []
         records: list[bytes] = []
-        used, last = 0, None
-        for kg, primary, secondary, raw in stored:
+        used, last, ended = 0, None, True
+        for row in stored:
             if len(records) >= max_rows or (last is not None and used >= max_bytes):
-                return ScanPage(records_table(descriptor, groups, primaries, secondaries, records, now), last, used)
+                ended = False
+                break
+            kg, primary, secondary, raw = last = row
             used += len(primary) + len(secondary) + len(raw)
-            last = Position(kg, primary, secondary)
             if keeps is None or keeps(raw):
                 groups.append(kg)
                 primaries.append(primary)
                 secondaries.append(secondary)
                 records.append(raw)
-        return ScanPage(records_table(descriptor, groups, primaries, secondaries, records, now), None, used)
+        table = records_table(descriptor, groups, primaries, secondaries, records, now)
+        return ScanPage(table, None if ended or last is None else Position(*last[:3]), used)
 
 
 def _below(prefix: bytes) -> bytes | None:

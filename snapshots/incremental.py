@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -34,6 +35,7 @@ from statehouse.snapshots.stored.keys import (
     prefix_successor,
     split_key,
 )
+from statehouse.snapshots.stored.record_columns import Bytes, Groups, bulk_decoding, split_stored_keys
 
 if TYPE_CHECKING:
     from rocksdict import Options, Rdict
@@ -153,6 +155,20 @@ class IncrementalPartReader:
         nested = self.handle.tables.get(table, False)
         for key, value in self.entries(table):
             yield (*split_key(key, width, nested), value)
+
+    def table_records(self, table: str, size: int) -> Iterator[tuple[Groups, Bytes, Bytes, list[bytes]]]:
+        """:meth:`records` as columns, ``size`` entries at a time: key groups, primaries,
+        secondaries, values (what a reader builds a table from without a step per record)."""
+        width = key_group_prefix_width(self.max_parallelism)
+        nested = self.handle.tables.get(table, False)
+        entries = self.entries(table)
+        while True:
+            with bulk_decoding():
+                chunk = list(islice(entries, size))
+                if not chunk:
+                    return
+                keys, values = zip(*chunk, strict=True)
+            yield (*split_stored_keys(keys, width, nested), list(values))
 
     def entries(self, table: str) -> Iterator[tuple[bytes, bytes]]:
         """:meth:`records` as the database stores them: ``(key, value)`` in ascending key order,

@@ -267,6 +267,16 @@ class HeapPartition(StorePartition):
         container = self._tables[table].groups.get(key_group)
         return iter(()) if container is None else container.keys_after(after)
 
+    def entries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        t = self._tables[table]
+        if t.nested:
+            raise ValueError(f"entries_from reads flat tables; {table!r} is nested")
+        container = t.groups.get(key_group)
+        if container is None:
+            return iter(())
+        data = container.data
+        return ((primary, data[primary]) for primary in container.keys_after(after))
+
     # -- writes ------------------------------------------------------------------------
 
     def create_table(self, table: str, nested: bool) -> None:

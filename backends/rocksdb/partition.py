@@ -333,6 +333,16 @@ class RocksDBPartition(StorePartition):
             yield key[n:], value
 
     @_leased_iter
+    def entries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        if self._instance.nested.get(table, False):
+            raise ValueError(f"entries_from reads flat tables; {table!r} is nested")
+        family, prefix = self._instance.families[table], self._instance.layout.scan_prefix(table, key_group)
+        start = prefix if after is None else prefix + after + b"\x00"
+        n = len(prefix)
+        for key, value in iterate(family, start, prefix_successor(prefix)):
+            yield key[n:], value
+
+    @_leased_iter
     def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
         family, prefix = self._instance.families[table], self._instance.layout.scan_prefix(table, key_group)
         n, end = len(prefix), prefix_successor(prefix)

@@ -24,7 +24,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -44,9 +43,9 @@ from statehouse.snapshots.operator_format import OperatorStateData, list_element
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
 from statehouse.snapshots.stored.codec import encode_key
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from statehouse.snapshots.stored.record_columns import records_table
+from statehouse.snapshots.stored.record_columns import Bytes, Groups, records_table
 
-Stored = tuple[int, bytes, bytes, bytes]  # key group, primary, secondary, record
+StoredColumns = tuple[Groups, Bytes, Bytes, Bytes]  # key groups, primaries, secondaries, records
 
 
 @dataclass(frozen=True)
@@ -231,27 +230,34 @@ class CheckpointKeyedReader(KeyFilterPushdown, DataSourceReader):
         wanted = KeyGroupRange(partition.start, partition.end)
         prefixes = None if partition.keys is None else tuple(encode_key(k, descriptor.key_type) for k in partition.keys)
         try:
-            stored = part_records(self.options.open(), part, descriptor.name, wanted)
-            while chunk := list(islice(stored, PAGE_ROWS)):
-                if prefixes is not None:
-                    chunk = [row for row in chunk if row[1].startswith(prefixes)]
-                if chunk:
-                    groups, primaries, secondaries, records = zip(*chunk, strict=True)
-                    table = records_table(descriptor, groups, primaries, secondaries, records, self.now_ms)
-                    yield from table.to_batches()
+            for stored in part_records(self.options.open(), part, descriptor.name, wanted):
+                columns = stored if prefixes is None else _with_prefix(stored, prefixes)
+                if columns is not None:
+                    yield from records_table(descriptor, *columns, self.now_ms).to_batches()
         except StateError as exc:
             doing = f"reading state {descriptor.name!r} from {self.options.named}"
             raise SourceError(f"statehouse: {doing}: {exc}") from None
 
 
-def part_records(storage: CheckpointStorage, part: SnapshotPart, table: str, wanted: KeyGroupRange) -> Iterator[Stored]:
-    """A table's stored records of ``wanted`` key groups in one part, in key group and key order."""
+def _with_prefix(columns: StoredColumns, prefixes: tuple[bytes, ...]) -> StoredColumns | None:
+    """Only the records whose primary starts with one of ``prefixes`` (a key filter's few keys)."""
+    listed = [column.to_pylist() if isinstance(column, pa.Array) else list(column) for column in columns]
+    kept = [i for i, primary in enumerate(listed[1]) if primary.startswith(prefixes)]
+    if not kept:
+        return None
+    groups, primaries, secondaries, records = ([column[i] for i in kept] for column in listed)
+    return groups, primaries, secondaries, records
+
+
+def part_records(
+    storage: CheckpointStorage, part: SnapshotPart, table: str, wanted: KeyGroupRange
+) -> Iterator[StoredColumns]:
+    """A table's stored records of ``wanted`` key groups in one part, in key group and key order,
+    as columns: key groups, primaries, secondaries, values."""
     keyed = part.metadata.keyed
     if isinstance(keyed, KeyGroupsHandle):
         handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
-        for kg, name, primary, secondary, value in fetch_key_groups(storage, handle, wanted).records():
-            if name == table:
-                yield kg, primary, secondary, value
+        yield from fetch_key_groups(storage, handle, wanted).table_records(table)
         return
     if isinstance(keyed, IncrementalHandle) and table in keyed.tables:
         yield from _incremental_records(storage, part, table, wanted)
@@ -259,13 +265,13 @@ def part_records(storage: CheckpointStorage, part: SnapshotPart, table: str, wan
 
 def _incremental_records(
     storage: CheckpointStorage, part: SnapshotPart, table: str, wanted: KeyGroupRange
-) -> Iterator[Stored]:
+) -> Iterator[StoredColumns]:
     """An incremental part's files that can hold ``wanted``'s key groups, downloaded to a
     directory of this task (removed after) and read by the shared reader, which the server's
     restore uses too (it checks the database's max parallelism against the metadata)."""
     work = tempfile.mkdtemp(prefix="statehouse-part-")
     try:
         with IncrementalPartReader.download(storage, part, wanted, work) as reader:
-            yield from reader.records(table)
+            yield from reader.table_records(table, PAGE_ROWS)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -11,7 +11,10 @@ not unpack to one object per record) go through it, so both give the same table 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +33,29 @@ from statehouse.snapshots.stored.arrow import (
 from statehouse.snapshots.stored.codec import FIELD_HEADER_BYTES, split_timestamped, unpack_joined
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from statehouse.snapshots.stored.functions import StateFunction
+from statehouse.snapshots.stored.keys import split_key
 from statehouse.snapshots.stored.ttl import MAX_LONG, is_expired
 
 _TIMESTAMP_BYTES = 8  # a TTL record: 8-byte big-endian timestamp, then the value
 _MSGPACK_FLOAT64 = 0xCB  # msgpack's float 64 marker: then 8 big-endian bytes
+
+
+Bytes: TypeAlias = "Sequence[bytes] | pa.Array"  # a column of stored bytes: as read, or already in Arrow
+Groups: TypeAlias = "Sequence[int] | np.ndarray"
+
+
+@contextlib.contextmanager
+def bulk_decoding() -> Iterator[None]:
+    """Pause Python's cycle collector while a reader decodes many records into short-lived
+    tuples: none of them can form a cycle, yet every few hundred of them would start a
+    collection that walks every live object (more than half of a big read's time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Unreadable(Exception):
@@ -43,8 +65,11 @@ class _Unreadable(Exception):
 class _Binary:
     """A column of byte strings as numpy views of one Arrow buffer: start, end, data."""
 
-    def __init__(self, values: Sequence[bytes]) -> None:
-        array = pa.array(values, pa.large_binary())
+    def __init__(self, values: Bytes) -> None:
+        if isinstance(values, pa.Array):
+            array = values if values.type == pa.large_binary() else values.cast(pa.large_binary())
+        else:
+            array = pa.array(values, pa.large_binary())
         _validity, offsets, data = array.buffers()
         self.count = len(array)
         bounds = np.frombuffer(offsets, dtype=np.int64, count=self.count + 1, offset=array.offset * 8)
@@ -77,40 +102,51 @@ class _Binary:
     def joined(self, at: np.ndarray, lengths: np.ndarray) -> memoryview:
         """The same slices as one run of bytes (a value per row, for one unpacking loop)."""
         if len(at) and np.array_equal(at[1:], at[:-1] + lengths[:-1]):  # already one run
-            return memoryview(self.data[at[0] : at[-1] + lengths[-1]])
+            return self.data[at[0] : at[-1] + lengths[-1]].data
         return memoryview(self.slices(at, lengths).buffers()[2] or b"")
 
 
 def records_table(
     descriptor: StateDescriptor,
-    key_groups: Sequence[int],
-    primaries: Sequence[bytes],
-    secondaries: Sequence[bytes],
-    records: Sequence[bytes],
+    key_groups: Groups,
+    primaries: Bytes,
+    secondaries: Bytes,
+    records: Bytes,
     now_ms: int,
 ) -> pa.Table:
     """Stored records (``secondaries``: a map's user keys, else empty) as a table of
     :func:`~statehouse.snapshots.stored.arrow.schema`, by Flink's TTL visibility at ``now_ms``:
     the table :func:`rows_table` makes of the rows :func:`decode_record` keeps."""
-    if descriptor.kind != "list" and records:
+    if descriptor.kind != "list" and len(records):
         try:
             return _columns(descriptor, key_groups, primaries, secondaries, records, now_ms)
         except _Unreadable:
             pass
     rows: list[Row] = []
-    for kg, primary, secondary, raw in zip(key_groups, primaries, secondaries, records, strict=True):
+    columns = map(_listed, (key_groups, primaries, secondaries, records))
+    for kg, primary, secondary, raw in zip(*columns, strict=True):
         decoded = decode_record(descriptor.kind, descriptor.ttl, raw, now_ms)
         if decoded is not None:
             rows.append((kg, primary, secondary, *decoded))
     return rows_table(descriptor, rows)
 
 
+def _listed(column: Groups | Bytes) -> Sequence[Any]:
+    return (
+        column.tolist()
+        if isinstance(column, np.ndarray)
+        else column.to_pylist()
+        if isinstance(column, pa.Array)
+        else column
+    )
+
+
 def _columns(
     descriptor: StateDescriptor,
-    key_groups: Sequence[int],
-    primaries: Sequence[bytes],
-    secondaries: Sequence[bytes],
-    records: Sequence[bytes],
+    key_groups: Groups,
+    primaries: Bytes,
+    secondaries: Bytes,
+    records: Bytes,
     now_ms: int,
 ) -> pa.Table:
     stored = _Binary(records)
@@ -141,11 +177,13 @@ def _columns(
     return pa.Table.from_pydict(columns, schema=schema(descriptor))
 
 
-def _taken(values: Sequence[bytes], kept: np.ndarray | None) -> Sequence[bytes]:
-    return values if kept is None else [values[i] for i in kept.tolist()]
+def _taken(values: Bytes, kept: np.ndarray | None) -> Bytes:
+    if kept is None:
+        return values
+    return values.take(kept) if isinstance(values, pa.Array) else [values[i] for i in kept.tolist()]
 
 
-def _primaries(descriptor: StateDescriptor, primaries: Sequence[bytes]) -> tuple[pa.Array, pa.Array]:
+def _primaries(descriptor: StateDescriptor, primaries: Bytes) -> tuple[pa.Array, pa.Array]:
     """``(key, namespace)`` columns of primaries (two length-prefixed fields, as
     :func:`~statehouse.snapshots.stored.codec.encode_primary` writes them)."""
     stored = _Binary(primaries)
@@ -211,3 +249,35 @@ def visibility(descriptor: StateDescriptor, now_ms: int) -> Callable[[bytes], bo
     if kind == "list":
         return lambda raw: decode_record(kind, ttl, raw, now_ms) is not None
     return lambda raw: not is_expired(split_timestamped(raw)[0], ttl.ttl_ms, now_ms)
+
+
+def split_stored_keys(keys: Bytes, width: int, nested: bool) -> tuple[Groups, Bytes, Bytes]:
+    """Stored keys of a keyed table (a ``width``-byte key group, the primary, a map's user key:
+    :func:`~statehouse.snapshots.stored.keys.split_key`'s layout) as key group, primary and
+    secondary columns."""
+    stored = _Binary(keys)
+    lengths = stored.ends - stored.starts
+    head = FIELD_HEADER_BYTES
+    if (lengths < width).any():
+        return _split_one_by_one(keys, width, nested)
+    groups = stored.fixed(stored.starts, width, ">u1" if width == 1 else ">u2").astype(np.int32)
+    primary_at = stored.starts + width
+    if not nested:
+        none = np.zeros(stored.count, dtype=np.int64)
+        return groups, stored.slices(primary_at, lengths - width), stored.slices(stored.ends, none)
+    if (lengths < width + 2 * head).any():
+        return _split_one_by_one(keys, width, nested)
+    ns_at = primary_at + head + stored.u32(primary_at)
+    if (ns_at + head > stored.ends).any():
+        return _split_one_by_one(keys, width, nested)
+    secondary_at = ns_at + head + stored.u32(ns_at)
+    if (secondary_at > stored.ends).any():
+        return _split_one_by_one(keys, width, nested)
+    primaries = stored.slices(primary_at, secondary_at - primary_at)
+    return groups, primaries, stored.slices(secondary_at, stored.ends - secondary_at)
+
+
+def _split_one_by_one(keys: Bytes, width: int, nested: bool) -> tuple[Groups, Bytes, Bytes]:
+    """The keys the columns cannot cut, split as a restore splits them (which says what is wrong)."""
+    split = [split_key(key, width, nested) for key in _listed(keys)]
+    return [s[0] for s in split], [s[1] for s in split], [s[2] for s in split]

@@ -1,10 +1,12 @@
 """Stored records read as columns (what a live scan and a checkpoint reader hand Spark) give the
 very table the row-at-a-time reading gives: every kind, key type, value type, namespace and TTL
-visibility, and the records the column reading hands back to the rows (malformed, not UTF-8)."""
+visibility, and the records the column reading hands back to the rows (malformed, not UTF-8).
+Stored keys split as columns as a restore splits them one by one."""
 
 from __future__ import annotations
 
 import itertools
+import struct
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +15,8 @@ import pytest
 from statehouse.snapshots.stored.arrow import decode_record, rows_table
 from statehouse.snapshots.stored.codec import encode_primary, encode_timestamped, encode_user_key, pack_value
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from statehouse.snapshots.stored.record_columns import records_table, visibility
+from statehouse.snapshots.stored.keys import key_group_prefix, key_group_prefix_width, split_key
+from statehouse.snapshots.stored.record_columns import records_table, split_stored_keys, visibility
 from statehouse.snapshots.stored.ttl import TtlConfig
 
 NOW = 2_500
@@ -153,3 +156,23 @@ def outcome(read: Any) -> Any:
         return read()
     except Exception as exc:
         return type(exc)
+
+
+@pytest.mark.parametrize("max_parallelism", [128, 32_768])
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_stored_keys_split_as_columns_as_a_restore_splits_them(max_parallelism: int, nested: bool) -> None:
+    width = key_group_prefix_width(max_parallelism)
+    keys = [
+        key_group_prefix(i * 37 % max_parallelism, width)
+        + encode_primary(key_of(i, "string"), "string", "ns" * (i % 2))
+        + (encode_user_key(f"u{i}") if nested else b"")
+        for i in range(ROWS)
+    ]
+    groups, primaries, secondaries = split_stored_keys(keys, width, nested)
+    split = [split_key(key, width, nested) for key in keys]
+    assert list(groups) == [s[0] for s in split]
+    assert primaries.to_pylist() == [s[1] for s in split]
+    assert secondaries.to_pylist() == [s[2] for s in split]
+    if nested:  # a key too short for its primary's fields: split one by one, which says so
+        with pytest.raises(struct.error):
+            split_stored_keys([*keys, key_group_prefix(1, width) + b"\x00\x00\x00\x09ab"], width, nested)

@@ -99,7 +99,18 @@ def test_every_key_group_of_the_part_reads_back_whole(checkpointed, tmp_path):
     storage, part, keys, _expected = checkpointed
     with IncrementalPartReader.download(storage, part, KeyGroupRange(0, P - 1), str(tmp_path)) as reader:
         assert reader.tables() == {"v": False}
-        assert len(list(reader.records("v"))) == len(keys[LOW]) + len(keys[HIGH])
+        records = list(reader.records("v"))
+        assert len(records) == len(keys[LOW]) + len(keys[HIGH])
+        # The same records as columns, in chunks (what the data source reads a table from).
+        chunks = list(reader.table_records("v", 100))
+        assert len(chunks) == -(-len(records) // 100)
+        as_rows = [
+            row
+            for groups, primaries, secondaries, values in chunks
+            for row in zip(list(groups), primaries.to_pylist(), secondaries.to_pylist(), values, strict=True)
+        ]
+        assert as_rows == records
+        assert list(reader.table_records("no-such-table", 100)) == []
         assert list(reader.records("no-such-table")) == []
 
 
@@ -146,7 +157,7 @@ def test_the_data_source_reads_the_same_records(checkpointed):
     storage, part, keys, _expected = checkpointed
     stored = list(part_records(storage, part, "v", KeyGroupRange(100, 110)))
     wanted = {primary(k) for k in keys[HIGH] if assign_to_key_group(k, "string", P) in range(100, 111)}
-    assert {r[1] for r in stored} == wanted
+    assert {p for _groups, primaries, _s, _v in stored for p in primaries.to_pylist()} == wanted
     assert list(part_records(storage, part, "no-such-state", HIGH)) == []
 
 
