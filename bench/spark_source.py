@@ -13,6 +13,9 @@ One value state of float64 (16-byte keys) on Statehouse replicas; the same rows 
   each task downloads its part and opens it read-only) and of a savepoint (the full format,
   range-read per key-group sub-range).
 
+* the ceiling of any reader written in Python: a Python data source that makes the same rows as
+  Arrow columns and reads nothing (bench/arrow_source.py), through Spark's same path;
+
 * operator state, live and from a checkpoint: an operator's split list state (``--operator-elements``
   ints over 32 subtasks) read with ``option("operator", ...)`` from the replicas, and with
   ``option("checkpoint", N)`` from the checkpoint storage (local here) with no replica involved.
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     print(f"{cfg.keys:,} keys, {cfg.replicas} {cfg.backend} replicas, {cfg.runs} runs, Spark local[2]")
     from pyspark.sql import functions as F  # Spark's own convention
 
+    from bench.arrow_source import ArrowRowsSource
     from statehouse.client import StatehouseClient
     from statehouse.client.datasource import register
 
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         "savepoint_read": [],
         "operator_live": [],
         "operator_checkpoint": [],
+        "python_ceiling": [],
     }
     expected_sum = float(cfg.keys * (cfg.keys - 1) // 2)
     try:
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
             urls = ",".join(s.url for s in servers)
             session = spark if spark is not None else local_spark(cfg.partitions)
             register(session)
+            session.dataSource.register(ArrowRowsSource)
             rows = session.range(cfg.keys, numPartitions=cfg.partitions).selectExpr(
                 "concat('k', lpad(cast(id AS STRING), 15, '0')) AS key", "cast(id AS DOUBLE) AS value"
             )
@@ -109,6 +115,12 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     seconds, found = timed(lambda f=frame: f.agg(F.count("key"), F.sum("value")).collect()[0])
                     assert (found[0], found[1]) == (cfg.keys, expected_sum), found
                     results[name].append(cfg.keys / seconds)
+
+                frame = session.read.format("arrow-rows").option("rows", cfg.keys)
+                frame = frame.option("partitions", cfg.replicas * cfg.partitions_per_replica).load()
+                seconds, found = timed(lambda f=frame: f.agg(F.count("key"), F.sum("value")).collect()[0])
+                assert (found[0], found[1]) == (cfg.keys, expected_sum), found
+                results["python_ceiling"].append(cfg.keys / seconds)
 
                 parquet = str(workdir / f"rows-{run}.parquet")
                 seconds, _ = timed(lambda p=parquet: rows.write.parquet(p))
@@ -151,6 +163,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     "full read from a savepoint (full format)",
                     summaries["savepoint_read"].fmt(),
                     f"{summaries['savepoint_read'].median / summaries['parquet_read'].median:.2f}x",
+                ],
+                [
+                    "a Python data source making the same rows, reading nothing (arrow-rows)",
+                    summaries["python_ceiling"].fmt(),
+                    f"{summaries['python_ceiling'].median / summaries['parquet_read'].median:.2f}x",
                 ],
                 ["operator state, live (option operator)", summaries["operator_live"].fmt(), ""],
                 [

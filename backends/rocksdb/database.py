@@ -95,12 +95,15 @@ def bounded(source: Any, lower: bytes, upper: bytes | None) -> Any:
 
 
 def iterate(source: Any, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-    """The (key, value) entries of a database or column family in [lower, upper), in order."""
-    it = bounded(source, lower, upper)
-    while it.valid():
-        yield it.key(), it.value()
-        it.next()
-    del it
+    """The (key, value) entries of a database or column family in [lower, upper), in order:
+    rocksdict's own item iterator, which steps in Rust (a third of the cost of stepping from Python)."""
+    read_options = ReadOptions()
+    read_options.set_iterate_lower_bound(lower)
+    if upper is not None:
+        read_options.set_iterate_upper_bound(upper)
+    items = source.items(from_key=lower, read_opt=read_options)
+    yield from items
+    del items
 
 
 class KeyLayout:
