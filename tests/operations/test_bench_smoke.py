@@ -190,6 +190,7 @@ def test_spark_source(spark):
         "savepoint_read": 1,
         "operator_live": 1,
         "operator_checkpoint": 1,
+        "python_ceiling": 1,
     }
 
 
