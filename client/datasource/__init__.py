@@ -25,13 +25,30 @@ HIDE_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
 def register(spark: Any, *, tracebacks: bool = False) -> None:
     """Register ``format("statehouse")`` with the session, and let it push key filters down (Spark's
     ``spark.sql.python.filterPushdown.enabled``, off by default): ``spark.dataSource.register`` plus
-    that setting. Unless ``tracebacks``, also ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``,
-    so a refusal reads as one line saying what to fix rather than a Python traceback; the setting is
-    the session's, so pass ``tracebacks=True`` to keep the tracebacks of your own Python UDFs."""
+    that setting. A read that does not set ``partitions_per_replica`` makes enough input
+    partitions for the session's default parallelism. Unless ``tracebacks``, also
+    ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``, so a refusal reads as one line
+    saying what to fix rather than a Python traceback; the setting is the session's, so pass
+    ``tracebacks=True`` to keep the tracebacks of your own Python UDFs."""
     spark.conf.set(PUSHDOWN_CONF, "true")
     if not tracebacks:
         spark.conf.set(HIDE_TRACEBACK_CONF, "true")
-    spark.dataSource.register(StatehouseDataSource)
+    # The session's default parallelism goes with the class Spark ships to its Python workers
+    # (which have no session): a read that does not say how many partitions to make uses every core.
+    source = type(StatehouseDataSource.__name__, (StatehouseDataSource,), {"parallelism": session_parallelism(spark)})
+    spark.dataSource.register(source)
 
 
-__all__ = ["HIDE_TRACEBACK_CONF", "PUSHDOWN_CONF", "SourceError", "StatehouseDataSource", "register"]
+def session_parallelism(spark: Any) -> int | None:
+    """``spark.sparkContext.defaultParallelism``, or ``spark.default.parallelism`` where the session
+    has no context (Spark Connect); ``None`` when neither says."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        try:
+            return int(spark.conf.get("spark.default.parallelism"))
+        except Exception:
+            return None
+
+
+__all__ = ["HIDE_TRACEBACK_CONF", "PUSHDOWN_CONF", "SourceError", "StatehouseDataSource", "register", "session_parallelism"]

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from statehouse.client.datasource.filters import PAGE_ROWS, KeyFilterPushdown, key_groups_of, split_range
 from statehouse.client.datasource.operator import broadcast_rows, list_rows
-from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError, check_known
+from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError, check_known, partitions_option
 from statehouse.protocol.errors import StateError
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
@@ -64,7 +64,8 @@ class CheckpointOptions:
     partitions_per_part: int  # keyed: input partitions per part (its key groups, split evenly)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> CheckpointOptions:
+    def parse(cls, options: Mapping[str, str], *, splits: int = 1) -> CheckpointOptions:
+        """``splits``: the input partitions per part when ``partitions_per_replica`` is not given."""
         given = {k.lower(): v for k, v in options.items()}
         spec = given["checkpoint"].strip()
         try:
@@ -88,12 +89,7 @@ class CheckpointOptions:
             raise SourceError(
                 "reading a checkpoint needs .option('state', ...) (a keyed state) or .option('operator', ...)"
             )
-        try:
-            splits = int(given.get("partitions_per_replica", "1"))
-        except ValueError as exc:
-            raise SourceError(f"bad option: {exc}") from None
-        if splits < 1:
-            raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
+        splits = partitions_option(given, splits)
         check_known(given, CHECKPOINT_OPTIONS, "a checkpoint read (it reads storage, not the replicas)")
         return cls(
             given["job"],

@@ -97,10 +97,11 @@ class SourceOptions:
     operator: str | None = None  # reads: an operator's list and broadcast states (``state`` picks one)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], *, writing: bool = False) -> SourceOptions:
+    def parse(cls, options: Mapping[str, str], *, writing: bool = False, splits: int = 1) -> SourceOptions:
         """The options of a live read, or of a write (``writing``); one line naming what to fix
         when they are not right. A read refuses options it does not take here; a write's are
-        checked by the data source's ``writer`` or ``streamWriter``, which know which write it is."""
+        checked by the data source's ``writer`` or ``streamWriter``, which know which write it is.
+        ``splits``: the input partitions per replica when ``partitions_per_replica`` is not given."""
         given = {k.lower(): v for k, v in options.items()}
         timers = given.get("timers")
         if timers is not None and (writing or timers not in TIME_DOMAINS):
@@ -130,18 +131,35 @@ class SourceOptions:
         op = given.get("op")
         if writing and op not in WRITE_OPS:
             raise SourceError(f"writing needs .option('op', ...), one of {', '.join(WRITE_OPS)}; got {op!r}")
+        splits = partitions_option(given, splits)
         try:
-            splits = int(given.get("partitions_per_replica", "1"))
             config = ClientConfig.of(
                 given["urls"], token=given.get("token") or None, timeout=float(given.get("timeout", "60"))
             )
         except ValueError as exc:
             raise SourceError(f"bad option: {exc}") from None
-        if splits < 1:
-            raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
         if not writing:
             check_known(given, READ_OPTIONS, "a read of the live replicas")
         return cls(config, given["job"], given.get("state", ""), op, splits, timers, what, operator)
+
+
+def partitions_option(given: Mapping[str, str], default: int) -> int:
+    """``partitions_per_replica``: input partitions per replica (or per part of a checkpoint)."""
+    try:
+        splits = int(given.get("partitions_per_replica", str(default)))
+    except ValueError as exc:
+        raise SourceError(f"bad option: {exc}") from None
+    if splits < 1:
+        raise SourceError(f"partitions_per_replica must be at least 1; got {splits}")
+    return splits
+
+
+def default_partitions(parallelism: int | None, sources: int) -> int:
+    """Input partitions per replica (or part) when the read does not say: enough for the
+    session's default parallelism (every core reads), one when it is not known."""
+    if not parallelism or sources < 1:
+        return 1
+    return max(1, -(-parallelism // sources))
 
 
 def refusal(exc: StatehouseError, doing: str) -> SourceError:

@@ -34,6 +34,7 @@ from statehouse.client.datasource.options import (
     SourceError,
     SourceOptions,
     check_known,
+    default_partitions,
     read_mode,
     refusal,
 )
@@ -154,7 +155,11 @@ class StatehouseDataSource(DataSource):
     def name(cls) -> str:
         return "statehouse"
 
-    def _checkpoint(self) -> Any:
+    # The session's default parallelism, which register() records: a read that does not say
+    # how many input partitions to make makes enough for it.
+    parallelism: int | None = None
+
+    def _checkpoint(self, splits: int = 1) -> Any:
         """A checkpoint read's options (the mode is one)."""
         try:
             from statehouse.client.datasource.checkpoint import CheckpointOptions
@@ -163,7 +168,7 @@ class StatehouseDataSource(DataSource):
                 "reading a checkpoint needs the client's checkpoint extra "
                 f"(pip install 'statehouse-client[checkpoint]'): {exc}"
             ) from None
-        return CheckpointOptions.parse(self.options)
+        return CheckpointOptions.parse(self.options, splits=splits)
 
     def _layout(self) -> StateLayout:
         layout = getattr(self, "_known", None)
@@ -196,12 +201,14 @@ class StatehouseDataSource(DataSource):
         if self.mode.from_checkpoint:
             from statehouse.client.datasource.checkpoint import CheckpointKeyedReader, CheckpointOperatorReader
 
-            checkpoint = self._checkpoint()
-            parts, descriptor = self._stored(checkpoint)
+            parts, descriptor = self._stored(self._checkpoint())
+            checkpoint = self._checkpoint(default_partitions(self.parallelism, len(parts)))
             if self.mode is ReadMode.CHECKPOINT_KEYED:
                 return CheckpointKeyedReader(checkpoint, parts, descriptor)
             return CheckpointOperatorReader(checkpoint, parts)
-        return LIVE_READERS[self.mode](SourceOptions.parse(self.options), self._layout())
+        layout = self._layout()
+        splits = default_partitions(self.parallelism, layout.replica_count)
+        return LIVE_READERS[self.mode](SourceOptions.parse(self.options, splits=splits), layout)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from statehouse.client.datasource.writer import BatchWriter

@@ -115,6 +115,24 @@ def test_keyed_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3_se
         assert as_dict(found.collect(), state) == expected[state], state
 
 
+def test_a_checkpoint_read_that_does_not_say_how_many_partitions_makes_enough_for_the_parallelism(
+    source, deployment, s3_server
+):
+    """Without ``partitions_per_replica``, each part's key groups are split for the session's default
+    parallelism (what register() records), every key group read once."""
+    urls, storage, _backend = deployment
+    job = "default-partitions"
+    fill(urls, job)
+    with StatehouseClient(urls) as client:
+        checkpoint = CheckpointCoordinator(client.job(job)).checkpoint().checkpoint_id
+    options = checkpoint_options(job, checkpoint, storage, s3_server.endpoint, state="score")
+    for parallelism, planned in [(None, 2), (6, 6), (5, 6)]:
+        data_source = type("Source", (StatehouseDataSource,), {"parallelism": parallelism})(options)
+        partitions = data_source.reader(data_source.schema()).partitions()
+        assert len(partitions) == planned, parallelism
+        assert sorted(g for p in partitions for g in range(p.start, p.end + 1)) == list(range(32))
+
+
 def test_a_one_key_filter_reads_one_key_group_of_one_part(source, deployment, s3_server):
     """A key filter plans one partition per key's key group, which reads that key group's range of
     the part holding it (a full part: the header and one section) and answers the key's rows."""

@@ -157,3 +157,20 @@ def test_a_streaming_write_refuses_an_unknown_option_and_takes_its_checkpoint_lo
         "checkpointlocation" in str(raised.value)
     ), str(raised.value)[:2000]
     assert state(replicas) == before
+
+
+def test_a_read_that_does_not_say_how_many_partitions_makes_enough_for_the_sessions_parallelism(source, replicas):
+    """register() records the session's default parallelism with the class Spark ships to its workers;
+    a read without ``partitions_per_replica`` splits each replica's key groups to use every core."""
+    from statehouse.client.datasource import StatehouseDataSource, session_parallelism
+
+    assert session_parallelism(source) == source.sparkContext.defaultParallelism
+    assert reader(source, replicas).load().rdd.getNumPartitions() == 2 * -(-source.sparkContext.defaultParallelism // 2)
+    options = {"urls": ",".join(replicas), "job": JOB, "state": "spent"}
+    for parallelism, given, planned in [(None, None, 2), (7, None, 8), (64, None, 32), (7, "3", 6)]:
+        data_source = type("Source", (StatehouseDataSource,), {"parallelism": parallelism})(
+            {**options, **({"partitions_per_replica": given} if given else {})}
+        )
+        partitions = data_source.reader(data_source.schema()).partitions()
+        assert len(partitions) == planned, (parallelism, given)  # 32 key groups: at most 16 per replica
+        assert sorted(g for p in partitions for g in range(p.start, p.end + 1)) == list(range(32))
