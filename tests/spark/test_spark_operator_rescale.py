@@ -12,7 +12,8 @@ dropped, with the joining replica SIGKILLed once loaded and kept down until the 
 began meanwhile, then restarted, and the move finished with ``--resume``. Around the cuts: a task failing after
 its writes (Spark retries it) after each one, and the driver SIGKILLed mid-task once the removed replica is gone,
 then restarted from the same Spark checkpoint location. A plain client (built once, with the original URLs) adds
-1 to counters of another job the whole time, and keeps being acknowledged after each move.
+1 to counters of another job the whole time, and keeps being acknowledged after each move; in make test-long,
+16 such clients at once, each adding to keys of its own.
 
 Afterwards: the query never failed (exit 0; only the deliberately killed run -9), it waited at a batch boundary
 for a move at least once and retook the checkpoint the shrink failed (its log says so), every user's state equals
@@ -102,10 +103,11 @@ class CounterWriter(threading.Thread):
     another job through the batch door until stopped: ``acked`` adds per key, ``unsure`` ones (a request
     that failed without a clear answer: applied at most once) and the failures."""
 
-    def __init__(self, seeds: list[str], keys: int = 40) -> None:
-        super().__init__(name="counter-writer", daemon=True)
+    def __init__(self, seeds: list[str], keys: int = 40, name: str = "counter", pause: float = 0.02) -> None:
+        super().__init__(name=f"{name}-writer", daemon=True)
         self.client = StatehouseClient(seeds)
-        self.keys = [f"counter-{i}" for i in range(keys)]
+        self.keys = [f"{name}-{i}" for i in range(keys)]
+        self.pause = pause
         self.acked: Counter[str] = Counter()
         self.unsure: Counter[str] = Counter()
         self.failures: list[str] = []
@@ -125,7 +127,7 @@ class CounterWriter(threading.Thread):
                 self.failures.append(f"{type(exc).__name__}: {exc}")
             else:
                 self.acked[key] += 1
-            time.sleep(0.02)
+            time.sleep(self.pause)
 
     def progress(self, adds: int = 20) -> None:
         """Until ``adds`` more adds have been acknowledged."""
@@ -235,14 +237,53 @@ def topology(url: str) -> dict:
     return httpx.get(f"{url}/v1/topology", timeout=30).json()
 
 
-def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path, replica_set: ReplicaSet) -> None:
+class CounterWriters:
+    """``count`` plain clients at once, each a :class:`CounterWriter` of its own keys: the long-lived
+    clients of many services beside the query, each of which must keep being acknowledged after every move."""
+
+    def __init__(self, seeds: list[str], count: int) -> None:
+        pause = 0.02 * count  # the same request rate in all, whatever the count
+        self.each = [CounterWriter(seeds, name=f"client{i}", pause=pause) for i in range(count)]
+        self.keys = [key for writer in self.each for key in writer.keys]
+
+    def start(self) -> None:
+        for writer in self.each:
+            writer.start()
+
+    def progress(self) -> None:
+        for writer in self.each:
+            writer.progress(adds=max(3, 20 // len(self.each)))
+
+    def stop(self) -> None:
+        for writer in self.each:
+            writer.halt.set()
+        for writer in self.each:
+            writer.join(60)
+            writer.client.close()
+
+    @property
+    def failures(self) -> list[str]:
+        return [failure for writer in self.each for failure in writer.failures]
+
+    def bounds(self, key: str) -> tuple[int, int]:
+        """The adds of ``key`` acknowledged, and those plus the unsure ones."""
+        writer = next(w for w in self.each if key in w.keys)
+        return writer.acked[key], writer.acked[key] + writer.unsure[key]
+
+
+# One plain client in make test; many long-lived clients at once (each built once with the original URLs)
+# in make test-long: the operator's moves, the query and the clients of many services, all together.
+@pytest.mark.parametrize("clients", [1, pytest.param(16, marks=pytest.mark.long)], ids=["one-client", "16-clients"])
+def test_operator_rescales_under_a_running_query_match_the_oracle(
+    tmp_path: Path, replica_set: ReplicaSet, clients: int
+) -> None:
     batches = make_events(39, files=BATCHES, per_file=30, users=60)
     seeds = replica_set.start(2)
     with StatehouseClient(seeds) as client:
         client.create_job(WRITER_JOB, MAX_PARALLELISM).register(COUNTERS, kind="reducing", function="sum")
     driver = Driver(tmp_path, seeds)
     feeder = Feeder(tmp_path, batches, driver.markers)
-    writer = CounterWriter(seeds)
+    writer = CounterWriters(seeds, clients)
     operator = Operator(tmp_path)
     failed: list[str] = []  # the query's failures (a supervisor restarted it)
     fail = [arg for batch in FAIL_TASKS for arg in ("--fail-task", str(batch))]
@@ -316,9 +357,7 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
         if query.poll() is None:  # a failed step: whatever is left of the driver's session
             kill_session(query.pid)
         feeder.halt.set()
-        writer.halt.set()
-        writer.join(60)
-        writer.client.close()
+        writer.stop()
     assert feeder.dropped == BATCHES
 
     logs = "\n".join(log.read_text(errors="replace") for log in driver.logs)
@@ -339,11 +378,12 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(tmp_path: Path
         counted = {key: reads.get(COUNTERS, key) for key in writer.keys}
     totals = {key: counted[key].value or 0 for key in writer.keys}
     wrong = {
-        key: (totals[key], writer.acked[key], writer.unsure[key])
+        key: (totals[key], *writer.bounds(key))
         for key in writer.keys
-        if not writer.acked[key] <= totals[key] <= writer.acked[key] + writer.unsure[key]
+        if not writer.bounds(key)[0] <= totals[key] <= writer.bounds(key)[1]
     }
-    assert wrong == {}, "acknowledged adds lost or doubled: (total, acked, unsure)"
+    assert wrong == {}, "acknowledged adds lost or doubled: (total, acked, acked + unsure)"
+    assert all(sum(each.acked.values()) > 0 for each in writer.each)
 
     # Every key on its Flink owner under the final layout only.
     assert misplaced(urls, JOB, STATES, MAX_PARALLELISM, count=3) == {state: [] for state in STATES}
