@@ -1,7 +1,8 @@
-"""A Python data source that reads nothing: each partition makes its rows as Arrow columns in
-the Python worker (C loops only) and hands them to Spark. What Spark's Python data source path
-costs by itself, the ceiling of any reader written in Python, ``format("statehouse")`` included
-(bench/spark_source.py reads it beside the state and Parquet)."""
+"""A Python data source that reads and writes nothing: a read makes its rows as Arrow columns in
+the Python worker (C loops only) and hands them to Spark; a write takes the Arrow batches Spark
+hands its Python worker and counts their rows. What Spark's Python data source path costs by
+itself, the ceiling of any reader or writer written in Python, ``format("statehouse")`` included
+(bench/spark_source.py runs it beside the state and Parquet)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 SCHEMA = "key string, ns string, value double, key_group int"  # the columns a value state reads as
@@ -39,6 +47,9 @@ class ArrowRowsSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return ArrowRowsReader(int(self.options["rows"]), int(self.options.get("partitions", "4")))
 
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return CountingWriter(int(self.options["rows"]))
+
 
 class ArrowRowsReader(DataSourceReader):
     def __init__(self, rows: int, partitions: int) -> None:
@@ -62,3 +73,23 @@ class ArrowRowsReader(DataSourceReader):
                 ],
                 names=["key", "ns", "value", "key_group"],
             )
+
+
+class Counted(WriterCommitMessage):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class CountingWriter(DataSourceArrowWriter):
+    """Takes every batch and keeps nothing; the driver checks that every row arrived."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Counted:
+        return Counted(sum(batch.num_rows for batch in iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        written = sum(m.rows for m in messages if isinstance(m, Counted))
+        if written != self.expected:
+            raise RuntimeError(f"arrow-rows: {written} rows arrived, {self.expected} were written")

@@ -13,8 +13,9 @@ One value state of float64 (16-byte keys) on Statehouse replicas; the same rows 
   each task downloads its part and opens it read-only) and of a savepoint (the full format,
   range-read per key-group sub-range).
 
-* the ceiling of any reader written in Python: a Python data source that makes the same rows as
-  Arrow columns and reads nothing (bench/arrow_source.py), through Spark's same path;
+* the ceilings of any reader and writer written in Python: a Python data source that makes the
+  same rows as Arrow columns and reads nothing, and one that takes the written rows and writes
+  nothing (bench/arrow_source.py), through Spark's same paths;
 
 * operator state, live and from a checkpoint: an operator's split list state (``--operator-elements``
   ints over 32 subtasks) read with ``option("operator", ...)`` from the replicas, and with
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         "operator_live": [],
         "operator_checkpoint": [],
         "python_ceiling": [],
+        "python_write_ceiling": [],
     }
     expected_sum = float(cfg.keys * (cfg.keys - 1) // 2)
     try:
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     assert (found[0], found[1]) == (cfg.keys, expected_sum), found
                     results[name].append(cfg.keys / seconds)
 
+                discard = rows.write.format("arrow-rows").mode("append").option("rows", cfg.keys)
+                seconds, _ = timed(discard.save)
+                results["python_write_ceiling"].append(cfg.keys / seconds)
                 frame = session.read.format("arrow-rows").option("rows", cfg.keys)
                 frame = frame.option("partitions", cfg.replicas * cfg.partitions_per_replica).load()
                 seconds, found = timed(lambda f=frame: f.agg(F.count("key"), F.sum("value")).collect()[0])
@@ -148,6 +153,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                     f"{summaries['write'].median / summaries['parquet_write'].median:.2f}x",
                 ],
                 ["df.write.parquet", summaries["parquet_write"].fmt(), "1x"],
+                [
+                    "a Python data source taking the same rows, writing nothing (arrow-rows)",
+                    summaries["python_write_ceiling"].fmt(),
+                    f"{summaries['python_write_ceiling'].median / summaries['parquet_write'].median:.2f}x",
+                ],
                 [
                     "full read (format statehouse)",
                     summaries["read"].fmt(),

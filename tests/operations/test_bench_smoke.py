@@ -191,6 +191,7 @@ def test_spark_source(spark):
         "operator_live": 1,
         "operator_checkpoint": 1,
         "python_ceiling": 1,
+        "python_write_ceiling": 1,
     }
 
 
