@@ -51,4 +51,11 @@ def session_parallelism(spark: Any) -> int | None:
             return None
 
 
-__all__ = ["HIDE_TRACEBACK_CONF", "PUSHDOWN_CONF", "SourceError", "StatehouseDataSource", "register", "session_parallelism"]
+__all__ = [
+    "HIDE_TRACEBACK_CONF",
+    "PUSHDOWN_CONF",
+    "SourceError",
+    "StatehouseDataSource",
+    "register",
+    "session_parallelism",
+]

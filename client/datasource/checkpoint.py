@@ -43,9 +43,7 @@ from statehouse.snapshots.operator_format import OperatorStateData, list_element
 from statehouse.snapshots.storage import CheckpointStorage, open_storage
 from statehouse.snapshots.stored.codec import encode_key
 from statehouse.snapshots.stored.descriptors import StateDescriptor
-from statehouse.snapshots.stored.record_columns import Bytes, Groups, records_table
-
-StoredColumns = tuple[Groups, Bytes, Bytes, Bytes]  # key groups, primaries, secondaries, records
+from statehouse.snapshots.stored.record_columns import StoredColumns, records_table
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ _MSGPACK_FLOAT64 = 0xCB  # msgpack's float 64 marker: then 8 big-endian bytes
 
 Bytes: TypeAlias = "Sequence[bytes] | pa.Array"  # a column of stored bytes: as read, or already in Arrow
 Groups: TypeAlias = "Sequence[int] | np.ndarray"
+StoredColumns: TypeAlias = "tuple[Groups, Bytes, Bytes, Bytes]"  # key groups, primaries, secondaries, records
 
 
 @contextlib.contextmanager
@@ -119,7 +120,7 @@ def records_table(
     the table :func:`rows_table` makes of the rows :func:`decode_record` keeps."""
     if descriptor.kind != "list" and len(records):
         try:
-            return _columns(descriptor, key_groups, primaries, secondaries, records, now_ms)
+            return _columns(descriptor, (key_groups, primaries, secondaries, records), now_ms)
         except _Unreadable:
             pass
     rows: list[Row] = []
@@ -141,14 +142,8 @@ def _listed(column: Groups | Bytes) -> Sequence[Any]:
     )
 
 
-def _columns(
-    descriptor: StateDescriptor,
-    key_groups: Groups,
-    primaries: Bytes,
-    secondaries: Bytes,
-    records: Bytes,
-    now_ms: int,
-) -> pa.Table:
+def _columns(descriptor: StateDescriptor, found: StoredColumns, now_ms: int) -> pa.Table:
+    key_groups, primaries, secondaries, records = found
     stored = _Binary(records)
     value_at, value_lengths = stored.starts, stored.ends - stored.starts
     groups = np.asarray(key_groups, dtype=np.int32)
