@@ -215,6 +215,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.checkpoint_dir,
                 s3_endpoint_url=settings.s3_endpoint_url,
                 s3_abandoned_upload_age_s=settings.s3_abandoned_upload_age_s,
+                s3_timeouts=settings.s3_timeouts,
             )
         with exit_on_start_error(f"STATEHOUSE_DATA_DIR={settings.data_dir!r}"):
             # First: nothing in the directory is touched (leftovers removed, files opened) while
@@ -232,6 +233,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             s3_endpoint_url=settings.s3_endpoint_url,
             work_dir=work_dir,
             restore_locations=settings.restore_location_list,
+            s3_timeouts=settings.s3_timeouts,
         )
         rescale = RescaleParticipant(
             catalog,

@@ -17,6 +17,7 @@ from statehouse.app.tokens import Grant, TokenError, parse_tokens
 from statehouse.protocol.routes import LISTING_PAGE
 from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.locations import parse_restore_locations
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 
 
 class Settings(BaseSettings):
@@ -65,6 +66,22 @@ class Settings(BaseSettings):
         ge=0,
         description="seconds after which an in-progress S3 multipart upload under the checkpoint prefix counts as "
         "abandoned: the sweep at start aborts it (younger ones may be another replica's live upload)",
+    )
+    s3_connect_timeout_s: float = Field(
+        default=5.0, gt=0, le=300, description="seconds an S3 call may take to connect before botocore retries it"
+    )
+    s3_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds an S3 call may wait for an answer before botocore retries it (also the longest a "
+        "graceful shutdown waits for an upload on a silent link)",
+    )
+    s3_max_attempts: int = Field(
+        default=4,
+        ge=1,
+        le=20,
+        description="attempts per S3 call, the first one included (botocore's standard retry mode), before it fails",
     )
     num_retained: int = Field(default=3, ge=1, description="completed checkpoints kept")
     api_tokens: str = Field(
@@ -247,6 +264,11 @@ class Settings(BaseSettings):
     def replica_url_list(self) -> tuple[str, ...]:
         """Every replica's URL in index order (STATEHOUSE_REPLICA_URLS expanded); empty when unset."""
         return self._replica_urls
+
+    @property
+    def s3_timeouts(self) -> S3Timeouts:
+        """The S3 client's timeouts and attempts, as the storage takes them."""
+        return S3Timeouts(self.s3_connect_timeout_s, self.s3_read_timeout_s, self.s3_max_attempts)
 
     @property
     def restore_location_list(self) -> tuple[str, ...]:

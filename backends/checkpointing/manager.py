@@ -49,6 +49,7 @@ from statehouse.snapshots.layout import SnapshotKind, metadata_name, part_name, 
 from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 from statehouse.snapshots.strategy import SnapshotContext
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class CheckpointManager:
         work_dir: str | None = None,
         s3_endpoint_url: str | None = None,
         restore_locations: tuple[str, ...] = (),
+        s3_timeouts: S3Timeouts | None = None,
     ) -> None:
         if num_retained < 1:
             raise ValueError("num_retained must be at least 1")
@@ -96,7 +98,9 @@ class CheckpointManager:
         self.complete_timeout_s = complete_timeout_s
         self.work_dir = work_dir
         self.snapshots = SnapshotCatalog(storage, catalog.replica_index, catalog.replica_count)
-        self.locations = RestoreLocations(storage, s3_endpoint_url=s3_endpoint_url, allowed=restore_locations)
+        self.locations = RestoreLocations(
+            storage, s3_endpoint_url=s3_endpoint_url, allowed=restore_locations, s3_timeouts=s3_timeouts
+        )
         self._runner = SnapshotStrategyRunner(upload_threads)
         self._lock = threading.RLock()
         self._jobs: dict[str, _JobCheckpoints] = {}

@@ -8,15 +8,21 @@ from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
 from statehouse.snapshots.storage.local import LocalStorage
 from statehouse.snapshots.storage.memory import MemoryStorage
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 
 
 def open_storage(
-    location: str, *, s3_endpoint_url: str | None = None, s3_abandoned_upload_age_s: float | None = None
+    location: str,
+    *,
+    s3_endpoint_url: str | None = None,
+    s3_abandoned_upload_age_s: float | None = None,
+    s3_timeouts: S3Timeouts | None = None,
 ) -> CheckpointStorage:
     """Storage for a location: a path, ``file:///path``, ``s3://bucket/prefix`` or ``memory://name/prefix``.
 
     ``s3_abandoned_upload_age_s``: how old an in-progress multipart upload must be before
-    :meth:`~statehouse.snapshots.storage.s3.S3Storage.sweep_abandoned` aborts it (default 1 hour).
+    :meth:`~statehouse.snapshots.storage.s3.S3Storage.sweep_abandoned` aborts it (default 1 hour);
+    ``s3_timeouts``: botocore's timeouts and attempts (:class:`S3Timeouts`' defaults).
     """
     if not isinstance(location, str) or not location.strip():
         raise InvalidLocation("a checkpoint location must be a non-empty path or URL")
@@ -34,7 +40,9 @@ def open_storage(
         from statehouse.snapshots.storage.s3 import DEFAULT_ABANDONED_UPLOAD_AGE_S, S3Storage
 
         age = DEFAULT_ABANDONED_UPLOAD_AGE_S if s3_abandoned_upload_age_s is None else s3_abandoned_upload_age_s
-        return S3Storage(parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url, abandoned_upload_age_s=age)
+        return S3Storage(
+            parsed.netloc, parsed.path, endpoint_url=s3_endpoint_url, abandoned_upload_age_s=age, timeouts=s3_timeouts
+        )
     if parsed.scheme == "memory":
         return MemoryStorage(parsed.netloc or "default", parsed.path)
     raise InvalidLocation(f"unsupported checkpoint location {location!r}: use a path, file://, s3:// or memory://")
@@ -45,5 +53,6 @@ __all__ = [
     "CheckpointStorage",
     "LocalStorage",
     "MemoryStorage",
+    "S3Timeouts",
     "open_storage",
 ]

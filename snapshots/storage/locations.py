@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from statehouse.snapshots.errors import InvalidLocation
-from statehouse.snapshots.storage import open_storage
+from statehouse.snapshots.storage import S3Timeouts, open_storage
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 _SCHEMES = ("file", "s3", "memory")
@@ -122,10 +122,16 @@ class RestoreLocations:
     refuses the others (``invalid_location``) and opens storage on what it checked."""
 
     def __init__(
-        self, storage: CheckpointStorage, *, s3_endpoint_url: str | None = None, allowed: tuple[str, ...] = ()
+        self,
+        storage: CheckpointStorage,
+        *,
+        s3_endpoint_url: str | None = None,
+        allowed: tuple[str, ...] = (),
+        s3_timeouts: S3Timeouts | None = None,
     ) -> None:
         self.storage = storage
         self.s3_endpoint_url = s3_endpoint_url
+        self.s3_timeouts = s3_timeouts
         self.root = parse_place(storage.location)
         self.allowed = tuple(parse_place(a) for a in allowed)
 
@@ -153,4 +159,6 @@ class RestoreLocations:
 
     def open(self, location: str) -> CheckpointStorage:
         """Storage on the normalized location: what was checked is what is read."""
-        return open_storage(self.resolve(location).url, s3_endpoint_url=self.s3_endpoint_url)
+        return open_storage(
+            self.resolve(location).url, s3_endpoint_url=self.s3_endpoint_url, s3_timeouts=self.s3_timeouts
+        )

@@ -34,15 +34,23 @@ from botocore.exceptions import BotoCoreError, ClientError
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
 from statehouse.snapshots.handles import StreamHandle
 from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, file_handle
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 
 _PART = 8 << 20
 _TRANSFER = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART, max_concurrency=4)
-# Fail fast: a checkpoint that cannot reach S3 is reported failed, the next one retries.
-_CLIENT_CONFIG = Config(
-    retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30, s3={"addressing_style": "path"}
-)
-# Aborts and the sweep retry in their own loop (bounded backoff), not in botocore's.
-_HOUSEKEEPING_CONFIG = _CLIENT_CONFIG.merge(Config(retries={"max_attempts": 1, "mode": "standard"}))
+
+
+def _client_config(timeouts: S3Timeouts, attempts: int | None = None) -> Config:
+    """botocore's settings; ``attempts``: other than the timeouts' (aborts and the sweep retry in
+    their own loop, with a bounded backoff, not in botocore's)."""
+    return Config(
+        retries={"total_max_attempts": attempts or timeouts.attempts, "mode": "standard"},
+        connect_timeout=timeouts.connect_s,
+        read_timeout=timeouts.read_s,
+        s3={"addressing_style": "path"},
+    )
+
+
 _ABORT_PAUSES_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before each attempt to abort a failed upload: < 4 s in all
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _NO_UPLOAD = {"NoSuchUpload", "404", "NotFound"}  # already aborted (e.g. by another replica's sweep)
@@ -98,6 +106,7 @@ class S3Storage(CheckpointStorage):
         endpoint_url: str | None = None,
         client=None,
         abandoned_upload_age_s: float = DEFAULT_ABANDONED_UPLOAD_AGE_S,
+        timeouts: S3Timeouts | None = None,
     ) -> None:
         super().__init__()
         if not bucket:
@@ -107,7 +116,9 @@ class S3Storage(CheckpointStorage):
         self.endpoint_url = endpoint_url
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.abandoned_upload_age_s = abandoned_upload_age_s
-        self._client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=_CLIENT_CONFIG)
+        self.timeouts = timeouts or S3Timeouts()
+        config = _client_config(self.timeouts)
+        self._client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         self._housekeeping_client = client
         self._abort_lock = threading.Lock()
         self._unaborted: set[str] = set()  # keys of failed uploads whose abort failed too
@@ -141,7 +152,7 @@ class S3Storage(CheckpointStorage):
             if self._housekeeping_client is None:
                 session = boto3.session.Session()
                 self._housekeeping_client = session.client(
-                    "s3", endpoint_url=self.endpoint_url, config=_HOUSEKEEPING_CONFIG
+                    "s3", endpoint_url=self.endpoint_url, config=_client_config(self.timeouts, attempts=1)
                 )
             return self._housekeeping_client
 

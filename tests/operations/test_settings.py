@@ -268,3 +268,30 @@ def test_bad_tokens_stop_startup_without_printing_them(monkeypatch, capsys, tmp_
     (line,) = describe_errors(info.value)
     assert line.startswith(message.format(file=tmp_path / "tokens")), line
     assert "secret" not in line and "secr" not in line
+
+
+def test_the_s3_clients_timeouts_and_attempts_are_settings(monkeypatch, capsys):
+    """``STATEHOUSE_S3_CONNECT_TIMEOUT_S``, ``STATEHOUSE_S3_READ_TIMEOUT_S`` and ``STATEHOUSE_S3_MAX_ATTEMPTS``
+    reach botocore's client (the housekeeping client keeps one attempt: its abort loop paces itself); a
+    value out of bounds is one line at start."""
+    pytest.importorskip("boto3")
+    from statehouse.snapshots.storage import open_storage
+
+    for name in [k for k in os.environ if k.upper().startswith("STATEHOUSE_")]:
+        monkeypatch.delenv(name)
+    default = open_storage("s3://bucket/prefix", s3_timeouts=load_settings().s3_timeouts)
+    config = default._client.meta.config
+    assert (config.connect_timeout, config.read_timeout, config.retries["total_max_attempts"]) == (5.0, 30.0, 4)
+    monkeypatch.setenv("STATEHOUSE_S3_CONNECT_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("STATEHOUSE_S3_READ_TIMEOUT_S", "4")
+    monkeypatch.setenv("STATEHOUSE_S3_MAX_ATTEMPTS", "6")
+    storage = open_storage("s3://bucket/prefix", s3_timeouts=load_settings().s3_timeouts)
+    config = storage._client.meta.config
+    assert (config.connect_timeout, config.read_timeout, config.retries["total_max_attempts"]) == (1.5, 4.0, 6)
+    housekeeping = storage._housekeeping.meta.config
+    assert (housekeeping.read_timeout, housekeeping.retries["total_max_attempts"]) == (4.0, 1)
+    monkeypatch.setenv("STATEHOUSE_S3_MAX_ATTEMPTS", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        load_settings()
+    assert exit_info.value.code == 2
+    assert "STATEHOUSE_S3_MAX_ATTEMPTS" in capsys.readouterr().err
