@@ -363,7 +363,9 @@ class TriggerBody(Strict):
     complete: bool = Field(
         default=False,
         description="once uploaded, also complete this part (notifyCheckpointComplete) and answer 200 `completed`: "
-        "trigger, wait and complete in one round trip. Only where this replica's part is the whole checkpoint (a "
+        "trigger, wait and complete in one round trip; an upload that outlasts the wait (`wait_ms`, or 10 s) answers "
+        "202 `in_progress`, and `POST .../complete` completes it once uploaded. Only where this replica's part is "
+        "the whole checkpoint (a "
         "deployment of one replica; otherwise 422 `invalid_argument`): with several, no part may complete before "
         "every part is uploaded",
     )

@@ -53,7 +53,8 @@ async def trigger(
     """Take this replica's part of checkpoint (or savepoint) N: the short synchronous part runs now, the upload
     in the background (status `in_progress`, then `uploaded`). Writes continue meanwhile and are not in it. With
     `wait_ms`, answers once the upload has ended (200) or the wait is over (202); with `complete` (one replica
-    only), completes the part once uploaded and answers 200 `completed`."""
+    only), completes the part once uploaded and answers 200 `completed`, or 202 `in_progress` if the upload
+    outlasts the wait (complete it with `POST .../complete` once uploaded)."""
     if body.complete and service.catalog.replica_count != 1:
         raise InvalidArgument(
             f"complete: true completes this replica's part at once, but it is one of {service.catalog.replica_count} "
@@ -65,7 +66,9 @@ async def trigger(
         # The upload waited for on the event loop (no thread held), then completed: complete waits
         # on (in a thread) for an upload longer than the wait, up to its own limit.
         info = await _waited(service, job.name, info.checkpoint_id, body.wait_ms or MAX_WAIT_MS)
-    if body.complete:
+    if body.complete and info.status != "in_progress":
+        # An upload still running when the wait is over answers 202 like a plain trigger: completing
+        # would wait on for it past what a caller's request waits (the coordinator then completes).
         info = await run_in_threadpool(service.checkpoints.complete, job.name, info.checkpoint_id)
     if info.status != "in_progress":
         response.status_code = 200

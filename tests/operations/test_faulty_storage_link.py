@@ -259,3 +259,38 @@ def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
         proxy.set(reset=True)
         proxy.set()
         replicas.stop()
+
+
+def test_one_replicas_checkpoint_over_a_silent_link_fails_with_the_uploads_error(
+    tmp_path: Path, link: FaultyProxy, s3_location: str
+) -> None:
+    """A deployment of one replica triggers and completes in one request (``complete``). Over a link that
+    stays silent, its upload fails at the replica's own S3 read timeout (``STATEHOUSE_S3_READ_TIMEOUT_S``,
+    one attempt), and its abort then waits out the same timeouts: the trigger answers ``in_progress`` when
+    its wait is over rather than holding the request past the client's, so the coordinator reports the
+    upload's error, not an unreachable replica; the link back, the next checkpoint completes. The client
+    waits 10 s for an answer, less than the upload's failure and its aborts take together."""
+    settings = {"STATEHOUSE_S3_READ_TIMEOUT_S": "2", "STATEHOUSE_S3_MAX_ATTEMPTS": "1"}
+    replicas = start_set(tmp_path, link, s3_location, 1, **settings)
+    try:
+        with StatehouseClient(replicas.urls, timeout=10.0) as client:
+            job = client.job(JOB)
+            with job.batch() as writes:
+                for key in KEYS:
+                    writes.add(STATE, key, "x")
+            coordinator = CheckpointCoordinator(job, timeout=120)
+            coordinator.checkpoint()
+            with job.batch() as writes:  # new files for the next checkpoint to upload
+                for key in KEYS:
+                    writes.add(STATE, key, "y")
+            link.set(drop=True)
+            with pytest.raises(CheckpointFailed) as failed:
+                coordinator.checkpoint()
+            assert "checkpoint storage (S3) failed to upload" in str(failed.value), failed.value
+            assert "Read timeout" in str(failed.value), failed.value
+            link.set()
+            assert coordinator.checkpoint().checkpoint_id == 3
+    finally:
+        link.set(reset=True)
+        link.set()
+        replicas.stop()
