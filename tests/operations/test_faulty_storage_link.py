@@ -33,6 +33,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.global_checkpoints import CheckpointCoordinator, CheckpointFailed
+from statehouse.client.job import JobClient
 from statehouse.client.rescale import LiveRescale, RescaleLeftPending
 from tests.support.faulty_proxy import FaultyProxy
 from tests.support.replica_set import ReplicaSet, misplaced
@@ -85,6 +86,20 @@ def start_set(root: Path, proxy: FaultyProxy, location: str, count: int, **extra
         replicas.stop()
         raise
     return replicas
+
+
+def add_to_every_key(job: JobClient, value: str) -> None:
+    with job.batch() as writes:
+        for key in KEYS:
+            writes.add(STATE, key, value)
+
+
+def heal_and_stop(link: FaultyProxy, replicas: ReplicaSet) -> None:
+    """A stuck upload waits for its S3 read timeout, and a replica's shutdown for the upload: reset,
+    it fails at once and the replicas stop without it."""
+    link.set(reset=True)
+    link.set()
+    replicas.stop()
 
 
 def sent_count(writers: Writers) -> dict[str, int]:
@@ -240,9 +255,7 @@ def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
     try:
         with StatehouseClient(replicas.urls) as client:
             job = client.job(JOB)
-            with job.batch() as writes:
-                for key in KEYS:
-                    writes.add(STATE, key, "x")
+            add_to_every_key(job, "x")
             coordinator = CheckpointCoordinator(job, timeout=timeout)
             coordinator.checkpoint()
             proxy.set(drop=True)
@@ -254,11 +267,7 @@ def test_a_checkpoint_over_a_link_that_stays_silent_fails_within_its_timeout(
             proxy.set()
             assert coordinator.checkpoint().checkpoint_id == 3
     finally:
-        # The stuck upload waits for its S3 read timeout, and a replica's shutdown for the upload:
-        # reset, it fails at once and the replicas stop without it.
-        proxy.set(reset=True)
-        proxy.set()
-        replicas.stop()
+        heal_and_stop(proxy, replicas)
 
 
 def test_one_replicas_checkpoint_over_a_silent_link_fails_with_the_uploads_error(
@@ -275,14 +284,10 @@ def test_one_replicas_checkpoint_over_a_silent_link_fails_with_the_uploads_error
     try:
         with StatehouseClient(replicas.urls, timeout=10.0) as client:
             job = client.job(JOB)
-            with job.batch() as writes:
-                for key in KEYS:
-                    writes.add(STATE, key, "x")
+            add_to_every_key(job, "x")
             coordinator = CheckpointCoordinator(job, timeout=120)
             coordinator.checkpoint()
-            with job.batch() as writes:  # new files for the next checkpoint to upload
-                for key in KEYS:
-                    writes.add(STATE, key, "y")
+            add_to_every_key(job, "y")  # new files for the next checkpoint to upload
             link.set(drop=True)
             with pytest.raises(CheckpointFailed) as failed:
                 coordinator.checkpoint()
@@ -291,6 +296,4 @@ def test_one_replicas_checkpoint_over_a_silent_link_fails_with_the_uploads_error
             link.set()
             assert coordinator.checkpoint().checkpoint_id == 3
     finally:
-        link.set(reset=True)
-        link.set()
-        replicas.stop()
+        heal_and_stop(link, replicas)
