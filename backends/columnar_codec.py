@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from statehouse.protocol.keygroups import KEY_TYPES, KeyType
 from statehouse.protocol.keygroups.columnar import ArrowValues, Utf8Column, integer_keys, row_count, utf8_column
+from statehouse.snapshots.stored.record_columns import big_endian
 
 __all__ = [
     "EncodedPrimaries",
@@ -360,10 +361,7 @@ def unpack_column(payloads: list[bytes | None], kind: pa.DataType) -> pa.Array |
 
 def _length_fields(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     """The big-endian ``width``-byte length after the marker at each of ``starts``."""
-    length = data[starts + 1].astype(np.int64)
-    for i in range(2, width + 1):
-        length = (length << 8) | data[starts + i]
-    return length
+    return big_endian(data, starts + 1, width)
 
 
 def _checked(values: pa.Array, kind: pa.DataType) -> pa.Array | None:

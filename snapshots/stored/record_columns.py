@@ -59,6 +59,14 @@ def bulk_decoding() -> Iterator[None]:
             gc.enable()
 
 
+def big_endian(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The unsigned big-endian ``width``-byte integer at each of ``at`` in ``data`` (as int64)."""
+    value = data[at].astype(np.int64)
+    for i in range(1, width):
+        value = (value << 8) | data[at + i]
+    return value
+
+
 class _Unreadable(Exception):
     """The records need the row-at-a-time reading (which names what is wrong, if anything)."""
 
@@ -79,13 +87,7 @@ class _Binary:
 
     def u32(self, at: np.ndarray) -> np.ndarray:
         """The big-endian u32 at each position (the caller checked they are in bounds)."""
-        data = self.data
-        return (
-            (data[at].astype(np.int64) << 24)
-            | (data[at + 1].astype(np.int64) << 16)
-            | (data[at + 2].astype(np.int64) << 8)
-            | data[at + 3].astype(np.int64)
-        )
+        return big_endian(self.data, at, 4)
 
     def fixed(self, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
         """``width`` bytes at each position read as ``dtype`` (big-endian), one per row."""
@@ -255,7 +257,7 @@ def split_stored_keys(keys: Bytes, width: int, nested: bool) -> tuple[Groups, By
     head = FIELD_HEADER_BYTES
     if (lengths < width).any():
         return _split_one_by_one(keys, width, nested)
-    groups = stored.fixed(stored.starts, width, ">u1" if width == 1 else ">u2").astype(np.int32)
+    groups = big_endian(stored.data, stored.starts, width).astype(np.int32)
     primary_at = stored.starts + width
     if not nested:
         none = np.zeros(stored.count, dtype=np.int64)
