@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,9 @@ class FetchedKeyGroups:
             except (TypeError, ValueError, IndexError) as exc:
                 raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
 
-    def table_records(self, table: str) -> Iterator[tuple[list[int], list[bytes], list[bytes], list[bytes]]]:
+    def table_records(
+        self, table: str
+    ) -> Iterator[tuple[list[int], Sequence[bytes], Sequence[bytes], Sequence[bytes]]]:
         """``table``'s records section by section, as columns: key groups, primaries,
         secondaries, values (what a reader builds a table from without a step per record)."""
         table_id = list(self.header.tables).index(table) if table in self.header.tables else None
@@ -118,7 +120,7 @@ class FetchedKeyGroups:
                     ids, primaries, secondaries, values = zip(*stored, strict=True)
                 except (TypeError, ValueError) as exc:
                     raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
-            columns = [list(primaries), list(secondaries), list(values)]
+            columns: list[Sequence[bytes]] = [primaries, secondaries, values]
             if ids.count(table_id) != len(ids):
                 kept = [i for i, found in enumerate(ids) if found == table_id]
                 columns = [[column[i] for i in kept] for column in columns]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
@@ -156,7 +156,7 @@ class IncrementalPartReader:
         for key, value in self.entries(table):
             yield (*split_key(key, width, nested), value)
 
-    def table_records(self, table: str, size: int) -> Iterator[tuple[Groups, Bytes, Bytes, list[bytes]]]:
+    def table_records(self, table: str, size: int) -> Iterator[tuple[Groups, Bytes, Bytes, Sequence[bytes]]]:
         """:meth:`records` as columns, ``size`` entries at a time: key groups, primaries,
         secondaries, values (what a reader builds a table from without a step per record)."""
         width = key_group_prefix_width(self.max_parallelism)
@@ -168,7 +168,7 @@ class IncrementalPartReader:
                 if not chunk:
                     return
                 keys, values = zip(*chunk, strict=True)
-            yield (*split_stored_keys(keys, width, nested), list(values))
+            yield (*split_stored_keys(keys, width, nested), values)
 
     def entries(self, table: str) -> Iterator[tuple[bytes, bytes]]:
         """:meth:`records` as the database stores them: ``(key, value)`` in ascending key order,

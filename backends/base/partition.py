@@ -17,8 +17,6 @@ from typing import Literal, NamedTuple
 from statehouse.backends.reserved import META_TABLE
 from statehouse.protocol.keygroups import KeyGroupRange
 
-_ENTRIES_CHUNK = 512  # primaries read per get_many by the default entries_from
-
 
 class WriteOp(NamedTuple):
     """One write of an atomic batch.
@@ -191,14 +189,10 @@ class StorePartition(ABC):
         """Every distinct primary of one key group sorting after ``after``, in byte order (a
         nested table's map is one primary however many entries it has)."""
 
+    @abstractmethod
     def entries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """``(primary, value)`` of a flat table's key group, primaries sorting after ``after``, in
-        byte order: :meth:`primaries_from` with each value, for a backend to read in one pass."""
-        primaries = self.primaries_from(table, key_group, after)
-        while chunk := list(islice(primaries, _ENTRIES_CHUNK)):
-            for primary, value in zip(chunk, self.get_many(table, [key_group] * len(chunk), chunk), strict=True):
-                if value is not None:
-                    yield primary, value
+        byte order: :meth:`primaries_from` with each value, read in one pass."""
 
     @abstractmethod
     def write(self, ops: list[WriteOp]) -> None:
