@@ -307,17 +307,25 @@ class CheckpointManager:
             out.close_and_get_handle()
         done = attempt.mark_completed()
         with self._lock:
+            held_version = self._held_version
+            # A pending checkpoint of the live rescale is not subsumed: its move loads from it, and a
+            # query's checkpoint that started after it may finish first (a small job beside a big one).
             subsumed = [
                 a
                 for i, a in state.attempts.items()
                 if metadata.kind == "checkpoint" and i < checkpoint_id and a.kind == "checkpoint" and a.pending
+                if held_version is None or a.rescale_version != held_version
             ]
         for older in subsumed:  # Flink's dropSubsumedCheckpoints
             older.abort()
-        held = self._held_version is not None and metadata.user_metadata.get("rescale_version") == self._held_version
+        held = held_version is not None and metadata.user_metadata.get("rescale_version") == held_version
         if metadata.kind == "checkpoint" and held:
             state.completed.hold(metadata.checkpoint_id)
-        state.completed.add(metadata)
+        with self._lock:  # the move's own checkpoints that started before this one and are still uploading
+            older_held = held_version is not None and any(
+                i < checkpoint_id and a.pending and a.rescale_version == held_version for i, a in state.attempts.items()
+            )
+        state.completed.add(metadata, keep_shared=older_held)
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)
         return done

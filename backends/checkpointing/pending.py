@@ -49,6 +49,11 @@ class PendingCheckpoint:
     def pending(self) -> bool:
         return self._info.status in PENDING
 
+    @property
+    def rescale_version(self) -> object:
+        """The live rescale this checkpoint is taken for (its metadata's ``rescale_version``), if any."""
+        return self._info.metadata.get("rescale_version")
+
     def info(self) -> CheckpointInfo:
         """A copy of its report, as of now."""
         with self._lock:

@@ -92,21 +92,23 @@ class CompletedCheckpoints:
             root_handle = handle.under(directory)
             self.registry.register_reference(root_handle.path, root_handle, metadata.checkpoint_id)
 
-    def add(self, metadata: SnapshotMetadata) -> None:
-        """A part whose ``_metadata`` is written; then apply retention if it is a checkpoint."""
+    def add(self, metadata: SnapshotMetadata, *, keep_shared: bool = False) -> None:
+        """A part whose ``_metadata`` is written; then apply retention if it is a checkpoint.
+        ``keep_shared``: an older checkpoint still uploading will name shared files that only
+        subsumed ones use now, so none goes yet (the next retention without it takes them)."""
         with self._lock:
             self._completed[metadata.checkpoint_id] = metadata
         if metadata.kind == "checkpoint":
-            self._retain()
+            self._retain(keep_shared)
 
-    def _retain(self) -> None:
+    def _retain(self, keep_shared: bool = False) -> None:
         """Keep the newest ``num_retained`` completed checkpoints; delete unreachable shared files."""
         with self._lock:
             checkpoints = self._checkpoint_ids()
             keep = set(checkpoints[-self.num_retained :]) | self._held
             subsumed = [self._completed.pop(i) for i in checkpoints if i not in keep]
             retained = [i for i in checkpoints if i in keep]
-            unused = self.registry.unregister_unused(retained[0])
+            unused = [] if keep_shared else self.registry.unregister_unused(retained[0])
         # Each subsumed part's files and the unused shared files go in one request after the
         # metadata (a checkpoint after every micro-batch: on S3 each request costs the replica
         # ~3 ms of CPU, and listing a part ~7; its metadata names every file of it).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -148,3 +149,67 @@ def test_retention_deletes_a_subsumed_part_whole_without_listing_it(make_catalog
     assert not kept & set(storage.list("orders")), "checkpoint 2's own files outlived it"
     manager.restore("orders", 4)
     assert dump(catalog.get("orders")) == expected
+
+
+class _HoldNextUpload(LocalStorage):
+    """Local storage whose next file upload after :meth:`arm` waits for ``gate``: the checkpoint
+    uploading it stays in progress as long as the test wants, the others go on."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.gate, self.holding = threading.Event(), threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+
+    def arm(self) -> None:
+        with self._lock:
+            self._armed = True
+
+    def _hold(self, path: str) -> None:
+        with self._lock:
+            armed, self._armed = self._armed and "_metadata" not in path, self._armed and "_metadata" in path
+        if armed:
+            self.holding.set()
+            assert self.gate.wait(30)
+
+    def create_output(self, path):
+        self._hold(path)
+        return super().create_output(path)
+
+    def put_file(self, path, local_path):
+        self._hold(path)
+        return super().put_file(path, local_path)
+
+
+def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(make_manager, tmp_path):
+    """A move's checkpoint of a small job may still be uploading when the query's next checkpoint
+    completes (the replica busy with a big job's upload): it is not subsumed, the shared files it
+    reuses stay through the newer one's retention, and it completes and restores what it froze."""
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
+    job, _ = catalog.create("orders", 128)
+    populate(job, 200)
+    storage = _HoldNextUpload(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage, num_retained=1)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    populate(job, 300, tag="frozen for the move")
+    expected = dump(job)
+
+    manager.hold_for(5)  # the move to topology version 5 is pending here
+    storage.arm()
+    manager.trigger("orders", 2, metadata={"rescale_version": 5})
+    assert storage.holding.wait(30)
+    populate(job, 300, tag="after")
+    job.partition.compact_key_groups(list(job.partition.tables()), [job.key_group_range], force=True)
+    manager.trigger("orders", 3)  # the query's: shares no file with checkpoint 1 after the compaction
+    manager.complete("orders", 3)
+    assert manager.get("orders", 2).status == "in_progress"
+
+    storage.gate.set()
+    assert manager.wait("orders", 2, 30).status == "uploaded"
+    manager.complete("orders", 2)
+    assert [(i.checkpoint_id, i.status) for i in manager.list("orders")] == [(2, "completed"), (3, "completed")]
+    fresh = JobCatalog(RocksDBStore(str(tmp_path / "fresh")))
+    make_manager(fresh, storage).restore("orders", 2)
+    assert dump(fresh.get("orders")) == expected
+    fresh.close()
