@@ -41,6 +41,11 @@ class GlobalCheckpoint:
 
 
 _LONG_POLL_MS = 5_000  # one wait of a replica's checkpoint (the server's limit is 10 s)
+# A listed id another coordinator's checkpoint took first (a query's beside a move's) is listed
+# again, up to this many times in all, each time skipping further ahead (by 1, 3, 7, ... ids; ids
+# need only increase): a coordinator whose listings are slower than the other's checkpoints
+# (replicas busy uploading a big job) gets ahead of them instead of losing every race.
+_TRIGGER_ATTEMPTS = 6
 
 
 def _uploading(info: dict[str, Any]) -> bool:
@@ -137,11 +142,11 @@ class CheckpointCoordinator:
     def _triggered(self, checkpoint_id: int | None, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
         """Trigger the checkpoint on every replica: its id and every replica's answer. On a failure,
         abort it everywhere but where another's checkpoint of that id refused the trigger, and raise
-        CheckpointFailed; a listed id another checkpoint took since is listed again, once."""
-        listed = checkpoint_id is None
-        for retry in (False, True):
+        CheckpointFailed; a listed id another checkpoint took since is listed again, skipping ahead."""
+        listed, skip = checkpoint_id is None, 0
+        for attempt in range(_TRIGGER_ATTEMPTS):
             if checkpoint_id is None:
-                checkpoint_id = self._next_listed or self.next_id()
+                checkpoint_id = (self._next_listed or self.next_id()) + skip
             body["checkpoint_id"] = checkpoint_id
             self._next_listed = checkpoint_id + 1  # taken, or another's: either way not free
             replicas = list(self.job.replicas)
@@ -166,9 +171,10 @@ class CheckpointCoordinator:
                 if future.exception() is None:  # this one took it: the checkpoint is ours there
                     with contextlib.suppress(StatehouseError):
                         replica.json("POST", self._path(routes.CHECKPOINT_ABORT, checkpoint_id=checkpoint_id))
-            if listed and not retry and all(e.code == "checkpoint_conflict" for e in refused):
+            last = attempt + 1 == _TRIGGER_ATTEMPTS
+            if listed and not last and all(e.code == "checkpoint_conflict" for e in refused):
                 checkpoint_id = None  # listed before another checkpoint took it: list again
-                self._next_listed = None
+                self._next_listed, skip = None, 2 * skip + 1
                 continue
             raise CheckpointFailed(
                 f"checkpoint {checkpoint_id} of job {self.job.name!r} could not be triggered: {refused[0]}"

@@ -5,7 +5,7 @@ import pytest
 
 from statehouse.client import StaleEpoch, StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt, commit_bodies, merged, winners
-from statehouse.client.coordinator import Applied, MicroBatchCoordinator, StateBehind
+from statehouse.client.coordinator import Applied, CheckpointCoordinator, MicroBatchCoordinator, StateBehind
 from statehouse.client.spark import CommitMessages
 from tests.support.micro_batches import KEYS, check_a_replica_without_the_staged_writes_fails_the_batch, task, totals
 
@@ -143,6 +143,28 @@ def test_a_listed_checkpoint_id_taken_meanwhile_is_listed_again(setup):
     kept = [c for c in coordinator.completed() if c.checkpoint_id == other.checkpoint_id]
     assert [c.metadata for c in kept] == [{"by": "someone else"}]
     assert set(totals(job, KEYS).values()) == {2}
+
+
+def test_a_coordinator_whose_listings_keep_losing_the_race_gets_ahead(setup, monkeypatch):
+    """Another coordinator takes three checkpoints each time this one lists (a query's beside a
+    move's whose replicas are busy uploading): each listed id is taken before the trigger, so this
+    one lists again, each time skipping further ahead, and gets its checkpoint; the other's next
+    checkpoint goes on above it."""
+    job, _coordinator = setup
+    query, move = CheckpointCoordinator(job), CheckpointCoordinator(job)
+    listed = CheckpointCoordinator.next_id
+    taken: list[int] = []
+
+    def listing_then_the_query_checkpoints(self: CheckpointCoordinator) -> int:
+        next_id = listed(self)
+        if self is move and len(taken) < 30:
+            taken.extend(query.checkpoint(metadata={"by": "query"}).checkpoint_id for _ in range(3))
+        return next_id
+
+    monkeypatch.setattr(CheckpointCoordinator, "next_id", listing_then_the_query_checkpoints)
+    checkpoint = move.checkpoint(metadata={"rescale_version": 2})
+    assert len(taken) in (6, 9) and checkpoint.checkpoint_id > max(taken), (checkpoint.checkpoint_id, taken)
+    assert query.checkpoint(metadata={"by": "query"}).checkpoint_id > checkpoint.checkpoint_id
 
 
 def test_parts_still_uploading_when_the_trigger_answers_are_waited_for(setup, monkeypatch):
