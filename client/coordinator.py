@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # How often a micro-batch waiting at its boundary looks whether the live rescale ended: a cut is
-# frozen about a second, so half a second of polling would be half of the wait.
-MOVE_POLL = 0.2
+# frozen half a second or less, about a micro-batch, so each poll's delay adds to that batch; a
+# move left pending (its coordinator gone) is looked at less and less often, up to once a second.
+MOVE_POLL, MOVE_POLL_MAX = 0.05, 1.0
 
 __all__ = [
     "Applied",
@@ -236,31 +237,29 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     def _await_move(self, batch_id: int, deadline: float) -> None:
         """Until no live rescale is pending on the replicas (its initiator ends it), then route by
         the layout it left; logged once. Past ``deadline``: :class:`MoveWaitTimeout`."""
-        reported = False
-        while True:
-            with LiveRescale(self.job.replicas) as move:
-                shown = move.pending_move_info()
-            if shown is None:
-                break
-            if not reported:
-                reported = True
-                log.warning(
-                    "micro-batch %d of job %r waits for a live rescale to %d replicas (topology version %d, started "
-                    "by %s)",
-                    batch_id,
-                    self.job.name,
-                    shown["replica_count"],
-                    shown["version"],
-                    shown.get("initiator", "operator"),
-                )
-            if time.monotonic() > deadline:
-                raise MoveWaitTimeout(
-                    f"micro-batch {batch_id} of job {self.job.name!r} waited {self.move_wait:.0f} s for the live "
-                    f"rescale to {shown['replica_count']} replicas (topology version {shown['version']}, started by "
-                    f"{shown.get('initiator', 'operator')}): finish it (statehouse rescale --resume) or abort it "
-                    "(statehouse rescale --abort)"
-                )
-            time.sleep(MOVE_POLL)
+        reported, pause = False, MOVE_POLL
+        with LiveRescale(self.job.replicas) as move:  # one survey's connections for every poll
+            while (shown := move.pending_move_info()) is not None:
+                if not reported:
+                    reported = True
+                    log.warning(
+                        "micro-batch %d of job %r waits for a live rescale to %d replicas (topology version %d, "
+                        "started by %s)",
+                        batch_id,
+                        self.job.name,
+                        shown["replica_count"],
+                        shown["version"],
+                        shown.get("initiator", "operator"),
+                    )
+                if time.monotonic() > deadline:
+                    raise MoveWaitTimeout(
+                        f"micro-batch {batch_id} of job {self.job.name!r} waited {self.move_wait:.0f} s for the live "
+                        f"rescale to {shown['replica_count']} replicas (topology version {shown['version']}, started "
+                        f"by {shown.get('initiator', 'operator')}): finish it (statehouse rescale --resume) or abort "
+                        "it (statehouse rescale --abort)"
+                    )
+                time.sleep(pause)
+                pause = min(MOVE_POLL_MAX, pause * 1.5)
         self._relearn()
         if reported:
             log.warning(
