@@ -20,6 +20,7 @@ from bench import (
     http_server,
     latency,
     map_paging,
+    point_reads,
     precopy_delta,
     rescale_live,
     restore,
@@ -131,6 +132,12 @@ def test_precopy_delta(backend):
 
 
 @pytest.mark.long
+def test_point_reads():
+    out = point_reads.main(["--keys", "2000", "--rounds", "1", "--variant", "hash"])
+    assert set(out) == {"sorted multi-get", "unsorted multi-get", "keys not there", "after a full compaction"}
+    assert all(us > 0 for us in out.values())
+
+
 def test_map_paging_quick():
     out = map_paging.main(["--quick"])
     assert {r["backend"] for r in out["results"]} == {"rocksdb", "heap"}
