@@ -308,24 +308,21 @@ class CheckpointManager:
         done = attempt.mark_completed()
         with self._lock:
             held_version = self._held_version
-            # A pending checkpoint of the live rescale is not subsumed: its move loads from it, and a
-            # query's checkpoint that started after it may finish first (a small job beside a big one).
-            subsumed = [
+            older = [
                 a
                 for i, a in state.attempts.items()
                 if metadata.kind == "checkpoint" and i < checkpoint_id and a.kind == "checkpoint" and a.pending
-                if held_version is None or a.rescale_version != held_version
             ]
-        for older in subsumed:  # Flink's dropSubsumedCheckpoints
-            older.abort()
+        # A pending checkpoint of the live rescale is not subsumed: its move loads from it, and a
+        # query's checkpoint that started after it may finish first (a small job beside a big one).
+        moves = [a for a in older if held_version is not None and a.rescale_version == held_version]
+        for subsumed in older:  # Flink's dropSubsumedCheckpoints
+            if subsumed not in moves:
+                subsumed.abort()
         held = held_version is not None and metadata.user_metadata.get("rescale_version") == held_version
         if metadata.kind == "checkpoint" and held:
             state.completed.hold(metadata.checkpoint_id)
-        with self._lock:  # the move's own checkpoints that started before this one and are still uploading
-            older_held = held_version is not None and any(
-                i < checkpoint_id and a.pending and a.rescale_version == held_version for i, a in state.attempts.items()
-            )
-        state.completed.add(metadata, keep_shared=older_held)
+        state.completed.add(metadata, keep_shared=bool(moves))
         if metadata.kind == "checkpoint":
             self._forget_finished_attempts(state, checkpoint_id)
         return done
