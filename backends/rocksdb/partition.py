@@ -298,9 +298,14 @@ class RocksDBPartition(StorePartition):
 
     @_leased_iter
     def items(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
-        prefix = self._instance.layout.key(table, key_group, primary)
+        yield from self._under(table, self._instance.layout.key(table, key_group, primary), None)
+
+    def _under(self, table: str, prefix: bytes, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key after prefix, value)`` of the keys under ``prefix`` whose rest sorts after
+        ``after``: one iterator seeked past it and bounded to the prefix, nothing before it read."""
+        start = prefix if after is None else prefix + after + b"\x00"  # the least key above prefix + after
         n = len(prefix)
-        for key, value in iterate(self._instance.families[table], prefix, prefix_successor(prefix)):
+        for key, value in iterate(self._instance.families[table], start, prefix_successor(prefix)):
             yield key[n:], value
 
     def scan(self, table: str, key_group: int) -> Iterator[tuple[bytes, bytes, bytes]]:
@@ -325,22 +330,13 @@ class RocksDBPartition(StorePartition):
     def items_from(
         self, table: str, key_group: int, primary: bytes, after: bytes | None
     ) -> Iterator[tuple[bytes, bytes]]:
-        # One iterator seeked past ``after`` and bounded to the primary: nothing before it is read.
-        prefix = self._instance.layout.key(table, key_group, primary)
-        start = prefix if after is None else prefix + after + b"\x00"  # the least key above prefix + after
-        n = len(prefix)
-        for key, value in iterate(self._instance.families[table], start, prefix_successor(prefix)):
-            yield key[n:], value
+        yield from self._under(table, self._instance.layout.key(table, key_group, primary), after)
 
     @_leased_iter
     def entries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         if self._instance.nested.get(table, False):
             raise ValueError(f"entries_from reads flat tables; {table!r} is nested")
-        family, prefix = self._instance.families[table], self._instance.layout.scan_prefix(table, key_group)
-        start = prefix if after is None else prefix + after + b"\x00"
-        n = len(prefix)
-        for key, value in iterate(family, start, prefix_successor(prefix)):
-            yield key[n:], value
+        yield from self._under(table, self._instance.layout.scan_prefix(table, key_group), after)
 
     @_leased_iter
     def primaries_from(self, table: str, key_group: int, after: bytes | None) -> Iterator[bytes]:
