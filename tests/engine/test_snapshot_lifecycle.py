@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
@@ -13,7 +12,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.local import LocalStorage
-from tests.support.gated import gated
+from tests.support.gated import NextUpload, gated
 from tests.support.job_contents import dump, populate
 
 
@@ -151,36 +150,6 @@ def test_retention_deletes_a_subsumed_part_whole_without_listing_it(make_catalog
     assert dump(catalog.get("orders")) == expected
 
 
-class _HoldNextUpload(LocalStorage):
-    """Local storage whose next file upload after :meth:`arm` waits for ``gate``: the checkpoint
-    uploading it stays in progress as long as the test wants, the others go on."""
-
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
-        self.gate, self.holding = threading.Event(), threading.Event()
-        self._armed = False
-        self._lock = threading.Lock()
-
-    def arm(self) -> None:
-        with self._lock:
-            self._armed = True
-
-    def _hold(self, path: str) -> None:
-        with self._lock:
-            armed, self._armed = self._armed and "_metadata" not in path, self._armed and "_metadata" in path
-        if armed:
-            self.holding.set()
-            assert self.gate.wait(30)
-
-    def create_output(self, path):
-        self._hold(path)
-        return super().create_output(path)
-
-    def put_file(self, path, local_path):
-        self._hold(path)
-        return super().put_file(path, local_path)
-
-
 def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(make_manager, tmp_path):
     """A move's checkpoint of a small job may still be uploading when the query's next checkpoint
     completes (the replica busy with a big job's upload): it is not subsumed, the shared files it
@@ -188,7 +157,8 @@ def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(ma
     catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
     job, _ = catalog.create("orders", 128)
     populate(job, 200)
-    storage = _HoldNextUpload(str(tmp_path / "cp"))
+    next_upload = NextUpload()
+    storage = gated(LocalStorage, str(tmp_path / "cp"), gates=next_upload)
     manager = make_manager(catalog, storage, num_retained=1)
     manager.trigger("orders", 1)
     manager.complete("orders", 1)
@@ -196,9 +166,9 @@ def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(ma
     expected = dump(job)
 
     manager.hold_for(5)  # the move to topology version 5 is pending here
-    storage.arm()
+    next_upload.arm()
     manager.trigger("orders", 2, metadata={"rescale_version": 5})
-    assert storage.holding.wait(30)
+    assert next_upload.holding.wait(30)
     populate(job, 300, tag="after")
     job.partition.compact_key_groups(list(job.partition.tables()), [job.key_group_range], force=True)
     manager.trigger("orders", 3)  # the query's: shares no file with checkpoint 1 after the compaction

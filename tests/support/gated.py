@@ -15,8 +15,30 @@ def data_sections(path: str) -> bool:
     return "keyed.bin" in path or "operator.bin" in path
 
 
+class NextUpload:
+    """A ``gates`` predicate that accepts the first write after :meth:`arm` (the metadata aside)
+    and sets ``holding``: the one checkpoint uploading then stays in progress, the others go on."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+
+    def arm(self) -> None:
+        with self._lock:
+            self._armed = True
+
+    def __call__(self, path: str) -> bool:
+        with self._lock:
+            taken = self._armed and "_metadata" not in path
+            self._armed = self._armed and not taken
+        if taken:
+            self.holding.set()
+        return taken
+
+
 class Gated:
-    """Mixin for a CheckpointStorage: ``put_file`` and the ``create_output`` calls whose path
+    """Mixin for a CheckpointStorage: the writes (``create_output``, ``put_file``) whose path
     ``gates`` accepts wait (up to 30 s) for ``self.gate`` to be set."""
 
     def __init__(self, *args, gates: Callable[[str], bool], **kwargs) -> None:
@@ -30,7 +52,8 @@ class Gated:
         return super().create_output(path)
 
     def put_file(self, path, local_path):
-        assert self.gate.wait(30)
+        if self._gates(path):
+            assert self.gate.wait(30)
         return super().put_file(path, local_path)
 
 
