@@ -91,6 +91,7 @@ def unicode_keys() -> list[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_string_keys_match_the_scalar_hash_on_100k_random_unicode_keys(unicode_keys):
     units = sum(len(k.encode("utf-16-le")) // 2 for k in unicode_keys)
     assert units > 4 * columnar._WINDOW  # pieces cross windows

@@ -84,6 +84,7 @@ def test_restore_swaps_in_the_checkpoint_and_advances_the_epoch(setup):
     assert_serving(catalog)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "step",
     ["download", "fetch", "build", "verify", "quiesce", "promote"],

@@ -23,7 +23,7 @@ from statehouse.snapshots.storage.s3 import S3Storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from tests.support.job_contents import dump
 
-pytestmark = [pytest.mark.s3]
+pytestmark = [pytest.mark.s3, pytest.mark.slow]  # each stops and starts S3 mid-upload
 
 BIG = 20 << 20  # three 8 MiB parts
 

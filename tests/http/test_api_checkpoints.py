@@ -156,6 +156,7 @@ def test_savepoint_and_restore_errors(http, job):
     assert total(http, job, "a") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "storage"), [("rocksdb", "local"), ("heap", "local"), ("rocksdb", "s3")])
 def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(request, tmp_path, backend, storage):
     env = {"STATEHOUSE_BACKEND": backend, "STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}

@@ -367,6 +367,7 @@ def requests(draw):
     return method, path, media, body
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(request=requests())
 def test_no_body_makes_a_5xx_or_takes_more_than_a_bounded_multiple_of_the_body_limit(small, request):

@@ -92,6 +92,7 @@ def test_a_huge_header_does_not_take_its_size_in_memory(server):
     assert httpx.get(server.url + "/healthz").status_code == 200
 
 
+@pytest.mark.slow
 def test_plain_uvicorn_took_the_header_size_in_memory(tmp_path):
     """The old behaviour, for contrast: the same header through `uvicorn statehouse.app.main:app`."""
     port = free_port()
@@ -116,6 +117,7 @@ def test_plain_uvicorn_took_the_header_size_in_memory(tmp_path):
         bare.stop()
 
 
+@pytest.mark.slow
 def test_a_head_sent_slowly_is_answered_408_and_closed(server):
     with connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
@@ -139,11 +141,13 @@ def test_a_head_sent_slowly_is_answered_408_and_closed(server):
         assert "STATEHOUSE_HEADER_TIMEOUT_S" in problem(received, 408, "request_timeout")["detail"]
 
 
+@pytest.mark.slow
 def test_a_connection_that_sends_nothing_is_closed(server):
     with connect(server) as sock:
         problem(answer(sock), 408, "request_timeout")
 
 
+@pytest.mark.slow
 def test_a_body_that_stops_arriving_closes_the_connection(server):
     with connect(server) as sock:
         sock.sendall(
@@ -154,6 +158,7 @@ def test_a_body_that_stops_arriving_closes_the_connection(server):
     assert httpx.get(server.url + "/v1/jobs/slow-body").status_code == 404  # nothing was made
 
 
+@pytest.mark.slow
 def test_past_the_connection_cap_a_clear_503_and_healthz_answers_once_they_go(server):
     cap = int(LIMITS["STATEHOUSE_MAX_CONNECTIONS"])
     held = [connect(server) for _ in range(cap * 3)]  # half-open: they never send a byte

@@ -125,6 +125,7 @@ def client(gen, url: str, **headers: str):
 # -- a whole session through the generated client ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_generated_client_drives_a_whole_session(gen, server, job_name):
     m = gen.m
     c = client(gen, server.url)

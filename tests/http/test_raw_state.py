@@ -69,6 +69,7 @@ SNAPSHOTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "kind"), SNAPSHOTS, indirect=["backend"])
 @pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 2)])
 def test_raw_state_travels_with_snapshots(backend, make_catalog, make_manager, tmp_path, kind, old, new):

@@ -55,6 +55,7 @@ def test_every_command_has_help_with_json_and_exit_codes(command):
     assert command == "serve" or "--urls" in shown
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_with_their_exit_code(served, tmp_path):
     missing = cli("status", code=2)
     assert missing.stderr == "statehouse status: give the replicas' URLs with --urls or STATEHOUSE_URLS\n"

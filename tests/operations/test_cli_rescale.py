@@ -168,6 +168,7 @@ def stopped(move: LiveRescale) -> None:
 # -- the target checked before anything starts ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_refused_target_starts_and_changes_nothing(served):
     url, where = served.urls[0], served.directory  # run in the set's directory: its serve is found by itself
     before = untouched(served)
@@ -372,6 +373,7 @@ def latest_of_both(urls: list[str]) -> tuple[dict[str, Any] | None, dict[str, An
     return shown, newest
 
 
+@pytest.mark.slow
 def test_status_names_the_newest_checkpoint_that_checkpoints_lists_across_a_rescale(tmp_path):
     """Before a live rescale, right after it (only the earlier layout's checkpoints are there, and
     a restore takes them) and after the new layout's own: `statehouse status` names the newest

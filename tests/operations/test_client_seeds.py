@@ -32,7 +32,7 @@ from statehouse.protocol.keygroups import KeyGroupAssigner, operator_index
 from tests.support.replica_set import ReplicaSet, misplaced
 from tests.support.server import free_port, start_server
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # replica sets that grow and shrink
 
 JOB = "seeded"
 STATE = "count"

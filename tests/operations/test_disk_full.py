@@ -28,7 +28,7 @@ from tests.support.arrow_ipc import ARROW, arrow, values
 from tests.support.checkpoint_status import wait_status
 from tests.support.server import ServerProcess, start_server
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # volumes filled and freed
 
 VOLUME_MB = 48
 RESERVE = 8 << 20

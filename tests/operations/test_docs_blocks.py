@@ -94,6 +94,7 @@ def run(block: Block, addresses: dict[str, str], workdir: Path) -> subprocess.Co
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_block_runs_as_written(block: Block, servers, workdir):
     if block.marker == "skip":

@@ -22,7 +22,7 @@ from tests.support.faulty_proxy import FaultyProxy
 from tests.support.micro_batches import KEYS, task, totals
 from tests.support.server import start_server
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # requests through a lossy proxy
 
 JOB = "link"
 TIMEOUT, RETRIES = 2.0, 3

@@ -231,6 +231,7 @@ def test_switching_ttl_on_says_what_to_do_instead(http, job_name):
 # -- generated clients: what docs/api.md says they have --------------------------------------
 
 
+@pytest.mark.slow
 def test_a_generated_client_is_what_the_docs_say(tmp_path):
     generator = Path(sys.executable).with_name("openapi-python-client")
     if not generator.exists():

@@ -20,7 +20,7 @@ from statehouse.client.coordinator import MicroBatchCoordinator
 from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
 from tests.support.replica_set import ReplicaSet, misplaced
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # replica sets moved by a coordinator
 
 JOB = "moving"
 P = 32

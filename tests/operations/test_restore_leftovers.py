@@ -17,7 +17,7 @@ import pytest
 from tests.support.checkpoint_status import wait_status
 from tests.support.server import start_server
 
-pytestmark = [pytest.mark.http]
+pytestmark = [pytest.mark.http, pytest.mark.slow]  # servers killed mid-restore
 
 KEYS = 400
 VALUE_BYTES = 20_000  # ~8 MB of incompressible values: the restore downloads them for a while

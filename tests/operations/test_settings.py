@@ -101,6 +101,7 @@ def clean_environment(tmp_path, env: dict[str, str]) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env, expected", BAD.values(), ids=BAD.keys())
 def test_uvicorn_exits_2_naming_the_variable(tmp_path, env, expected):
     command = [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1"]

@@ -584,6 +584,7 @@ class Entrypoint:
         return self.log_path.read_text(errors="replace")
 
 
+@pytest.mark.slow
 def test_entrypoint_serves_drains_and_reopens(tmp_path):
     prefix = pid_namespace_prefix()
     server = Entrypoint(tmp_path, prefix)
@@ -639,6 +640,7 @@ def test_values_schema_and_readme_cover_every_value():
             assert f"`{key}`" in readme or f"`{key}." in readme, f"{key} not in the chart README"
 
 
+@pytest.mark.slow
 def test_auth_tokens_mounted_as_a_file(chart, tmp_path, monkeypatch):
     """``auth.mountAsFile``: the Secret's key becomes /etc/statehouse/auth/tokens and
     STATEHOUSE_API_TOKENS_FILE names it; the tokens are not in the environment. The chart's Secret
