@@ -216,6 +216,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 s3_endpoint_url=settings.s3_endpoint_url,
                 s3_abandoned_upload_age_s=settings.s3_abandoned_upload_age_s,
                 s3_timeouts=settings.s3_timeouts,
+                transfer_threads=settings.checkpoint_transfer_threads,
             )
         with exit_on_start_error(f"STATEHOUSE_DATA_DIR={settings.data_dir!r}"):
             # First: nothing in the directory is touched (leftovers removed, files opened) while

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
         le=20,
         description="attempts per S3 call, the first one included (botocore's standard retry mode), before it fails",
     )
+    checkpoint_transfer_threads: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="files one checkpoint uploads, or one restore or rescale load downloads, at once "
+        "(Flink's state.backend.rocksdb.checkpoint.transfer.thread.num)",
+    )
     num_retained: int = Field(default=3, ge=1, description="completed checkpoints kept")
     api_tokens: str = Field(
         default="",

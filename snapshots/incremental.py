@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
-from statehouse.snapshots.handles import IncrementalHandle
+from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.stored.keys import (
@@ -108,8 +108,14 @@ class IncrementalPartReader:
         handle = reader.handle
         every = {**handle.shared, **handle.private}
         fetched = handle.files_for(reader.wanted)
-        for name, file in fetched.items():
-            storage.download_verified(file.under(part.directory), os.path.join(directory, name))
+
+        def download(files: dict[str, StreamHandle]) -> None:
+            def one(name: str) -> None:
+                storage.download_verified(files[name].under(part.directory), os.path.join(directory, name))
+
+            storage.transfer(one, list(files))
+
+        download(fetched)
         if len(fetched) < len(every):
             present = _rebuild_manifest(directory, handle.tables)
             if any(n.endswith(".sst") and n not in present for n in fetched):
@@ -118,8 +124,7 @@ class IncrementalPartReader:
                 logger.info("part %s: reading every file, repair could not place some", part.directory)
                 shutil.rmtree(directory)  # what repair made of it too
                 os.mkdir(directory)
-                for name, file in every.items():
-                    storage.download_verified(file.under(part.directory), os.path.join(directory, name))
+                download(every)
         return reader
 
     def open(self) -> None:

@@ -112,12 +112,13 @@ class IncrementalSnapshotStrategy(JobStrategy):
         def body() -> SnapshotResult:
             # A unique name per upload (Flink's physical id): an aborted attempt's file can be
             # deleted without touching another attempt's copy of the same SST.
-            uploaded = {
-                n: upload(f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-{n}", n)
-                for n in shared_names
-                if n not in placeholders
-            }
-            private = {n: upload(ctx.part_path(f"db/{n}"), n) for n in private_names}
+            shared = shared_dir(ctx.job)
+            targets = {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in shared_names if n not in placeholders}
+            targets.update({n: ctx.part_path(f"db/{n}") for n in private_names})
+            names = list(targets)
+            handles = dict(zip(names, ctx.storage.transfer(lambda n: upload(targets[n], n), names), strict=True))
+            uploaded = {n: handles[n] for n in shared_names if n in handles}
+            private = {n: handles[n] for n in private_names}
             operator = write_operator_state(ctx, operator_state)
             keyed = IncrementalHandle(
                 backend_uid,

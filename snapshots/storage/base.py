@@ -13,12 +13,20 @@ import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import StreamHandle
 
 _CHUNK = 1 << 20
+# Files one snapshot uploads or downloads at once: Flink's
+# state.backend.rocksdb.checkpoint.transfer.thread.num, and its default.
+DEFAULT_TRANSFER_THREADS = 4
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 class CheckpointOutputStream(ABC):
@@ -66,7 +74,10 @@ class CheckpointStorage(ABC):
 
     location: str  # the root as a location string, e.g. "s3://bucket/prefix"
 
-    def __init__(self) -> None:
+    def __init__(self, transfer_threads: int = DEFAULT_TRANSFER_THREADS) -> None:
+        if transfer_threads < 1:
+            raise ValueError(f"transfer_threads must be at least 1, got {transfer_threads}")
+        self.transfer_threads = transfer_threads
         self._counter_lock = threading.Lock()
         self.bytes_read = 0  # counters for metrics and tests
         self.bytes_written = 0
@@ -110,6 +121,30 @@ class CheckpointStorage(ABC):
     def download(self, path: str, local_path: str) -> None:
         with open(local_path, "wb") as target:
             target.write(self.read(path))
+
+    def transfer(self, move: Callable[[Item], Result], files: Sequence[Item]) -> list[Result]:
+        """``move`` (an upload or a download of one file) for each of ``files``, up to
+        ``transfer_threads`` at once; the results in the files' order. One at a time, a snapshot
+        of several files waits out each request's latency in turn, and a small checkpoint beside a
+        large one (a rescale's copy) waits most. On a failure, the files not started are not
+        moved, the ones moving are waited for (so that the caller knows every file written), and
+        the first error is raised."""
+        if self.transfer_threads == 1 or len(files) <= 1:
+            return [move(file) for file in files]
+        with ThreadPoolExecutor(
+            min(self.transfer_threads, len(files)), thread_name_prefix="statehouse-transfer"
+        ) as pool:
+            futures = [pool.submit(move, file) for file in files]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            if failed is not None:
+                for future in futures:
+                    future.cancel()
+                wait(futures)
+                error = failed.exception()
+                assert error is not None
+                raise error
+            return [future.result() for future in futures]
 
     # -- verified reads ----------------------------------------------------------------------
 

@@ -13,7 +13,12 @@ import uuid
 from collections.abc import Iterable
 
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
-from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, fsync_dir
+from statehouse.snapshots.storage.base import (
+    DEFAULT_TRANSFER_THREADS,
+    CheckpointOutputStream,
+    CheckpointStorage,
+    fsync_dir,
+)
 
 
 class LocalOutputStream(CheckpointOutputStream):
@@ -60,8 +65,8 @@ class LocalStorage(CheckpointStorage):
     path): paths resolve under ``root`` and may not leave it; unfinished writes are not listed,
     and deleting files removes the directories they leave empty."""
 
-    def __init__(self, root: str) -> None:
-        super().__init__()
+    def __init__(self, root: str, *, transfer_threads: int = DEFAULT_TRANSFER_THREADS) -> None:
+        super().__init__(transfer_threads)
         self.root = os.path.abspath(root)
         self.location = self.root
 

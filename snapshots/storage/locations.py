@@ -160,5 +160,8 @@ class RestoreLocations:
     def open(self, location: str) -> CheckpointStorage:
         """Storage on the normalized location: what was checked is what is read."""
         return open_storage(
-            self.resolve(location).url, s3_endpoint_url=self.s3_endpoint_url, s3_timeouts=self.s3_timeouts
+            self.resolve(location).url,
+            s3_endpoint_url=self.s3_endpoint_url,
+            s3_timeouts=self.s3_timeouts,
+            transfer_threads=self.storage.transfer_threads,
         )

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 
 from statehouse.snapshots.errors import InvalidLocation
-from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage
+from statehouse.snapshots.storage.base import DEFAULT_TRANSFER_THREADS, CheckpointOutputStream, CheckpointStorage
 
 _BUCKETS: dict[str, dict[str, bytes]] = {}
 _LOCK = threading.Lock()
@@ -44,8 +44,10 @@ class MemoryStorage(CheckpointStorage):
     """Checkpoint storage in process memory (``memory://<name>/<prefix>``), for tests: the files of
     a named bucket are shared by every storage opened on that name, so a restarted manager sees them."""
 
-    def __init__(self, name: str = "default", prefix: str = "") -> None:
-        super().__init__()
+    def __init__(
+        self, name: str = "default", prefix: str = "", *, transfer_threads: int = DEFAULT_TRANSFER_THREADS
+    ) -> None:
+        super().__init__(transfer_threads)
         with _LOCK:
             self._files = _BUCKETS.setdefault(name, {})
         self.prefix = prefix.strip("/")

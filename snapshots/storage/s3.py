@@ -33,22 +33,35 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
 from statehouse.snapshots.handles import StreamHandle
-from statehouse.snapshots.storage.base import CheckpointOutputStream, CheckpointStorage, file_handle
+from statehouse.snapshots.storage.base import (
+    DEFAULT_TRANSFER_THREADS,
+    CheckpointOutputStream,
+    CheckpointStorage,
+    file_handle,
+)
 from statehouse.snapshots.storage.timeouts import S3Timeouts
 
 _PART = 8 << 20
 _TRANSFER = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART, max_concurrency=4)
 
 
-def _client_config(timeouts: S3Timeouts, attempts: int | None = None) -> Config:
+def _client_config(timeouts: S3Timeouts, attempts: int | None = None, pool: int = 10) -> Config:
     """botocore's settings; ``attempts``: other than the timeouts' (aborts and the sweep retry in
-    their own loop, with a bounded backoff, not in botocore's)."""
+    their own loop, with a bounded backoff, not in botocore's); ``pool``: connections kept open."""
     return Config(
         retries={"total_max_attempts": attempts or timeouts.attempts, "mode": "standard"},
         connect_timeout=timeouts.connect_s,
         read_timeout=timeouts.read_s,
         s3={"addressing_style": "path"},
+        max_pool_connections=pool,
     )
+
+
+def _pool_connections(transfer_threads: int) -> int:
+    """Connections for two snapshots at once (the checkpoint runner's threads), each moving
+    ``transfer_threads`` files, each file in up to ``_TRANSFER``'s parts at once: past the pool,
+    a request opens a connection of its own and closes it after (botocore's default is 10)."""
+    return max(10, 2 * transfer_threads * _TRANSFER.max_concurrency)
 
 
 _ABORT_PAUSES_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before each attempt to abort a failed upload: < 4 s in all
@@ -107,8 +120,9 @@ class S3Storage(CheckpointStorage):
         client=None,
         abandoned_upload_age_s: float = DEFAULT_ABANDONED_UPLOAD_AGE_S,
         timeouts: S3Timeouts | None = None,
+        transfer_threads: int = DEFAULT_TRANSFER_THREADS,
     ) -> None:
-        super().__init__()
+        super().__init__(transfer_threads)
         if not bucket:
             raise InvalidLocation("an S3 location needs a bucket: s3://bucket/prefix")
         self.bucket = bucket
@@ -117,7 +131,7 @@ class S3Storage(CheckpointStorage):
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.abandoned_upload_age_s = abandoned_upload_age_s
         self.timeouts = timeouts or S3Timeouts()
-        config = _client_config(self.timeouts)
+        config = _client_config(self.timeouts, pool=_pool_connections(transfer_threads))
         self._client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         self._housekeeping_client = client
         self._abort_lock = threading.Lock()
