@@ -62,6 +62,10 @@ class _JobCheckpoints:
     completed: CompletedCheckpoints
     known_ids: set[int]
     attempts: dict[int, PendingCheckpoint] = field(default_factory=dict)
+    # Held while one of the job's checkpoints completes or aborts here: a completion aborts the
+    # older pending ones (subsumes them), and one of those must not be halfway through its own
+    # completion then (its files deleted under the metadata it writes).
+    finishing: threading.Lock = field(default_factory=threading.Lock)
 
     def latest_id(self) -> int:
         return max(self.known_ids | set(self.attempts) | set(self.completed.all()), default=0)
@@ -282,7 +286,12 @@ class CheckpointManager:
         harmless (notifications may be repeated).
         """
         state = self._state(job)
-        info = self.wait(job, checkpoint_id, self.complete_timeout_s)
+        self.wait(job, checkpoint_id, self.complete_timeout_s)
+        with state.finishing:
+            return self._complete(state, job, checkpoint_id)
+
+    def _complete(self, state: _JobCheckpoints, job: str, checkpoint_id: int) -> CheckpointInfo:
+        info = self.get(job, checkpoint_id)  # as it is now: another completion may have subsumed it
         if info.status == "completed":
             return info
         if info.status == "in_progress":
@@ -339,13 +348,14 @@ class CheckpointManager:
     def abort(self, job: str, checkpoint_id: int) -> CheckpointInfo:
         """notifyCheckpointAborted: stop the upload and discard what this attempt wrote."""
         state = self._state(job)
-        with self._lock:
-            attempt = state.attempts.get(checkpoint_id)
-        if attempt is None or attempt.status == "completed":
-            if attempt is not None or state.completed.get(checkpoint_id) is not None:
-                raise CheckpointConflict(f"checkpoint {checkpoint_id} of job {job!r} is completed; it cannot abort")
-            raise CheckpointNotFound(f"job {job!r} has no checkpoint {checkpoint_id}")
-        attempt.abort()
+        with state.finishing:
+            with self._lock:
+                attempt = state.attempts.get(checkpoint_id)
+            if attempt is None or attempt.status == "completed":
+                if attempt is not None or state.completed.get(checkpoint_id) is not None:
+                    raise CheckpointConflict(f"checkpoint {checkpoint_id} of job {job!r} is completed; it cannot abort")
+                raise CheckpointNotFound(f"job {job!r} has no checkpoint {checkpoint_id}")
+            attempt.abort()
         return attempt.info()
 
     # -- restore -------------------------------------------------------------------------------
@@ -424,8 +434,9 @@ class CheckpointManager:
         state = self._state(job)
         with self._lock:
             pending = [a for a in state.attempts.values() if a.pending]
-        for attempt in pending:
-            attempt.abort(self.complete_timeout_s)
+        with state.finishing:
+            for attempt in pending:
+                attempt.abort(self.complete_timeout_s)
         return sorted(a.checkpoint_id for a in pending)
 
     # -- shutdown ------------------------------------------------------------------------------

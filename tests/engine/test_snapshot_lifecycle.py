@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -183,3 +184,36 @@ def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(ma
     make_manager(fresh, storage).restore("orders", 2)
     assert dump(fresh.get("orders")) == expected
     fresh.close()
+
+
+@pytest.mark.parametrize("store", ["rocksdb", "heap"])
+def test_a_completion_does_not_subsume_a_checkpoint_that_is_completing(make_manager, tmp_path, store):
+    """Two checkpoints of a job complete at once on a replica (a query's and a live rescale's): the
+    newer one's completion aborts older pending ones (Flink's subsumption), but not one halfway
+    through its own completion, whose files it would delete under the metadata being written.
+    The completions of a job's checkpoints take turns; the older one completes and restores."""
+    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")) if store == "rocksdb" else HeapStore())
+    job, _ = catalog.create("orders", 128)
+    populate(job, 200, tag="one")
+    storage = gated(LocalStorage, str(tmp_path / "cp"), gates=lambda path: "chk-1/" in path and "_metadata" in path)
+    manager = make_manager(catalog, storage, num_retained=2)
+    manager.trigger("orders", 1)
+    assert manager.wait("orders", 1, 30).status == "uploaded"
+    expected = dump(job)
+    populate(job, 300, tag="two")
+    manager.trigger("orders", 2)
+    assert manager.wait("orders", 2, 30).status == "uploaded"
+
+    first = threading.Thread(target=manager.complete, args=("orders", 1))
+    first.start()  # held writing its metadata: halfway through its completion
+    second = threading.Thread(target=manager.complete, args=("orders", 2))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "checkpoint 2 completed while checkpoint 1 was completing"
+    storage.gate.set()
+    first.join(30)
+    second.join(30)
+    assert [(i.checkpoint_id, i.status) for i in manager.list("orders")] == [(1, "completed"), (2, "completed")]
+    manager.restore("orders", 1)
+    assert dump(catalog.get("orders")) == expected
+    catalog.close()
