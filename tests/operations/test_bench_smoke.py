@@ -15,6 +15,7 @@ from bench import (
     attempts,
     batch_ops,
     checkpoint_cost,
+    checkpoint_transfers,
     checkpoint_writes,
     columnar,
     http_server,
@@ -129,6 +130,15 @@ def test_precopy_delta(backend):
     out = precopy_delta.main(["--keys", "2000", "--changed", "500", "--runs", "1", "--backend", backend])
     (run,) = out["runs"]  # the script checks that every changed key was read and applied
     assert run["bytes"] > 500 * 100 and all(run[f"{step}_s"] > 0 for step in ("read", "pack", "apply"))
+
+
+@pytest.mark.long
+def test_checkpoint_transfers(s3_server, s3_location):
+    out = checkpoint_transfers.main(
+        ["--runs", "1", "--keys", "3000", "--files", "2", "--delays", "0", "--s3-endpoint", s3_server.endpoint]
+    )
+    assert set(out) == {"0 ms, 1 threads", "0 ms, 4 threads"}
+    assert all(run["first_mb"] > 0 and run["restore_s"] > 0 for runs in out.values() for run in runs)
 
 
 @pytest.mark.long
