@@ -116,7 +116,9 @@ class IncrementalSnapshotStrategy(JobStrategy):
             targets = {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in shared_names if n not in placeholders}
             targets.update({n: ctx.part_path(f"db/{n}") for n in private_names})
             names = list(targets)
-            handles = dict(zip(names, ctx.storage.transfer(lambda n: upload(targets[n], n), names), strict=True))
+            handles: dict[str, StreamHandle] = dict(
+                zip(names, ctx.storage.transfer(lambda n: upload(targets[n], n), names), strict=True)
+            )
             uploaded = {n: handles[n] for n in shared_names if n in handles}
             private = {n: handles[n] for n in private_names}
             operator = write_operator_state(ctx, operator_state)

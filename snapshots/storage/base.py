@@ -9,6 +9,7 @@ Nothing written through an output stream is visible under its final path until
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import threading
@@ -122,7 +123,7 @@ class CheckpointStorage(ABC):
         with open(local_path, "wb") as target:
             target.write(self.read(path))
 
-    def transfer(self, move: Callable[[Item], Result], files: Sequence[Item]) -> list[Result]:
+    def transfer(self, move: Callable[[Item], Result], files: Sequence[Item]) -> builtins.list[Result]:
         """``move`` (an upload or a download of one file) for each of ``files``, up to
         ``transfer_threads`` at once; the results in the files' order. One at a time, a snapshot
         of several files waits out each request's latency in turn, and a small checkpoint beside a
