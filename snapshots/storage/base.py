@@ -127,9 +127,9 @@ class CheckpointStorage(ABC):
         """``move`` (an upload or a download of one file) for each of ``files``, up to
         ``transfer_threads`` at once; the results in the files' order. One at a time, a snapshot
         of several files waits out each request's latency in turn, and a small checkpoint beside a
-        large one (a rescale's copy) waits most. On a failure, the files not started are not
-        moved, the ones moving are waited for (so that the caller knows every file written), and
-        the first error is raised."""
+        large one (a rescale's copy) waits most. On a failure, the files not started yet are
+        cancelled, the ones moving are waited for (so that the caller knows every file written),
+        and the first error is raised."""
         if self.transfer_threads == 1 or len(files) <= 1:
             return [move(file) for file in files]
         with ThreadPoolExecutor(
