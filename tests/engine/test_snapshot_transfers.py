@@ -27,8 +27,6 @@ class Concurrency:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.now = self.most = 0
-        self.started: list[object] = []
-        self.finished: list[object] = []
 
     def __enter__(self) -> Concurrency:
         with self._lock:
