@@ -30,6 +30,10 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+class _NotStarted(Exception):
+    """A file of a transfer not started because another one had failed."""
+
+
 class CheckpointOutputStream(ABC):
     """A file being written; hashes what it writes so the handle carries the checksum."""
 
@@ -127,24 +131,39 @@ class CheckpointStorage(ABC):
         """``move`` (an upload or a download of one file) for each of ``files``, up to
         ``transfer_threads`` at once; the results in the files' order. One at a time, a snapshot
         of several files waits out each request's latency in turn, and a small checkpoint beside a
-        large one (a rescale's copy) waits most. On a failure, the files not started yet are
-        cancelled, the ones moving are waited for (so that the caller knows every file written),
-        and the first error is raised."""
+        large one (a rescale's copy) waits most. On a failure, no file starts any more (a failed
+        upload may take seconds to abort, and a worker freed meanwhile must not start the next
+        file against a storage that is away), the ones moving are waited for (so that the caller
+        knows every file written), and the error of the first file that failed, in the files' order, is raised."""
         if self.transfer_threads == 1 or len(files) <= 1:
             return [move(file) for file in files]
+        failed_once = threading.Event()
+
+        def guarded(file: Item) -> Result:
+            if failed_once.is_set():
+                raise _NotStarted
+            try:
+                return move(file)
+            except BaseException:
+                failed_once.set()
+                raise
+
         with ThreadPoolExecutor(
             min(self.transfer_threads, len(files)), thread_name_prefix="statehouse-transfer"
         ) as pool:
-            futures = [pool.submit(move, file) for file in files]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = next((f for f in futures if f in done and f.exception() is not None), None)
-            if failed is not None:
+            futures = [pool.submit(guarded, file) for file in files]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if failed_once.is_set():
                 for future in futures:
                     future.cancel()
                 wait(futures)
-                error = failed.exception()
-                assert error is not None
-                raise error
+                raise next(
+                    error
+                    for future in futures
+                    if not future.cancelled()
+                    and (error := future.exception()) is not None
+                    and not isinstance(error, _NotStarted)
+                )
             return [future.result() for future in futures]
 
     # -- verified reads ----------------------------------------------------------------------

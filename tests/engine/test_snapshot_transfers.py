@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -79,6 +80,27 @@ def test_a_failure_is_raised_once_every_file_moving_has_ended(tmp_path):
     with pytest.raises(Broken):
         storage.transfer(move, list(range(50)))
     assert {0, 1} <= started and started == ended  # none left moving behind the error
+
+
+def test_no_file_starts_once_one_has_failed(tmp_path):
+    """Four files moving when the storage goes away; the first fails, the others a little later:
+    the worker the first failure freed starts nothing more (each failed upload may take seconds,
+    its abort included), and the first file's error is the one raised."""
+    storage = LocalStorage(str(tmp_path), transfer_threads=4)
+    all_moving = threading.Barrier(4)
+    started = []
+
+    def move(file: int) -> int:
+        started.append(file)
+        if file < 4:
+            all_moving.wait(WAIT_S)
+            time.sleep(0.05 * file)
+            raise OSError(f"file {file}: the storage went away")
+        return file
+
+    with pytest.raises(OSError, match="file 0: the storage went away"):
+        storage.transfer(move, list(range(20)))
+    assert sorted(started) == [0, 1, 2, 3]
 
 
 def test_the_setting_reaches_the_storage_and_a_restore_location_opened_from_it(tmp_path):
