@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
+from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -73,6 +74,12 @@ DEFAULT_ABANDONED_UPLOAD_AGE_S = 3600
 _SNAPSHOT_KEY = re.compile(r"^[^/]+/(?:chk-\d+|savepoints/sp-\d+|shared)/")
 
 log = logging.getLogger(__name__)
+
+
+# What a transfer (boto3's upload_file, download_file) raises when S3 fails it: botocore's errors, and
+# boto3's own for an upload's error answer (S3UploadFailedError: a 500 mid-upload) or a download's
+# retries spent (RetriesExceededError).
+_TRANSFER_ERRORS = (BotoCoreError, ClientError, Boto3Error)
 
 
 def _unavailable(action: str, exc: Exception) -> StorageUnavailable:
@@ -179,7 +186,7 @@ class S3Storage(CheckpointStorage):
             yield
         except Exception as exc:
             self._abort_failed_upload(key)
-            if isinstance(exc, (BotoCoreError, ClientError)):
+            if isinstance(exc, _TRANSFER_ERRORS):
                 raise _unavailable(f"upload {what}", exc) from exc
             raise
 
@@ -312,7 +319,7 @@ class S3Storage(CheckpointStorage):
             if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 raise FileNotFoundError(path) from None
             raise _unavailable(f"download {path}", exc) from exc
-        except BotoCoreError as exc:
+        except (BotoCoreError, Boto3Error) as exc:
             raise _unavailable(f"download {path}", exc) from exc
         self._count(read=os.path.getsize(local_path))
 

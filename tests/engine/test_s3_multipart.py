@@ -8,24 +8,30 @@ then every request fails, boto3's own abort included.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
 from datetime import timedelta
 
 import pytest
+from botocore.awsrequest import AWSResponse
 
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.heap import HeapStore
 from statehouse.snapshots.errors import StorageUnavailable
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from tests.support.job_contents import dump
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]  # each stops and starts S3 mid-upload
 
 BIG = 20 << 20  # three 8 MiB parts
+# The storages S3 is taken from fail at the first refused connection instead of after botocore's
+# backoff (seconds at random): what is tested is what is left behind, not how long retries take.
+ONE_ATTEMPT = S3Timeouts(attempts=1)
 
 
 def uploads(s3_server, prefix: str) -> list[dict]:
@@ -57,7 +63,7 @@ def split(location: str) -> tuple[str, str]:
 
 def test_a_file_upload_cut_by_an_outage_is_aborted_when_s3_is_back(s3_server, s3_location, tmp_path):
     bucket, prefix = split(s3_location)
-    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint)
+    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
     source = tmp_path / "000042.sst"
     source.write_bytes(os.urandom(BIG))
     stopped = stop_s3_at_second_part(storage, s3_server)
@@ -96,6 +102,41 @@ def test_a_failed_upload_is_aborted_at_once_while_s3_is_up(s3_server, s3_locatio
         out.close_and_get_handle()
     assert uploads(s3_server, prefix + "/") == [] and storage.list("orders") == []
     storage.close()
+
+
+@pytest.mark.parametrize("door", ["put_file", "create_output"])
+def test_an_error_answer_to_a_part_is_the_storages_error_and_aborted(s3_server, s3_location, tmp_path, door):
+    """S3 answers a part with a 500 (as SeaweedFS does while it stops): boto3's file upload raises
+    its own S3UploadFailedError for it, which must reach the caller as the storage's error (a
+    checkpoint's clear "checkpoint storage (S3) failed"), and the upload is aborted."""
+    bucket, prefix = split(s3_location)
+    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
+
+    def internal_error(request, **_kwargs):
+        if "partNumber=2" in request.url:
+            body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message></Error>"
+            return AWSResponse(request.url, 500, {}, RawBody(body))
+        return None
+
+    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error)
+    source = tmp_path / "000044.sst"
+    source.write_bytes(os.urandom(BIG))
+    with pytest.raises(StorageUnavailable, match=r"checkpoint storage \(S3\) failed to upload .*InternalError"):
+        if door == "put_file":
+            storage.put_file("orders/shared/u4-000044.sst", str(source))
+        else:
+            with storage.create_output("orders/chk-1/replica-0-of-1/keyed.bin") as out:
+                out.write(source.read_bytes())
+                out.close_and_get_handle()
+    assert uploads(s3_server, prefix + "/") == [] and storage.list("orders") == []
+    storage.close()
+
+
+class RawBody(io.BytesIO):
+    """An answer's body as botocore reads it (``stream()``, ``read()``)."""
+
+    def stream(self, **_kwargs):
+        yield self.getvalue()
 
 
 def test_the_sweep_aborts_old_abandoned_uploads_only(s3_server, s3_location):
@@ -147,7 +188,7 @@ def test_a_checkpoint_cut_by_an_outage_leaves_no_upload_and_the_next_one_restore
         for i in range(24):
             tx.value("v").update(f"k{i}", os.urandom(450_000).hex())  # ~21 MB
     bucket, prefix = split(s3_location)
-    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint)
+    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
     manager = make_manager(catalog, storage, compression="none")
     manager.trigger("orders", 1)
     assert manager.complete("orders", 1).status == "completed"
@@ -179,7 +220,7 @@ def test_a_restarted_replica_sweeps_what_a_killed_one_left(s3_server, s3_locatio
     """A process that died mid-upload aborts nothing: the next start's sweep does, once the
     upload is older than the age (here every upload before the sweep's own start)."""
     bucket, prefix = split(s3_location)
-    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint)
+    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
     source = tmp_path / "000043.sst"
     source.write_bytes(os.urandom(BIG))
     stop_s3_at_second_part(storage, s3_server)
