@@ -131,7 +131,7 @@ class CheckpointStorage(ABC):
         """``move`` (an upload or a download of one file) for each of ``files``, up to
         ``transfer_threads`` at once; the results in the files' order. One at a time, a snapshot
         of several files waits out each request's latency in turn, and a small checkpoint beside a
-        large one (a rescale's copy) waits most. On a failure, no file starts any more (a failed
+        large one (a rescale's copy) waits most. On a failure, no other file starts (a failed
         upload may take seconds to abort, and a worker freed meanwhile must not start the next
         file against a storage that is away), the ones moving are waited for (so that the caller
         knows every file written), and the error of the first file that failed, in the files' order, is raised."""

@@ -10,6 +10,7 @@ from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.storage.s3 import S3Storage
+from statehouse.snapshots.storage.timeouts import S3Timeouts
 from tests.support.gated import data_sections, gated
 from tests.support.job_contents import dump, operator_dump, populate
 
@@ -68,7 +69,11 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(make_manager, s3_
     expected = dump(job)
     bucket, prefix = s3_location[len("s3://") :].split("/", 1)
     # the keyed and operator files wait for the gate, so the test can pull S3 away mid-upload
-    storage = gated(S3Storage, bucket, prefix, endpoint_url=s3_server.endpoint, gates=data_sections)
+    # one attempt per request: the checkpoint fails at the first refused connection, not after
+    # botocore's backoff (seconds at random)
+    storage = gated(
+        S3Storage, bucket, prefix, endpoint_url=s3_server.endpoint, gates=data_sections, timeouts=S3Timeouts(attempts=1)
+    )
     storage.gate.set()
     manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)
