@@ -139,12 +139,20 @@ class Pod:
 
     def start(self, timeout: float = 30) -> None:
         """Run until the readiness probe's path answers 200; fail if the process exits first."""
-        probe = self.container["readinessProbe"]["httpGet"]
-        assert probe["port"] == self.container["ports"][0]["name"]
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, cwd=self.log_path.parent, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until the readiness probe's path answers 200; fails if the process exits first."""
+        probe = self.container["readinessProbe"]["httpGet"]
+        assert probe["port"] == self.container["ports"][0]["name"]
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code = self.process.poll()
@@ -211,8 +219,10 @@ def run_chart(values: dict, root: Path, snippets: dict[str, str] | None = None) 
     replicas = sts["spec"]["replicas"]
     pods = [Pod(docs, i, root / f"pod-{i}") for i in range(replicas)]
     try:
-        for pod in pods:  # podManagementPolicy: Parallel; started one by one here for readable failures
-            pod.start()
+        for pod in pods:  # podManagementPolicy: Parallel
+            pod.launch()
+        for pod in pods:
+            pod.wait_ready()
         token = TOKENS[0] if values.get("auth", {}).get("enabled") else None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         for pod in pods:

@@ -19,7 +19,9 @@ KEYS = [f"user-{i}" for i in range(120)]
 def start_set(root: Path, s3: SeaweedS3, location: str, backend: str) -> tuple[ReplicaSet, list[str], str]:
     """Replicas 0 and 1 of 2 with the job, and a new, empty replica 2 of 3 at version 2; over S3."""
     storage = {"STATEHOUSE_CHECKPOINT_DIR": location, "STATEHOUSE_S3_ENDPOINT_URL": s3.endpoint}
-    replicas = ReplicaSet(root, storage, backend=backend)
+    # One attempt per S3 request: with S3 down, a step fails at the first refused connection, not
+    # after botocore's backoff (seconds at random); the waits for the storage are the driver's.
+    replicas = ReplicaSet(root, storage, extra={"STATEHOUSE_S3_MAX_ATTEMPTS": "1"}, backend=backend)
     seeds = replicas.start(2)
     new = replicas.add(2, 3, version=2).url
     with StatehouseClient(seeds) as client:
