@@ -75,14 +75,18 @@ class CheckpointCoordinator:
         return [items for items, _next_id in self._pages(every_layout)]
 
     def _pages(self, every_layout: bool = False) -> list[tuple[list[dict[str, Any]], int]]:
-        """Per replica, its checkpoints and the next id it takes (the last page's)."""
-        listings = []
+        """Per replica, its checkpoints and the next id it takes (the last page's); the replicas
+        asked at once (each lists its storage, and for ``every_layout`` reads metadata there)."""
         query = {"layouts": "all"} if every_layout else {}
-        for replica in self.job.replicas:
+
+        def pages(replica: ReplicaConnection) -> tuple[list[dict[str, Any]], int]:
             items: list[dict[str, Any]] = []
             for page in listing(replica, self._path(), query):
                 items += page["items"]
-            listings.append((items, page["next_checkpoint_id"]))
+            return items, page["next_checkpoint_id"]
+
+        replicas = self.job.replicas
+        listings = [future.result() for future in [replicas.submit(pages, replica) for replica in replicas]]
         self._next_listed = max((next_id for _items, next_id in listings), default=None)
         return listings
 
