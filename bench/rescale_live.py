@@ -49,6 +49,7 @@ The machine is shared (other sessions' tests run beside it): figures of one run 
 
     .venv/bin/python -m bench.rescale_live --keys 1000000
     .venv/bin/python -m bench.rescale_live --keys 1000000 --external   # an operator's moves from outside
+    .venv/bin/python -m bench.rescale_live --keys 1000000 --external --checkpointed  # the state checkpointed before
     .venv/bin/python -m bench.rescale_live --keys 1000000 --no-spark   # LiveRescale alone, no query
     .venv/bin/python -m bench.rescale_live --keys 1000000 --no-spark --writers [--no-precopy]
 """
@@ -82,6 +83,7 @@ from bench.columnar import process_cpu_ns
 from bench.common import print_header, s3_settings, table, write_json
 from docs.examples import user_features
 from statehouse.client import ClientConfig, StatehouseClient
+from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.rescale import CATCH_UP_ROUNDS, LiveRescale
 from statehouse.client.transport import ReplicaConnection
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -211,9 +213,19 @@ def step_of(path: str) -> str | None:
     return None
 
 
-def fill(config: ClientConfig, count: int, chunk: int = 20_000, *, jobs: int = 0, job_keys: int = 0) -> None:
+def fill(
+    config: ClientConfig,
+    count: int,
+    chunk: int = 20_000,
+    *,
+    jobs: int = 0,
+    job_keys: int = 0,
+    checkpointed: bool = False,
+) -> None:
     """``count`` keys of 100 random bytes (base64 text: the same value travels as JSON and msgpack)
-    in the bulk job; ``jobs`` more jobs (``more-0``...) of ``job_keys`` keys each beside it."""
+    in the bulk job; ``jobs`` more jobs (``more-0``...) of ``job_keys`` keys each beside it.
+    ``checkpointed``: each job then takes a global checkpoint, as a job checkpointed on a schedule
+    has one before a move (whose checkpoint then uploads only the files made since)."""
     import base64
 
     with StatehouseClient(config) as client:
@@ -225,6 +237,8 @@ def fill(config: ClientConfig, count: int, chunk: int = 20_000, *, jobs: int = 0
                 keys = [f"k{i:015d}" for i in range(start, min(keys_in, start + chunk))]
                 values = [base64.b64encode(os.urandom(75)).decode() for _ in keys]
                 columns.put("v", keys, values)
+            if checkpointed:
+                CheckpointCoordinator(job).checkpoint()
 
 
 def stored_bytes(urls: list[str]) -> dict[int, int]:
@@ -766,6 +780,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=CATCH_UP_ROUNDS,
         help="--no-spark: LiveRescale's catch-up rounds of the pre-copy (0: none, the cut carries all the copy missed)",
     )
+    p.add_argument(
+        "--checkpointed",
+        action="store_true",
+        help="each job takes a checkpoint after the fill (untimed), as a job checkpointed on a schedule has one "
+        "before a move: the move's checkpoints then upload only the files made since",
+    )
     p.add_argument("--jobs", type=int, default=0, help="more jobs beside the bulk one (a set of many jobs)")
     p.add_argument("--job-keys", type=int, default=20_000, help="--jobs: keys in each")
     p.add_argument("--write-batch", type=int, default=500, help="--writers: random keys per columns.put")
@@ -827,9 +847,10 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         new = replicas.add(2, 3, version=2)
         config = ClientConfig.of(seeds, timeout=1800.0)
         started = time.perf_counter()
-        fill(config, cfg.keys, jobs=cfg.jobs, job_keys=cfg.job_keys)
+        fill(config, cfg.keys, jobs=cfg.jobs, job_keys=cfg.job_keys, checkpointed=cfg.checkpointed)
         more = f" and {cfg.jobs} more jobs of {cfg.job_keys:,}" if cfg.jobs else ""
-        print(f"filled {cfg.keys:,} keys{more} in {time.perf_counter() - started:.1f} s")
+        then = ", then checkpointed" if cfg.checkpointed else ""
+        print(f"filled {cfg.keys:,} keys{more}{then} in {time.perf_counter() - started:.1f} s")
 
         log = CallLog()
         log.install()

@@ -101,6 +101,7 @@ def test_checkpoint_cost_and_restore_on_s3(s3_server, s3_location):
 @pytest.mark.long
 def test_rescale_live_on_s3(spark, s3_server, s3_location):
     args = ["--keys", "2000", "--batches", "5", "--grow-at", "2", "--shrink-at", "4", "--events", "20"]
+    args.append("--checkpointed")  # the bulk job checkpointed before the moves
     out = rescale_live.main([*args, "--s3-endpoint", s3_server.endpoint], spark=spark)
     assert [(r["from"], r["to"]) for r in out["rescales"]] == [(2, 3), (3, 2)]
     assert all(r["loads"] and r["parts"] for r in out["rescales"])
