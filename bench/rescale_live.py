@@ -241,6 +241,19 @@ def fill(
                 CheckpointCoordinator(job).checkpoint()
 
 
+def fill_query_state(config: ClientConfig, users: int, chunk: int = 20_000) -> None:
+    """The query's own job holds ``users`` users the input never names (their total, average and
+    one item count each) before it starts: its every checkpoint carries them, as a long-running
+    query's state does, and a move's new replicas checkpoint what they took at the query's next."""
+    with StatehouseClient(config) as client:
+        columns = client.job(FEATURES).columns()
+        for start in range(0, users, chunk):
+            keys = [f"known-{i:09d}" for i in range(start, min(users, start + chunk))]
+            amounts = [float(i % 997) for i in range(start, start + len(keys))]
+            columns.add_states({"total_spent": amounts, "avg_amount": amounts}, keys)
+            columns.map_add("item_counts", keys, ["book"] * len(keys), [1] * len(keys))
+
+
 def stored_bytes(urls: list[str]) -> dict[int, int]:
     """Stored bytes of the bulk job per key group, from every replica's ``GET .../sizes``."""
     found: dict[int, int] = {}
@@ -786,6 +799,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="each job takes a checkpoint after the fill (untimed), as a job checkpointed on a schedule has one "
         "before a move: the move's checkpoints then upload only the files made since",
     )
+    p.add_argument(
+        "--query-users",
+        type=int,
+        default=0,
+        help="the query's own job filled with this many users first (untimed): its checkpoints carry them, and "
+        "after a move the new layout's first checkpoint of the query uploads what the new replicas took",
+    )
     p.add_argument("--jobs", type=int, default=0, help="more jobs beside the bulk one (a set of many jobs)")
     p.add_argument("--job-keys", type=int, default=20_000, help="--jobs: keys in each")
     p.add_argument("--write-batch", type=int, default=500, help="--writers: random keys per columns.put")
@@ -889,6 +909,10 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
             stack.callback(logging.getLogger(COORDINATOR_LOG).removeHandler, watcher)
             write_input(workdir / "input", cfg.batches, cfg.events)
             user_features.setup(config, FEATURES)
+            if cfg.query_users:
+                started = time.perf_counter()
+                fill_query_state(config, cfg.query_users)
+                print(f"filled the query's job with {cfg.query_users:,} users in {time.perf_counter() - started:.1f} s")
             if spark is None:
                 spark = local_spark("statehouse-bench-rescale-live")
                 stack.callback(spark.stop)
