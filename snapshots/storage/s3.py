@@ -7,8 +7,8 @@ not exist, so a failed upload never leaves a half file behind a valid key.
 
 A multipart upload that fails leaves its parts stored (and billed) until it is aborted.
 boto3's transfer manager aborts once by itself, but when S3 is what failed its abort fails too
-(logged at DEBUG, then dropped). So every failed upload is aborted here again, with bounded
-retries; a key whose abort still fails is retried before the next upload, and
+(logged at DEBUG, then dropped). So every failed upload is aborted here again (an error answer
+with bounded retries); a key whose abort still fails is retried before the next upload, and
 :meth:`S3Storage.sweep_abandoned` (at each start) aborts what a crashed process left behind.
 """
 
@@ -30,7 +30,8 @@ import boto3
 from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
 from statehouse.snapshots.handles import StreamHandle
@@ -66,6 +67,8 @@ def _pool_connections(transfer_threads: int) -> int:
 
 
 _ABORT_PAUSES_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before each attempt to abort a failed upload: < 4 s in all
+# S3 out of reach: no connection, or none of its answer in time (a timeout, a connection closed).
+_UNREACHABLE = (BotoConnectionError, HTTPClientError)
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _NO_UPLOAD = {"NoSuchUpload", "404", "NotFound"}  # already aborted (e.g. by another replica's sweep)
 DEFAULT_ABANDONED_UPLOAD_AGE_S = 3600
@@ -191,7 +194,10 @@ class S3Storage(CheckpointStorage):
             raise
 
     def _abort_failed_upload(self, key: str) -> None:
-        """Abort every in-progress multipart upload of ``key``, retrying with bounded backoff.
+        """Abort every in-progress multipart upload of ``key``, retrying an error answer with
+        bounded backoff. S3 out of reach (no connection, no answer in time) is not retried here:
+        the upload's error goes up at once rather than after the same wait again per attempt, and
+        the abort is retried before the next upload and by the sweep at the next start.
 
         Every key is written by one upload attempt only (``chk-<id>/replica-<i>-of-<n>/...``,
         ``shared/<uuid>-...``; ids never repeat), so any upload of it is the one that failed.
@@ -203,6 +209,9 @@ class S3Storage(CheckpointStorage):
             try:
                 self._abort_uploads_of(key)
                 return
+            except _UNREACHABLE as exc:
+                error = exc
+                break
             except (BotoCoreError, ClientError) as exc:
                 error = exc
         with self._abort_lock:

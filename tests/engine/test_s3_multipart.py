@@ -1,7 +1,7 @@
 """Multipart uploads on a real S3 server (SeaweedFS) are never left behind: a failed upload is
 aborted (again, after S3 comes back), and the sweep at start aborts old abandoned ones only.
 
-The outages are real: a botocore ``before-send`` hook stops the SeaweedFS process as the
+The outages are real: a botocore ``before-send`` hook kills the SeaweedFS process as the
 upload's second part is about to go out, so the upload has started (its parts are stored) and
 then every request fails, boto3's own abort included.
 """
@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import EndpointConnectionError
 
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.heap import HeapStore
@@ -42,14 +43,14 @@ def uploads(s3_server, prefix: str) -> list[dict]:
 
 
 def stop_s3_at_second_part(storage: S3Storage, s3_server) -> threading.Event:
-    """Stop the server (once) just before the storage's client sends an upload's second part."""
+    """Kill the server (once) just before the storage's client sends an upload's second part."""
     parts, stopped, lock = [0], threading.Event(), threading.Lock()
 
     def before_send(**_kwargs):
         with lock:
             parts[0] += 1
             if parts[0] == 2:
-                s3_server.stop()
+                s3_server.kill()
                 stopped.set()
 
     storage._client.meta.events.register("before-send.s3.UploadPart", before_send)
@@ -129,6 +130,43 @@ def test_an_error_answer_to_a_part_is_the_storages_error_and_aborted(s3_server, 
                 out.write(source.read_bytes())
                 out.close_and_get_handle()
     assert uploads(s3_server, prefix + "/") == [] and storage.list("orders") == []
+    storage.close()
+
+
+def test_an_abort_that_cannot_reach_s3_is_not_retried_before_the_error_goes_up(s3_server, s3_location, tmp_path):
+    """The upload failed and S3 is out of reach for its abort too: one try, then the upload's error
+    (a wait per retry would only hold it back); the next upload aborts it first."""
+    bucket, prefix = split(s3_location)
+    storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
+    failing, tries = [True], [0]
+
+    def internal_error(request, **_kwargs):
+        if failing[0] and "partNumber=2" in request.url:
+            body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message></Error>"
+            return AWSResponse(request.url, 500, {}, RawBody(body))
+        return None
+
+    def unreachable(request, **_kwargs):
+        if failing[0]:
+            tries[0] += 1
+            raise EndpointConnectionError(endpoint_url=request.url)
+
+    def out_of_reach(request, **_kwargs):
+        if failing[0]:
+            raise EndpointConnectionError(endpoint_url=request.url)
+
+    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error)
+    storage._client.meta.events.register("before-send.s3.AbortMultipartUpload", out_of_reach)  # boto3's own abort
+    storage._housekeeping.meta.events.register("before-send.s3.ListMultipartUploads", unreachable)
+    source = tmp_path / "000045.sst"
+    source.write_bytes(os.urandom(BIG))
+    with pytest.raises(StorageUnavailable, match="InternalError"):
+        storage.put_file("orders/shared/u5-000045.sst", str(source))
+    assert tries == [1]
+    assert len(uploads(s3_server, prefix + "/")) == 1  # not aborted yet
+    failing[0] = False  # S3 reachable again: the next upload aborts the left-over one first
+    storage.put_file("orders/shared/u6-000046.sst", str(source))
+    assert uploads(s3_server, prefix + "/") == [] and storage.uploads_aborted == 1
     storage.close()
 
 

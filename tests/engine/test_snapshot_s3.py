@@ -83,7 +83,7 @@ def test_s3_outage_fails_the_checkpoint_and_keeps_the_previous(make_manager, s3_
         tx.value("v").update("k1", "newer")
     storage.gate.clear()
     manager.trigger("orders", 2)
-    s3_server.stop()  # S3 goes away while checkpoint 2 is uploading
+    s3_server.kill()  # S3 goes away while checkpoint 2 is uploading
     try:
         storage.gate.set()
         info = manager.wait("orders", 2, 60)

@@ -220,7 +220,7 @@ def test_checkpoint_refusals_say_what_to_fix(source, deployment, s3_server):
     with pytest.raises(AnalysisException) as raised:
         from_checkpoint(source, job, "soon", storage, endpoint, operator="source").collect()
     assert "a checkpoint or savepoint id, or 'latest'" in first_line(raised)
-    s3_server.stop()
+    s3_server.kill()
     try:
         with pytest.raises(AnalysisException) as raised:
             from_checkpoint(source, job, "latest", storage, endpoint, operator="source").collect()
