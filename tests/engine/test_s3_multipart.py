@@ -12,6 +12,8 @@ import io
 import os
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -112,14 +114,7 @@ def test_an_error_answer_to_a_part_is_the_storages_error_and_aborted(s3_server, 
     checkpoint's clear "checkpoint storage (S3) failed"), and the upload is aborted."""
     bucket, prefix = split(s3_location)
     storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
-
-    def internal_error(request, **_kwargs):
-        if "partNumber=2" in request.url:
-            body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message></Error>"
-            return AWSResponse(request.url, 500, {}, RawBody(body))
-        return None
-
-    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error)
+    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error_to_part_2(lambda: True))
     source = tmp_path / "000044.sst"
     source.write_bytes(os.urandom(BIG))
     with pytest.raises(StorageUnavailable, match=r"checkpoint storage \(S3\) failed to upload .*InternalError"):
@@ -138,36 +133,39 @@ def test_an_abort_that_cannot_reach_s3_is_not_retried_before_the_error_goes_up(s
     (a wait per retry would only hold it back); the next upload aborts it first."""
     bucket, prefix = split(s3_location)
     storage = S3Storage(bucket, prefix, endpoint_url=s3_server.endpoint, timeouts=ONE_ATTEMPT)
-    failing, tries = [True], [0]
+    failing, tries = [True], Counter()
 
-    def internal_error(request, **_kwargs):
-        if failing[0] and "partNumber=2" in request.url:
-            body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message></Error>"
-            return AWSResponse(request.url, 500, {}, RawBody(body))
-        return None
-
-    def unreachable(request, **_kwargs):
+    def unreachable(request, event_name, **_kwargs):
         if failing[0]:
-            tries[0] += 1
+            tries[event_name.rsplit(".", 1)[1]] += 1
             raise EndpointConnectionError(endpoint_url=request.url)
 
-    def out_of_reach(request, **_kwargs):
-        if failing[0]:
-            raise EndpointConnectionError(endpoint_url=request.url)
-
-    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error)
-    storage._client.meta.events.register("before-send.s3.AbortMultipartUpload", out_of_reach)  # boto3's own abort
+    storage._client.meta.events.register("before-send.s3.UploadPart", internal_error_to_part_2(lambda: failing[0]))
+    storage._client.meta.events.register("before-send.s3.AbortMultipartUpload", unreachable)  # boto3's own abort
     storage._housekeeping.meta.events.register("before-send.s3.ListMultipartUploads", unreachable)
     source = tmp_path / "000045.sst"
     source.write_bytes(os.urandom(BIG))
     with pytest.raises(StorageUnavailable, match="InternalError"):
         storage.put_file("orders/shared/u5-000045.sst", str(source))
-    assert tries == [1]
+    assert tries["ListMultipartUploads"] == 1
     assert len(uploads(s3_server, prefix + "/")) == 1  # not aborted yet
     failing[0] = False  # S3 reachable again: the next upload aborts the left-over one first
     storage.put_file("orders/shared/u6-000046.sst", str(source))
     assert uploads(s3_server, prefix + "/") == [] and storage.uploads_aborted == 1
     storage.close()
+
+
+def internal_error_to_part_2(answering: Callable[[], bool]) -> Callable[..., AWSResponse | None]:
+    """A ``before-send`` hook: while ``answering()``, S3's answer to an upload's part 2 is a 500
+    ``InternalError`` (as SeaweedFS gives while it stops); every other request goes out."""
+
+    def hook(request, **_kwargs):
+        if answering() and "partNumber=2" in request.url:
+            body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message></Error>"
+            return AWSResponse(request.url, 500, {}, RawBody(body))
+        return None
+
+    return hook
 
 
 class RawBody(io.BytesIO):
