@@ -86,8 +86,12 @@ def test_server_wheel_depends_on_the_client_at_the_same_version(wheels):
 
 def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_path, two_replicas):
     env_dir = tmp_path / "executor-venv"
-    venv.create(env_dir, with_pip=True)
+    # Without pip of its own: this venv's pip installs into it (--python), 3 s less than ensurepip.
+    venv.create(env_dir, with_pip=False)
     python = str(env_dir / "bin" / "python")
+    # --no-compile: the executor venv is used once, botocore's thousands of modules need no .pyc.
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile"]
+    pip.append("--disable-pip-version-check")
     # What the client tests need besides the client: pytest, and httpx to probe the replicas.
     test_pins = [
         d
@@ -95,19 +99,7 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
         if d.startswith(("pytest==", "httpx=="))
     ]
     assert len(test_pins) == 2, test_pins
-    run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            str(wheels["statehouse_client"]),
-            *test_pins,
-        ],
-        600,
-    )
+    run([*pip, str(wheels["statehouse_client"]), *test_pins], 600)
 
     probe = run(
         [
@@ -152,7 +144,7 @@ def test_client_wheel_installs_alone_and_passes_the_client_tests(wheels, tmp_pat
     # code (snapshots/, in this wheel) and no server package: what option("checkpoint") does on an
     # executor (its operator-state path here, without Spark).
     wheel = wheels["statehouse_client"]
-    run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[checkpoint]"], 600)
+    run([*pip, f"{wheel}[checkpoint]"], 600)
     job = "packaged"
     with httpx.Client(timeout=30) as http:
         for i, server in enumerate(two_replicas):
