@@ -8,7 +8,6 @@ client works again (no file of ours was overwritten).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import venv
@@ -16,32 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import REPO
-
-# The client wheel builds in the source tree: on the one xdist worker that runs every such build.
+# The wheels fixture builds in the source tree: on the one xdist worker that runs every such build.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("in-tree-build")]
 
 OTHER = "statehouse==0.1.1"  # "Strongly consistent state and memory engine for AI agents"
-PIP = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+# --no-compile: a venv used once needs no .pyc.
+INSTALL = ["install", "--quiet", "--no-compile", "--disable-pip-version-check"]
 
 
 def run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_command_names_the_conflicting_package_in_one_line(tmp_path: Path) -> None:
-    shutil.rmtree(REPO / "client/packaging/build", ignore_errors=True)
-    out = tmp_path / "wheels"
-    source = str(REPO / "client/packaging")
-    built = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), source])
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = out.glob("statehouse_client-*.whl")
+def test_the_command_names_the_conflicting_package_in_one_line(tmp_path: Path, wheels: dict[str, Path]) -> None:
     env_dir = tmp_path / "both"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # this venv's pip installs into it (--python)
     python, statehouse = str(env_dir / "bin/python"), str(env_dir / "bin/statehouse")
-    installed = run([python, *PIP, str(wheel)])
+    pip = [sys.executable, "-m", "pip", "--python", python]
+    installed = run([*pip, *INSTALL, str(wheels["statehouse_client"])])
     assert installed.returncode == 0, installed.stderr[-3000:]
-    other = run([python, *PIP, OTHER])  # with its dependencies, as a user installs it
+    other = run([*pip, *INSTALL, OTHER])  # with its dependencies, as a user installs it
     assert other.returncode == 0, other.stderr[-3000:]
     site = next((env_dir / "lib").glob("python3*/site-packages"))
     assert (site / "statehouse/__init__.py").is_file() and (site / "statehouse/client/__init__.py").is_file()
@@ -58,7 +51,7 @@ def test_the_command_names_the_conflicting_package_in_one_line(tmp_path: Path) -
         shown = run([statehouse, *command], 60)
         assert (shown.returncode, shown.stdout, shown.stderr) == (2, "", expected), command
 
-    removed = run([python, "-m", "pip", "uninstall", "--yes", "--quiet", "statehouse"])
+    removed = run([*pip, "uninstall", "--yes", "--quiet", "statehouse"])
     assert removed.returncode == 0, removed.stderr[-3000:]
     assert not (site / "statehouse/__init__.py").exists()
     works = run([statehouse, "--help"], 60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -37,20 +36,6 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
         f"{cmd} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )
     return result
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("wheels")
-    for source in (REPO / "client/packaging", REPO):
-        # A stale build/lib would put modules deleted since into the wheel.
-        shutil.rmtree(source / "build", ignore_errors=True)
-        # --no-isolation: the venv's setuptools builds them (no download); the tree stays clean.
-        run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)], 300)
-    built = {p.name.split("-")[0]: p for p in out.glob("*.whl")}
-    # Not `statehouse`: that name on the package index is another project.
-    assert set(built) == {"statehouse_server", "statehouse_client"}, built
-    return built
 
 
 def wheel_files(wheel: Path) -> set[str]:
