@@ -35,6 +35,9 @@ class JobHistory:
     completed: dict[int, SnapshotMetadata] = field(default_factory=dict)  # this replica's parts
     # completed checkpoint parts written under another replica count: id -> [(index, count)]
     foreign: dict[int, builtins.list[tuple[int, int]]] = field(default_factory=dict)
+    # Those of them written at this replica's index (the same replica before a live rescale, whose
+    # database it still holds): its lineage, whose shared files its next checkpoint may reuse.
+    lineage: dict[int, SnapshotMetadata] = field(default_factory=dict)
 
 
 class SnapshotCatalog:
@@ -51,7 +54,7 @@ class SnapshotCatalog:
     def history(self, job: str) -> JobHistory:
         """What storage holds of ``job`` for this replica: the ids no new checkpoint may take, this
         replica's completed parts (their metadata read; an unreadable one is skipped with a warning),
-        and the completed checkpoint parts of other replica counts."""
+        the completed checkpoint parts of other replica counts, and those of them at this index (read too)."""
         listing = job_listing(self.storage, job)
         # Ids in use: this replica's own parts (complete or not), and every snapshot that was
         # completed under another replica count (ids keep increasing across a rescale).
@@ -59,17 +62,20 @@ class SnapshotCatalog:
         history = JobHistory(known_ids=parse_snapshot_dir_ids(listing, self.part))
         index, count = self.replica
         for kind, checkpoint_id, part_index, part_count in parse_job_listing(listing):
+            lineage = part_index == index and part_count != count and kind == "checkpoint"
             if part_count != count:
                 history.known_ids.add(checkpoint_id)
                 if kind == "checkpoint":
                     history.foreign.setdefault(checkpoint_id, []).append((part_index, part_count))
-            if (part_index, part_count) != self.replica:
+            if (part_index, part_count) != self.replica and not lineage:
                 continue
             directory = snapshot_dir(job, checkpoint_id, kind)
             try:
-                history.completed[checkpoint_id] = read_metadata(self.storage, directory, metadata_name(index, count))
+                metadata = read_metadata(self.storage, directory, metadata_name(part_index, part_count))
             except StateError as exc:
                 log.warning("ignoring checkpoint %s of job %s: %s", checkpoint_id, job, exc)
+                continue
+            (history.lineage if lineage else history.completed)[checkpoint_id] = metadata
         return history
 
     def other_layouts(self, job: str) -> builtins.list[SnapshotMetadata]:

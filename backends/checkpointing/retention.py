@@ -3,8 +3,11 @@
 
 This replica keeps its newest ``num_retained`` completed checkpoint parts of each job and
 deletes the parts it subsumes; a shared (incremental) file goes once no retained checkpoint
-uses it. Savepoints are never deleted. After a rescale, replica 0 also retires the
-checkpoints of the old replica layout, whose replicas are gone.
+uses it. Savepoints are never deleted. After a live rescale the parts this replica wrote
+under the old layout (at the same index: its lineage, the same database) count with its new
+ones: its first checkpoint of the new layout reuses their shared files, and it retires them as
+its own. Replica 0 also retires the parts of the indexes the new layout no longer has, whose
+replicas are gone.
 """
 
 from __future__ import annotations
@@ -43,16 +46,24 @@ class CompletedCheckpoints:
         self.num_retained = num_retained
         self._lock = threading.Lock()
         self._completed = dict(history.completed)
-        self._foreign = {i: list(parts) for i, parts in history.foreign.items()}
+        self._lineage = dict(history.lineage)
+        # Other layouts' parts at indexes this layout does not have (the replicas that left).
+        count = replica[1]
+        gone = {i: [(index, n) for index, n in parts if index >= count] for i, parts in history.foreign.items()}
+        self._foreign = {i: parts for i, parts in gone.items() if parts}
         # A pending live rescale's checkpoints (hold): kept past num_retained until it ends, since
         # its loads read them while the query's checkpoints go on.
         self._held: set[int] = set()
         self.registry = SharedStateRegistry()
-        for checkpoint_id in self._checkpoint_ids():  # in id order: the registry as it was
-            self.register_shared(self._completed[checkpoint_id])
+        for _, metadata in sorted({**self._lineage, **self._parts()}.items()):  # in id order: as it was
+            self.register_shared(metadata)
 
     def _checkpoint_ids(self) -> builtins.list[int]:
-        return sorted(i for i, m in self._completed.items() if m.kind == "checkpoint")
+        return sorted(self._parts())
+
+    def _parts(self) -> dict[int, SnapshotMetadata]:
+        """This layout's completed checkpoint parts (not its savepoints)."""
+        return {i: m for i, m in self._completed.items() if m.kind == "checkpoint"}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -65,12 +76,13 @@ class CompletedCheckpoints:
             return dict(self._completed)
 
     def latest_checkpoint(self) -> SnapshotPart | None:
-        """The newest completed checkpoint part (what an incremental checkpoint builds on)."""
+        """The newest completed checkpoint part (what an incremental checkpoint builds on); before
+        this layout has one, the newest of the lineage (the files of the database it still holds)."""
         with self._lock:
-            ids = self._checkpoint_ids()
-            if not ids:
+            parts = self._parts() or self._lineage
+            if not parts:
                 return None
-            latest = self._completed[ids[-1]]
+            latest = parts[max(parts)]
         return SnapshotPart(snapshot_dir(self.job, latest.checkpoint_id, "checkpoint"), latest)
 
     # -- completing ------------------------------------------------------------------------
@@ -105,9 +117,12 @@ class CompletedCheckpoints:
         """Keep the newest ``num_retained`` completed checkpoints; delete unreachable shared files."""
         with self._lock:
             checkpoints = self._checkpoint_ids()
-            keep = set(checkpoints[-self.num_retained :]) | self._held
+            # The lineage counts with this layout's parts, newest first (its ids are all older).
+            every = sorted(self._lineage) + checkpoints
+            keep = set(every[-self.num_retained :]) | self._held
             subsumed = [self._completed.pop(i) for i in checkpoints if i not in keep]
-            retained = [i for i in checkpoints if i in keep]
+            subsumed += [self._lineage.pop(i) for i in sorted(self._lineage) if i not in keep]
+            retained = [i for i in every if i in keep]
             unused = [] if keep_shared else self.registry.unregister_unused(retained[0])
         # Each subsumed part's files and the unused shared files go in one request after the
         # metadata (a checkpoint after every micro-batch: on S3 each request costs the replica
@@ -117,7 +132,7 @@ class CompletedCheckpoints:
             directory = snapshot_dir(self.job, metadata.checkpoint_id, "checkpoint")
             try:
                 # Metadata first: a half-deleted checkpoint must never look restorable.
-                self.storage.delete([f"{directory}/{metadata_name(*self.replica)}"])
+                self.storage.delete([f"{directory}/{metadata_name(metadata.replica_index, metadata.replica_count)}"])
             except Exception as exc:
                 log.warning(
                     "could not delete subsumed checkpoint %s of job %s: %s", metadata.checkpoint_id, self.job, exc
@@ -132,11 +147,12 @@ class CompletedCheckpoints:
             self._retain_foreign(retained)
 
     def _retain_foreign(self, retained: builtins.list[int]) -> None:
-        """After a rescale, replica 0 also subsumes the checkpoints of the old replica layout.
+        """After a rescale, replica 0 also subsumes the other layouts' parts at indexes this layout
+        does not have.
 
         Their replicas are gone, so nobody else will. They count towards ``num_retained``
         with this layout's checkpoints (all newer); their shared files go once no remaining
-        old-layout checkpoint references them.
+        such part references them (no other database's part can: each uploads its own).
         """
         with self._lock:
             foreign = {i: list(parts) for i, parts in self._foreign.items()}

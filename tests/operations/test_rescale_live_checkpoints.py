@@ -7,6 +7,7 @@ shared files. Local directory and S3 (SeaweedFS), RocksDB (incremental checkpoin
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,9 @@ import pytest
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
 from statehouse.client.rescale import LiveRescale
+from statehouse.snapshots.catalog import read_metadata
+from statehouse.snapshots.layout import metadata_name, snapshot_dir
+from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.storage import open_storage
 from tests.support.cli import cli_json
 from tests.support.replica_set import ReplicaSet
@@ -48,6 +52,34 @@ def stored(storage: dict[str, str]) -> list[str]:
 def checkpoint_ids(files: list[str], count: int) -> set[int]:
     """Ids of the checkpoints with a part written under ``count`` replicas."""
     return {int(m[1]) for f in files if (m := re.match(rf"^chk-(\d+)/(?:_metadata\.)?replica-\d+-of-{count}\b", f))}
+
+
+def part_metadata(storage: dict[str, str], checkpoint_id: int, count: int) -> list[SnapshotMetadata]:
+    files = open_storage(storage["STATEHOUSE_CHECKPOINT_DIR"])
+    directory = snapshot_dir(JOB, checkpoint_id, "checkpoint")
+    return [read_metadata(files, directory, metadata_name(i, count)) for i in range(count)]
+
+
+def missing(storage: dict[str, str], checkpoints: dict[int, int]) -> set[str]:
+    """The files that the parts of ``checkpoints`` (id -> replica count) name and storage lacks."""
+    named = set()
+    for checkpoint_id, count in checkpoints.items():
+        for metadata in part_metadata(storage, checkpoint_id, count):
+            directory = f"chk-{checkpoint_id}"
+            named |= {f"{directory}/{path}" for path in metadata.part_files()}
+            named |= {h.under(f"{JOB}/{directory}").path[len(JOB) + 1 :] for h in metadata.shared_handles().values()}
+    return named - set(stored(storage))
+
+
+def unreferenced(storage: dict[str, str], checkpoint_ids: list[int], count: int) -> set[str]:
+    """The shared files in storage that no part of ``checkpoint_ids`` uses."""
+    used = {
+        h.under(snapshot_dir(JOB, i, "checkpoint")).path[len(JOB) + 1 :]
+        for i in checkpoint_ids
+        for metadata in part_metadata(storage, i, count)
+        for h in metadata.shared_handles().values()
+    }
+    return {f for f in stored(storage) if f.startswith("shared/")} - used
 
 
 def listed(urls: list[str]) -> dict[int, int]:
@@ -94,5 +126,59 @@ def test_old_layout_checkpoints_stay_restorable_until_the_new_layout_retains_its
             with client.job(JOB).batch() as reads:
                 values = {key: reads.get("v", key) for key in KEYS}
             assert {key: p.value for key, p in values.items()} == {key: i for i, key in enumerate(KEYS)}
+    finally:
+        replicas.stop()
+
+
+@pytest.mark.parametrize("precopy", [False, True], ids=["cut-only", "precopy"])
+def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uploaded_before(tmp_path, precopy):
+    """A replica that stays through a move holds the same database: its first checkpoint of the new
+    layout reuses the table files its old-layout checkpoints uploaded (what the move did not rewrite)
+    instead of uploading its whole share again. Those files stay while any retained checkpoint of
+    either layout uses them: every checkpoint still listed restores, before and after the old layout's
+    are retired, and nothing either layout no longer uses is left in storage."""
+    checkpoints = tmp_path / "checkpoints"
+    settings = {"STATEHOUSE_CHECKPOINT_DIR": str(checkpoints), "STATEHOUSE_NUM_RETAINED": str(RETAINED)}
+    # The moving key groups compacted into files of their own first: the files of the ones that stay
+    # are not rewritten by the drop after the commit.
+    settings["STATEHOUSE_RESCALE_COMPACT_MOVING"] = "true"
+    replicas = ReplicaSet(tmp_path / "replicas", settings)
+    # Incompressible values: table files far larger than the options file every checkpoint shares.
+    rng = random.Random(44)
+    values = {f"user-{i}": rng.randbytes(500).hex() for i in range(24_000)}
+    try:
+        urls = replicas.start(2)
+        new = replicas.add(2, 3, version=2).url
+        with StatehouseClient(urls) as client:
+            job = client.create_job(JOB, P)
+            job.register("v", "value")
+            with job.batch() as batch:
+                for key, value in values.items():
+                    batch.put("v", key, value)
+            before = CheckpointCoordinator(job).checkpoint()
+            with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
+                moved = move.run().checkpoints[JOB]
+
+        with StatehouseClient(urls) as client:
+            coordinator = CheckpointCoordinator(client.job(JOB))
+            first = coordinator.checkpoint()
+            parts = {p["replica_index"]: p for p in first.parts}
+            # Replica 0 only gives key groups away; replica 1 gives some and gains others, whose files
+            # (new to it) go up unless the pre-copy's checkpoints of the old layout carried them.
+            assert parts[0]["bytes_reused"] > 10 * parts[0]["bytes_uploaded"], parts[0]
+            assert parts[1]["bytes_reused"] > 3_000_000, parts[1]  # of the ~4.6 MB it keeps
+            assert parts[2]["bytes_reused"] == 0  # the joining replica's database is new
+            assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
+            # Both layouts' checkpoints are whole in storage.
+            assert missing(settings, {moved: 2, first.checkpoint_id: 3}) == set()
+
+            second = coordinator.checkpoint().checkpoint_id
+            assert [f for f in stored(settings) if "-of-2" in f] == []  # the old layout's retired
+            assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
+            assert unreferenced(settings, [first.checkpoint_id, second], 3) == set()
+            coordinator.restore(first.checkpoint_id)  # the one whose files the old layout uploaded
+            with client.job(JOB).batch() as reads:
+                restored = {key: reads.get("v", key) for key in values}
+            assert {key: p.value for key, p in restored.items()} == values
     finally:
         replicas.stop()
