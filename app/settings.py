@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
+from statehouse.backends.rocksdb.database import LevelShape
 from statehouse.protocol.routes import LISTING_PAGE
 from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.locations import parse_restore_locations
@@ -152,6 +153,21 @@ class Settings(BaseSettings):
         ge=0,
         description="RocksDB backend: one cache of table blocks (data, index, Bloom filters) shared by every job on "
         "the replica, in bytes (Flink's shared cache per slot); 0 leaves RocksDB's own 8 MiB per job",
+    )
+    rocksdb_target_file_bytes: int = Field(
+        default=LevelShape.target_file_bytes,
+        ge=1 << 20,
+        le=1 << 30,
+        description="RocksDB backend: the size of the table files compactions write (target_file_size_base; Flink's "
+        "compaction.level.target-file-size-base)",
+    )
+    rocksdb_level_base_bytes: int = Field(
+        default=LevelShape.level_base_bytes,
+        ge=1 << 20,
+        le=16 << 30,
+        description="RocksDB backend: the size of the level that level 0 compacts into (max_bytes_for_level_base; "
+        "Flink's compaction.level.max-size-level-base), levels sized from the last one up; a compaction rewrites the "
+        "files of that level that overlap what it merges, and the next incremental checkpoint uploads them",
     )
     max_map_read_entries: int = Field(
         default=100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"

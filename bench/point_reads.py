@@ -6,7 +6,7 @@ flushed, then ten micro-batches of 25,000 random updates (a flush after every th
 replica's state leaves. Then sorted multi-gets of 25,000 random keys per family (as
 ``RocksDBPartition.get_many`` reads), unsorted ones, keys that are not there, and the same after a
 full compaction; thread CPU per key, median of ``--rounds``. ``--variant`` changes one table option
-against the server's (``backends/rocksdb/database.py``).
+against the server's (``backends/rocksdb/database.py``), or the level shape (``files-4m``, ``files-2m``).
 
     .venv/bin/python -m bench.point_reads --keys 1000000
     .venv/bin/python -m bench.point_reads --keys 1000000 --variant hash
@@ -23,15 +23,17 @@ import time
 import msgpack
 from rocksdict import BlockBasedOptions, Cache, DataBlockIndexType, DBCompressionType, Options, Rdict, WriteBatch
 
-from statehouse.backends.rocksdb.database import db_options
+from statehouse.backends.rocksdb.database import LevelShape, db_options
 
-VARIANTS = ("server", "hash", "block-16k", "cache-index", "no-compression", "row-cache")
+VARIANTS = ("server", "hash", "block-16k", "cache-index", "no-compression", "row-cache", "files-4m", "files-2m")
+# Level shapes (table file / base level sizes) against the server's.
+SHAPES = {"files-4m": LevelShape(4 << 20, 16 << 20), "files-2m": LevelShape(2 << 20, 4 << 20)}
 READS = 25_000
 
 
 def options(variant: str, cache: Cache) -> Options:
     """The server's options with the block cache ``cache``, ``variant`` changing one of them."""
-    opts = db_options(block_cache=cache)
+    opts = db_options(block_cache=cache, shape=SHAPES.get(variant))
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_block_cache(cache)

@@ -6,7 +6,7 @@ deletes the parts it subsumes; a shared (incremental) file goes once no retained
 uses it. Savepoints are never deleted. After a live rescale the parts this replica wrote
 under the old layout (at the same index: its lineage, the same database) count with its new
 ones: its first checkpoint of the new layout reuses their shared files, and it retires them as
-its own. Replica 0 also retires the parts of the indexes the new layout no longer has, whose
+its own. Replica 0 also retires the parts of the indexes the new layout does not have, whose
 replicas are gone.
 """
 

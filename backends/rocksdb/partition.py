@@ -56,6 +56,7 @@ from statehouse.backends.reserved import META_TABLE
 from statehouse.backends.rocksdb.database import (
     DEFAULT_WAL_LIMIT,
     KeyLayout,
+    LevelShape,
     RocksDBFrozenView,
     bounded,
     db_options,
@@ -86,8 +87,6 @@ _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it cos
 _FILE_CHUNK = 8_192
 # Entries a load sorts into table files at once (whole key groups; ~50 MB of Python objects).
 _LOAD_RUN_ENTRIES = 250_000
-# RocksDB's default size of the table files a compaction writes (target_file_size_base).
-_TARGET_FILE_BYTES = 64 << 20
 
 
 def _leased(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -198,14 +197,17 @@ class RocksDBPartition(StorePartition):
         pool: OpenInstances | None = None,
         volume: DataVolume | None = None,
         block_cache: Cache | None = None,
+        shape: LevelShape | None = None,
     ) -> None:
         self.path = path
         wal_bytes = wal_limit(volume.reserve_bytes) if volume is not None else DEFAULT_WAL_LIMIT
         self._space = DegradePolicy(volume)
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0
+        self._shape = shape or LevelShape()
         started = time.monotonic()
-        self._instance = DatabaseInstance(path, max_parallelism, db_options(wal_bytes, block_cache), pool, self._space)
+        options = db_options(wal_bytes, block_cache, self._shape)
+        self._instance = DatabaseInstance(path, max_parallelism, options, pool, self._space)
         # As the database stores it; only another database (a restore's, at reopen) can change it.
         self.max_parallelism = self._instance.max_parallelism
         logger.info("opened RocksDB instance %s in %.0f ms", path, (time.monotonic() - started) * 1000)
@@ -535,7 +537,7 @@ class RocksDBPartition(StorePartition):
                     family.compact_range(begin, end, options)
             finally:
                 if file_bytes is not None:
-                    family.set_options({"target_file_size_base": str(_TARGET_FILE_BYTES)})
+                    family.set_options({"target_file_size_base": str(self._shape.target_file_bytes)})
 
     def _key_group_bounds(self, ranges: Sequence[KeyGroupRange]) -> list[tuple[bytes, bytes]]:
         """Each range of key groups as the byte range [begin, end) its keys fill."""

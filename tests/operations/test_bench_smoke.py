@@ -14,6 +14,7 @@ import pytest
 from bench import (
     attempts,
     batch_ops,
+    checkpoint_churn,
     checkpoint_cost,
     checkpoint_transfers,
     checkpoint_writes,
@@ -140,6 +141,13 @@ def test_checkpoint_transfers(s3_server, s3_location):
     )
     assert set(out) == {"0 ms, 1 threads", "0 ms, 4 threads"}
     assert all(run["first_mb"] > 0 and run["restore_s"] > 0 for runs in out.values() for run in runs)
+
+
+def test_checkpoint_churn():
+    out = checkpoint_churn.main(["--keys", "20000", "--batch", "1000", "--batches", "6", "--shapes", "64/256,2/4"])
+    assert [r["shape"] for r in out["results"]] == ["64/256", "2/4"]
+    for r in out["results"]:
+        assert r["fill_bytes"] > 0 and len(r["uploaded"]) == 6 and all(b > 0 for b in r["uploaded"])
 
 
 @pytest.mark.long

@@ -139,8 +139,9 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
     are retired, and nothing either layout no longer uses is left in storage."""
     checkpoints = tmp_path / "checkpoints"
     settings = {"STATEHOUSE_CHECKPOINT_DIR": str(checkpoints), "STATEHOUSE_NUM_RETAINED": str(RETAINED)}
-    # The moving key groups compacted into files of their own first: the files of the ones that stay
-    # are not rewritten by the drop after the commit.
+    # The moving key groups compacted into files of their own before the move's checkpoint, whatever
+    # the fill left in level 0 (one flush: a file spanning every key group, which the drop after the
+    # commit would rewrite whole): what compactions have made of a long-running job's files.
     settings["STATEHOUSE_RESCALE_COMPACT_MOVING"] = "true"
     replicas = ReplicaSet(tmp_path / "replicas", settings)
     # Incompressible values: table files far larger than the options file every checkpoint shares.
