@@ -64,8 +64,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker in needed_markers(item) - {m.name for m in item.iter_markers()}:
             item.add_marker(marker)
     # The Spark tests first (a stable sort): the longest group starts at once on its worker while
-    # the other works through the files, instead of last on a worker that is already behind.
-    items.sort(key=lambda item: item.get_closest_marker("spark") is None)
+    # the other works through the files, instead of last on a worker that is already behind. Then
+    # the files with slow tests, then the quick ones, which even out the two workers' ends.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.get_closest_marker("spark") is None, item.path not in slow_files))
     directory = getattr(config, "workerinput", {}).get(GROUPS_DIR)
     if directory is not None:  # an xdist worker: tell the controller each test's group
         groups = {item.nodeid: xdist_group(item) for item in items}
