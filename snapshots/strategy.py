@@ -38,6 +38,16 @@ class Frozen(Protocol):
     def release(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Seed:
+    """Shared files of a database uploaded ahead of its first checkpoint (a live rescale's joining
+    replica, once its copy is loaded), by file name, root-relative: that checkpoint reuses those
+    the database still holds, as it reuses a previous checkpoint's."""
+
+    backend_uid: str
+    files: dict[str, StreamHandle]
+
+
 @dataclass
 class SnapshotContext:
     """Where and how one replica part of one checkpoint is written."""
@@ -50,6 +60,7 @@ class SnapshotContext:
     part: str  # this replica's sub-directory name
     codec: Codec
     previous: SnapshotPart | None = None  # this replica's last completed checkpoint of the job
+    seed: Seed | None = None  # files uploaded ahead of this replica's first checkpoint of the job
     cancel: threading.Event = field(default_factory=threading.Event)
     written: list[str] = field(default_factory=list)  # root-relative paths, for cleanup on failure
 
@@ -96,6 +107,11 @@ class SnapshotStrategy(ABC, Generic[JobT]):
     def settle(self, job: JobT) -> None:
         """Before the synchronous part, while the job's writes go on: slow work that makes the
         snapshot cheaper to take or to read."""
+
+    def seed(self, job: JobT, storage: CheckpointStorage, name: str, previous: SnapshotPart | None) -> Seed | None:
+        """Upload now what the next checkpoint of ``job`` (named ``name`` in storage) would upload
+        as shared files, and that ``previous`` does not hold; None where a strategy shares none."""
+        return None
 
     @abstractmethod
     def prepare(self, job: JobT, ctx: SnapshotContext) -> AsyncSnapshot:

@@ -259,6 +259,11 @@ class JobLoad(BaseModel):
         default_factory=list, description="of them, those brought up to the cut by a pre-copy's delta, not loaded whole"
     )
     delta_keys: int = Field(default=0, description="keys the deltas changed")
+    bytes_seeded: int = Field(
+        default=0,
+        description="a joining replica's pre-copy load: bytes of the job's table files uploaded now, which its first "
+        "checkpoint on the new layout reuses instead of uploading them then",
+    )
 
 
 class LoadInfo(BaseModel):

@@ -11,6 +11,7 @@ restore operation see the backend's state, not the task that owns it).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from statehouse.backends.base.partition import Guard, StorePartition
@@ -58,6 +59,10 @@ class SnapshotSource(Protocol):
 
     @property
     def keyspace(self) -> FrozenKeyGroups: ...
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """The job's writes held off (what a snapshot's synchronous part runs under)."""
+        ...
 
 
 class FetchedPart(Protocol):

@@ -50,7 +50,7 @@ from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
 from statehouse.snapshots.storage.timeouts import S3Timeouts
-from statehouse.snapshots.strategy import SnapshotContext
+from statehouse.snapshots.strategy import Seed, SnapshotContext
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,8 @@ class CheckpointManager:
         # The live rescale pending here, whose checkpoints (their metadata's rescale_version) are
         # kept past num_retained until it ends: its loads read them while the query checkpoints.
         self._held_version: int | None = None
+        # Per job, files uploaded ahead of its next checkpoint here (kept across a relayout).
+        self._seeds: dict[str, Seed] = {}
         storage.sweep_abandoned()  # S3: abort what a failed or killed process left uploading (billed)
 
     @property
@@ -147,6 +149,37 @@ class CheckpointManager:
         with self._lock:
             self.snapshots = SnapshotCatalog(self.storage, self.catalog.replica_index, self.catalog.replica_count)
             self._jobs.clear()
+
+    def seed(self, job: str) -> int:
+        """Upload the table files of ``job``'s database that this replica's checkpoints do not hold
+        yet, for its next checkpoint to reuse (a live rescale's joining replica, its copy loaded;
+        the job need not be served). Bytes uploaded."""
+        live = self.catalog.get(job, serving=False)
+        state = self._state(job)
+        seed = self.catalog.store.snapshot_strategy("checkpoint").seed(
+            live, self.storage, job, state.completed.latest_checkpoint()
+        )
+        if seed is None:
+            return 0
+        with self._lock:
+            replaced = self._seeds.pop(job, None)
+            self._seeds[job] = seed
+        if replaced is not None:  # a second copy of the same move: the first one's files go
+            self._delete_seed(job, replaced)
+        return sum(h.size for h in seed.files.values())
+
+    def discard_seeds(self) -> None:
+        """Delete the files uploaded ahead of checkpoints that will not come (a move aborted)."""
+        with self._lock:
+            seeds, self._seeds = self._seeds, {}
+        for job, seed in seeds.items():
+            self._delete_seed(job, seed)
+
+    def _delete_seed(self, job: str, seed: Seed) -> None:
+        try:
+            self.storage.delete(sorted(h.path for h in seed.files.values()))
+        except Exception as exc:
+            log.warning("could not delete %d files uploaded ahead for job %s: %s", len(seed.files), job, exc)
 
     def _info_from_metadata(self, metadata: SnapshotMetadata) -> CheckpointInfo:
         directory = snapshot_dir(metadata.job, metadata.checkpoint_id, metadata.kind)
@@ -192,6 +225,9 @@ class CheckpointManager:
                 )
             state.known_ids.add(checkpoint_id)
             directory = snapshot_dir(job, checkpoint_id, kind)
+            seed = self._seeds.pop(job, None) if kind == "checkpoint" else None
+            if seed is not None:
+                state.completed.register_seed(seed)
             ctx = SnapshotContext(
                 self.storage,
                 job,
@@ -201,6 +237,7 @@ class CheckpointManager:
                 self.snapshots.part,
                 self.codec,
                 previous=state.completed.latest_checkpoint(),
+                seed=seed,
             )
             info = CheckpointInfo(
                 job=job,

@@ -407,6 +407,8 @@ class RescaleParticipant:
                 if precopy is not None:
                     self._copied[(version, job)] = dict(precopy)
                     self._rounds[(version, job)] = dict.fromkeys(precopy, 0)
+                    if move.joining:  # no checkpoint of its own holds what it loaded: upload it now
+                        loaded[job]["bytes_seeded"] = self.checkpoints.seed(job)
             if precopy is None:
                 self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
             return loaded
@@ -657,6 +659,7 @@ class RescaleParticipant:
     def _apply_abort(self, move: Move) -> None:
         index = self.index
         self._forget_precopy(move)
+        self.checkpoints.discard_seeds()
         if move.joining:
             self.catalog.on_open = None
             for name in self.catalog.names():  # what it loaded for the move; it held nothing before

@@ -23,6 +23,7 @@ from statehouse.snapshots.catalog import read_metadata
 from statehouse.snapshots.layout import metadata_name, part_name, snapshot_dir
 from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
+from statehouse.snapshots.strategy import Seed
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,12 @@ class CompletedCheckpoints:
         """Let retention take the held checkpoints again (with the next one that completes)."""
         with self._lock:
             self._held.clear()
+
+    def register_seed(self, seed: Seed) -> None:
+        """Files uploaded ahead of a first checkpoint, used by none yet: the checkpoint that reuses
+        one registers it again; the next retention deletes the others."""
+        for handle in seed.files.values():
+            self.registry.register_reference(handle.path, handle, 0)
 
     def register_shared(self, metadata: SnapshotMetadata) -> None:
         """Flink registers shared state before finalizing: from here its files are retained."""

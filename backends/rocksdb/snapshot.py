@@ -35,7 +35,7 @@ from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
-from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
+from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SnapshotContext, SnapshotResult
 
 
 def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str, StreamHandle]:
@@ -86,6 +86,28 @@ class IncrementalSnapshotStrategy(JobStrategy):
         partition.flush()
         partition.compact_key_groups(list(keyed_tables(partition.tables())), frozen, self.move_file_bytes)
 
+    def seed(
+        self, job: SnapshotSource, storage: CheckpointStorage, name: str, previous: SnapshotPart | None
+    ) -> Seed | None:
+        """The database's table files that ``previous`` lacks, uploaded now under fresh names (a
+        joining replica's, after its copy's load: off the query's path, so that the query's first
+        checkpoint on the new layout uploads only what changed since)."""
+        partition = job.partition
+        assert isinstance(partition, RocksDBPartition), "the RocksDB store only opens RocksDB partitions"
+        partition.flush()
+        with job.exclusive():
+            view = partition.freeze()
+        try:
+            backend_uid = partition.identity()
+            reusable = reusable_files(previous, backend_uid)
+            names = [n for n in sorted(os.listdir(view.path)) if n.endswith(".sst") and n not in reusable]
+            shared = shared_dir(name)
+            targets = {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in names}
+            uploads = storage.transfer(lambda n: storage.put_file(targets[n], os.path.join(view.path, n)), names)
+            return Seed(backend_uid, dict(zip(names, uploads, strict=True)))
+        finally:
+            view.release()
+
     def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
         assert isinstance(partition, RocksDBPartition), "the RocksDB store only opens RocksDB partitions"
@@ -94,6 +116,8 @@ class IncrementalSnapshotStrategy(JobStrategy):
         tables = keyed_tables(view.tables())
         backend_uid = partition.identity()
         reusable = reusable_files(ctx.previous, backend_uid)
+        if ctx.seed is not None and ctx.seed.backend_uid == backend_uid:
+            reusable = {**ctx.seed.files, **reusable}
         names = sorted(os.listdir(view.path))
         shared_names = [n for n in names if _immutable(n)]
         placeholders = {n: reusable[n] for n in shared_names if n in reusable}

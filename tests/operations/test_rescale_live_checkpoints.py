@@ -71,11 +71,11 @@ def missing(storage: dict[str, str], checkpoints: dict[int, int]) -> set[str]:
     return named - set(stored(storage))
 
 
-def unreferenced(storage: dict[str, str], checkpoint_ids: list[int], count: int) -> set[str]:
-    """The shared files in storage that no part of ``checkpoint_ids`` uses."""
+def unreferenced(storage: dict[str, str], checkpoints: dict[int, int]) -> set[str]:
+    """The shared files in storage that no part of ``checkpoints`` (id -> replica count) uses."""
     used = {
         h.under(snapshot_dir(JOB, i, "checkpoint")).path[len(JOB) + 1 :]
-        for i in checkpoint_ids
+        for i, count in checkpoints.items()
         for metadata in part_metadata(storage, i, count)
         for h in metadata.shared_handles().values()
     }
@@ -168,18 +168,53 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
             # (new to it) go up unless the pre-copy's checkpoints of the old layout carried them.
             assert parts[0]["bytes_reused"] > 10 * parts[0]["bytes_uploaded"], parts[0]
             assert parts[1]["bytes_reused"] > 3_000_000, parts[1]  # of the ~4.6 MB it keeps
-            assert parts[2]["bytes_reused"] == 0  # the joining replica's database is new
-            assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
-            # Both layouts' checkpoints are whole in storage.
+            if precopy:  # the joining replica uploaded what its copy loaded during the copy
+                assert parts[2]["bytes_reused"] > 10 * parts[2]["bytes_uploaded"], parts[2]
+                assert first.bytes_uploaded < 0.1 * before.bytes_uploaded
+            else:  # its database is new, and nothing was uploaded ahead
+                assert parts[2]["bytes_reused"] == 0
+                assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
+            # Both layouts' checkpoints are whole in storage, and nothing else is there.
             assert missing(settings, {moved: 2, first.checkpoint_id: 3}) == set()
+            assert unreferenced(settings, {moved: 2, first.checkpoint_id: 3}) == set()
 
             second = coordinator.checkpoint().checkpoint_id
             assert [f for f in stored(settings) if "-of-2" in f] == []  # the old layout's retired
             assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
-            assert unreferenced(settings, [first.checkpoint_id, second], 3) == set()
+            assert unreferenced(settings, {first.checkpoint_id: 3, second: 3}) == set()
             coordinator.restore(first.checkpoint_id)  # the one whose files the old layout uploaded
             with client.job(JOB).batch() as reads:
                 restored = {key: reads.get("v", key) for key in values}
             assert {key: p.value for key, p in restored.items()} == values
+    finally:
+        replicas.stop()
+
+
+def test_what_a_joining_replica_uploaded_ahead_goes_when_the_move_is_aborted(tmp_path):
+    """A joining replica uploads what its pre-copy load made, for its first checkpoint; the move
+    aborted instead (its coordinator died after the copy, the operator aborts), nothing of it stays."""
+    settings = {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    replicas = ReplicaSet(tmp_path / "replicas", settings)
+
+    def die(step: str, info: dict) -> None:
+        if step == "copied":
+            raise RuntimeError("the coordinator died")
+
+    try:
+        urls = replicas.start(2)
+        new = replicas.add(2, 3, version=2).url
+        with StatehouseClient(urls) as client:
+            job = client.create_job(JOB, P)
+            job.register("v", "value")
+            with job.batch() as batch:
+                for i, key in enumerate(KEYS):
+                    batch.put("v", key, i)
+            with LiveRescale(client, 3, [new], wait=120, progress=die) as move, pytest.raises(RuntimeError):
+                move.run()
+            seeded = [f for f in stored(settings) if f.startswith("shared/")]
+            with LiveRescale(client, 3, [new], wait=120) as move:
+                assert move.abort().outcome == "aborted"
+            checkpoints = {int(i): 2 for i in checkpoint_ids(stored(settings), 2)}
+            assert unreferenced(settings, checkpoints) == set(), seeded
     finally:
         replicas.stop()
