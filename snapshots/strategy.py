@@ -102,6 +102,10 @@ class AsyncSnapshot:
 
 
 class SnapshotStrategy(ABC, Generic[JobT]):
+    """Flink's ``SnapshotStrategy``: how one backend writes a replica's part of a snapshot, in a
+    synchronous part under the job's lock (:meth:`prepare`) and an asynchronous upload it returns;
+    :meth:`settle` and :meth:`seed` are work done beforehand, off the snapshot's path."""
+
     format: SnapshotFormat
 
     def settle(self, job: JobT) -> None:
