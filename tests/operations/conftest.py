@@ -1,14 +1,16 @@
-"""Fixtures of the operations tests that build in the source tree (their xdist group's one worker)."""
+"""Fixtures of the operations tests: the wheels (built in the source tree), S3 that a test stops."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.s3server import SeaweedS3
 from tests.support.server import REPO
 
 
@@ -30,3 +32,13 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # Not `statehouse`: that name on the package index is another project.
     assert set(built) == {"statehouse_server", "statehouse_client"}, built
     return built
+
+
+@pytest.fixture
+def s3(s3_server: SeaweedS3) -> Iterator[SeaweedS3]:
+    """The session's SeaweedFS, which the test stops; running again afterwards, whatever happened."""
+    try:
+        yield s3_server
+    finally:
+        if s3_server._process is None:
+            s3_server.start()

@@ -7,7 +7,6 @@ acknowledged write is present exactly once and every key is stored only on its o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,20 +15,9 @@ from statehouse.client import StatehouseClient
 from statehouse.client.rescale import LiveRescale
 from tests.support.replica_set import misplaced
 from tests.support.rescale_s3 import JOB, KEYS, STATE, P, ended, start_set
-from tests.support.s3server import SeaweedS3
 from tests.support.writers import Writers
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
-
-
-@pytest.fixture
-def s3(s3_server: SeaweedS3) -> Iterator[SeaweedS3]:
-    """The session's SeaweedFS, which the test stops; running again afterwards, whatever happened."""
-    try:
-        yield s3_server
-    finally:
-        if s3_server._process is None:
-            s3_server.start()
 
 
 def test_s3_down_at_the_moves_checkpoint_is_waited_for(tmp_path, s3, s3_location):

@@ -14,7 +14,6 @@ present exactly once and every key is stored only on its owner.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,7 +25,6 @@ from statehouse.protocol.keygroups import assign_to_key_group
 from tests.support.cli import cli
 from tests.support.replica_set import misplaced
 from tests.support.rescale_s3 import JOB, KEYS, STATE, P, ended, start_set
-from tests.support.s3server import SeaweedS3
 from tests.support.writers import Writers
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # 20-40 s each: three replica processes, S3 restarts
@@ -34,16 +32,6 @@ pytestmark = [pytest.mark.http, pytest.mark.slow]  # 20-40 s each: three replica
 # The driver's bound on each wait while S3 stays down (it then leaves the move pending); the
 # storage coming back is awaited by events, never by this.
 SHORT_WAIT = 1.0
-
-
-@pytest.fixture
-def s3(s3_server: SeaweedS3) -> Iterator[SeaweedS3]:
-    """The session's SeaweedFS, which the test stops; running again afterwards, whatever happened."""
-    try:
-        yield s3_server
-    finally:
-        if s3_server._process is None:
-            s3_server.start()
 
 
 def key_in(start: int, end: int) -> str:
