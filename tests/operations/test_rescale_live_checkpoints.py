@@ -88,18 +88,26 @@ def listed(urls: list[str]) -> dict[int, int]:
     return {c["checkpoint_id"]: c["replica_count"] for c in shown}
 
 
+def start_with_a_job(replicas: ReplicaSet, values: dict[str, object]) -> tuple[list[str], str]:
+    """Replicas 0 and 1 of 2 holding the job's state ``v`` with ``values``, and an empty replica 2 of 3
+    at version 2: the old layout's URLs and the joining replica's."""
+    urls = replicas.start(2)
+    new = replicas.add(2, 3, version=2).url
+    with StatehouseClient(urls) as client:
+        job = client.create_job(JOB, P)
+        job.register("v", "value")
+        with job.batch() as batch:
+            for key, value in values.items():
+                batch.put("v", key, value)
+    return urls, new
+
+
 def test_old_layout_checkpoints_stay_restorable_until_the_new_layout_retains_its_own(tmp_path, storage):
     replicas = ReplicaSet(tmp_path / "replicas", {**storage, "STATEHOUSE_NUM_RETAINED": str(RETAINED)})
     try:
-        urls = replicas.start(2)
-        new = replicas.add(2, 3, version=2).url
+        urls, new = start_with_a_job(replicas, {key: i for i, key in enumerate(KEYS)})
         with StatehouseClient(urls) as client:
-            job = client.create_job(JOB, P)
-            job.register("v", "value")
-            with job.batch() as batch:
-                for i, key in enumerate(KEYS):
-                    batch.put("v", key, i)
-            before = CheckpointCoordinator(job).checkpoint().checkpoint_id
+            before = CheckpointCoordinator(client.job(JOB)).checkpoint().checkpoint_id
             # Without a pre-copy: the move takes one checkpoint, so the one before it is still retained
             with LiveRescale(client, 3, [new], wait=120, precopy=False) as move:
                 moved = move.run().checkpoints[JOB]
@@ -148,15 +156,9 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
     rng = random.Random(44)
     values = {f"user-{i}": rng.randbytes(500).hex() for i in range(24_000)}
     try:
-        urls = replicas.start(2)
-        new = replicas.add(2, 3, version=2).url
+        urls, new = start_with_a_job(replicas, values)
         with StatehouseClient(urls) as client:
-            job = client.create_job(JOB, P)
-            job.register("v", "value")
-            with job.batch() as batch:
-                for key, value in values.items():
-                    batch.put("v", key, value)
-            before = CheckpointCoordinator(job).checkpoint()
+            before = CheckpointCoordinator(client.job(JOB)).checkpoint()
             with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
                 moved = move.run().checkpoints[JOB]
 
@@ -201,14 +203,8 @@ def test_what_a_joining_replica_uploaded_ahead_goes_when_the_move_is_aborted(tmp
             raise RuntimeError("the coordinator died")
 
     try:
-        urls = replicas.start(2)
-        new = replicas.add(2, 3, version=2).url
+        urls, new = start_with_a_job(replicas, {key: i for i, key in enumerate(KEYS)})
         with StatehouseClient(urls) as client:
-            job = client.create_job(JOB, P)
-            job.register("v", "value")
-            with job.batch() as batch:
-                for i, key in enumerate(KEYS):
-                    batch.put("v", key, i)
             with LiveRescale(client, 3, [new], wait=120, progress=die) as move, pytest.raises(RuntimeError):
                 move.run()
             seeded = [f for f in stored(settings) if f.startswith("shared/")]
