@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from statehouse.client.attempts import CommitMessage, commit_bodies, winners
 from statehouse.client.errors import StatehouseError, Unavailable
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 # frozen half a second or less, about a micro-batch, so each poll's delay adds to that batch; a
 # move left pending (its coordinator gone) is looked at less and less often, up to once a second.
 MOVE_POLL, MOVE_POLL_MAX = 0.05, 1.0
+# A batch's checkpoint that a move's copy subsumed is taken again at once this many times, then
+# after the move (a copy takes two checkpoints, the first one and the one after its catch-up).
+_RETAKES_BESIDE_COPY = 3
 
 __all__ = [
     "Applied",
@@ -368,35 +371,51 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         return self._checkpoint_batch(plan)
 
     def _checkpoint_batch(self, plan: BatchPlan) -> GlobalCheckpoint:
-        """The committed batch's checkpoint. A live rescale that starts meanwhile can fail it (the
-        move's commit ends the old layout's checkpoints): then it is taken again once the move has
-        ended, on the new layout, where the state still holds the batch."""
+        """The committed batch's checkpoint. A live rescale that starts meanwhile can fail it: its
+        commit ends the old layout's checkpoints, and its copy's checkpoint, completing first,
+        subsumes a pending one. Beside the copy (nothing frozen, the layout as the batch began) it is
+        taken again at once, a few times; else once the move has ended, on the new layout, where the
+        state still holds the batch."""
         assert plan.epoch is not None
         metadata = {"batch_id": plan.batch_id, "epoch": plan.epoch}
         deadline = time.monotonic() + self.move_wait
+        beside_copy = 0
         while True:
             try:
                 checkpoint = self.checkpoint(metadata=metadata)
                 self._checkpointed_epoch = plan.epoch
                 return checkpoint
             except CheckpointFailed as exc:
-                if not self._layout_moved(plan):
+                moved = self._layout_moved(plan)
+                if not moved:
                     raise
+                if moved == "copying" and beside_copy < _RETAKES_BESIDE_COPY:
+                    beside_copy += 1
+                    log.warning(
+                        "the checkpoint of micro-batch %d met a live rescale's copy (%s): taken again now",
+                        plan.batch_id,
+                        exc,
+                    )
+                    continue
                 log.warning(
                     "the checkpoint of micro-batch %d met a live rescale (%s): taken again after it", plan.batch_id, exc
                 )
                 self._await_move(plan.batch_id, deadline)
 
-    def _layout_moved(self, plan: BatchPlan) -> bool:
-        """Whether a live rescale is pending, or committed since the plan's layout."""
+    def _layout_moved(self, plan: BatchPlan) -> Literal["copying", "moving", False]:
+        """Whether a live rescale is pending (``copying``: only its pre-copy, nothing frozen, every
+        replica still on the plan's layout), or committed since the plan's layout (``moving``)."""
         with LiveRescale(self.job.replicas) as move:
-            if move.pending_move_info() is not None:
-                return True
+            shown = move.pending_move_info()
         try:
             versions = {info.get("topology_version") for info in self.job.infos()}
         except StatehouseError:
-            return True  # a replica the move retired and stopped
-        return versions != {plan.version}
+            return "moving"  # a replica the move retired and stopped
+        if versions != {plan.version}:
+            return "moving"
+        if shown is None:
+            return False
+        return "copying" if shown.get("phase") == "copying" else "moving"
 
     def abort_epoch(self, epoch: int) -> None:
         """Drop what ``epoch`` staged, everywhere (best effort: a new epoch drops it anyway)."""
@@ -413,4 +432,4 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         writer fenced it), or its layout changed (a live rescale met the batch)."""
         if plan.epoch is None:
             return False
-        return self.job.epoch() > plan.epoch or self._layout_moved(plan)
+        return self.job.epoch() > plan.epoch or bool(self._layout_moved(plan))

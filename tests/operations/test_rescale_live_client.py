@@ -17,6 +17,7 @@ import pytest
 from statehouse.client import StatehouseClient, StatehouseError, cli
 from statehouse.client.attempts import TaskAttempt
 from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
 from tests.support.replica_set import ReplicaSet, misplaced
 
@@ -357,3 +358,47 @@ def test_a_new_replica_killed_mid_move_is_waited_for_and_the_move_completes(repl
         report = move.run()
     assert report.outcome == "committed"
     check([*urls, new], oracle, 3)
+
+
+def test_a_batch_checkpoint_a_moves_copy_subsumed_is_taken_again_at_once(replica_set, monkeypatch, caplog):
+    """An operator's move starts as a micro-batch commits: the move's copy checkpoint completes while
+    the batch's own is still pending, and subsumes (aborts) it on the replicas. Nothing is frozen
+    while a move copies and the layout is the batch's, so the batch takes its checkpoint again at
+    once, and goes on: it does not wait for the move to end (here it never does: its coordinator died
+    after the copy; the batch's bound on that wait is 5 s)."""
+    totals: dict[str, int] = {}
+    joining = grow(replica_set, 2)
+    original = CheckpointCoordinator._triggered
+    moves: list[str] = []
+
+    def copy_after_the_trigger(self: CheckpointCoordinator, checkpoint_id, body):
+        triggered = original(self, checkpoint_id, body)
+        if body.get("metadata", {}).get("batch_id") == 1 and not moves:
+            moves.append("started")  # the operator's move, its copy's checkpoint before the batch's completes
+
+            def die(step: str, _info: dict[str, Any]) -> None:
+                if step == "copied":
+                    raise Died(step)
+
+            with (
+                StatehouseClient(replica_set.urls[:2]) as operator,
+                pytest.raises(Died),
+                LiveRescale(operator, 3, [joining], wait=120, progress=die) as move,
+            ):
+                move.run()
+        return triggered
+
+    monkeypatch.setattr(CheckpointCoordinator, "_triggered", copy_after_the_trigger)
+    with StatehouseClient(replica_set.urls[:2]) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("sum", "reducing", function="sum")
+        coordinator = MicroBatchCoordinator(job, move_wait=5)
+        micro_batch(job, coordinator, 0, 1, totals)
+        with caplog.at_level("WARNING", logger="statehouse.client.coordinator"):
+            micro_batch(job, coordinator, 1, 10, totals)
+        assert moves == ["started"]
+        assert "the checkpoint of micro-batch 1 met a live rescale's copy" in caplog.text, caplog.text
+        assert coordinator.completed()[-1].metadata["batch_id"] == 1
+        assert sums(job) == totals
+        shown = [httpx.get(f"{url}/v1/topology", timeout=10).json()["move"] for url in replica_set.urls]
+        assert [m["phase"] for m in shown] == ["copying"] * 3  # the move still pending: the batch did not wait
