@@ -407,15 +407,15 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         replica still on the plan's layout), or committed since the plan's layout (``moving``)."""
         with LiveRescale(self.job.replicas) as move:
             shown = move.pending_move_info()
+        if shown is not None and shown.get("phase") != "copying":
+            return "moving"
         try:
             versions = {info.get("topology_version") for info in self.job.infos()}
         except StatehouseError:
             return "moving"  # a replica the move retired and stopped
         if versions != {plan.version}:
             return "moving"
-        if shown is None:
-            return False
-        return "copying" if shown.get("phase") == "copying" else "moving"
+        return False if shown is None else "copying"
 
     def abort_epoch(self, epoch: int) -> None:
         """Drop what ``epoch`` staged, everywhere (best effort: a new epoch drops it anyway)."""

@@ -58,6 +58,14 @@ def _immutable(name: str) -> bool:
     return name.endswith(".sst") or name.startswith("OPTIONS-")
 
 
+def _shared_targets(job: str, names: list[str]) -> dict[str, str]:
+    """Where each of these files of ``job`` goes as a shared file: a unique name per upload (Flink's
+    physical id), so that an aborted attempt's file can be deleted without touching another
+    attempt's copy of the same SST."""
+    shared = shared_dir(job)
+    return {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in names}
+
+
 # The size of the table files a live rescale's checkpoint compacts the moving key groups into: a
 # load downloads the files overlapping its share, so at most about two such files more than it.
 MOVE_FILE_BYTES = 4 << 20
@@ -100,9 +108,8 @@ class IncrementalSnapshotStrategy(JobStrategy):
         try:
             backend_uid = partition.identity()
             reusable = reusable_files(previous, backend_uid)
-            names = [n for n in sorted(os.listdir(view.path)) if n.endswith(".sst") and n not in reusable]
-            shared = shared_dir(name)
-            targets = {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in names}
+            names = [n for n in sorted(os.listdir(view.path)) if _immutable(n) and n not in reusable]
+            targets = _shared_targets(name, names)
             uploads = storage.transfer(lambda n: storage.put_file(targets[n], os.path.join(view.path, n)), names)
             return Seed(backend_uid, dict(zip(names, uploads, strict=True)))
         finally:
@@ -134,10 +141,7 @@ class IncrementalSnapshotStrategy(JobStrategy):
             return ctx.storage.put_file(target, os.path.join(view.path, name))
 
         def body() -> SnapshotResult:
-            # A unique name per upload (Flink's physical id): an aborted attempt's file can be
-            # deleted without touching another attempt's copy of the same SST.
-            shared = shared_dir(ctx.job)
-            targets = {n: f"{shared}/{uuid.uuid4().hex}-{n}" for n in shared_names if n not in placeholders}
+            targets = _shared_targets(ctx.job, [n for n in shared_names if n not in placeholders])
             targets.update({n: ctx.part_path(f"db/{n}") for n in private_names})
             names = list(targets)
             handles: dict[str, StreamHandle] = dict(

@@ -60,25 +60,24 @@ def part_metadata(storage: dict[str, str], checkpoint_id: int, count: int) -> li
     return [read_metadata(files, directory, metadata_name(i, count)) for i in range(count)]
 
 
+def shared_files(metadata: SnapshotMetadata) -> set[str]:
+    """The shared files a part uses, relative to the job's directory (as :func:`stored` lists them)."""
+    directory = snapshot_dir(JOB, metadata.checkpoint_id, "checkpoint")
+    return {h.under(directory).path[len(JOB) + 1 :] for h in metadata.shared_handles().values()}
+
+
 def missing(storage: dict[str, str], checkpoints: dict[int, int]) -> set[str]:
     """The files that the parts of ``checkpoints`` (id -> replica count) name and storage lacks."""
     named = set()
     for checkpoint_id, count in checkpoints.items():
         for metadata in part_metadata(storage, checkpoint_id, count):
-            directory = f"chk-{checkpoint_id}"
-            named |= {f"{directory}/{path}" for path in metadata.part_files()}
-            named |= {h.under(f"{JOB}/{directory}").path[len(JOB) + 1 :] for h in metadata.shared_handles().values()}
+            named |= {f"chk-{checkpoint_id}/{path}" for path in metadata.part_files()} | shared_files(metadata)
     return named - set(stored(storage))
 
 
 def unreferenced(storage: dict[str, str], checkpoints: dict[int, int]) -> set[str]:
     """The shared files in storage that no part of ``checkpoints`` (id -> replica count) uses."""
-    used = {
-        h.under(snapshot_dir(JOB, i, "checkpoint")).path[len(JOB) + 1 :]
-        for i, count in checkpoints.items()
-        for metadata in part_metadata(storage, i, count)
-        for h in metadata.shared_handles().values()
-    }
+    used = set().union(*(shared_files(m) for i, n in checkpoints.items() for m in part_metadata(storage, i, n)))
     return {f for f in stored(storage) if f.startswith("shared/")} - used
 
 
