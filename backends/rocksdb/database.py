@@ -46,7 +46,7 @@ class LevelShape:
     level-0 file spanning every key group the batch wrote, and every fourth one compacts level 0
     into the base level, rewriting each file there that overlaps it, which the next incremental
     checkpoint uploads again. A state under 256 MiB is then one level of large files, all of it
-    rewritten: a micro-batch's checkpoint uploaded the whole table every fourth batch. A small
+    rewritten: a micro-batch's checkpoint uploads the whole table every fourth batch. A small
     base level over levels of small files rewrites a narrow part, and its files are narrow in key
     groups (a move reads and drops about its share). Measured (bench/RESULTS.md §19l): 0.38x the
     bytes per micro-batch at 1,000,000 keys, 0.66x at 10,000,000 with the largest upload 24 MB
