@@ -68,7 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
     scripted = ScriptedServer()
-    thread = threading.Thread(target=scripted.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for serve_forever's next look, 0.5 s by default.
+    thread = threading.Thread(target=scripted.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield scripted
     scripted.shutdown()

@@ -32,7 +32,7 @@ import yaml
 
 from tests.support.chart import render as render_with
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY
-from tests.support.server import free_port, stop_process
+from tests.support.server import Process, free_port, run_module, stop_process
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -106,7 +106,6 @@ class Pod:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [*container.get("command", []), *container.get("args", [])]
         assert command[:3] == ["python", "-m", "statehouse.app.serve"], command
-        command[0] = sys.executable
         command[command.index("--host") + 1] = "127.0.0.1"
         assert command[command.index("--port") + 1] == str(port["containerPort"])
         command[command.index("--port") + 1] = str(self.port)
@@ -119,7 +118,7 @@ class Pod:
             env["TMPDIR"] = str(self.mounts["/tmp"])  # the pod's /tmp is an emptyDir
         self.env = env
         self.log_path = root / "pod.log"
-        self.process: subprocess.Popen | None = None
+        self.process: Process | None = None
 
     def _resolve(self, var: dict, secrets: dict[str, dict[str, str]]) -> str:
         if "value" in var:
@@ -143,10 +142,8 @@ class Pod:
         self.wait_ready(timeout)
 
     def launch(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command, cwd=self.log_path.parent, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
+        module, argv = self.command[2], self.command[3:]  # python -m MODULE ARGV, as the container runs it
+        self.process = run_module(module, argv, self.env, self.log_path, cwd=self.log_path.parent, append=True)
 
     def wait_ready(self, timeout: float = 30) -> None:
         """Until the readiness probe's path answers 200; fails if the process exits first."""

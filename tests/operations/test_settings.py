@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import httpx
 import pytest
@@ -19,7 +18,7 @@ from statehouse.app.settings import (
     setting_variables,
     unknown_variables,
 )
-from tests.support.server import REPO, free_port, start_server, stop_process
+from tests.support.server import REPO, free_port, run_module, start_server, stop_process
 
 pytestmark = [pytest.mark.http]
 
@@ -101,27 +100,27 @@ def clean_environment(tmp_path, env: dict[str, str]) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env, expected", BAD.values(), ids=BAD.keys())
-def test_uvicorn_exits_2_naming_the_variable(tmp_path, env, expected):
-    command = [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1"]
-    process = subprocess.Popen(
-        [*command, "--port", str(free_port())],
-        cwd=REPO,
-        env=clean_environment(tmp_path, env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def uvicorn(tmp_path, env: dict[str, str]) -> tuple[int, str, str]:
+    """``python -m uvicorn statehouse.app.main:app`` with only ``env``'s settings, as an operator starts
+    it; its exit code, stdout and stderr once it has exited (it must, within START_TIMEOUT)."""
+    out, err = tmp_path / "uvicorn.out", tmp_path / "uvicorn.err"
+    argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
+    process = run_module("uvicorn", argv, clean_environment(tmp_path, env), out, stderr=err)
     try:
-        stdout, stderr = process.communicate(timeout=START_TIMEOUT)
+        code = process.wait(START_TIMEOUT)
     except subprocess.TimeoutExpired:
         stop_process(process)
         pytest.fail(f"uvicorn did not exit within {START_TIMEOUT}s with {env}")
+    return code, out.read_text(), err.read_text()
+
+
+@pytest.mark.parametrize("env, expected", BAD.values(), ids=BAD.keys())
+def test_uvicorn_exits_2_naming_the_variable(tmp_path, env, expected):
+    code, stdout, stderr = uvicorn(tmp_path, env)
     assert "Traceback" not in stderr, stderr
     assert stderr.splitlines() == [f"statehouse: {line}" for line in expected]
     assert stdout == ""
-    assert process.returncode == 2
+    assert code == 2
 
 
 # What the lifespan opens (checkpoint storage, the data directory) fails after uvicorn has logged its
@@ -142,18 +141,10 @@ START_ERRORS = {
 @pytest.mark.parametrize("env, expected", START_ERRORS.values(), ids=START_ERRORS.keys())
 def test_start_errors_are_one_line_and_exit_2(tmp_path, env, expected):
     (tmp_path / "a-file").write_text("")
-    env = {name: value.format(tmp=tmp_path) for name, value in env.items()}
-    process = subprocess.run(
-        [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())],
-        cwd=REPO,
-        env=clean_environment(tmp_path, env),
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT,
-    )
-    assert process.returncode == 2, process.stderr
-    assert "Traceback" not in process.stderr, process.stderr
-    problems = [line for line in process.stderr.splitlines() if not line.startswith("INFO:")]
+    code, _stdout, stderr = uvicorn(tmp_path, {name: value.format(tmp=tmp_path) for name, value in env.items()})
+    assert code == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    problems = [line for line in stderr.splitlines() if not line.startswith("INFO:")]
     assert problems == [f"statehouse: {expected.format(tmp=tmp_path)}"]
 
 

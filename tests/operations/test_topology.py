@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.server import REPO, ServerProcess, free_port, start_server
+from tests.support.server import ServerProcess, free_port, run_module, start_server, stop_process
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
@@ -36,12 +34,15 @@ def run_refused(workdir: Path, env: dict[str, str], timeout: float = 60) -> tupl
         "STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints"),
         **env,
     }
-    command = [sys.executable, "-m", "uvicorn", "statehouse.app.main:app", "--host", "127.0.0.1"]
-    result = subprocess.run(
-        [*command, "--port", str(free_port())], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
-    lines = [line for line in result.stderr.splitlines() if line.startswith("statehouse:")]
-    return result.returncode, lines
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "refused.log"
+    argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
+    process = run_module("uvicorn", argv, full_env, log)
+    try:
+        code = process.wait(timeout)
+    finally:
+        stop_process(process)
+    return code, [line for line in log.read_text().splitlines() if line.startswith("statehouse:")]
 
 
 def replica(index: int, count: int, **more: str) -> dict[str, str]:

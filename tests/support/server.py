@@ -75,9 +75,19 @@ class Zygote:
         self._process: subprocess.Popen | None = None
         atexit.register(self.close)
 
-    def fork(self, argv: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
+    def fork(
+        self,
+        module: str,
+        argv: list[str],
+        env: dict[str, str],
+        log: Path,
+        cwd: Path = REPO,
+        stderr: Path | None = None,
+        append: bool = False,
+    ) -> ForkedProcess:
         status = log.with_name(f".{log.name}.{uuid.uuid4().hex}.exit")
-        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log), "status": str(status)}
+        request = {"module": module, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log), "status": str(status)}
+        request.update({"stderr": str(stderr) if stderr else None, "append": append})
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._process = subprocess.Popen(
@@ -173,6 +183,31 @@ def start_servers(
         raise
 
 
+def run_module(
+    module: str,
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    cwd: Path = REPO,
+    stderr: Path | None = None,
+    append: bool = False,
+) -> Process:
+    """``python -m module *argv`` with ``env`` in ``cwd``, its output in ``log`` (appended to with
+    ``append``; its stderr in ``stderr`` when given): forked from the zygote in the test suite, where
+    the imports are done once, a new interpreter elsewhere."""
+    if FORK_SERVERS:
+        return _zygote.fork(module, argv, env, log, cwd, stderr, append)
+    mode = "ab" if append else "wb"
+    with open(log, mode) as out, open(stderr or os.devnull, mode) as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *argv],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=err if stderr else subprocess.STDOUT,
+        )
+
+
 def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | None = None) -> ServerProcess:
     """The server process of :func:`start_server`, started and not awaited."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,13 +219,7 @@ def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | 
         **(env or {}),
     }
     log_path = workdir / f"server-{port}.log"
-    argv = ["--host", "127.0.0.1", "--port", str(port)]
-    process: Process
-    if FORK_SERVERS:
-        process = _zygote.fork(argv, full_env, log_path)
-    else:
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(SERVE + argv, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    process = run_module("statehouse.app.serve", ["--host", "127.0.0.1", "--port", str(port)], full_env, log_path)
     settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
     return ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
 

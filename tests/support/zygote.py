@@ -9,10 +9,13 @@ directory and log file, building the app from its own ``STATEHOUSE_*`` settings 
 is imported in the child, never here), and exiting as an interpreter does (``atexit``, thread joins).
 
 The protocol, over the zygote's stdin and stdout, one JSON object per line: a request
-``{"argv", "env", "cwd", "log", "status"}`` is answered ``{"pid"}`` once forked; when that child exits,
-its exit code (``subprocess``'s convention: ``-N`` for signal N) is written to the ``status`` file. The
-zygote exits when its stdin closes (its test worker is gone); children outlive it, as subprocesses
-outlive the worker that started them.
+``{"module", "argv", "env", "cwd", "log", "stderr", "append", "status"}`` is answered ``{"pid"}`` once
+forked; when that child exits, its exit code (``subprocess``'s convention: ``-N`` for signal N) is written
+to the ``status`` file. The child runs ``python -m MODULE ARGV`` from there on: ``statehouse.app.serve``'s
+``main``, or another module (``uvicorn``, as the settings tests start it) through :mod:`runpy`. Its
+output goes to ``log`` (appended to with ``append``), its stderr to ``stderr`` when given. The zygote exits
+when its stdin closes (its test worker is gone); children outlive it, as subprocesses outlive the worker
+that started them.
 
 Nothing here may start a thread: a fork copies only the forking thread.
 """
@@ -24,12 +27,14 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import sys
 from pathlib import Path
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
+SERVE = "statehouse.app.serve"
 
 
 def preimport() -> None:
@@ -89,19 +94,21 @@ def become(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request.get("append") else os.O_TRUNC)
+    log = os.open(request["log"], mode, 0o644)
+    errors = os.open(request["stderr"], mode, 0o644) if request.get("stderr") else log
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
+    os.dup2(errors, 2)
+    for fd in {null, log, errors}:
+        os.close(fd)
     # As a fresh interpreter has them.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    sys.argv = ["statehouse.app.serve", *request["argv"]]
+    sys.argv = [request.get("module", SERVE), *request["argv"]]
 
 
 def main() -> None:
@@ -111,6 +118,9 @@ def main() -> None:
     if request is None:
         return
     become(request)
+    if request.get("module", SERVE) != SERVE:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        return
     from statehouse.app import serve
 
     serve.main(request["argv"])
