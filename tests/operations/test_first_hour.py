@@ -24,6 +24,7 @@ import pytest
 
 from statehouse.client import StatehouseClient
 from tests.support.server import REPO
+from tests.support.spark import jvm_options
 
 pytestmark = [pytest.mark.http]
 
@@ -173,6 +174,9 @@ def test_a_spark_job_written_from_the_docs_runs_first_time(own_replicas, tmp_pat
         (tmp_path / f"events/part-{f}.json").write_text("\n".join(lines) + "\n")
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    # The JVM options this machine's Spark drivers start with, as spark-defaults would set them (twice
+    # as fast a start); what runs is the doc's command and job.
+    env["JDK_JAVA_OPTIONS"] = jvm_options()
     result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-5000:]
 

@@ -56,6 +56,12 @@ def _warm(archive: str) -> None:
     session.stop()
 
 
+def jvm_options() -> str:
+    """What a driver JVM here starts with: :data:`JAVA_OPTIONS` and the class archive, if there is one."""
+    archive = class_archive()
+    return f"{JAVA_OPTIONS} -XX:SharedArchiveFile={archive} -Xlog:cds=off" if archive is not None else JAVA_OPTIONS
+
+
 def local_spark(app_name: str, java_options: str | None = None) -> Any:
     """``local[2,2]``: two threads, and a failed task is retried once (spark.task.maxFailures=2),
     as on a cluster. Executors run this interpreter (the venv's packages); the driver's JVM runs
@@ -64,9 +70,7 @@ def local_spark(app_name: str, java_options: str | None = None) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # Python workers import the checkout's modules by name (docs.examples, tests.support).
     executors_run_this_checkout()
-    if java_options is None:
-        archive = class_archive()
-        java_options = f"-XX:SharedArchiveFile={archive} -Xlog:cds=off" if archive is not None else ""
+    driver_options = jvm_options() if java_options is None else f"{JAVA_OPTIONS} {java_options}"
     from pyspark.sql import SparkSession
 
     session = (
@@ -76,7 +80,7 @@ def local_spark(app_name: str, java_options: str | None = None) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.default.parallelism", "4")
-        .config("spark.driver.extraJavaOptions", f"{JAVA_OPTIONS} {java_options}".strip())
+        .config("spark.driver.extraJavaOptions", driver_options)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
