@@ -23,6 +23,7 @@ from statehouse.client.rescale import LiveRescale, Progress, RescaleReport
 from statehouse.protocol import routes
 
 if TYPE_CHECKING:
+    from statehouse.client.client import StatehouseClient
     from statehouse.client.job import JobClient
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 # frozen half a second or less, about a micro-batch, so each poll's delay adds to that batch; a
 # move left pending (its coordinator gone) is looked at less and less often, up to once a second.
 MOVE_POLL, MOVE_POLL_MAX = 0.05, 1.0
+# How long a micro-batch waits at its boundary for a live rescale (or a replica of it restarting).
+MOVE_WAIT = 600.0
 # A batch's checkpoint that a move's copy subsumed is taken again at once this many times, then
 # after the move (a copy takes two checkpoints, the first one and the one after its catch-up).
 _RETAKES_BESIDE_COPY = 3
@@ -44,6 +47,7 @@ __all__ = [
     "MicroBatchLost",
     "MoveWaitTimeout",
     "StateBehind",
+    "job_at_boundary",
 ]
 
 
@@ -78,6 +82,29 @@ class MicroBatchLost(StatehouseError):
 
 class MoveWaitTimeout(StatehouseError):
     """A live rescale stayed pending past the coordinator's ``move_wait``: the micro-batch did not begin."""
+
+
+def _await_replica(exc: Unavailable, what: str, deadline: float) -> None:
+    """A replica did not answer at a micro-batch's boundary (restarting: a live rescale's joining
+    one, say): ``exc`` past ``deadline``; until then a pause, logged, after which the caller routes
+    by the layout as it is then and asks again."""
+    if time.monotonic() > deadline:
+        raise exc
+    log.warning("%s waits for a replica: %s", what, exc.detail)
+    time.sleep(0.5)
+
+
+def job_at_boundary(client: StatehouseClient, name: str, what: str, wait: float = MOVE_WAIT) -> JobClient:
+    """``client.job(name)`` where a micro-batch begins or commits: every replica is asked about the
+    job, and one that does not answer is waited for (:func:`_await_replica`) for at most ``wait``
+    seconds, as :meth:`MicroBatchCoordinator.begin` waits for one; ``what``: the batch, for the log."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return client.job(name)
+        except Unavailable as exc:
+            _await_replica(exc, what, deadline)
+            client.replicas.relearn()
 
 
 class MicroBatchCoordinator(CheckpointCoordinator):
@@ -119,7 +146,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         job: JobClient,
         *,
         initiator: str | None = None,
-        move_wait: float = 600.0,
+        move_wait: float = MOVE_WAIT,
         timeout: float = 300.0,
         poll_interval: float = 0.05,
     ) -> None:
@@ -281,11 +308,8 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         while True:
             try:
                 answers = self._fence_next()
-            except Unavailable as exc:  # a replica restarting (a move's joining one, say): wait for it
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("micro-batch %d of job %r waits for a replica: %s", batch_id, self.job.name, exc.detail)
-                time.sleep(0.5)
+            except Unavailable as exc:
+                _await_replica(exc, f"micro-batch {batch_id} of job {self.job.name!r}", deadline)
                 self._relearn()
                 continue
             moving = any(a.get("rescale_version") for a in answers)

@@ -22,7 +22,7 @@ from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.batch import Batch
 from statehouse.client.client import StatehouseClient
 from statehouse.client.config import ClientConfig
-from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost
+from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost, job_at_boundary
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
 from statehouse.client.timers import Timer
@@ -153,7 +153,7 @@ def exactly_once(
 
     def run(df: Any, batch_id: int) -> None:
         with StatehouseClient(config) as client:
-            coordinator = MicroBatchCoordinator(client.job(job))
+            coordinator = MicroBatchCoordinator(job_at_boundary(client, job, f"micro-batch {batch_id} of job {job!r}"))
             for rerun in range(reruns + 1):
                 plan = coordinator.begin(batch_id)
                 messages = None if plan.replay else df.sparkSession.sparkContext.accumulator([], CommitMessages())

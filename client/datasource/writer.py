@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.client import StatehouseClient
-from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost, StateBehind
+from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator, MicroBatchLost, StateBehind, job_at_boundary
 from statehouse.client.datasource.options import WRITE_OPS, SourceError, SourceOptions, refusal
 from statehouse.client.errors import StatehouseError
 from statehouse.client.job import JobClient
@@ -208,7 +208,8 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
             with StatehouseClient(options.config) as client:
                 # When the query starts (and again before each commit, which makes a writer too): a
                 # commit a dead driver left half done is undone before any task stages.
-                coordinator = MicroBatchCoordinator(_job(client, options))
+                job = job_at_boundary(client, options.job, f"the stream writer of job {options.job!r}")
+                coordinator = MicroBatchCoordinator(job)
                 coordinator.recover()
         except StatehouseError as exc:
             raise refusal(exc, f"writing state {options.state!r} of job {options.job!r}") from None
@@ -227,7 +228,8 @@ class StreamWriter(_Writer, DataSourceStreamArrowWriter):
         epochs, staged = _messages(messages)
         try:
             with StatehouseClient(self.options.config) as client:
-                coordinator = MicroBatchCoordinator(_job(client, self.options))
+                what = f"micro-batch {batchId} of job {self.options.job!r}"
+                coordinator = MicroBatchCoordinator(job_at_boundary(client, self.options.job, what))
                 state = coordinator.applied()
                 applied = state.batch_id
                 if batchId <= applied:  # a replay: the state holds this batch already

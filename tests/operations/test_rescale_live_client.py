@@ -7,7 +7,9 @@ client (each Spark task) routes from."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +18,9 @@ import pytest
 
 from statehouse.client import StatehouseClient, StatehouseError, cli
 from statehouse.client.attempts import TaskAttempt
-from statehouse.client.coordinator import MicroBatchCoordinator
+from statehouse.client.coordinator import MicroBatchCoordinator, job_at_boundary
 from statehouse.client.global_checkpoints import CheckpointCoordinator
-from statehouse.client.rescale import STEPS, LiveRescale, RescaleReport
+from statehouse.client.rescale import STEPS, LiveRescale, RescaleFailed, RescaleReport
 from tests.support.replica_set import ReplicaSet, misplaced
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # replica sets moved by a coordinator
@@ -358,6 +360,53 @@ def test_a_new_replica_killed_mid_move_is_waited_for_and_the_move_completes(repl
         report = move.run()
     assert report.outcome == "committed"
     check([*urls, new], oracle, 3)
+
+
+def test_a_micro_batch_beginning_while_a_committed_moves_joining_replica_is_down_waits_for_it(replica_set, caplog):
+    """An operator's grow is decided and the old replicas have committed, but the joining replica died
+    before it did: a micro-batch beginning then, as ``exactly_once`` begins one (a fresh client, the
+    job's lookup on every replica, then ``begin``), waits for the joining replica instead of failing on
+    the lookup, and runs on the three replicas once the restarted one has committed itself."""
+    totals: dict[str, int] = {}
+    seeds = replica_set.urls
+    with StatehouseClient(seeds) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("sum", "reducing", function="sum")
+        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+    joining = grow(replica_set, 2)
+
+    def die(step: str, _info: dict[str, Any]) -> None:
+        if step == "decided":
+            replica_set.servers[2].stop(signal.SIGKILL)
+
+    with (
+        StatehouseClient(seeds) as operator,
+        LiveRescale(operator, 3, [joining], wait=1, progress=die) as move,
+        pytest.raises(RescaleFailed, match="did not commit"),
+    ):
+        move.run()
+    assert [httpx.get(f"{url}/v1/topology").json()["replica_count"] for url in seeds] == [3, 3]
+
+    ran: list[int] = []
+
+    def next_batch() -> None:
+        with StatehouseClient(seeds) as client:
+            batch_job = job_at_boundary(client, JOB, "micro-batch 1 of job 'moving'", wait=60)
+            micro_batch(batch_job, MicroBatchCoordinator(batch_job, move_wait=60), 1, 2, totals)
+            ran.append(len(batch_job.replicas))
+
+    with caplog.at_level("WARNING", logger="statehouse.client.coordinator"):
+        batch = threading.Thread(target=next_batch, daemon=True)
+        batch.start()
+        deadline = time.monotonic() + 30
+        while "micro-batch 1 of job 'moving' waits for a replica" not in caplog.text:
+            assert batch.is_alive() and time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        replica_set.restart(2)  # in place: it reads the decision and commits itself
+        batch.join(60)
+    assert ran == [3]
+    with StatehouseClient(seeds) as sh:
+        assert sums(sh.job(JOB)) == totals
 
 
 def test_a_batch_checkpoint_a_moves_copy_subsumed_is_taken_again_at_once(replica_set, monkeypatch, caplog):
