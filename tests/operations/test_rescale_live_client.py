@@ -313,15 +313,18 @@ def test_a_recovering_driver_aborts_only_its_own_undecided_move_and_waits_for_an
         with LiveRescale(sh, wait=120) as move:
             assert (move.pending(), move.pending_initiator()) == ("undecided", "operator")  # left alone
 
-        def operator_aborts() -> None:
+        def operator_aborts() -> None:  # once the batch waits for the move
+            deadline = time.monotonic() + 60
+            while "waits for a live rescale" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
             with StatehouseClient(urls) as other, LiveRescale(other, wait=120) as move:
                 move.abort()
 
-        timer = threading.Timer(1.5, operator_aborts)
-        timer.start()
+        operator = threading.Thread(target=operator_aborts, daemon=True)
         with caplog.at_level("WARNING", logger="statehouse.client.coordinator"):
+            operator.start()
             micro_batch(job, coordinator, 1, 10, totals)  # waits for the move, then runs
-        timer.join()
+        operator.join(60)
         assert "micro-batch 1 of job 'moving' waits for a live rescale to 3 replicas" in caplog.text
         assert "started by operator" in caplog.text
         assert len(job.replicas) == 2 and sums(job) == totals

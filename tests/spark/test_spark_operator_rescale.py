@@ -185,6 +185,17 @@ class Driver:
             assert time.monotonic() < deadline, f"no {name}:\n{self.tail()}"
             time.sleep(0.05)
 
+    def waits(self) -> int:
+        """How often this run's log says a micro-batch waited at its boundary (for a move or a replica)."""
+        log = self.logs[-1].read_text(errors="replace") if self.logs else ""
+        return log.count(f"of job '{JOB}' waits for")
+
+    def await_wait(self, before: int, process: subprocess.Popen, within: float) -> None:
+        """Until the log says a micro-batch waited more than ``before`` times, the run ended, or ``within`` s."""
+        deadline = time.monotonic() + within
+        while self.waits() <= before and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def tail(self) -> str:
         return "\n".join(self.logs[-1].read_text(errors="replace").splitlines()[-60:]) if self.logs else ""
 
@@ -336,11 +347,12 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(
         operator.await_line(regrow, regrow_log, "prepared:")
         feeder.limit = BATCHES
         operator.await_line(regrow, regrow_log, "loaded:")
+        waits = driver.waits()
         replica_set.servers[2].stop(signal.SIGKILL)
         # Unless the move committed on it before the kill landed (then it is restarted at once).
         if operator.await_line(regrow, regrow_log, "waiting (unreachable) for commit", or_end=True):
             driver.await_marker(f"begun-{REGROW_AFTER + 2}", query, or_end=True, within=10)
-            time.sleep(2)  # a batch waiting for the move looks every 0.5 s
+            driver.await_wait(waits, query, within=5)  # the batch waits, for the move or the replica
         replica_set.restart(2)
         code = operator.finish(regrow)
         assert code in (0, 4), regrow_log.read_text()  # 4: a replica did not commit; --resume finishes
