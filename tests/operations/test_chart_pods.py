@@ -32,7 +32,7 @@ import yaml
 
 from tests.support.chart import render as render_with
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY
-from tests.support.server import Process, free_port, run_module, stop_process
+from tests.support.server import ModuleCommand, Process, free_port, run_module, stop_process
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -143,7 +143,8 @@ class Pod:
 
     def launch(self) -> None:
         module, argv = self.command[2], self.command[3:]  # python -m MODULE ARGV, as the container runs it
-        self.process = run_module(module, argv, self.env, self.log_path, cwd=self.log_path.parent, append=True)
+        command = ModuleCommand(module, argv, self.env, self.log_path, cwd=self.log_path.parent, append=True)
+        self.process = run_module(command)
 
     def wait_ready(self, timeout: float = 30) -> None:
         """Until the readiness probe's path answers 200; fails if the process exits first."""

@@ -18,7 +18,7 @@ from statehouse.app.settings import (
     setting_variables,
     unknown_variables,
 )
-from tests.support.server import REPO, free_port, run_module, start_server, stop_process
+from tests.support.server import REPO, ModuleCommand, free_port, run_module, start_server, stop_process
 
 pytestmark = [pytest.mark.http]
 
@@ -105,7 +105,7 @@ def uvicorn(tmp_path, env: dict[str, str]) -> tuple[int, str, str]:
     it; its exit code, stdout and stderr once it has exited (it must, within START_TIMEOUT)."""
     out, err = tmp_path / "uvicorn.out", tmp_path / "uvicorn.err"
     argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
-    process = run_module("uvicorn", argv, clean_environment(tmp_path, env), out, stderr=err)
+    process = run_module(ModuleCommand("uvicorn", argv, clean_environment(tmp_path, env), out, stderr=err))
     try:
         code = process.wait(START_TIMEOUT)
     except subprocess.TimeoutExpired:

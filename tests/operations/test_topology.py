@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess, free_port, run_module, start_server, stop_process
+from tests.support.server import ModuleCommand, ServerProcess, free_port, run_module, start_server, stop_process
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def run_refused(workdir: Path, env: dict[str, str], timeout: float = 60) -> tupl
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "refused.log"
     argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
-    process = run_module("uvicorn", argv, full_env, log)
+    process = run_module(ModuleCommand("uvicorn", argv, full_env, log))
     try:
         code = process.wait(timeout)
     finally:

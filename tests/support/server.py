@@ -75,19 +75,12 @@ class Zygote:
         self._process: subprocess.Popen | None = None
         atexit.register(self.close)
 
-    def fork(
-        self,
-        module: str,
-        argv: list[str],
-        env: dict[str, str],
-        log: Path,
-        cwd: Path = REPO,
-        stderr: Path | None = None,
-        append: bool = False,
-    ) -> ForkedProcess:
+    def fork(self, command: ModuleCommand) -> ForkedProcess:
+        log = command.log
         status = log.with_name(f".{log.name}.{uuid.uuid4().hex}.exit")
-        request = {"module": module, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log), "status": str(status)}
-        request.update({"stderr": str(stderr) if stderr else None, "append": append})
+        request = {"module": command.module, "argv": command.argv, "env": command.env, "cwd": str(command.cwd)}
+        request.update({"log": str(log), "stderr": str(command.stderr) if command.stderr else None})
+        request.update({"append": command.append, "status": str(status)})
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._process = subprocess.Popen(
@@ -183,28 +176,33 @@ def start_servers(
         raise
 
 
-def run_module(
-    module: str,
-    argv: list[str],
-    env: dict[str, str],
-    log: Path,
-    cwd: Path = REPO,
-    stderr: Path | None = None,
-    append: bool = False,
-) -> Process:
-    """``python -m module *argv`` with ``env`` in ``cwd``, its output in ``log`` (appended to with
-    ``append``; its stderr in ``stderr`` when given): forked from the zygote in the test suite, where
-    the imports are done once, a new interpreter elsewhere."""
+@dataclass(frozen=True)
+class ModuleCommand:
+    """``python -m module *argv`` with ``env`` in ``cwd``: its output in ``log`` (appended to with
+    ``append``), its stderr in ``stderr`` when given."""
+
+    module: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    cwd: Path = REPO
+    stderr: Path | None = None
+    append: bool = False
+
+
+def run_module(command: ModuleCommand) -> Process:
+    """Run ``command``: forked from the zygote in the test suite, where the imports are done once; a
+    new interpreter elsewhere."""
     if FORK_SERVERS:
-        return _zygote.fork(module, argv, env, log, cwd, stderr, append)
-    mode = "ab" if append else "wb"
-    with open(log, mode) as out, open(stderr or os.devnull, mode) as err:
+        return _zygote.fork(command)
+    mode = "ab" if command.append else "wb"
+    with open(command.log, mode) as out, open(command.stderr or os.devnull, mode) as err:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *argv],
-            cwd=cwd,
-            env=env,
+            [sys.executable, "-m", command.module, *command.argv],
+            cwd=command.cwd,
+            env=command.env,
             stdout=out,
-            stderr=err if stderr else subprocess.STDOUT,
+            stderr=err if command.stderr else subprocess.STDOUT,
         )
 
 
@@ -219,7 +217,8 @@ def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | 
         **(env or {}),
     }
     log_path = workdir / f"server-{port}.log"
-    process = run_module("statehouse.app.serve", ["--host", "127.0.0.1", "--port", str(port)], full_env, log_path)
+    argv = ["--host", "127.0.0.1", "--port", str(port)]
+    process = run_module(ModuleCommand("statehouse.app.serve", argv, full_env, log_path))
     settings = {k: v for k, v in full_env.items() if k.startswith("STATEHOUSE_")}
     return ServerProcess(f"http://127.0.0.1:{port}", process, log_path, settings)
 
