@@ -33,12 +33,16 @@ PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
 # Where PYTHONDONTWRITEBYTECODE is set (machines of this kind set it), every server a test starts would
 # compile the checkout's modules again, a quarter of a second of CPU each time: compile them once.
 BYTECODE := $(BIN)/python -m compileall -q -j 0 -x '/(build|\.venv)/' app backends snapshots protocol client tests bench
+# Likewise Spark's class archive (tests/support/spark.py), made once per venv: the Spark tests' JVMs
+# start twice as fast with it.
+SPARK_ARCHIVE := $(BIN)/python -m tests.support.spark
 
 # Everything but the `long` runs (markers in pyproject.toml): those are make test-long.
 test: $(DEV)
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory typecheck
 	$(BYTECODE)
+	$(SPARK_ARCHIVE)
 	$(PYTEST) -m "not long"
 
 # For iteration: no Spark, no browser, none of the slow tests.
@@ -48,6 +52,7 @@ test-fast: $(DEV)
 
 test-long: $(DEV)
 	$(BYTECODE)
+	$(SPARK_ARCHIVE)
 	$(PYTEST) -m long
 
 lint: $(DEV)

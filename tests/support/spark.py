@@ -85,3 +85,7 @@ def local_spark(app_name: str, java_options: str | None = None) -> Any:
     )
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+if __name__ == "__main__":  # make test: the archive made before the tests, once per venv
+    print(f"Spark's class archive: {class_archive() or 'none (the JVMs start without one)'}")
