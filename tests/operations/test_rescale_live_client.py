@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from statehouse.client import StatehouseClient, StatehouseError, cli
+from statehouse.client import ClientConfig, StatehouseClient, StatehouseError, cli
 from statehouse.client.attempts import TaskAttempt
 from statehouse.client.coordinator import MicroBatchCoordinator, job_at_boundary
 from statehouse.client.global_checkpoints import CheckpointCoordinator
@@ -382,8 +382,10 @@ def test_a_micro_batch_beginning_while_a_committed_moves_joining_replica_is_down
         if step == "decided":
             replica_set.servers[2].stop(signal.SIGKILL)
 
+    # No transport retries: a request to the dead replica fails at once (what is tested is the wait after).
+    quick = ClientConfig.of(seeds, retries=0)
     with (
-        StatehouseClient(seeds) as operator,
+        StatehouseClient(quick) as operator,
         LiveRescale(operator, 3, [joining], wait=1, progress=die) as move,
         pytest.raises(RescaleFailed, match="did not commit"),
     ):
@@ -393,7 +395,7 @@ def test_a_micro_batch_beginning_while_a_committed_moves_joining_replica_is_down
     ran: list[int] = []
 
     def next_batch() -> None:
-        with StatehouseClient(seeds) as client:
+        with StatehouseClient(quick) as client:
             batch_job = job_at_boundary(client, JOB, "micro-batch 1 of job 'moving'", wait=60)
             micro_batch(batch_job, MicroBatchCoordinator(batch_job, move_wait=60), 1, 2, totals)
             ran.append(len(batch_job.replicas))
