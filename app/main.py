@@ -243,6 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             work_dir=work_dir,
             on_committed=metrics.rescale_duration.observe,
             batch_lease_s=settings.batch_lease_s,
+            reclaim_delay_s=settings.rescale_reclaim_delay_s,
         )
         with exit_on_start_error("the live rescale pending in STATEHOUSE_DATA_DIR"):
             # A move in the record: committed, undone or kept frozen as its durable decision says.
@@ -275,6 +276,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             space.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await space
+            await asyncio.to_thread(rescale.close)
             checkpoints.close()
             catalog.close()
             dir_lock.release()

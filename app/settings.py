@@ -118,6 +118,14 @@ class Settings(BaseSettings):
         "holds the prepare off until it is committed or aborted, or shows no sign of life (a staged write, its "
         "prepare) for this many seconds (its driver died)",
     )
+    rescale_reclaim_delay_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=86400,
+        description="after a live rescale's commit, a replica compacts away the key groups it gave away (their disk "
+        "space, and the table files its checkpoints would upload with them) this many seconds later, not beside the "
+        "first micro-batches on the new layout; the next rescale and the shutdown do it at once",
+    )
     rescale_compact_moving: bool = Field(
         default=False,
         description="before a live rescale's incremental checkpoint, RocksDB compacts the key groups that move into "

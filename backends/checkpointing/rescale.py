@@ -96,6 +96,7 @@ class RescaleParticipant:
         work_dir: str | None = None,
         on_committed: Callable[[float], None] | None = None,
         batch_lease_s: float = 60.0,
+        reclaim_delay_s: float = 0.0,
     ) -> None:
         assert catalog.layout is not None, "a live rescale needs the replica's recorded layout"
         self.catalog = catalog
@@ -116,8 +117,12 @@ class RescaleParticipant:
         # removed when the move ends.
         self._rounds: dict[tuple[int, str], dict[int, int]] = {}
         self._written: dict[int, list[str]] = {}
-        # The compaction of what a commit dropped runs after its answer, while the new layout
-        # serves; the next move waits for it, so that its checkpoint does not carry the dropped data.
+        # The compaction of what a commit dropped runs ``reclaim_delay_s`` after its answer, while
+        # the new layout serves: not beside the first micro-batches on it, which it would slow down
+        # and whose checkpoints would upload what it rewrote. The next move, and the shutdown, run
+        # it at once and wait for it, so that no checkpoint of theirs carries the dropped data.
+        self.reclaim_delay_s = reclaim_delay_s
+        self._reclaim_now = threading.Event()
         self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="statehouse-reclaim")
         self._reclaiming: Future[None] | None = None
 
@@ -611,7 +616,8 @@ class RescaleParticipant:
         ]
         self._mark_dropped()
         self._forget_precopy(move)
-        self._reclaiming = self._reclaimer.submit(_run_all, reclaims)
+        self._reclaim_now.clear()
+        self._reclaiming = self._reclaimer.submit(self._reclaim_later, reclaims)
         seconds = max(0.0, time.time() - move.started)
         log.info(
             "live rescale to %d replicas (topology version %d) committed: replica %d %s, %.1f s after its prepare",
@@ -624,9 +630,20 @@ class RescaleParticipant:
         if self.on_committed is not None:
             self.on_committed(seconds)
 
+    def _reclaim_later(self, reclaims: list[Callable[[], None]]) -> None:
+        self._reclaim_now.wait(self.reclaim_delay_s)
+        _run_all(reclaims)
+
+    def close(self) -> None:
+        """At shutdown, before the catalog closes: the compaction a commit left pending runs now."""
+        with self._lock:
+            self._wait_reclaimed()
+        self._reclaimer.shutdown(wait=True)
+
     def _wait_reclaimed(self) -> None:
-        """Wait for the compaction of what the last commit dropped (a failed one is logged: the
-        space stays taken until a compaction reaches those files, nothing else is lost)."""
+        """Run now and wait for the compaction of what the last commit dropped (a failed one is
+        logged: the space stays taken until a compaction reaches those files, nothing else is lost)."""
+        self._reclaim_now.set()
         reclaiming, self._reclaiming = self._reclaiming, None
         if reclaiming is not None:
             try:

@@ -7,6 +7,7 @@ client (each Spark task) routes from."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -412,6 +413,39 @@ def test_a_micro_batch_beginning_while_a_committed_moves_joining_replica_is_down
     assert ran == [3]
     with StatehouseClient(seeds) as sh:
         assert sums(sh.job(JOB)) == totals
+
+
+def table_bytes(server) -> int:
+    """The bytes of a replica's RocksDB table files (what its checkpoints upload)."""
+    return sum(f.stat().st_size for f in (server.log_path.parent / "data").rglob("*.sst"))
+
+
+def test_what_a_commit_dropped_is_compacted_away_later_and_at_shutdown(tmp_path):
+    """STATEHOUSE_RESCALE_RECLAIM_DELAY_S: after a grow's commit, a staying replica's table files still
+    hold the key groups it gave away (dropped: nothing reads them), so the first checkpoints on the new
+    layout reuse them; the compaction that frees them runs after the delay, or at once at shutdown."""
+    settings = {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "STATEHOUSE_RESCALE_RECLAIM_DELAY_S": "600"}
+    replicas = ReplicaSet(tmp_path, settings)
+    try:
+        urls = replicas.start(2)
+        keys = [f"user-{i}" for i in range(30_000)]
+        with StatehouseClient(urls) as sh:
+            job = sh.create_job(JOB, P)
+            job.register("v", "value")
+            for start in range(0, len(keys), 10_000):
+                job.columns().put("v", keys[start : start + 10_000], [os.urandom(100).hex() for _ in range(10_000)])
+        joining = grow(replicas, 2)
+        with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [joining], wait=120) as move:
+            assert move.run().outcome == "committed"  # its checkpoint flushed every table into files
+        staying = replicas.servers[0]
+        held = table_bytes(staying)
+        assert held > 1_000_000, held
+        assert misplaced([*urls, joining], JOB, ["v"], P, count=3) == {"v": []}  # dropped: not read
+        assert table_bytes(staying) >= 0.95 * held  # still in its files
+        staying.stop()  # SIGTERM: the shutdown compacts them away
+        assert table_bytes(staying) < 0.8 * held  # a third of its key groups went
+    finally:
+        replicas.stop()
 
 
 def test_a_batch_checkpoint_a_moves_copy_subsumed_is_taken_again_at_once(replica_set, monkeypatch, caplog):
