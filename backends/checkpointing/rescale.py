@@ -79,8 +79,13 @@ def _spans(ranges: list[Any]) -> list[list[int]]:
 
 
 def _run_all(calls: list[Callable[[], None]]) -> None:
+    """Each compaction of what a commit dropped, one job's failing not keeping the others' from running
+    (a failed one is logged: the space stays taken until a compaction reaches those files)."""
     for call in calls:
-        call()
+        try:
+            call()
+        except Exception:
+            log.exception("compacting the key groups the last live rescale moved away failed")
 
 
 class RescaleParticipant:
@@ -641,15 +646,11 @@ class RescaleParticipant:
         self._reclaimer.shutdown(wait=True)
 
     def _wait_reclaimed(self) -> None:
-        """Run now and wait for the compaction of what the last commit dropped (a failed one is
-        logged: the space stays taken until a compaction reaches those files, nothing else is lost)."""
+        """Run now and wait for the compaction of what the last commit dropped (:func:`_run_all`)."""
         self._reclaim_now.set()
         reclaiming, self._reclaiming = self._reclaiming, None
         if reclaiming is not None:
-            try:
-                reclaiming.result()
-            except Exception:
-                log.exception("compacting the key groups the last live rescale moved away failed")
+            reclaiming.result()
 
     def _mark_dropped(self) -> None:
         previous = self.layout.topology.previous

@@ -503,8 +503,10 @@ class RocksDBPartition(StorePartition):
         # A range tombstone hides the data but the table files keep it until a compaction reaches
         # them, which nothing may trigger: the disk, and every later incremental checkpoint's
         # files (what the next rescale downloads), would carry it. Compacting just those ranges
-        # rewrites the files they touch (~1 s per million entries), while writes go on.
-        self.compact_key_groups(tables, ranges)
+        # rewrites the files they touch (~1 s per million entries), while writes go on. A partition
+        # closed meanwhile (its job deleted) has nothing left to reclaim.
+        if not self._instance.closed:
+            self.compact_key_groups(tables, ranges)
 
     @_leased
     def compact_key_groups(

@@ -434,6 +434,7 @@ def test_what_a_commit_dropped_is_compacted_away_later_and_at_shutdown(tmp_path)
             job.register("v", "value")
             for start in range(0, len(keys), 10_000):
                 job.columns().put("v", keys[start : start + 10_000], [os.urandom(100).hex() for _ in range(10_000)])
+            sh.create_job("deleted-after", P).register("v", "value").update("a", 1)
         joining = grow(replicas, 2)
         with StatehouseClient(urls) as sh, LiveRescale(sh, 3, [joining], wait=120) as move:
             assert move.run().outcome == "committed"  # its checkpoint flushed every table into files
@@ -442,8 +443,10 @@ def test_what_a_commit_dropped_is_compacted_away_later_and_at_shutdown(tmp_path)
         assert held > 1_000_000, held
         assert misplaced([*urls, joining], JOB, ["v"], P, count=3) == {"v": []}  # dropped: not read
         assert table_bytes(staying) >= 0.95 * held  # still in its files
+        assert httpx.delete(f"{staying.url}/v1/jobs/deleted-after").status_code == 204  # nothing to compact
         staying.stop()  # SIGTERM: the shutdown compacts them away
         assert table_bytes(staying) < 0.8 * held  # a third of its key groups went
+        assert "Traceback" not in staying.log() and "failed" not in staying.log(), staying.log()[-3000:]
     finally:
         replicas.stop()
 
