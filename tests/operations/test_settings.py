@@ -18,7 +18,7 @@ from statehouse.app.settings import (
     setting_variables,
     unknown_variables,
 )
-from tests.support.server import REPO, ModuleCommand, free_port, run_module, start_server, stop_process
+from tests.support.server import REPO, refused_start, start_server
 
 pytestmark = [pytest.mark.http]
 
@@ -89,34 +89,9 @@ BAD = {
 }
 
 
-def clean_environment(tmp_path, env: dict[str, str]) -> dict[str, str]:
-    """This process's environment without inherited STATEHOUSE_* settings, plus ``env``."""
-    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("STATEHOUSE_")}
-    return {
-        **base,
-        "STATEHOUSE_DATA_DIR": str(tmp_path / "data"),
-        "STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-        **env,
-    }
-
-
-def uvicorn(tmp_path, env: dict[str, str]) -> tuple[int, str, str]:
-    """``python -m uvicorn statehouse.app.main:app`` with only ``env``'s settings, as an operator starts
-    it; its exit code, stdout and stderr once it has exited (it must, within START_TIMEOUT)."""
-    out, err = tmp_path / "uvicorn.out", tmp_path / "uvicorn.err"
-    argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
-    process = run_module(ModuleCommand("uvicorn", argv, clean_environment(tmp_path, env), out, stderr=err))
-    try:
-        code = process.wait(START_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        stop_process(process)
-        pytest.fail(f"uvicorn did not exit within {START_TIMEOUT}s with {env}")
-    return code, out.read_text(), err.read_text()
-
-
 @pytest.mark.parametrize("env, expected", BAD.values(), ids=BAD.keys())
 def test_uvicorn_exits_2_naming_the_variable(tmp_path, env, expected):
-    code, stdout, stderr = uvicorn(tmp_path, env)
+    code, stdout, stderr = refused_start(tmp_path, env, START_TIMEOUT)
     assert "Traceback" not in stderr, stderr
     assert stderr.splitlines() == [f"statehouse: {line}" for line in expected]
     assert stdout == ""
@@ -141,7 +116,8 @@ START_ERRORS = {
 @pytest.mark.parametrize("env, expected", START_ERRORS.values(), ids=START_ERRORS.keys())
 def test_start_errors_are_one_line_and_exit_2(tmp_path, env, expected):
     (tmp_path / "a-file").write_text("")
-    code, _stdout, stderr = uvicorn(tmp_path, {name: value.format(tmp=tmp_path) for name, value in env.items()})
+    env = {name: value.format(tmp=tmp_path) for name, value in env.items()}
+    code, _stdout, stderr = refused_start(tmp_path, env, START_TIMEOUT)
     assert code == 2, stderr
     assert "Traceback" not in stderr, stderr
     problems = [line for line in stderr.splitlines() if not line.startswith("INFO:")]

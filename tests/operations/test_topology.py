@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import ModuleCommand, ServerProcess, free_port, run_module, start_server, stop_process
+from tests.support.server import ServerProcess, refused_start, start_server
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
@@ -26,23 +26,10 @@ JOB = "orders"
 KEYS = [f"user-{i}" for i in range(40)]
 
 
-def run_refused(workdir: Path, env: dict[str, str], timeout: float = 60) -> tuple[int, list[str]]:
+def run_refused(workdir: Path, env: dict[str, str]) -> tuple[int, list[str]]:
     """Start a server that is expected to refuse to start; (exit status, its ``statehouse:`` lines)."""
-    full_env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("STATEHOUSE_")},
-        "STATEHOUSE_DATA_DIR": str(workdir / "data"),
-        "STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints"),
-        **env,
-    }
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "refused.log"
-    argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
-    process = run_module(ModuleCommand("uvicorn", argv, full_env, log))
-    try:
-        code = process.wait(timeout)
-    finally:
-        stop_process(process)
-    return code, [line for line in log.read_text().splitlines() if line.startswith("statehouse:")]
+    code, _stdout, stderr = refused_start(workdir, env)
+    return code, [line for line in stderr.splitlines() if line.startswith("statehouse:")]
 
 
 def replica(index: int, count: int, **more: str) -> dict[str, str]:

@@ -206,6 +206,30 @@ def run_module(command: ModuleCommand) -> Process:
         )
 
 
+def refused_start(workdir: Path, env: dict[str, str], timeout: float = 60) -> tuple[int, str, str]:
+    """``python -m uvicorn statehouse.app.main:app``, as an operator starts it, with only ``env``'s
+    ``STATEHOUSE_*`` settings (the data and checkpoint directories in ``workdir`` unless ``env`` names
+    them), for a start expected to fail: its exit code, stdout and stderr once it has exited. One still
+    running after ``timeout`` seconds is stopped and fails the test."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    inherited = {k: v for k, v in os.environ.items() if not k.upper().startswith("STATEHOUSE_")}
+    full_env = {
+        **inherited,
+        "STATEHOUSE_DATA_DIR": str(workdir / "data"),
+        "STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints"),
+        **env,
+    }
+    out, err = workdir / "uvicorn.out", workdir / "uvicorn.err"
+    argv = ["statehouse.app.main:app", "--host", "127.0.0.1", "--port", str(free_port())]
+    process = run_module(ModuleCommand("uvicorn", argv, full_env, out, stderr=err))
+    try:
+        code = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(process)
+        raise AssertionError(f"uvicorn did not exit within {timeout}s with {env}") from None
+    return code, out.read_text(), err.read_text()
+
+
 def launch_server(workdir: Path, env: dict[str, str] | None = None, port: int | None = None) -> ServerProcess:
     """The server process of :func:`start_server`, started and not awaited."""
     workdir.mkdir(parents=True, exist_ok=True)
