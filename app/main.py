@@ -46,7 +46,7 @@ from statehouse.backends.checkpointing.restore import remove_leftovers
 from statehouse.backends.errors import StateError
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.limits import Limits
-from statehouse.backends.rocksdb import LevelShape, RocksDBStore
+from statehouse.backends.rocksdb import RocksDBStore, TableFiles
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
 from statehouse.snapshots.storage import open_storage
 
@@ -68,7 +68,9 @@ def open_store(settings: Settings) -> Store:
             max_open=settings.max_open_jobs,
             disk_reserve_bytes=settings.disk_reserve_bytes,
             block_cache_bytes=settings.rocksdb_block_cache_bytes,
-            shape=LevelShape(settings.rocksdb_target_file_bytes, settings.rocksdb_level_base_bytes),
+            files=TableFiles(
+                settings.rocksdb_target_file_bytes, settings.rocksdb_level_base_bytes, settings.rocksdb_compression
+            ),
         )
     return HeapStore()
 

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
-from statehouse.backends.rocksdb.database import LevelShape
+from statehouse.backends.rocksdb.database import Compression, TableFiles
 from statehouse.protocol.routes import LISTING_PAGE
 from statehouse.snapshots.errors import InvalidLocation
 from statehouse.snapshots.storage.locations import parse_restore_locations
@@ -163,19 +163,25 @@ class Settings(BaseSettings):
         "the replica, in bytes (Flink's shared cache per slot); 0 leaves RocksDB's own 8 MiB per job",
     )
     rocksdb_target_file_bytes: int = Field(
-        default=LevelShape.target_file_bytes,
+        default=TableFiles.target_file_bytes,
         ge=1 << 20,
         le=1 << 30,
         description="RocksDB backend: the size of the table files compactions write (target_file_size_base; Flink's "
         "compaction.level.target-file-size-base)",
     )
     rocksdb_level_base_bytes: int = Field(
-        default=LevelShape.level_base_bytes,
+        default=TableFiles.level_base_bytes,
         ge=1 << 20,
         le=16 << 30,
         description="RocksDB backend: the size of the level that level 0 compacts into (max_bytes_for_level_base; "
         "Flink's compaction.level.max-size-level-base), levels sized from the last one up; a compaction rewrites the "
         "files of that level that overlap what it merges, and the next incremental checkpoint uploads them",
+    )
+    rocksdb_compression: Compression = Field(
+        default=TableFiles.compression,
+        description="RocksDB backend: how table files' blocks are compressed (Flink's compression.per.level, one "
+        "algorithm for every level): none makes reads of a state larger than the block cache cheaper for larger "
+        "files and checkpoints, zstd the other way; applies to the files written from then on",
     )
     max_map_read_entries: int = Field(
         default=100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"

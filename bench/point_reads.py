@@ -23,17 +23,17 @@ import time
 import msgpack
 from rocksdict import BlockBasedOptions, Cache, DataBlockIndexType, DBCompressionType, Options, Rdict, WriteBatch
 
-from statehouse.backends.rocksdb.database import LevelShape, db_options
+from statehouse.backends.rocksdb.database import TableFiles, db_options
 
 VARIANTS = ("server", "hash", "block-16k", "cache-index", "no-compression", "row-cache", "files-4m", "files-2m")
 # Level shapes (table file / base level sizes) against the server's.
-SHAPES = {"files-4m": LevelShape(4 << 20, 16 << 20), "files-2m": LevelShape(2 << 20, 4 << 20)}
+SHAPES = {"files-4m": TableFiles(4 << 20, 16 << 20), "files-2m": TableFiles(2 << 20, 4 << 20)}
 READS = 25_000
 
 
 def options(variant: str, cache: Cache) -> Options:
     """The server's options with the block cache ``cache``, ``variant`` changing one of them."""
-    opts = db_options(block_cache=cache, shape=SHAPES.get(variant))
+    opts = db_options(block_cache=cache, files=SHAPES.get(variant))
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_block_cache(cache)

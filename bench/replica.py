@@ -25,6 +25,7 @@ the same rounds, the order reversed every other round: before/after.
     .venv/bin/python -m bench.replica --runs 1 --users 10000 --storage local --batches 3   # quick
     .venv/bin/python -m bench.replica --profile checkpoint --users 1000000 --storage local  # where
     .venv/bin/python -m bench.replica --runs 2 --users 1000000,10000000 --storage local --batches 4  # large state
+    .venv/bin/python -m bench.replica --runs 2 --users 10000000 --storage local --compression lz4,none  # files
 """
 
 from __future__ import annotations
@@ -122,11 +123,13 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
 
     workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-replica-"))
     try:
-        store = (
-            RocksDBStore(str(workdir / "data"), block_cache_bytes=spec["block_cache_bytes"])
-            if spec["backend"] == "rocksdb"
-            else HeapStore()
-        )
+        if spec["backend"] == "rocksdb":
+            from statehouse.backends.rocksdb import TableFiles
+
+            files = TableFiles(compression=spec["compression"])
+            store = RocksDBStore(str(workdir / "data"), block_cache_bytes=spec["block_cache_bytes"], files=files)
+        else:
+            store = HeapStore()
         catalog = JobCatalog(store)
         if spec["storage"] == "s3":
             os.environ.update(s3_env(spec["s3_endpoint"], spec["s3_prefix"]))
@@ -244,9 +247,10 @@ def per_batch(result: dict[str, Any], phase: str, clock: str, per_row: bool) -> 
 
 def configs(cfg: argparse.Namespace) -> Iterator[dict[str, Any]]:
     for backend in cfg.backends:
-        for users in cfg.users:
-            for storage in cfg.storage:
-                yield {"backend": backend, "users": users, "storage": storage}
+        for compression in cfg.compression if backend == "rocksdb" else ["-"]:
+            for users in cfg.users:
+                for storage in cfg.storage:
+                    yield {"backend": backend, "compression": compression, "users": users, "storage": storage}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,6 +269,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=256 << 20,
         help="RocksDB's shared block cache (the server's STATEHOUSE_ROCKSDB_BLOCK_CACHE_BYTES default)",
+    )
+    p.add_argument(
+        "--compression",
+        type=listed(str),
+        default=["lz4"],
+        help="RocksDB's table file compression, each a configuration (the server's STATEHOUSE_ROCKSDB_COMPRESSION)",
     )
     p.add_argument("--batches", type=int, default=6, help="timed micro-batches per run")
     p.add_argument("--warmup", type=int, default=1, help="micro-batches before the timed ones")
@@ -309,7 +319,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         for run in range(cfg.runs):
             order = list(trees.items()) if run % 2 == 0 else list(reversed(trees.items()))
             for config in configs(cfg):
-                name = f"{config['backend']} {config['users']:,} users {config['storage']}"
+                compressed = f" {config['compression']}" if config["backend"] == "rocksdb" else ""
+                name = f"{config['backend']}{compressed} {config['users']:,} users {config['storage']}"
                 for label, tree in order:
                     prefix = f"replica-{os.getpid()}-{run}-{label}-{time.monotonic_ns()}"
                     spec = {**base, **config, "s3_endpoint": endpoint, "s3_prefix": prefix}

@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, ReadOptions
 
@@ -35,12 +35,23 @@ NESTED_PREFIX = b"table-nested:"
 META_PREFIX = b"meta:"
 
 
+# RocksDB's compression algorithms by the names a setting gives them (Flink's
+# ``compression.per.level`` names them LZ4_COMPRESSION, NO_COMPRESSION, ...).
+Compression = Literal["lz4", "zstd", "snappy", "none"]
+COMPRESSIONS: dict[Compression, Callable[[], DBCompressionType]] = {
+    "lz4": DBCompressionType.lz4,
+    "zstd": DBCompressionType.zstd,
+    "snappy": DBCompressionType.snappy,
+    "none": DBCompressionType.none,
+}
+
+
 @dataclass(frozen=True)
-class LevelShape:
-    """The size of the table files compactions write and of the base level (RocksDB's
+class TableFiles:
+    """How a job's database writes its table files: their size and the base level's (RocksDB's
     ``target_file_size_base`` and ``max_bytes_for_level_base``; Flink's
     ``compaction.level.target-file-size-base`` and ``max-size-level-base``), levels sized from the
-    last one up (``level_compaction_dynamic_level_bytes``).
+    last one up (``level_compaction_dynamic_level_bytes``), and how their blocks are compressed.
 
     Why not RocksDB's sizes (64 MiB files, a 256 MiB base level): every checkpoint flushes a
     level-0 file spanning every key group the batch wrote, and every fourth one compacts level 0
@@ -50,19 +61,31 @@ class LevelShape:
     base level over levels of small files rewrites a narrow part, and its files are narrow in key
     groups (a move reads and drops about its share). Measured (bench/RESULTS.md §19l): 0.38x the
     bytes per micro-batch at 1,000,000 keys, 0.66x at 10,000,000 with the largest upload 24 MB
-    instead of 100; point reads unchanged at both sizes."""
+    instead of 100; point reads unchanged at both sizes.
+
+    LZ4, not RocksDB's default Snappy: a state larger than the block cache reads its blocks from
+    the files, each read decompressing one, and LZ4 decompresses faster at about the same size
+    (RocksDB's tuning guide says so too). ``none`` trades disk and checkpoint bytes for reads that
+    decompress nothing (§16), ``zstd`` the other way. Files written another way stay readable:
+    a change applies to the files written from then on."""
 
     target_file_bytes: int = 2 << 20
     level_base_bytes: int = 4 << 20
+    compression: Compression = "lz4"
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}; got {self.compression!r}")
 
     def apply(self, options: Options) -> None:
         options.set_level_compaction_dynamic_level_bytes(True)
         options.set_target_file_size_base(self.target_file_bytes)
         options.set_max_bytes_for_level_base(self.level_base_bytes)
+        options.set_compression_type(COMPRESSIONS[self.compression]())
 
 
 def db_options(
-    max_wal_bytes: int = DEFAULT_WAL_LIMIT, block_cache: Cache | None = None, shape: LevelShape | None = None
+    max_wal_bytes: int = DEFAULT_WAL_LIMIT, block_cache: Cache | None = None, files: TableFiles | None = None
 ) -> Options:
     """The options of every job's database and column family; ``block_cache``: the replica's
     shared cache of data, index and filter blocks (None: RocksDB's own 8 MiB per database)."""
@@ -90,11 +113,7 @@ def db_options(
     if block_cache is not None:
         table.set_block_cache(block_cache)
     options.set_block_based_table_factory(table)
-    # LZ4, not RocksDB's default Snappy: a state larger than the block cache reads its blocks from
-    # the files, each read decompressing one, and LZ4 decompresses faster at about the same size
-    # (RocksDB's tuning guide says so too). Files written with Snappy stay readable.
-    options.set_compression_type(DBCompressionType.lz4())
-    (shape or LevelShape()).apply(options)
+    (files or TableFiles()).apply(options)
     return options
 
 

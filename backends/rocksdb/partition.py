@@ -56,8 +56,8 @@ from statehouse.backends.reserved import META_TABLE
 from statehouse.backends.rocksdb.database import (
     DEFAULT_WAL_LIMIT,
     KeyLayout,
-    LevelShape,
     RocksDBFrozenView,
+    TableFiles,
     bounded,
     db_options,
     iterate,
@@ -197,16 +197,16 @@ class RocksDBPartition(StorePartition):
         pool: OpenInstances | None = None,
         volume: DataVolume | None = None,
         block_cache: Cache | None = None,
-        shape: LevelShape | None = None,
+        files: TableFiles | None = None,
     ) -> None:
         self.path = path
         wal_bytes = wal_limit(volume.reserve_bytes) if volume is not None else DEFAULT_WAL_LIMIT
         self._space = DegradePolicy(volume)
         self._frozen_dir = frozen_dir or path + ".frozen"
         self._frozen_count = 0
-        self._shape = shape or LevelShape()
+        self._files = files or TableFiles()
         started = time.monotonic()
-        options = db_options(wal_bytes, block_cache, self._shape)
+        options = db_options(wal_bytes, block_cache, self._files)
         self._instance = DatabaseInstance(path, max_parallelism, options, pool, self._space)
         # As the database stores it; only another database (a restore's, at reopen) can change it.
         self.max_parallelism = self._instance.max_parallelism
@@ -539,7 +539,7 @@ class RocksDBPartition(StorePartition):
                     family.compact_range(begin, end, options)
             finally:
                 if file_bytes is not None:
-                    family.set_options({"target_file_size_base": str(self._shape.target_file_bytes)})
+                    family.set_options({"target_file_size_base": str(self._files.target_file_bytes)})
 
     def _key_group_bounds(self, ranges: Sequence[KeyGroupRange]) -> list[tuple[bytes, bytes]]:
         """Each range of key groups as the byte range [begin, end) its keys fill."""

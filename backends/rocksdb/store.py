@@ -9,7 +9,7 @@ from rocksdict import Cache
 
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
-from statehouse.backends.rocksdb.database import LevelShape
+from statehouse.backends.rocksdb.database import TableFiles
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
 from statehouse.backends.rocksdb.snapshot import MOVE_FILE_BYTES, IncrementalSnapshotStrategy
@@ -35,10 +35,10 @@ class RocksDBStore(Store):
         max_open: int | None = None,
         disk_reserve_bytes: int = 0,
         block_cache_bytes: int = 0,
-        shape: LevelShape | None = None,
+        files: TableFiles | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
-        self.shape = shape or LevelShape()
+        self.files = files or TableFiles()
         self.incremental_checkpoints = incremental_checkpoints  # Flink's state.backend.incremental
         # Off by default: measured, it saves the loads' downloads but costs the move more time (RESULTS §15).
         self.incremental = IncrementalSnapshotStrategy(MOVE_FILE_BYTES if compact_moving else None)
@@ -80,7 +80,7 @@ class RocksDBStore(Store):
         frozen_dir = os.path.join(self.data_dir, "$frozen", job)
         shutil.rmtree(frozen_dir, ignore_errors=True)  # views of a previous process are stale
         return RocksDBPartition(
-            self._path(job), max_parallelism, frozen_dir, self.instances, self.volume, self.block_cache, self.shape
+            self._path(job), max_parallelism, frozen_dir, self.instances, self.volume, self.block_cache, self.files
         )
 
     def destroy_partition(self, job: str) -> None:

@@ -48,6 +48,7 @@ BAD = {
             "STATEHOUSE_SNAPSHOT_COMPRESSION": "gzip",
             "STATEHOUSE_INCREMENTAL_CHECKPOINTS": "maybe",
             "STATEHOUSE_MAX_BODY_BYTES": "64MB",
+            "STATEHOUSE_ROCKSDB_COMPRESSION": "LZ4",
         },
         [
             "STATEHOUSE_BACKEND='memory' is not one of: rocksdb, heap",
@@ -55,6 +56,7 @@ BAD = {
             "STATEHOUSE_SNAPSHOT_COMPRESSION='gzip' is not one of: zstd, none",
             "STATEHOUSE_INCREMENTAL_CHECKPOINTS='maybe' is not a boolean (true/false, 1/0, yes/no, on/off)",
             "STATEHOUSE_MAX_BODY_BYTES='64MB' is not an integer",
+            "STATEHOUSE_ROCKSDB_COMPRESSION='LZ4' is not one of: lz4, zstd, snappy, none",
         ],
     ),
     "a malformed token entry (the token is not printed)": (
