@@ -212,9 +212,15 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
         manager.close()
         catalog.close()
         storage.close()
-        return {"samples": samples, "calls": calls}
+        data, checkpoints = _bytes_under(workdir / "data"), _bytes_under(workdir / "checkpoints")
+        return {"samples": samples, "calls": calls, "data_bytes": data, "checkpoint_bytes": checkpoints}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _bytes_under(directory: Path) -> int:
+    """What the files under ``directory`` take (0: none there, e.g. checkpoints in S3)."""
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
 # -- the rounds ------------------------------------------------------------------------------
@@ -356,6 +362,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 s("checkpoint", "process", False),
                 s("checkpoint", "wall", False),
                 " / ".join(f"{calls[p]:,}" for p in PHASES),
+                f"{statistics.median(r.get('data_bytes', 0) for r in runs) / 1e6:,.0f}",
+                f"{statistics.median(r.get('checkpoint_bytes', 0) for r in runs) / 1e6:,.0f}",
             ]
         )
     headers = [
@@ -369,6 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "checkpoint ms CPU (process)",
         "checkpoint ms wall",
         "Python calls staging / prepare / commit / checkpoint",
+        "data on disk MB",
+        "checkpoints MB (local)",
     ]
     print()
     print(table(headers, rows))
