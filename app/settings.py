@@ -180,8 +180,8 @@ class Settings(BaseSettings):
     rocksdb_compression: Compression = Field(
         default=TableFiles.compression,
         description="RocksDB backend: how table files' blocks are compressed (Flink's compression.per.level, one "
-        "algorithm for every level): none makes reads of a state larger than the block cache cheaper for larger "
-        "files and checkpoints, zstd the other way; applies to the files written from then on",
+        "algorithm for every level): zstd makes the data and the checkpoints smaller for more CPU per read and "
+        "write; applies to the files written from then on",
     )
     max_map_read_entries: int = Field(
         default=100_000, ge=1, description="most entries a whole-map read returns; larger maps are read page by page"
