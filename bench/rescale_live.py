@@ -916,6 +916,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
             if spark is None:
                 spark = local_spark("statehouse-bench-rescale-live")
                 stack.callback(spark.stop)
+            # Spark keeps a query's last 100 progress reports: every batch's duration is reported here.
+            spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(cfg.batches + 10))
             failures: list[BaseException] = []
             operator = threading.Thread(
                 target=operator_moves,

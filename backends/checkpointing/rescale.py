@@ -637,7 +637,13 @@ class RescaleParticipant:
 
     def _reclaim_later(self, reclaims: list[Callable[[], None]]) -> None:
         self._reclaim_now.wait(self.reclaim_delay_s)
+        started = time.monotonic()
         _run_all(reclaims)
+        log.info(
+            "compacted away what the last live rescale moved off this replica (%d jobs) in %.2f s",
+            len(reclaims),
+            time.monotonic() - started,
+        )
 
     def close(self) -> None:
         """At shutdown, before the catalog closes: the compaction a commit left pending runs now."""

@@ -447,6 +447,7 @@ def test_what_a_commit_dropped_is_compacted_away_later_and_at_shutdown(tmp_path)
         staying.stop()  # SIGTERM: the shutdown compacts them away
         assert table_bytes(staying) < 0.8 * held  # a third of its key groups went
         assert "Traceback" not in staying.log() and "failed" not in staying.log(), staying.log()[-3000:]
+        assert "compacted away what the last live rescale moved off this replica (" in staying.log()
     finally:
         replicas.stop()
 
