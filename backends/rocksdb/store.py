@@ -103,7 +103,7 @@ class RocksDBStore(Store):
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(self._staging, exist_ok=True)
         frozen_dir = os.path.join(self.data_dir, "$frozen", "$staging", job)
-        return RocksDBPartition(path, max_parallelism, frozen_dir, volume=self.volume)
+        return RocksDBPartition(path, max_parallelism, frozen_dir, volume=self.volume, files=self.files)
 
     def promote(self, job: str, live: StorePartition | None, staged: StorePartition) -> StorePartition:
         assert isinstance(staged, RocksDBPartition) and (live is None or isinstance(live, RocksDBPartition))

@@ -67,6 +67,16 @@ def test_a_change_applies_to_new_files_and_the_old_ones_stay_readable(tmp_path):
     partition.close()
 
 
+def test_a_restores_staged_database_is_written_with_it_too(tmp_path):
+    store = RocksDBStore(str(tmp_path), files=TableFiles(compression="zstd"))
+    staged = store.open_staging("j", 128)
+    staged.create_table("s", False)
+    _write(staged, 0)
+    files = _files(Path(staged.path))
+    assert files and set(files.values()) == {b"ZSTD"}
+    store.discard_staging("j", staged)
+
+
 def test_an_unknown_compression_is_refused():
     with pytest.raises(ValueError, match="compression must be one of lz4, zstd, snappy, none; got 'gzip'"):
         TableFiles(compression="gzip")
