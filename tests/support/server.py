@@ -19,7 +19,6 @@ from typing import Protocol
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE = [sys.executable, "-m", "statehouse.app.serve"]
 
 
 class Process(Protocol):
@@ -40,8 +39,8 @@ class ForkedProcess:
     methods: not this process's child, so its exit code is the one the zygote writes when it
     reaps it."""
 
-    def __init__(self, pid: int, status: Path) -> None:
-        self.pid, self.returncode, self._status = pid, None, status
+    def __init__(self, pid: int, status: Path, args: list[str]) -> None:
+        self.pid, self.returncode, self._status, self.args = pid, None, status, args
 
     def poll(self) -> int | None:
         if self.returncode is None and self._status.exists():
@@ -52,7 +51,7 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(SERVE, timeout or 0)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
             time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]
 
@@ -95,7 +94,7 @@ class Zygote:
             answer = self._process.stdout.readline()
         if not answer:
             raise RuntimeError(f"the server zygote exited with {self._process.wait()}")
-        return ForkedProcess(json.loads(answer)["pid"], status)
+        return ForkedProcess(json.loads(answer)["pid"], status, command.args)
 
     def close(self) -> None:
         if self._process is not None and self._process.stdin is not None:
@@ -189,6 +188,11 @@ class ModuleCommand:
     stderr: Path | None = None
     append: bool = False
 
+    @property
+    def args(self) -> list[str]:
+        """The command line it runs as a new interpreter (a forked one runs the same)."""
+        return [sys.executable, "-m", self.module, *self.argv]
+
 
 def run_module(command: ModuleCommand) -> Process:
     """Run ``command``: forked from the zygote in the test suite, where the imports are done once; a
@@ -198,7 +202,7 @@ def run_module(command: ModuleCommand) -> Process:
     mode = "ab" if command.append else "wb"
     with open(command.log, mode) as out, open(command.stderr or os.devnull, mode) as err:
         return subprocess.Popen(
-            [sys.executable, "-m", command.module, *command.argv],
+            command.args,
             cwd=command.cwd,
             env=command.env,
             stdout=out,

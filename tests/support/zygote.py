@@ -94,9 +94,9 @@ def become(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request.get("append") else os.O_TRUNC)
+    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
     log = os.open(request["log"], mode, 0o644)
-    errors = os.open(request["stderr"], mode, 0o644) if request.get("stderr") else log
+    errors = os.open(request["stderr"], mode, 0o644) if request["stderr"] else log
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -108,7 +108,7 @@ def become(request: dict) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    sys.argv = [request.get("module", SERVE), *request["argv"]]
+    sys.argv = [request["module"], *request["argv"]]
 
 
 def main() -> None:
@@ -118,7 +118,7 @@ def main() -> None:
     if request is None:
         return
     become(request)
-    if request.get("module", SERVE) != SERVE:
+    if request["module"] != SERVE:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         return
     from statehouse.app import serve
