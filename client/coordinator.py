@@ -10,9 +10,10 @@ micro-batches.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # How often a micro-batch waiting at its boundary looks whether the live rescale ended: a cut is
-# frozen half a second or less, about a micro-batch, so each poll's delay adds to that batch; a
-# move left pending (its coordinator gone) is looked at less and less often, up to once a second.
-MOVE_POLL, MOVE_POLL_MAX = 0.05, 1.0
+# frozen a second or less, about a micro-batch, so each poll's delay adds to that batch. A move
+# still pending after MOVE_POLL_STEADY looks (2 s of pauses; its coordinator gone, say) is looked
+# at less and less often, up to once a second.
+MOVE_POLL, MOVE_POLL_MAX, MOVE_POLL_STEADY = 0.05, 1.0, 40
 # How long a micro-batch waits at its boundary for a live rescale (or a replica of it restarting).
 MOVE_WAIT = 600.0
 # A batch's checkpoint that a move's copy subsumed is taken again at once this many times, then
@@ -49,6 +51,16 @@ __all__ = [
     "StateBehind",
     "job_at_boundary",
 ]
+
+
+def move_poll_pauses() -> Iterator[float]:
+    """The pauses between a waiting micro-batch's looks at a pending live rescale: ``MOVE_POLL``
+    for the first ``MOVE_POLL_STEADY``, then half as long again each time, up to ``MOVE_POLL_MAX``."""
+    yield from itertools.repeat(MOVE_POLL, MOVE_POLL_STEADY)
+    pause = MOVE_POLL
+    while True:
+        pause = min(MOVE_POLL_MAX, pause * 1.5)
+        yield pause
 
 
 @dataclass(frozen=True)
@@ -198,22 +210,30 @@ class MicroBatchCoordinator(CheckpointCoordinator):
         self._checkpointed_epoch = oldest
         return self.job.infos()
 
-    def _restore_point(self, epoch: int) -> GlobalCheckpoint | None:
+    def _restore_point(self, epoch: int, *, moved: bool = False) -> GlobalCheckpoint | None:
         """The newest checkpoint every part of which holds ``epoch``: of this layout, else of an
-        earlier one (a live rescale's own checkpoint holds what the move carried)."""
-        for every_layout in (False, True):
-            for candidate in reversed(self.completed(every_layout=every_layout)):
-                if all(part.get("committed_epoch") == epoch for part in candidate.parts):
-                    return candidate
+        earlier one (a live rescale's own checkpoint holds what the move carried). Right after a
+        move (``moved``) this layout has none yet, and each replica reads storage to list its
+        checkpoints: one listing of every layout's then serves both."""
+        count = len(self.job.replicas)
+        for every_layout in (True,) if moved else (False, True):
+            holding = [
+                candidate
+                for candidate in self.completed(every_layout=every_layout)
+                if all(part.get("committed_epoch") == epoch for part in candidate.parts)
+            ]
+            ours = [c for c in holding if all(part.get("replica_count") == count for part in c.parts)]
+            if found := ours or holding:
+                return found[-1]
         return None
 
-    def ensure_restore_point(self, applied: Applied) -> None:
+    def ensure_restore_point(self, applied: Applied, *, moved: bool = False) -> None:
         """A checkpoint holds what the state holds before a batch writes on it, so that a commit
         left half done can be undone: taken when neither this coordinator's last checkpoint nor a
-        listed one (a move's, a restore's) does."""
+        listed one (a move's, a restore's) does. ``moved``: a live rescale ended since the last batch."""
         if self._checkpointed_epoch == applied.epoch:
             return
-        if self._restore_point(applied.epoch) is None:
+        if self._restore_point(applied.epoch, moved=moved) is None:
             self.checkpoint(metadata={"batch_id": applied.batch_id, "epoch": applied.epoch})
         self._checkpointed_epoch = applied.epoch
 
@@ -267,7 +287,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
     def _await_move(self, batch_id: int, deadline: float) -> None:
         """Until no live rescale is pending on the replicas (its initiator ends it), then route by
         the layout it left; logged once. Past ``deadline``: :class:`MoveWaitTimeout`."""
-        reported, pause = False, MOVE_POLL
+        reported, pauses = False, move_poll_pauses()
         with LiveRescale(self.job.replicas) as move:  # one survey's connections for every poll
             while (shown := move.pending_move_info()) is not None:
                 if not reported:
@@ -288,8 +308,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                         f"by {shown.get('initiator', 'operator')}): finish it (statehouse rescale --resume) or abort "
                         "it (statehouse rescale --abort)"
                     )
-                time.sleep(pause)
-                pause = min(MOVE_POLL_MAX, pause * 1.5)
+                time.sleep(next(pauses))
         self._relearn()
         if reported:
             log.warning(
@@ -345,7 +364,7 @@ class MicroBatchCoordinator(CheckpointCoordinator):
                 f"job {self.job.name!r} state holds micro-batches up to {applied.batch_id}, so batch {batch_id} "
                 "cannot be applied exactly once; restore a matching checkpoint or start a new query"
             )
-        self.ensure_restore_point(applied)
+        self.ensure_restore_point(applied, moved=relearned)
         plan = BatchPlan(batch_id, epoch, replay=False, version=self.job.replicas.version)
         self._open = plan
         return plan

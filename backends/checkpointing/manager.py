@@ -119,12 +119,13 @@ class CheckpointManager:
     def _replica(self) -> tuple[int, int]:
         return self.catalog.replica_index, self.catalog.replica_count
 
-    def _state(self, job: str) -> _JobCheckpoints:
-        """The job's bookkeeping, read from storage the first time (after a restart)."""
+    def _state(self, job: str, listing: builtins.list[str] | None = None) -> _JobCheckpoints:
+        """The job's bookkeeping, read from storage the first time (after a restart or a live
+        rescale); ``listing``: the job's files in storage, when the caller listed them already."""
         with self._lock:
             state = self._jobs.get(job)
             if state is None:
-                history = self.snapshots.history(job)
+                history = self.snapshots.history(job, listing)
                 completed = CompletedCheckpoints(job, self.storage, self._replica, self.num_retained, history)
                 state = self._jobs[job] = _JobCheckpoints(completed, history.known_ids)
             return state
@@ -289,13 +290,16 @@ class CheckpointManager:
         completed by every replica of another replica count (before a rescale), still in storage
         and restorable; each described by its replica 0's part (its ``replica_count`` says which
         layout wrote it)."""
-        state = self._state(job)
+        # Every layout's: one listing of storage serves this replica's history (read again after a
+        # live rescale) and the other layouts' parts.
+        listing = self.snapshots.listing(job) if every_layout else None
+        state = self._state(job, listing)
         infos = {i: self._info_from_metadata(m) for i, m in state.completed.all().items()}
         with self._lock:
             attempts = dict(state.attempts)
         infos.update({i: a.info() for i, a in attempts.items()})
         if every_layout:
-            for metadata in self.snapshots.other_layouts(job):
+            for metadata in self.snapshots.other_layouts(job, listing):
                 infos.setdefault(metadata.checkpoint_id, self._info_from_metadata(metadata))
         return [infos[i] for i in sorted(infos) if after is None or i > after]
 

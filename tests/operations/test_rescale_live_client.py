@@ -6,6 +6,7 @@ client (each Spark task) routes from."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -19,9 +20,17 @@ import pytest
 
 from statehouse.client import ClientConfig, StatehouseClient, StatehouseError, cli
 from statehouse.client.attempts import TaskAttempt
-from statehouse.client.coordinator import MicroBatchCoordinator, job_at_boundary
+from statehouse.client.coordinator import (
+    MOVE_POLL,
+    MOVE_POLL_MAX,
+    MOVE_POLL_STEADY,
+    MicroBatchCoordinator,
+    job_at_boundary,
+    move_poll_pauses,
+)
 from statehouse.client.global_checkpoints import CheckpointCoordinator
 from statehouse.client.rescale import STEPS, LiveRescale, RescaleFailed, RescaleReport
+from tests.support.metrics import metric
 from tests.support.replica_set import ReplicaSet, misplaced
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]  # replica sets moved by a coordinator
@@ -293,6 +302,49 @@ def test_a_driver_rescales_between_micro_batches_and_a_restarted_one_recovers(re
         assert len(job.replicas) == 3 and coordinator.applied().batch_id == 3
         micro_batch(job, coordinator, 4, 1000, totals)
         assert sums(job) == totals
+
+
+def test_the_batch_after_an_operators_move_finds_its_restore_point_in_one_listing(replica_set):
+    """Right after a move the new layout has no checkpoint, and each replica reads storage to list
+    its own: the next micro-batch's begin (a new coordinator, as foreachBatch makes each batch)
+    finds the move's checkpoint, which holds the epoch the state holds, in one listing of every
+    layout's per replica, and takes no checkpoint of its own before its writes."""
+    urls = replica_set.urls
+    totals: dict[str, int] = {}
+    with StatehouseClient(urls) as sh:
+        job = sh.create_job(JOB, P)
+        job.register("sum", "reducing", function="sum")
+        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+        new = grow(replica_set, 2)
+        with StatehouseClient(urls) as operator, LiveRescale(operator, 3, [new], wait=120) as move:
+            assert move.run().outcome == "committed"
+        route = 'route="/v1/jobs/{job}/checkpoints",status="200"}'
+        listed, triggered = (f'statehouse_http_requests_total{{method="{m}",{route}' for m in ("GET", "POST"))
+
+        def counts() -> list[tuple[float, float]]:
+            return [(metric(url, listed), metric(url, triggered)) for url in replica_set.urls]
+
+        before = counts()
+        coordinator = MicroBatchCoordinator(job)
+        plan = coordinator.begin(1)  # the driver's client still routes by the layout before the move
+        assert len(job.replicas) == 3 and not plan.replay
+        assert [(g - g0, p - p0) for (g, p), (g0, p0) in zip(counts(), before, strict=True)] == [(1, 0)] * 3
+        attempt = TaskAttempt(plan.epoch, 0, len(job.replicas), unit="u", task=1)
+        with job.batch(attempt=attempt) as writes:
+            for key in KEYS:
+                writes.add("sum", key, 10)
+        coordinator.commit(plan, [attempt.message()])
+        assert sums(job) == {key: totals[key] + 10 for key in KEYS}
+
+
+def test_a_batch_waiting_for_a_move_looks_at_a_steady_pace_then_less_often():
+    """A cut is frozen a second or less: a waiting batch looks every MOVE_POLL for the first
+    MOVE_POLL_STEADY looks, so it goes on within one pause of the commit; a move left pending
+    longer is looked at less and less often, at most once a second."""
+    pauses = list(itertools.islice(move_poll_pauses(), MOVE_POLL_STEADY + 20))
+    assert pauses[:MOVE_POLL_STEADY] == [MOVE_POLL] * MOVE_POLL_STEADY
+    later = pauses[MOVE_POLL_STEADY:]
+    assert later[0] > MOVE_POLL and later == sorted(later) and later[-1] == MOVE_POLL_MAX
 
 
 def test_a_recovering_driver_aborts_only_its_own_undecided_move_and_waits_for_an_operators(replica_set, caplog):

@@ -33,6 +33,7 @@ from statehouse.backends.topology import (
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group, operator_index
 from statehouse.snapshots.storage.local import LocalStorage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
+from tests.support.metrics import metric
 from tests.support.replica_set import ReplicaSet, misplaced
 from tests.support.server import start_server
 
@@ -253,12 +254,6 @@ def test_grow_and_shrink_over_s3(tmp_path, s3_server, s3_location):
         grow_and_shrink(replicas)
     finally:
         replicas.stop()
-
-
-def metric(url: str, name: str) -> float:
-    """The value of one sample of /metrics (a histogram's ``_count``, a counter's ``_total``)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
 def grow_and_shrink(replica_set: ReplicaSet) -> None:
