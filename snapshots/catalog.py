@@ -46,15 +46,17 @@ def job_listing(storage: CheckpointStorage, job: str) -> list[str]:
 def find_snapshot(storage: CheckpointStorage, job: str, checkpoint_id: int | None) -> str:
     """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest
     completed checkpoint of the job (any replica layout)."""
-    entries = parse_job_listing(job_listing(storage, job))
     if checkpoint_id is None:
-        ids = [i for kind, i, _r, _n in entries if kind == "checkpoint"]
+        ids = [i for kind, i, _r, _n in parse_job_listing(job_listing(storage, job)) if kind == "checkpoint"]
         if not ids:
             raise CheckpointNotFound(f"job {job!r} has no completed checkpoint in {storage.location}")
         return snapshot_dir(job, max(ids), "checkpoint")
+    # A named one: its two possible directories listed, not every file of the job (the shared
+    # table files of a large state are most of them; a live rescale's load and decision ask).
     for kind in ("checkpoint", "savepoint"):
-        if any(k == kind and i == checkpoint_id for k, i, _r, _n in entries):
-            return snapshot_dir(job, checkpoint_id, kind)
+        directory = snapshot_dir(job, checkpoint_id, kind)
+        if any(parse_metadata_name(path[len(directory) + 1 :]) for path in storage.list(directory)):
+            return directory
     raise CheckpointNotFound(
         f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {storage.location}"
     )

@@ -17,7 +17,7 @@ from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.snapshot.restore import part_reader
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
 from statehouse.snapshots.catalog import find_snapshot, read_parts
-from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.errors import CheckpointNotFound, SnapshotCorrupt
 from statehouse.snapshots.handles import IncrementalHandle
 from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.metadata import SnapshotPart
@@ -73,6 +73,29 @@ def primary(key: str) -> bytes:
 def handle_of(part: SnapshotPart) -> IncrementalHandle:
     assert isinstance(part.metadata.keyed, IncrementalHandle)
     return part.metadata.keyed
+
+
+def test_a_named_checkpoint_is_found_from_its_own_directory_not_from_every_file_of_the_job(checkpointed, monkeypatch):
+    """Finding checkpoint N lists its directory (and the savepoint's when it is none), not every
+    file of the job: the shared table files of a large state are most of those, and a live
+    rescale's load and decision ask inside the frozen window. A directory without a completed
+    part's metadata is no checkpoint; the latest needs every file."""
+    storage, _part, _keys, _expected = checkpointed
+    with storage.create_output("orders/chk-7/replica-0-of-1/MANIFEST-000001") as out:
+        out.write(b"an upload that never completed")
+    listed: list[str] = []
+    listing = storage.list
+    monkeypatch.setattr(storage, "list", lambda prefix: listed.append(prefix) or listing(prefix))
+    assert find_snapshot(storage, "orders", 2) == "orders/chk-2"
+    assert listed == ["orders/chk-2"]
+    for missing in (7, 9):
+        listed.clear()
+        with pytest.raises(CheckpointNotFound, match=f"no completed checkpoint or savepoint {missing} "):
+            find_snapshot(storage, "orders", missing)
+        assert listed == [f"orders/chk-{missing}", f"orders/savepoints/sp-{missing}"]
+    listed.clear()
+    assert find_snapshot(storage, "orders", None) == "orders/chk-2"
+    assert listed == ["orders"]
 
 
 def test_a_read_of_some_key_groups_downloads_only_the_files_that_hold_them(checkpointed, tmp_path):
