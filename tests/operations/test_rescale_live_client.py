@@ -244,6 +244,14 @@ def micro_batch(job, coordinator: MicroBatchCoordinator, batch_id: int, amount: 
         totals[key] = totals.get(key, 0) + amount
 
 
+def summed(sh: StatehouseClient, totals: dict[str, int]) -> Any:
+    """The job with a sum state, its micro-batch 0 committed (1 added to every key)."""
+    job = sh.create_job(JOB, P)
+    job.register("sum", "reducing", function="sum")
+    micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+    return job
+
+
 def sums(job) -> dict[str, int]:
     with job.batch() as reads:
         pending = {key: reads.get("sum", key) for key in KEYS}
@@ -312,9 +320,7 @@ def test_the_batch_after_an_operators_move_finds_its_restore_point_in_one_listin
     urls = replica_set.urls
     totals: dict[str, int] = {}
     with StatehouseClient(urls) as sh:
-        job = sh.create_job(JOB, P)
-        job.register("sum", "reducing", function="sum")
-        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+        job = summed(sh, totals)
         new = grow(replica_set, 2)
         with StatehouseClient(urls) as operator, LiveRescale(operator, 3, [new], wait=120) as move:
             assert move.run().outcome == "committed"
@@ -354,9 +360,7 @@ def test_a_recovering_driver_aborts_only_its_own_undecided_move_and_waits_for_an
     urls = replica_set.urls
     totals: dict[str, int] = {}
     with StatehouseClient(urls) as sh:
-        job = sh.create_job(JOB, P)
-        job.register("sum", "reducing", function="sum")
-        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+        job = summed(sh, totals)
     new = grow(replica_set, 2)
     run_until(urls, 3, [new], "prepared")  # an operator's move, its command dead
     with StatehouseClient(urls) as sh:
@@ -426,9 +430,7 @@ def test_a_micro_batch_beginning_while_a_committed_moves_joining_replica_is_down
     totals: dict[str, int] = {}
     seeds = replica_set.urls
     with StatehouseClient(seeds) as sh:
-        job = sh.create_job(JOB, P)
-        job.register("sum", "reducing", function="sum")
-        micro_batch(job, MicroBatchCoordinator(job), 0, 1, totals)
+        summed(sh, totals)
     joining = grow(replica_set, 2)
 
     def die(step: str, _info: dict[str, Any]) -> None:
