@@ -31,8 +31,7 @@ class ReducingState(KeyedState):
         one_key(lambda: self.add_many(self._row(key, namespace, len(elements)), elements))
 
     def get_many(self, rows: Rows) -> list[Any]:
-        result = self.descriptor.state_function.result
-        return [None if acc is None else result(acc) for acc in self._read_many(rows)]
+        return self.descriptor.state_function.results(self._read_many(rows))
 
     def add_get(self, key: Key, value: Any, namespace: str = "") -> Any:
         """:meth:`add`, answering the result after it (what :meth:`get` would read next)."""
@@ -56,8 +55,7 @@ class ReducingState(KeyedState):
         function = self.descriptor.state_function
         accs = self._fold_many(rows, None, values, function, answer=True)
         assert accs is not None  # answer=True always answers
-        result = function.result
-        return [result(acc) for acc in accs]
+        return function.results(accs)
 
 
 class AggregatingState(ReducingState):

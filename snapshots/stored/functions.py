@@ -62,6 +62,14 @@ class StateFunction(ABC):
     def result(self, acc: Any) -> Any:
         return acc
 
+    def results(self, accs: list[Any]) -> list[Any]:
+        """``result`` of each accumulator (``None``: absent, answered as it is), for a columnar
+        answer; a function whose result is its accumulator answers the list itself."""
+        if type(self).result is StateFunction.result:
+            return accs
+        result = self.result
+        return [None if acc is None else result(acc) for acc in accs]
+
 
 def _all_numbers(values: list[Any], absent_too: bool = False) -> bool:
     """Every value an int or a float (bool is neither here), checked in C loops."""
