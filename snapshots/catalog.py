@@ -21,14 +21,15 @@ def read_metadata(storage: CheckpointStorage, directory: str, name: str) -> Snap
     return SnapshotMetadata.from_bytes(data, f"{storage.location}/{path}")
 
 
-def read_parts(storage: CheckpointStorage, directory: str) -> list[SnapshotPart]:
-    """The completed replica parts of one snapshot directory (of one replica layout)."""
+def read_parts(storage: CheckpointStorage, directory: str, listing: list[str] | None = None) -> list[SnapshotPart]:
+    """The completed replica parts of one snapshot directory (of one replica layout); their
+    metadata read several at once. ``listing``: the directory's files, when the caller has them."""
     prefix = f"{directory}/" if directory else ""
-    names = [p[len(prefix) :] for p in storage.list(directory) if "/" not in p[len(prefix) :]]
+    files = storage.list(directory) if listing is None else listing
+    names = sorted(name for p in files if "/" not in (name := p[len(prefix) :]) and parse_metadata_name(name))
     parts = [
-        SnapshotPart(directory, read_metadata(storage, directory, name))
-        for name in sorted(names)
-        if parse_metadata_name(name)
+        SnapshotPart(directory, metadata)
+        for metadata in storage.transfer(lambda name: read_metadata(storage, directory, name), names)
     ]
     # Parts of one snapshot come from one replica layout; if a directory has two, use the newest.
     counts = {p.metadata.replica_count for p in parts}
@@ -51,12 +52,28 @@ def find_snapshot(storage: CheckpointStorage, job: str, checkpoint_id: int | Non
         if not ids:
             raise CheckpointNotFound(f"job {job!r} has no completed checkpoint in {storage.location}")
         return snapshot_dir(job, max(ids), "checkpoint")
-    # A named one: its two possible directories listed, not every file of the job (the shared
-    # table files of a large state are most of them; a live rescale's load and decision ask).
+    return _named(storage, job, checkpoint_id)[0]
+
+
+def find_parts(storage: CheckpointStorage, job: str, checkpoint_id: int | None) -> tuple[str, list[SnapshotPart]]:
+    """:func:`find_snapshot` and its completed parts (:func:`read_parts`), a named one's
+    directory listed once for both."""
+    if checkpoint_id is None:
+        directory = find_snapshot(storage, job, None)
+        return directory, read_parts(storage, directory)
+    directory, listing = _named(storage, job, checkpoint_id)
+    return directory, read_parts(storage, directory, listing)
+
+
+def _named(storage: CheckpointStorage, job: str, checkpoint_id: int) -> tuple[str, list[str]]:
+    """The directory of checkpoint or savepoint ``checkpoint_id`` and its files. Its two possible
+    directories are listed, not every file of the job: the shared table files of a large state
+    are most of those, and a live rescale's load and decision ask inside the frozen window."""
     for kind in ("checkpoint", "savepoint"):
         directory = snapshot_dir(job, checkpoint_id, kind)
-        if any(parse_metadata_name(path[len(directory) + 1 :]) for path in storage.list(directory)):
-            return directory
+        listing = storage.list(directory)
+        if any(parse_metadata_name(path[len(directory) + 1 :]) for path in listing):
+            return directory, listing
     raise CheckpointNotFound(
         f"job {job!r} has no completed checkpoint or savepoint {checkpoint_id} in {storage.location}"
     )

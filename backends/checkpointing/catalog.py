@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from statehouse.backends.errors import StateError
-from statehouse.snapshots.catalog import find_snapshot, job_listing, read_metadata
+from statehouse.snapshots.catalog import find_parts, find_snapshot, job_listing, read_metadata
 from statehouse.snapshots.layout import (
     SnapshotKind,
     metadata_name,
@@ -21,7 +21,7 @@ from statehouse.snapshots.layout import (
     part_name,
     snapshot_dir,
 )
-from statehouse.snapshots.metadata import SnapshotMetadata
+from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -118,3 +118,7 @@ class SnapshotCatalog:
         """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest
         completed checkpoint of the job (any replica layout)."""
         return find_snapshot(self.storage, job, checkpoint_id)
+
+    def parts(self, job: str, checkpoint_id: int | None) -> tuple[str, builtins.list[SnapshotPart]]:
+        """:meth:`find` and the snapshot's completed parts there."""
+        return find_parts(self.storage, job, checkpoint_id)

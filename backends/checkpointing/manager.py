@@ -420,10 +420,10 @@ class CheckpointManager:
         started = time.monotonic()
         if location is not None:
             storage, directory = self.locations.open(location), ""
+            parts = read_parts(storage, directory)
         else:
-            storage, directory = self.storage, self.snapshots.find(job, checkpoint_id)
+            storage, (directory, parts) = self.storage, self.snapshots.parts(job, checkpoint_id)
         where = location or self.snapshots.location(directory)
-        parts = read_parts(storage, directory)
         if not parts:
             raise CheckpointNotFound(f"no completed snapshot part (no _metadata.replica-*) at {where}")
         read_before = storage.bytes_read
@@ -461,8 +461,7 @@ class CheckpointManager:
         ``index`` of ``count`` staged (:class:`MergeRestore`); the finished operation says what it
         loaded and read. Pending checkpoints go on: they write the key groups the job owns, which
         the load does not touch."""
-        directory = self.snapshots.find(job, checkpoint_id)
-        parts = read_parts(self.storage, directory)
+        directory, parts = self.snapshots.parts(job, checkpoint_id)
         if not parts:
             raise CheckpointNotFound(f"no completed snapshot part at {self.snapshots.location(directory)}")
         operation = MergeRestore(self.catalog, self.storage, job, parts, wanted, count, index, work_dir=self.work_dir)

@@ -36,7 +36,6 @@ from statehouse.backends.job import Job
 from statehouse.backends.topology import Move, Previous, ReplicaLayout, owned_range, start_action, subtract
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.errors import CheckpointNotFound
 from statehouse.snapshots.stored.names import validate_name
 
@@ -424,8 +423,7 @@ class RescaleParticipant:
             return loaded
 
     def _load_job(self, move: Move, job: str, checkpoint_id: int, copied: dict[int, str] | None) -> dict[str, Any]:
-        directory = self.checkpoints.snapshots.find(job, checkpoint_id)
-        parts = read_parts(self.storage, directory)
+        _directory, parts = self.checkpoints.snapshots.parts(job, checkpoint_id)
         if not parts:
             raise CheckpointNotFound(
                 f"checkpoint {checkpoint_id} of job {job!r} has no completed part: complete the global checkpoint "
@@ -556,13 +554,19 @@ class RescaleParticipant:
                 f"{', '.join(map(repr, missing))}: take the global checkpoints and load them first",
                 jobs=missing,
             )
-        for job, checkpoint_id in sorted(checkpoints.items()):
+        named = sorted(checkpoints.items())
+        for job, _checkpoint_id in named:
             validate_name(job, "job")  # before it names a path in storage
+
+        def completed(item: tuple[str, int]) -> bool:
             try:
-                parts = read_parts(self.storage, self.checkpoints.snapshots.find(job, checkpoint_id))
+                return bool(self.checkpoints.snapshots.parts(*item)[1])
             except CheckpointNotFound:
-                parts = []
-            if not parts:
+                return False
+
+        # The jobs' checkpoints looked up several at once: the decision is inside the frozen window.
+        for (job, checkpoint_id), found in zip(named, self.storage.transfer(completed, named), strict=True):
+            if not found:
                 raise RescaleIncomplete(
                     f"checkpoint {checkpoint_id} of job {job!r} has no completed part in storage: a commit "
                     "decision names the move's completed checkpoints (take them and load them first)",

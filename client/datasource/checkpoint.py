@@ -34,7 +34,7 @@ from statehouse.client.datasource.operator import broadcast_rows, list_rows
 from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError, check_known, partitions_option
 from statehouse.protocol.errors import StateError
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.catalog import find_snapshot, latest_complete, read_parts
+from statehouse.snapshots.catalog import find_parts, latest_complete, read_parts
 from statehouse.snapshots.full_format import fetch_key_groups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.incremental import IncrementalPartReader
@@ -120,10 +120,9 @@ def snapshot_parts(options: CheckpointOptions) -> list[SnapshotPart]:
     try:
         storage = options.open()
         if options.checkpoint_id is None:
-            directory = latest_complete(storage, options.job)
+            parts = read_parts(storage, latest_complete(storage, options.job))
         else:
-            directory = find_snapshot(storage, options.job, options.checkpoint_id)
-        parts = read_parts(storage, directory)
+            _directory, parts = find_parts(storage, options.job, options.checkpoint_id)
     except StateError as exc:
         raise SourceError(f"statehouse: reading {options.named}: {exc}") from None
     count = parts[0].metadata.replica_count if parts else 0
