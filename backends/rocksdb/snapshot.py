@@ -135,21 +135,22 @@ class IncrementalSnapshotStrategy(JobStrategy):
         operator_state = OperatorSnapshot.from_view(partition)
         spans = {n: span for n, span in partition.file_spans(tables).items() if n in shared_names}
 
-        def upload(target: str, name: str) -> StreamHandle:
-            ctx.check_cancelled()
-            ctx.written.append(target)
-            return ctx.storage.put_file(target, os.path.join(view.path, name))
-
         def body() -> SnapshotResult:
             targets = _shared_targets(ctx.job, [n for n in shared_names if n not in placeholders])
             targets.update({n: ctx.part_path(f"db/{n}") for n in private_names})
             names = list(targets)
-            handles: dict[str, StreamHandle] = dict(
-                zip(names, ctx.storage.transfer(lambda n: upload(targets[n], n), names), strict=True)
-            )
+
+            def upload(name: str | None) -> StreamHandle:
+                ctx.check_cancelled()
+                if name is None:  # the operator state goes up beside the files, not after them
+                    return write_operator_state(ctx, operator_state)
+                ctx.written.append(targets[name])
+                return ctx.storage.put_file(targets[name], os.path.join(view.path, name))
+
+            *files, operator = ctx.storage.transfer(upload, [*names, None])
+            handles: dict[str, StreamHandle] = dict(zip(names, files, strict=True))
             uploaded = {n: handles[n] for n in shared_names if n in handles}
             private = {n: handles[n] for n in private_names}
-            operator = write_operator_state(ctx, operator_state)
             keyed = IncrementalHandle(
                 backend_uid,
                 job.key_group_range,
