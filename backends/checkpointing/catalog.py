@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from statehouse.backends.errors import StateError
-from statehouse.snapshots.catalog import find_parts, find_snapshot, job_listing, read_metadata
+from statehouse.snapshots.catalog import find_parts, job_listing, read_metadata
 from statehouse.snapshots.layout import (
     SnapshotKind,
     metadata_name,
@@ -114,11 +114,7 @@ class SnapshotCatalog:
 
         return self.storage.transfer(read, parts)
 
-    def find(self, job: str, checkpoint_id: int | None) -> str:
-        """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest
-        completed checkpoint of the job (any replica layout)."""
-        return find_snapshot(self.storage, job, checkpoint_id)
-
     def parts(self, job: str, checkpoint_id: int | None) -> tuple[str, builtins.list[SnapshotPart]]:
-        """:meth:`find` and the snapshot's completed parts there."""
+        """The directory of checkpoint or savepoint ``checkpoint_id``, else of the latest completed
+        checkpoint of the job (any replica layout), and the snapshot's completed parts there."""
         return find_parts(self.storage, job, checkpoint_id)

@@ -27,7 +27,6 @@ from statehouse.backends.staging import AttemptRef, Winner
 from statehouse.backends.timer_columns import TimerColumns
 from statehouse.backends.timers import count_timers
 from statehouse.protocol.keygroups import KeyGroupRange, assign_to_key_group
-from statehouse.snapshots.catalog import read_parts
 from statehouse.snapshots.full_format import FetchedKeyGroups
 from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.storage import open_storage
@@ -339,7 +338,7 @@ class Move:
             self.catalogs[i].serving = False  # a joining replica holds no served job
         managers = [self.make_manager(self.catalogs[i], self.storage) for i in range(self.old)]
         global_checkpoint(managers, "orders", 1)
-        self.parts = read_parts(self.storage, managers[0].snapshots.find("orders", 1))
+        _directory, self.parts = managers[0].snapshots.parts("orders", 1)
 
     def load(self, i: int) -> MergeRestore:
         manager = self.make_manager(self.catalogs[i], self.storage)
