@@ -49,6 +49,10 @@ def _comparable(function: str, acc: Any, value: Any) -> Any:
 
 
 class StateFunction(ABC):
+    """A reducing or aggregating state's function (Flink's ``ReduceFunction`` and
+    ``AggregateFunction``, chosen by name): how a value folds into the accumulator, and what the
+    state answers for an accumulator."""
+
     name: str
     description: str
 
