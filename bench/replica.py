@@ -53,6 +53,7 @@ import pandas as pd
 import pyarrow as pa
 
 from bench.common import REPO, Summary, print_header, s3_env, seaweed, source_tree, table, write_json
+from bench.state import dir_bytes
 
 PHASES = ("staging", "prepare", "commit", "checkpoint")
 STATES = {
@@ -223,7 +224,7 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
         manager.close()
         catalog.close()
         storage.close()
-        data, checkpoints = _bytes_under(workdir / "data"), _bytes_under(workdir / "checkpoints")
+        data, checkpoints = dir_bytes(workdir / "data"), dir_bytes(workdir / "checkpoints")  # S3's: 0
         rows = sum(sample["rows"] for sample in samples)
         return {
             "samples": samples,
@@ -246,11 +247,6 @@ def settle(partition: Any) -> None:
     busy = ("rocksdb.num-running-compactions", "rocksdb.num-running-flushes", "rocksdb.compaction-pending")
     while any(family.property_int_value(name) for family in families for name in busy):
         time.sleep(0.2)
-
-
-def _bytes_under(directory: Path) -> int:
-    """What the files under ``directory`` take (0: none there, e.g. checkpoints in S3)."""
-    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
 # -- the rounds ------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import RedisServer, Summary, print_header, redis_process, statehouse, table, write_json
+from bench.state import dir_bytes
 from docs.examples.user_features_columnar import PartitionEnd, with_partition_end
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.global_checkpoints import CheckpointCoordinator
@@ -633,8 +634,7 @@ def server_footprint(pids: set[int], servers: list[Any], path: str) -> dict[str,
     disk = 0
     if path in STATEHOUSE_PATHS:
         for server in servers:
-            root = Path(server.settings["STATEHOUSE_DATA_DIR"])
-            disk += sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+            disk += dir_bytes(Path(server.settings["STATEHOUSE_DATA_DIR"]))
     return {"server_rss_mb": rss / 1e6, "server_disk_mb": disk / 1e6}
 
 

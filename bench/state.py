@@ -65,6 +65,7 @@ def checkpoint(http: httpx.Client, job: str, checkpoint_id: int, kind: str = "ch
 
 
 def dir_bytes(path: Path) -> int:
+    """What the files under ``path`` take (0 when there is none)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
