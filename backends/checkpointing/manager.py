@@ -29,6 +29,7 @@ from typing import Any
 from statehouse.backends.bounds import MAX_CHECKPOINT_ID, check_range
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.catalog import SnapshotCatalog
+from statehouse.backends.checkpointing.cleaner import CheckpointCleaner
 from statehouse.backends.checkpointing.info import CheckpointInfo, RestoreInfo
 from statehouse.backends.checkpointing.pending import PendingCheckpoint
 from statehouse.backends.checkpointing.restore import MergeRestore, RestoreOperation
@@ -106,6 +107,7 @@ class CheckpointManager:
             storage, s3_endpoint_url=s3_endpoint_url, allowed=restore_locations, s3_timeouts=s3_timeouts
         )
         self._runner = SnapshotStrategyRunner(upload_threads)
+        self._cleaner = CheckpointCleaner()
         self._lock = threading.RLock()
         self._jobs: dict[str, _JobCheckpoints] = {}
         # The live rescale pending here, whose checkpoints (their metadata's rescale_version) are
@@ -126,7 +128,9 @@ class CheckpointManager:
             state = self._jobs.get(job)
             if state is None:
                 history = self.snapshots.history(job, listing)
-                completed = CompletedCheckpoints(job, self.storage, self._replica, self.num_retained, history)
+                completed = CompletedCheckpoints(
+                    job, self.storage, self._replica, self.num_retained, history, self._cleaner
+                )
                 state = self._jobs[job] = _JobCheckpoints(completed, history.known_ids)
             return state
 
@@ -146,7 +150,9 @@ class CheckpointManager:
     def relayout(self) -> None:
         """The catalog's replica index or count changed (a live rescale committed): later
         checkpoints are parts of the new layout, and what this process knew of the old layout's
-        parts is read again from storage (they stay there, restorable; ids keep increasing)."""
+        parts is read again from storage (they stay there, restorable; ids keep increasing),
+        once what retention let go is deleted."""
+        self._cleaner.drain()
         with self._lock:
             self.snapshots = SnapshotCatalog(self.storage, self.catalog.replica_index, self.catalog.replica_count)
             self._jobs.clear()
@@ -482,5 +488,11 @@ class CheckpointManager:
     # -- shutdown ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for in-flight uploads (graceful shutdown); the storage stays open."""
+        """Wait for in-flight uploads and deletes (graceful shutdown); the storage stays open."""
         self._runner.close()
+        self._cleaner.close()
+
+    def drain_deletes(self, timeout: float | None = None) -> bool:
+        """Wait until what retention let go so far is deleted from storage (it is, in the
+        background, after a completion answers); whether it is."""
+        return self._cleaner.drain(timeout)

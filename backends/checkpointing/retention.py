@@ -17,6 +17,7 @@ import logging
 import threading
 
 from statehouse.backends.checkpointing.catalog import JobHistory
+from statehouse.backends.checkpointing.cleaner import CheckpointCleaner
 from statehouse.backends.checkpointing.registry import SharedStateRegistry
 from statehouse.backends.errors import StateError
 from statehouse.snapshots.catalog import read_metadata
@@ -38,6 +39,7 @@ class CompletedCheckpoints:
         replica: tuple[int, int],
         num_retained: int,
         history: JobHistory,
+        cleaner: CheckpointCleaner | None = None,
     ) -> None:
         if num_retained < 1:
             raise ValueError("num_retained must be at least 1")
@@ -45,6 +47,7 @@ class CompletedCheckpoints:
         self.storage = storage
         self.replica = replica
         self.num_retained = num_retained
+        self._cleaner = cleaner
         self._lock = threading.Lock()
         self._completed = dict(history.completed)
         self._lineage = dict(history.lineage)
@@ -131,10 +134,21 @@ class CompletedCheckpoints:
             subsumed += [self._lineage.pop(i) for i in sorted(self._lineage) if i not in keep]
             retained = [i for i in every if i in keep]
             unused = [] if keep_shared else self.registry.unregister_unused(retained[0])
+        if not subsumed and not unused and not (self._foreign and self.replica[0] == 0):
+            return
+        clean = lambda: self._delete(subsumed, [h.path for h in unused], retained)  # noqa: E731
+        if self._cleaner is None:
+            clean()
+        else:
+            self._cleaner.submit(clean)
+
+    def _delete(
+        self, subsumed: builtins.list[SnapshotMetadata], doomed: builtins.list[str], retained: builtins.list[int]
+    ) -> None:
+        """Delete the parts retention let go and the shared files no retained part uses."""
         # Each subsumed part's files and the unused shared files go in one request after the
         # metadata (a checkpoint after every micro-batch: on S3 each request costs the replica
         # ~3 ms of CPU, and listing a part ~7; its metadata names every file of it).
-        doomed = [h.path for h in unused]
         for metadata in subsumed:
             directory = snapshot_dir(self.job, metadata.checkpoint_id, "checkpoint")
             try:

@@ -143,12 +143,49 @@ def test_retention_deletes_a_subsumed_part_whole_without_listing_it(make_catalog
         manager.trigger("orders", checkpoint_id)
         storage.lists = storage.deletes = 0
         manager.complete("orders", checkpoint_id)
+        assert manager.drain_deletes(30)
         assert (storage.lists, storage.deletes) == (0, 2), f"checkpoint {checkpoint_id}"
         assert not storage.list(f"orders/chk-{checkpoint_id - 2}"), "a subsumed part left files"
     assert not os.path.exists(tmp_path / "cp" / "orders" / "chk-1"), "an emptied checkpoint directory stayed"
     assert not kept & set(storage.list("orders")), "checkpoint 2's own files outlived it"
     manager.restore("orders", 4)
     assert dump(catalog.get("orders")) == expected
+
+
+class _HeldDeletes(LocalStorage):
+    """Local storage whose deletes wait until :attr:`go` is set (S3's slow requests, held)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.go = threading.Event()
+
+    def delete(self, paths) -> None:
+        self.go.wait(30)
+        super().delete(paths)
+
+
+def test_a_completion_answers_before_retention_deletes_what_it_subsumed(make_catalog, make_manager, tmp_path):
+    """Flink's checkpoint cleaner: the deletes of what a completion subsumes run after it answers,
+    in the background, so a micro-batch's checkpoint does not wait for them; the subsumed part is
+    gone once they ran, and a restarted manager lists what was retained."""
+    catalog = make_catalog()
+    job, _ = catalog.create("orders", 128)
+    storage = _HeldDeletes(str(tmp_path / "cp"))
+    manager = make_manager(catalog, storage, num_retained=1)
+    populate(job, 50)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    populate(job, 100)
+    manager.trigger("orders", 2)
+    assert manager.complete("orders", 2).status == "completed"
+    assert storage.list("orders/chk-1"), "the completion waited for its deletes"
+    assert not manager.drain_deletes(0.2)
+    storage.go.set()
+    assert manager.drain_deletes(30)
+    assert not storage.list("orders/chk-1"), "the subsumed part outlived its deletes"
+    manager.close()
+    restarted = make_manager(make_catalog(data_dir=tmp_path / "b"), storage, num_retained=1)
+    assert [i.checkpoint_id for i in restarted.list("orders")] == [2]
 
 
 def test_a_live_rescales_checkpoint_outlives_a_newer_one_that_completes_first(make_manager, tmp_path):

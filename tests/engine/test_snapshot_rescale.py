@@ -146,6 +146,7 @@ def test_old_layout_checkpoints_are_subsumed_after_rescale(make_catalog, make_ma
             m.trigger("orders", checkpoint_id)
         for m in managers:
             m.complete("orders", checkpoint_id)
+            assert m.drain_deletes(30)
         old_ids = {int(p.split("/")[1][4:]) for p in storage.list("orders") if "-of-2" in p}
         assert old_ids == ({2} if checkpoint_id == 3 else set())
     referenced = set()
