@@ -296,8 +296,10 @@ class CheckpointManager:
         completed by every replica of another replica count (before a rescale), still in storage
         and restorable; each described by its replica 0's part (its ``replica_count`` says which
         layout wrote it)."""
-        # Every layout's: one listing of storage serves this replica's history (read again after a
-        # live rescale) and the other layouts' parts.
+        # What retention let go is deleted before storage is listed: a listing never shows a part
+        # already subsumed. Every layout's: one listing of storage serves this replica's history
+        # (read again after a live rescale) and the other layouts' parts.
+        self._cleaner.drain()
         listing = self.snapshots.listing(job) if every_layout else None
         state = self._state(job, listing)
         infos = {i: self._info_from_metadata(m) for i, m in state.completed.all().items()}

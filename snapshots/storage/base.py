@@ -123,7 +123,8 @@ class CheckpointStorage(ABC):
                 out.write(chunk)
             return out.close_and_get_handle()
 
-    def download(self, path: str, local_path: str) -> None:
+    def download(self, path: str, local_path: str, size: int | None = None) -> None:
+        """Copy a file of storage to ``local_path``; ``size``: its size, when the caller knows it."""
         with open(local_path, "wb") as target:
             target.write(self.read(path))
 
@@ -175,7 +176,7 @@ class CheckpointStorage(ABC):
 
     def download_verified(self, handle: StreamHandle, local_path: str) -> None:
         try:
-            self.download(handle.path, local_path)
+            self.download(handle.path, local_path, handle.size)
         except FileNotFoundError:
             raise SnapshotCorrupt(f"snapshot file {handle.path!r} is missing from {self.location}") from None
         found = file_handle(handle.path, local_path)

@@ -72,6 +72,7 @@ def test_second_checkpoint_uploads_only_new_files(rocks, make_manager, tmp_path)
     assert small.format == "incremental"
     assert small.bytes_reused > 0.9 * first_total
     assert small.bytes_uploaded < 0.05 * first_total, (small.bytes_uploaded, first_total)
+    assert manager.drain_deletes(30)
     shared = [p for p in storage.list("orders/shared")]
     assert set(shared) == _referenced(storage)
 
@@ -93,6 +94,7 @@ def test_retention_deletes_exactly_unused_shared_files(rocks, make_manager, tmp_
             family.compact_range(None, None)
         manager.trigger("orders", checkpoint_id)
         manager.complete("orders", checkpoint_id)
+        assert manager.drain_deletes(30)
         uploaded |= set(storage.list("orders/shared"))
         shared = set(storage.list("orders/shared"))
         assert shared == _referenced(storage), f"after checkpoint {checkpoint_id}"
@@ -136,6 +138,7 @@ def test_the_options_file_is_uploaded_once_and_restores_from_a_later_checkpoint(
         _write(job, checkpoint_id * 100, 100)
         manager.trigger("orders", checkpoint_id)
         manager.complete("orders", checkpoint_id)
+    assert manager.drain_deletes(30)
     parts = {p: json.loads(storage.read(p))["body"]["keyed"] for p in storage.list("orders") if "/_metadata." in p}
     options = {n: h["path"] for body in parts.values() for n, h in body["shared"].items() if n.startswith("OPTIONS-")}
     assert len(options) == 1, parts

@@ -179,8 +179,17 @@ def test_a_completion_answers_before_retention_deletes_what_it_subsumed(make_cat
     manager.trigger("orders", 2)
     assert manager.complete("orders", 2).status == "completed"
     assert storage.list("orders/chk-1"), "the completion waited for its deletes"
-    assert not manager.drain_deletes(0.2)
+    # A listing of storage waits for them: it never shows a part already subsumed.
+    listings: list[list[int]] = []
+    lister = threading.Thread(
+        target=lambda: listings.append([i.checkpoint_id for i in manager.list("orders", every_layout=True)])
+    )
+    lister.start()
+    lister.join(0.3)
+    assert lister.is_alive() and not listings, "listed before the deletes ran"
     storage.go.set()
+    lister.join(30)
+    assert listings == [[2]]
     assert manager.drain_deletes(30)
     assert not storage.list("orders/chk-1"), "the subsumed part outlived its deletes"
     manager.close()

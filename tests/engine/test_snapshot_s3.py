@@ -108,3 +108,29 @@ def test_downloads_count_as_bytes_read(s3_server, s3_location, tmp_path):
     before = storage.bytes_read
     storage.download("shared/f.sst", str(tmp_path / "copy.sst"))
     assert storage.bytes_read - before == 12345
+
+
+def test_small_files_move_in_one_request_and_large_ones_in_parts(s3_server, s3_location, tmp_path):
+    """A file under the multipart threshold goes up in one PUT and comes down in one GET (the
+    files of a checkpoint per micro-batch, the table files a load fetches); a larger one in parts.
+    Either way the bytes are the file's, and a missing one is reported, with nothing left behind."""
+    storage = open_storage(s3_location, s3_endpoint_url=s3_server.endpoint)
+    assert isinstance(storage, S3Storage)
+    handles = {}
+    for name, size in (("small.sst", 123_457), ("large.sst", 9 << 20)):
+        source = tmp_path / name
+        source.write_bytes(bytes(range(256)) * (size // 256) + b"!" * (size % 256))
+        handles[name] = storage.put_file(f"shared/{name}", str(source))
+        etag = storage._client.head_object(Bucket=storage.bucket, Key=storage._key(f"shared/{name}"))["ETag"]
+        assert ("-" in etag) == (name == "large.sst"), f"{name}: ETag {etag}"  # a multipart upload's has '-<parts>'
+        copy = tmp_path / f"copy-{name}"
+        storage.download_verified(handles[name], str(copy))
+        assert copy.read_bytes() == source.read_bytes()
+    with storage.create_output("x/stream.bin") as out:
+        out.write(b"operator state" * 1000)
+        streamed = out.close_and_get_handle()
+    assert storage.read_verified(streamed) == b"operator state" * 1000
+    storage.delete(["shared/small.sst"])
+    with pytest.raises(SnapshotCorrupt, match="missing"):
+        storage.download_verified(handles["small.sst"], str(tmp_path / "gone.sst"))
+    assert not (tmp_path / "gone.sst").exists()

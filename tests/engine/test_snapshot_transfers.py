@@ -131,10 +131,10 @@ class MeetingStorage(LocalStorage):
             self._meet("upload")
             return super().put_file(path, local_path)
 
-    def download(self, path: str, local_path: str) -> None:
+    def download(self, path: str, local_path: str, size: int | None = None) -> None:
         with self.downloads:
             self._meet("download")
-            super().download(path, local_path)
+            super().download(path, local_path, size)
 
     def _meet(self, kind: str) -> None:
         with self._lock:

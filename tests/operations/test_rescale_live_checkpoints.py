@@ -120,14 +120,14 @@ def test_old_layout_checkpoints_stay_restorable_until_the_new_layout_retains_its
             coordinator = CheckpointCoordinator(job)
             first = coordinator.checkpoint().checkpoint_id
             # Counted with the new one, newest first: the move's checkpoint stays, the one before goes.
+            assert listed(urls) == {moved: 2, first: 3}  # listed once retention's deletes are done
             assert checkpoint_ids(stored(storage), 2) == {moved}
-            assert listed(urls) == {moved: 2, first: 3}
             later = [coordinator.checkpoint().checkpoint_id for _ in range(RETAINED - 1)]
 
+        assert listed(urls) == dict.fromkeys([first, *later], 3)
         files = stored(storage)
         assert checkpoint_ids(files, 2) == set() and [f for f in files if "-of-2" in f] == []
         assert checkpoint_ids(files, 3) == {first, *later}
-        assert listed(urls) == dict.fromkeys([first, *later], 3)
         with StatehouseClient(urls) as client:  # what is listed restores
             CheckpointCoordinator(client.job(JOB)).restore(first)
             with client.job(JOB).batch() as reads:
@@ -175,11 +175,14 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
             else:  # its database is new, and nothing was uploaded ahead
                 assert parts[2]["bytes_reused"] == 0
                 assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
-            # Both layouts' checkpoints are whole in storage, and nothing else is there.
+            # Both layouts' checkpoints are whole in storage, and nothing else is there (once the
+            # replicas' deletes are done: a listing waits for them).
+            assert listed(urls) == {moved: 2, first.checkpoint_id: 3}
             assert missing(settings, {moved: 2, first.checkpoint_id: 3}) == set()
             assert unreferenced(settings, {moved: 2, first.checkpoint_id: 3}) == set()
 
             second = coordinator.checkpoint().checkpoint_id
+            assert listed(urls) == {first.checkpoint_id: 3, second: 3}
             assert [f for f in stored(settings) if "-of-2" in f] == []  # the old layout's retired
             assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
             assert unreferenced(settings, {first.checkpoint_id: 3, second: 3}) == set()
