@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import IO, Any
 
 import boto3
@@ -34,6 +35,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.utils import parse_timestamp
 
 from statehouse.snapshots.errors import InvalidLocation, StorageUnavailable
 from statehouse.snapshots.handles import StreamHandle
@@ -66,6 +68,27 @@ def _client_config(timeouts: S3Timeouts, attempts: int | None = None, pool: int 
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
+
+
+def _timestamp(value: str) -> datetime:
+    """A timestamp of an S3 answer (ISO 8601 in listings, an HTTP date in headers), as botocore's
+    own parser reads it, without dateutil's general parser: that took two thirds of the CPU of
+    listing a job's files (17-24 ms for 300 keys, 6.4 with this; bench/RESULTS.md §23)."""
+    for parse in (datetime.fromisoformat, parsedate_to_datetime):
+        try:
+            parsed = parse(value)
+        except (TypeError, ValueError):
+            continue
+        if parsed.tzinfo is not None:  # else botocore's reading of a time without a zone
+            return parsed
+    return parse_timestamp(value)
+
+
+def _session() -> boto3.session.Session:
+    """A boto3 session whose clients read S3's timestamps with :func:`_timestamp`."""
+    session = boto3.session.Session()
+    session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
+    return session
 
 
 def _pool_connections(transfer_threads: int) -> int:
@@ -151,7 +174,7 @@ class S3Storage(CheckpointStorage):
         self.abandoned_upload_age_s = abandoned_upload_age_s
         self.timeouts = timeouts or S3Timeouts()
         config = _client_config(self.timeouts, pool=_pool_connections(transfer_threads))
-        self._client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self._client = client or _session().client("s3", endpoint_url=endpoint_url, config=config)
         self._housekeeping_client = client
         self._abort_lock = threading.Lock()
         self._unaborted: set[str] = set()  # keys of failed uploads whose abort failed too
@@ -192,7 +215,7 @@ class S3Storage(CheckpointStorage):
         (the abort loop paces its own), so a failure is reported within seconds."""
         with self._abort_lock:
             if self._housekeeping_client is None:
-                session = boto3.session.Session()
+                session = _session()
                 self._housekeeping_client = session.client(
                     "s3", endpoint_url=self.endpoint_url, config=_client_config(self.timeouts, attempts=1)
                 )

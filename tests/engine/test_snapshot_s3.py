@@ -134,3 +134,25 @@ def test_small_files_move_in_one_request_and_large_ones_in_parts(s3_server, s3_l
     with pytest.raises(SnapshotCorrupt, match="missing"):
         storage.download_verified(handles["small.sst"], str(tmp_path / "gone.sst"))
     assert not (tmp_path / "gone.sst").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-11-30T18:45:00.000Z",  # a listing's LastModified
+        "2026-11-30T18:45:00Z",
+        "Mon, 30 Nov 2026 18:45:00 GMT",  # a header's Last-Modified
+        "2026-11-30T18:45:00.123456+02:00",
+        "2026-11-30T18:45:00",  # no zone: botocore's own reading
+        "1700000000",  # epoch seconds
+    ],
+)
+def test_s3_timestamps_read_as_botocore_reads_them(value):
+    """The storage's clients read S3's timestamps without dateutil (two thirds of a listing's CPU),
+    to the same instants botocore's parser gives."""
+    from botocore.utils import parse_timestamp
+
+    from statehouse.snapshots.storage.s3 import _timestamp
+
+    ours, botocores = _timestamp(value), parse_timestamp(value)
+    assert ours == botocores and (ours.tzinfo is None) == (botocores.tzinfo is None)
