@@ -296,11 +296,13 @@ class CheckpointManager:
         completed by every replica of another replica count (before a rescale), still in storage
         and restorable; each described by its replica 0's part (its ``replica_count`` says which
         layout wrote it)."""
-        # What retention let go is deleted before storage is listed: a listing never shows a part
-        # already subsumed. Every layout's: one listing of storage serves this replica's history
-        # (read again after a live rescale) and the other layouts' parts.
-        self._cleaner.drain()
-        listing = self.snapshots.listing(job) if every_layout else None
+        # Every layout's: one listing of storage serves this replica's history (read again after a
+        # live rescale) and the other layouts' parts, read once what retention let go is deleted (a
+        # listing never shows a part already subsumed; this layout's come from memory, which never does).
+        listing = None
+        if every_layout:
+            self._cleaner.drain()
+            listing = self.snapshots.listing(job)
         state = self._state(job, listing)
         infos = {i: self._info_from_metadata(m) for i, m in state.completed.all().items()}
         with self._lock:
