@@ -24,10 +24,13 @@ class CheckpointCleaner:
 
     def submit(self, clean: Callable[[], None]) -> None:
         executor = self._executor
-        if executor is None:
-            self._run(clean)
-            return
-        executor.submit(self._run, clean)
+        try:
+            if executor is not None:
+                executor.submit(self._run, clean)
+                return
+        except RuntimeError:  # closed meanwhile: shut down, it takes no more
+            pass
+        self._run(clean)
 
     @staticmethod
     def _run(clean: Callable[[], None]) -> None:

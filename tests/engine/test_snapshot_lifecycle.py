@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.checkpointing.cleaner import CheckpointCleaner
 from statehouse.backends.heap import HeapStore
 from statehouse.backends.rocksdb import RocksDBStore
 from statehouse.snapshots.errors import CheckpointNotReady, SnapshotCorrupt
@@ -263,3 +264,19 @@ def test_a_completion_does_not_subsume_a_checkpoint_that_is_completing(make_mana
     manager.restore("orders", 1)
     assert dump(catalog.get("orders")) == expected
     catalog.close()
+
+
+def test_the_cleaner_deletes_in_order_and_at_once_once_closed():
+    """Deletes handed to the cleaner run one after another, in the order given; once it is closed
+    (the replica stopping), what is handed over runs at once, in the caller's thread."""
+    cleaner = CheckpointCleaner()
+    ran: list[tuple[int, str]] = []
+    for i in range(20):
+        cleaner.submit(lambda i=i: ran.append((i, threading.current_thread().name)))
+    assert cleaner.drain(30)
+    assert [i for i, _ in ran] == list(range(20))
+    assert all(name.startswith("checkpoint-cleaner") for _, name in ran)
+    cleaner.close()
+    cleaner.submit(lambda: ran.append((20, threading.current_thread().name)))
+    assert ran[-1] == (20, threading.current_thread().name)
+    assert cleaner.drain(0)
