@@ -48,6 +48,8 @@ class CheckpointCleaner:
             executor.submit(lambda: None).result(timeout)
         except TimeoutError:
             return False
+        except RuntimeError:  # closed meanwhile: its shutdown runs what it was handed, then ends
+            executor.shutdown(wait=True)
         return True
 
     def close(self) -> None:

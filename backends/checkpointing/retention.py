@@ -13,6 +13,7 @@ replicas are gone.
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import threading
 
@@ -136,7 +137,7 @@ class CompletedCheckpoints:
             unused = [] if keep_shared else self.registry.unregister_unused(retained[0])
         if not subsumed and not unused and not (self._foreign and self.replica[0] == 0):
             return
-        clean = lambda: self._delete(subsumed, [h.path for h in unused], retained)  # noqa: E731
+        clean = functools.partial(self._delete, subsumed, [h.path for h in unused], retained)
         if self._cleaner is None:
             clean()
         else:
