@@ -68,6 +68,7 @@ def open_store(settings: Settings) -> Store:
             max_open=settings.max_open_jobs,
             disk_reserve_bytes=settings.disk_reserve_bytes,
             block_cache_bytes=settings.rocksdb_block_cache_bytes,
+            row_cache_bytes=settings.rocksdb_row_cache_bytes,
             files=TableFiles(
                 settings.rocksdb_target_file_bytes, settings.rocksdb_level_base_bytes, settings.rocksdb_compression
             ),

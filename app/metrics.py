@@ -78,6 +78,13 @@ class Metrics:
         self._request_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._op_children: dict[tuple[str, str], Any] = {}
 
+        self.row_cache = Gauge(
+            "statehouse_rocksdb_row_cache_bytes",
+            "Bytes counted for the rows the row cache every job shares holds (STATEHOUSE_ROCKSDB_ROW_CACHE_BYTES "
+            "bounds it)",
+            registry=self.registry,
+        )
+
     def watch(self, catalog: JobCatalog) -> None:
         """Read the resource gauges from ``catalog`` at each scrape."""
         self.jobs.set_function(lambda: len(catalog))
@@ -85,6 +92,8 @@ class Metrics:
         self.open_instances.set_function(lambda: len(instances) if instances is not None else 0)
         cache = getattr(catalog.store, "block_cache", None)  # RocksDB only, unless set to 0
         self.block_cache.set_function(lambda: cache.get_usage() if cache is not None else 0)
+        rows = getattr(catalog.store, "row_cache", None)  # RocksDB only, unless set to 0
+        self.row_cache.set_function(lambda: rows.size if rows is not None else 0)
         volume = getattr(catalog.store, "volume", None)  # RocksDB only
         self.volume_free.set_function(lambda: volume.free_bytes() if volume is not None else 0)
         layout = catalog.layout

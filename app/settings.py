@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
+from statehouse.backends.rocksdb import row_cache
 from statehouse.backends.rocksdb.database import Compression, TableFiles
 from statehouse.protocol.routes import LISTING_PAGE
 from statehouse.snapshots.errors import InvalidLocation
@@ -161,6 +162,13 @@ class Settings(BaseSettings):
         ge=0,
         description="RocksDB backend: one cache of table blocks (data, index, Bloom filters) shared by every job on "
         "the replica, in bytes (Flink's shared cache per slot); 0 leaves RocksDB's own 8 MiB per job",
+    )
+    rocksdb_row_cache_bytes: int = Field(
+        default=row_cache.DEFAULT_MAX_BYTES,
+        ge=0,
+        description="RocksDB backend: one cache of the rows that point reads and writes of value, reducing and "
+        "aggregating states found, in front of RocksDB, shared by every job on the replica, in bytes (Kafka Streams' "
+        "statestore.cache.max.bytes, for reads); 0 reads every row from RocksDB",
     )
     rocksdb_target_file_bytes: int = Field(
         default=TableFiles.target_file_bytes,

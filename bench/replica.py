@@ -128,7 +128,12 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
             from statehouse.backends.rocksdb import TableFiles
 
             files = TableFiles(compression=spec["compression"])
-            store = RocksDBStore(str(workdir / "data"), block_cache_bytes=spec["block_cache_bytes"], files=files)
+            store = RocksDBStore(
+                str(workdir / "data"),
+                block_cache_bytes=spec["block_cache_bytes"],
+                row_cache_bytes=spec.get("row_cache_bytes", 0),  # the tree before it had none
+                files=files,
+            )
         else:
             store = HeapStore()
         catalog = JobCatalog(store)
@@ -280,9 +285,16 @@ def per_batch(result: dict[str, Any], phase: str, clock: str, per_row: bool) -> 
 def configs(cfg: argparse.Namespace) -> Iterator[dict[str, Any]]:
     for backend in cfg.backends:
         for compression in cfg.compression if backend == "rocksdb" else ["-"]:
-            for users in cfg.users:
-                for storage in cfg.storage:
-                    yield {"backend": backend, "compression": compression, "users": users, "storage": storage}
+            for rows in cfg.row_cache_bytes if backend == "rocksdb" else [0]:
+                for users in cfg.users:
+                    for storage in cfg.storage:
+                        yield {
+                            "backend": backend,
+                            "compression": compression,
+                            "row_cache_bytes": rows,
+                            "users": users,
+                            "storage": storage,
+                        }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -307,6 +319,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=listed(str),
         default=["lz4"],
         help="RocksDB's table file compression, each a configuration (the server's STATEHOUSE_ROCKSDB_COMPRESSION)",
+    )
+    p.add_argument(
+        "--row-cache-bytes",
+        type=listed(int),
+        default=[64 << 20],
+        help="RocksDB's shared row cache, each a configuration (the server's STATEHOUSE_ROCKSDB_ROW_CACHE_BYTES)",
     )
     p.add_argument("--batches", type=int, default=6, help="timed micro-batches per run")
     p.add_argument("--warmup", type=int, default=1, help="micro-batches before the timed ones")
@@ -351,7 +369,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         for run in range(cfg.runs):
             order = list(trees.items()) if run % 2 == 0 else list(reversed(trees.items()))
             for config in configs(cfg):
-                compressed = f" {config['compression']}" if config["backend"] == "rocksdb" else ""
+                compressed = (
+                    f" {config['compression']} rows {config['row_cache_bytes'] >> 20} MiB"
+                    if config["backend"] == "rocksdb"
+                    else ""
+                )
                 name = f"{config['backend']}{compressed} {config['users']:,} users {config['storage']}"
                 for label, tree in order:
                     prefix = f"replica-{os.getpid()}-{run}-{label}-{time.monotonic_ns()}"

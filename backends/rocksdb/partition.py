@@ -64,6 +64,7 @@ from statehouse.backends.rocksdb.database import (
 )
 from statehouse.backends.rocksdb.degrade import DegradePolicy
 from statehouse.backends.rocksdb.instance import DatabaseInstance
+from statehouse.backends.rocksdb.row_cache import PartitionRows, RowCache
 from statehouse.backends.rocksdb.space import DataVolume, wal_limit
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.stored.codec import split_nested_key
@@ -80,6 +81,8 @@ _SCAN_CHUNK = 512  # entries a scan reads under one lease
 # §16); a few keys are cheaper one by one.
 _MULTI_GET_MIN = 64
 _T = TypeVar("_T")
+# A write's rows of the tables the row cache holds: per table, keys and values (None: deleted).
+_Written = dict[str, tuple[list[bytes], list[bytes | None]]]
 _KEY_GROUP, _PRIMARY = operator.itemgetter(0), operator.itemgetter(1)  # of a flat change's key
 _SST_NUMBER = re.compile(r"^\s*(\d+):\d+\[", re.MULTILINE)  # a file's line in "rocksdb.sstables"
 _SORTED_WRITE_MIN_ROWS = 256  # fewer rows: the sort would gain less than it costs
@@ -155,6 +158,13 @@ def _multi_get(family: Rdict, keys: list[bytes]) -> list[bytes | None]:
     return values
 
 
+def _read_many(family: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """The values of ``keys``: one multi-get in key order for many, point gets for a few."""
+    if len(keys) >= _MULTI_GET_MIN:
+        return _multi_get(family, keys)
+    return list(map(family.get, keys))
+
+
 def _put_rows(changes: FlatChanges) -> tuple[Iterable[int], Iterable[bytes], Iterable[bytes | None]] | None:
     """A flat table's changes as (key groups, primaries, values) if none of them deletes; the
     rows of a big columnar put in key-group order."""
@@ -198,8 +208,11 @@ class RocksDBPartition(StorePartition):
         volume: DataVolume | None = None,
         block_cache: Cache | None = None,
         files: TableFiles | None = None,
+        row_cache: RowCache | None = None,
     ) -> None:
         self.path = path
+        # The replica's cache of flat tables' rows (None: every read goes to RocksDB).
+        self._rows = PartitionRows(row_cache) if row_cache is not None else None
         wal_bytes = wal_limit(volume.reserve_bytes) if volume is not None else DEFAULT_WAL_LIMIT
         self._space = DegradePolicy(volume)
         self._frozen_dir = frozen_dir or path + ".frozen"
@@ -225,10 +238,12 @@ class RocksDBPartition(StorePartition):
         return self._instance.close_idle()
 
     def close(self) -> None:
+        self._invalidate_rows()
         self._instance.close()
 
     def reopen(self) -> None:
         """Open the database at ``path`` again after :meth:`close` (it may be another one now)."""
+        self._invalidate_rows()
         self._instance.reopen()
         self.max_parallelism = self._instance.max_parallelism
 
@@ -264,10 +279,26 @@ class RocksDBPartition(StorePartition):
     def tables(self) -> dict[str, bool]:
         return dict(self._instance.nested)
 
+    def _cached(self, table: str) -> PartitionRows | None:
+        """The row cache, if ``table``'s rows are kept in it: a flat keyed table's."""
+        rows = self._rows
+        if rows is None or table == META_TABLE or self._instance.nested.get(table, True):
+            return None
+        return rows
+
+    def _invalidate_rows(self) -> None:
+        if self._rows is not None:
+            self._rows.invalidate()
+
     @_leased
     def get(self, table: str, key_group: int, primary: bytes, secondary: bytes = b"") -> bytes | None:
         instance = self._instance
-        return instance.families[table].get(instance.layout.key(table, key_group, primary, secondary))
+        family = instance.families[table]
+        key = instance.layout.key(table, key_group, primary, secondary)
+        rows = self._cached(table)
+        if rows is None:
+            return family.get(key)
+        return rows.read(table, [key], lambda keys: [family.get(keys[0])])[0]
 
     @_leased
     def get_many(
@@ -283,8 +314,11 @@ class RocksDBPartition(StorePartition):
         instance = self._instance
         family = instance.families[table]
         keys = instance.layout.keys(key_groups, primaries, secondaries)
-        if budget is None and len(keys) >= _MULTI_GET_MIN:
-            return _multi_get(family, keys)
+        rows = self._cached(table)
+        if rows is not None:
+            return rows.read(table, keys, functools.partial(_read_many, family), budget)
+        if budget is None:
+            return _read_many(family, keys)
         values = map(family.get, keys)
         if budget is None:
             return list(values)
@@ -375,18 +409,34 @@ class RocksDBPartition(StorePartition):
 
     @_freeing
     def drop_table(self, table: str) -> None:
-        self._instance.remove_table(table)
+        try:
+            self._instance.remove_table(table)
+        finally:
+            self._invalidate_rows()
 
     @_writing
     def write(self, ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
-        self._add_ops(batch, ops)
+        written: _Written = {}
+        self._add_ops(batch, ops, written)
         self._instance.db.write(batch)
+        self._written(written)
+
+    def _written(self, written: _Written) -> None:
+        if self._rows is not None and written:
+            self._rows.written(written)
+
+    def _cached_rows(self, written: _Written, table: str) -> tuple[list[bytes], list[bytes | None]] | None:
+        """Where a write to ``table`` notes its keys and values for the row cache, if it holds the table's rows."""
+        if self._cached(table) is None:
+            return None
+        return written.setdefault(table, ([], []))
 
     @_writing
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         batch = WriteBatch(raw_mode=True)
         handles, layout = self._instance.handles, self._instance.layout
+        written: _Written = {}
         for table, changes in flat.items():
             handle = handles[table]
             if table == META_TABLE:
@@ -395,22 +445,32 @@ class RocksDBPartition(StorePartition):
                     batch.put(key, value, handle) if value is not None else batch.delete(key, handle)
                 continue
             prefix, put, delete = layout.prefixes, batch.put, batch.delete
+            cached = self._cached_rows(written, table)
             rows = _put_rows(changes)
             if rows is not None:
                 # Puts only (a columnar request's rows in order, or a big one's stably in key-group
                 # order: a later row of a key written later and winning; or a dict of changes): the
                 # keys and the batch's puts in C loops, no Python step per row.
                 key_groups, primaries, records = rows
-                keys = map(operator.add, map(prefix.__getitem__, key_groups), primaries)
+                keys: Iterable[bytes] = map(operator.add, map(prefix.__getitem__, key_groups), primaries)
+                if cached is not None:
+                    keys, records = list(keys), list(records)
+                    cached[0].extend(keys)
+                    cached[1].extend(records)
                 deque(map(put, keys, records, repeat(handle)), maxlen=0)
                 continue
             for (kg, primary), value in changes.items():
+                key = prefix[kg] + primary
                 if value is None:
-                    delete(prefix[kg] + primary, handle)
+                    delete(key, handle)
                 else:
-                    put(prefix[kg] + primary, value, handle)
-        self._add_ops(batch, ops)
+                    put(key, value, handle)
+                if cached is not None:
+                    cached[0].append(key)
+                    cached[1].append(value)
+        self._add_ops(batch, ops, written)
         self._instance.db.write(batch)
+        self._written(written)
 
     def write_table_file(self, path: str, entries: Iterable[tuple[bytes, bytes]]) -> int:
         """Write ``entries`` (``(key, value)``, keys in this partition's layout and ascending) into a
@@ -458,7 +518,10 @@ class RocksDBPartition(StorePartition):
         # write-ahead log, memtable or compaction for each entry as writes would cost.
         options = IngestExternalFileOptions()
         options.set_move_files(True)
-        self._instance.families[table].ingest_external_file([path], options)
+        try:
+            self._instance.families[table].ingest_external_file([path], options)
+        finally:
+            self._invalidate_rows()
 
     def load_entries(self, entries: Iterable[Entry], directory: str, guard: Guard) -> int:
         # A run of whole key groups at a time, each table's entries sorted into one table file:
@@ -497,7 +560,10 @@ class RocksDBPartition(StorePartition):
             handle = self._instance.handles[table]
             for begin, end in bounds:
                 batch.delete_range(begin, end, handle)
-        self._instance.db.write(batch)
+        try:
+            self._instance.db.write(batch)
+        finally:
+            self._invalidate_rows()
 
     def reclaim_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
         # A range tombstone hides the data but the table files keep it until a compaction reaches
@@ -551,22 +617,29 @@ class RocksDBPartition(StorePartition):
             bounds.append((r.start.to_bytes(width, "big"), end))
         return bounds
 
-    def _add_ops(self, batch: WriteBatch, ops: list[WriteOp]) -> None:
+    def _add_ops(self, batch: WriteBatch, ops: list[WriteOp], written: _Written) -> None:
         instance = self._instance
         handles, layout, nested = instance.handles, instance.layout, instance.nested
         for op in ops:
             handle = handles[op.table]
-            if op.kind == "put":
-                batch.put(layout.key(op.table, op.key_group, op.primary, op.secondary), op.value, handle)
-            elif op.kind == "delete":
-                batch.delete(layout.key(op.table, op.key_group, op.primary, op.secondary), handle)
-            elif nested[op.table]:
+            if op.kind != "put" and op.kind != "delete" and nested[op.table]:
                 begin = layout.key(op.table, op.key_group, op.primary)
                 end = prefix_successor(begin)
                 assert end is not None  # a key starts with its key group (< 0x80): never all 0xff
                 batch.delete_range(begin, end, handle)
+                continue
+            # A put, a delete, or a flat table's clear: one key.
+            secondary = op.secondary if op.kind != "clear" else b""
+            key = layout.key(op.table, op.key_group, op.primary, secondary)
+            value = op.value if op.kind == "put" else None
+            if op.kind == "put":
+                batch.put(key, value, handle)
             else:
-                batch.delete(layout.key(op.table, op.key_group, op.primary), handle)
+                batch.delete(key, handle)
+            cached = self._cached_rows(written, op.table)
+            if cached is not None:
+                cached[0].append(key)
+                cached[1].append(value)
 
     # -- snapshots ---------------------------------------------------------------------
 

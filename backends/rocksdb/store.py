@@ -12,6 +12,7 @@ from statehouse.backends.base.store import Store
 from statehouse.backends.rocksdb.database import TableFiles
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.pool import OpenInstances
+from statehouse.backends.rocksdb.row_cache import DEFAULT_MAX_BYTES, RowCache
 from statehouse.backends.rocksdb.snapshot import MOVE_FILE_BYTES, IncrementalSnapshotStrategy
 from statehouse.backends.rocksdb.space import DataVolume
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
@@ -35,6 +36,7 @@ class RocksDBStore(Store):
         max_open: int | None = None,
         disk_reserve_bytes: int = 0,
         block_cache_bytes: int = 0,
+        row_cache_bytes: int = DEFAULT_MAX_BYTES,
         files: TableFiles | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
@@ -47,6 +49,8 @@ class RocksDBStore(Store):
         # One cache of table blocks for every job, as Flink shares one per slot (managed memory):
         # memory bounded per replica, not per job, and a busy job gets the room idle ones leave.
         self.block_cache = Cache(block_cache_bytes) if block_cache_bytes > 0 else None
+        # In front of it, the rows the jobs' point reads found, as Kafka Streams caches records.
+        self.row_cache = RowCache(row_cache_bytes) if row_cache_bytes > 0 else None
         os.makedirs(self.data_dir, exist_ok=True)
         # Writes (restores' too) stop at the reserve, so that every job can still be reopened.
         self.volume = DataVolume(self.data_dir, disk_reserve_bytes)
@@ -80,7 +84,14 @@ class RocksDBStore(Store):
         frozen_dir = os.path.join(self.data_dir, "$frozen", job)
         shutil.rmtree(frozen_dir, ignore_errors=True)  # views of a previous process are stale
         return RocksDBPartition(
-            self._path(job), max_parallelism, frozen_dir, self.instances, self.volume, self.block_cache, self.files
+            self._path(job),
+            max_parallelism,
+            frozen_dir,
+            self.instances,
+            self.volume,
+            self.block_cache,
+            self.files,
+            row_cache=self.row_cache,
         )
 
     def destroy_partition(self, job: str) -> None:
