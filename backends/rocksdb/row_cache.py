@@ -30,7 +30,8 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import is_
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ DEFAULT_MAX_BYTES = 64 << 20
 # spent 19% more CPU), so the table reads past the cache for BYPASS_ROWS rows, twice as many after
 # each judgement that finds the same, then tries again. The first window after a start (or a
 # bypass) is the cache warming up, not judged.
-WINDOW_ROWS = 200_000
+WINDOW_ROWS = 50_000
 MIN_HIT_RATIO = 0.25
 BYPASS_ROWS = 2_000_000
 MAX_BYPASS_ROWS = 64_000_000
@@ -158,11 +159,10 @@ class RowCache:
         if rows.old and found.count(_MISS):
             with self.lock:  # a write replaces rows under it too
                 old = rows.old
-                moved = [
-                    (i, value)
-                    for i, v in enumerate(found)
-                    if v is _MISS and (value := old.get(keys[i], _MISS)) is not _MISS
-                ]
+                in_old = list(map(old.get, keys, repeat(_MISS)))  # in C; most keys are in neither
+                moved = []
+                if in_old.count(_MISS) < len(keys):
+                    moved = [(i, value) for i, value in enumerate(in_old) if value is not _MISS and found[i] is _MISS]
                 if moved:
                     moved_keys = [keys[i] for i, _ in moved]
                     moved_values: list[bytes | None] = [value for _, value in moved]  # type: ignore[misc]
@@ -218,7 +218,7 @@ class PartitionRows:
             values = read(keys)
             fill_keys = keys
         else:
-            missing = [i for i, value in enumerate(found) if value is _MISS]
+            missing = list(compress(range(len(found)), map(is_, found, repeat(_MISS))))
             fill_keys = [keys[i] for i in missing]
             values = read(fill_keys)
             for i, value in zip(missing, values, strict=True):
