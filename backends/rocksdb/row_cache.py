@@ -245,7 +245,7 @@ class PartitionRows:
             if value is _MISS:
                 value = read([key])[0]
                 fill_keys.append(key)
-                fill_values.append(value)  # type: ignore[arg-type]
+                fill_values.append(value)
             values.append(value)  # type: ignore[arg-type]
             if value is not None:
                 budget -= len(value)  # type: ignore[arg-type]
