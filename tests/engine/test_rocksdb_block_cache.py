@@ -43,7 +43,7 @@ def test_zero_leaves_each_job_rocksdbs_own_cache(tmp_path):
 
 
 @pytest.mark.http
-def test_the_gauge_reports_the_shared_cache(tmp_path):
+def test_the_gauges_report_the_shared_caches(tmp_path):
     env = {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_ROCKSDB_BLOCK_CACHE_BYTES": str(CACHE)}
     server = start_server(tmp_path, env)
     try:
@@ -57,6 +57,9 @@ def test_the_gauge_reports_the_shared_cache(tmp_path):
         metrics = http.get("/metrics").text
         line = next(x for x in metrics.splitlines() if x.startswith("statehouse_rocksdb_block_cache_bytes "))
         assert 0 < float(line.split()[1]) <= CACHE
+        # The read went through the row cache in front of it (64 MiB by default) too.
+        line = next(x for x in metrics.splitlines() if x.startswith("statehouse_rocksdb_row_cache_bytes "))
+        assert 0 < float(line.split()[1]) <= 64 << 20
     finally:
         server.stop()
 

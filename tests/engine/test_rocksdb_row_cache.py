@@ -8,17 +8,12 @@ from __future__ import annotations
 import contextlib
 import random
 
-import httpx
-import pytest
-
 from statehouse.backends.base.partition import RowChanges, WriteOp
 from statehouse.backends.rocksdb import row_cache
 from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.rocksdb.row_cache import RowCache
 from statehouse.backends.rocksdb.store import RocksDBStore
-from statehouse.client import StatehouseClient
 from statehouse.protocol.keygroups import KeyGroupRange
-from tests.support.server import start_server
 
 MAX_PARALLELISM = 16
 TABLES = ("a", "b")
@@ -214,22 +209,3 @@ def test_zero_turns_the_cache_off(tmp_path):
     partition.write([WriteOp("put", "a", *_key(1), value=b"x")])
     assert partition.get("a", *_key(1)) == b"x"
     partition.close()
-
-
-@pytest.mark.http
-def test_the_gauge_reports_the_row_cache(tmp_path):
-    env = {"STATEHOUSE_BACKEND": "rocksdb", "STATEHOUSE_ROCKSDB_ROW_CACHE_BYTES": str(1 << 20)}
-    server = start_server(tmp_path, env)
-    try:
-        http = httpx.Client(base_url=server.url, timeout=30)
-        http.put("/v1/jobs/j", json={"max_parallelism": 128}).raise_for_status()
-        http.put("/v1/jobs/j/states/s", json={"kind": "value"}).raise_for_status()
-        body = {"ops": [{"op": "put", "state": "s", "key": f"k{i}", "value": i} for i in range(500)]}
-        http.post("/v1/jobs/j/batch", json=body).raise_for_status()
-        with StatehouseClient(server.url) as client:  # the columnar door's reads go through the cache
-            assert client.job("j").columns().get("s", ["k7", "k8"]).tolist() == [7, 8]
-        metrics = http.get("/metrics").text
-        line = next(x for x in metrics.splitlines() if x.startswith("statehouse_rocksdb_row_cache_bytes "))
-        assert 0 < float(line.split()[1]) <= 1 << 20
-    finally:
-        server.stop()
