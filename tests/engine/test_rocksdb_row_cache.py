@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
+import threading
 
 from statehouse.backends.base.partition import RowChanges, WriteOp
 from statehouse.backends.rocksdb import row_cache
@@ -208,4 +210,53 @@ def test_zero_turns_the_cache_off(tmp_path):
     partition.create_table("a", False)
     partition.write([WriteOp("put", "a", *_key(1), value=b"x")])
     assert partition.get("a", *_key(1)) == b"x"
+    partition.close()
+
+
+def test_threads_reading_and_writing_at_once_read_their_own_writes(tmp_path, monkeypatch):
+    """Writers, each the only one of its keys, read back every write while readers fill the cache
+    with the same keys from other threads, the interpreter switching threads as often as it can,
+    the cache turning its generations over and its tables stepping aside and back: a stale fill
+    landing after a write would be read back."""
+    monkeypatch.setattr(row_cache, "WINDOW_ROWS", 500)
+    monkeypatch.setattr(row_cache, "BYPASS_ROWS", 1_000)
+    store = RocksDBStore(str(tmp_path), row_cache_bytes=30_000)
+    partition = store.open_partition("job", MAX_PARALLELISM)
+    partition.create_table("a", False)
+    writers, keys_each, rounds = 3, 40, 1_000
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def write(w: int) -> None:
+        mine = list(range(w * keys_each, (w + 1) * keys_each))
+        for r in range(rounds):
+            value = b"w%d-%d" % (w, r)
+            partition.write_changes(
+                {"a": RowChanges(*zip(*(_key(i) for i in mine), strict=True), [value] * len(mine))}, []
+            )  # type: ignore[call-arg]
+            got = _read(partition, "a", mine)
+            if got != [value] * len(mine):
+                failures.append(f"writer {w} round {r}: {sorted(set(got), key=repr)[:3]}")
+                return
+
+    def read(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            _read(partition, "a", rng.sample(range(writers * keys_each + 200), 70))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        readers = [threading.Thread(target=read, args=(s,)) for s in range(2)]
+        threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+        for t in readers + threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        for t in readers:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
     partition.close()
