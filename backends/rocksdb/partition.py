@@ -243,9 +243,10 @@ class RocksDBPartition(StorePartition):
 
     def reopen(self) -> None:
         """Open the database at ``path`` again after :meth:`close` (it may be another one now)."""
-        self._invalidate_rows()
         self._instance.reopen()
         self.max_parallelism = self._instance.max_parallelism
+        # After: a read between the close and now may have reopened the database it replaced.
+        self._invalidate_rows()
 
     # What tests reach the live database through: a lease, and the open database and families.
 

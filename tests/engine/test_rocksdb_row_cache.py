@@ -260,3 +260,21 @@ def test_threads_reading_and_writing_at_once_read_their_own_writes(tmp_path, mon
         sys.setswitchinterval(interval)
     assert failures == []
     partition.close()
+
+
+def test_a_restore_swapped_in_is_read_not_the_rows_cached_before(tmp_path):
+    """A restore builds the job beside the live one and swaps the databases (the same partition
+    object reopened over the new one): the rows cached from the old database are not read."""
+    store = RocksDBStore(str(tmp_path))
+    live = store.open_partition("job", MAX_PARALLELISM)
+    live.create_table("a", False)
+    keys = list(range(100))
+    live.write([WriteOp("put", "a", *_key(i), value=b"live") for i in keys])
+    assert _read(live, "a", keys) == [b"live"] * 100  # cached
+    staged = store.open_staging("job", MAX_PARALLELISM)
+    staged.create_table("a", False)
+    staged.write([WriteOp("put", "a", *_key(i), value=b"restored") for i in keys[:50]])
+    promoted = store.promote("job", live, staged)
+    assert promoted is live
+    assert _read(live, "a", keys) == [b"restored"] * 50 + [None] * 50
+    live.close()
