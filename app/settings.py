@@ -166,9 +166,9 @@ class Settings(BaseSettings):
     rocksdb_row_cache_bytes: int = Field(
         default=row_cache.DEFAULT_MAX_BYTES,
         ge=0,
-        description="RocksDB backend: one cache of the rows that point reads and writes of value, reducing and "
-        "aggregating states found, in front of RocksDB, shared by every job on the replica, in bytes (Kafka Streams' "
-        "statestore.cache.max.bytes, for reads); 0 reads every row from RocksDB",
+        description="RocksDB backend: one cache of the rows that point reads and writes of value, reducing, "
+        "aggregating and list states found, in front of RocksDB, shared by every job on the replica, in bytes "
+        "(Kafka Streams' statestore.cache.max.bytes, for reads); 0 reads every row from RocksDB",
     )
     rocksdb_target_file_bytes: int = Field(
         default=TableFiles.target_file_bytes,

@@ -131,7 +131,7 @@ def run_worker(spec: dict[str, Any], profile: str | None = None) -> dict[str, An
             store = RocksDBStore(
                 str(workdir / "data"),
                 block_cache_bytes=spec["block_cache_bytes"],
-                row_cache_bytes=spec.get("row_cache_bytes", 0),  # the tree before it had none
+                row_cache_bytes=spec["row_cache_bytes"],
                 files=files,
             )
         else:

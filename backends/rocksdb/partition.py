@@ -299,7 +299,7 @@ class RocksDBPartition(StorePartition):
         rows = self._cached(table)
         if rows is None:
             return family.get(key)
-        return rows.read(table, [key], lambda keys: [family.get(keys[0])])[0]
+        return rows.read(table, [key], functools.partial(_read_many, family))[0]
 
     @_leased
     def get_many(

@@ -120,10 +120,13 @@ class RowCache:
     def _fill(self, rows: _TableRows, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         """Hold rows read from RocksDB, not held yet (the caller holds the lock)."""
         size = _size(keys, values)
-        half = self.max_bytes // 2
-        if size > half:
-            return
-        if self._young_bytes + size > half:
+        if size <= self.max_bytes // 2:
+            self._hold(rows, keys, values, size)
+
+    def _hold(self, rows: _TableRows, keys: Sequence[bytes], values: Sequence[bytes | None], size: int) -> None:
+        """Put rows of ``size`` bytes into the young generation, turning the generations over first
+        if it has no room for them (the caller holds the lock)."""
+        if self._young_bytes + size > self.max_bytes // 2:
             self._rotate()
         rows.young.update(zip(keys, values, strict=True))
         rows.young_bytes += size
@@ -144,13 +147,9 @@ class RowCache:
             for held in (rows.young, rows.old):
                 deque(map(held.pop, keys, repeat(None)), maxlen=0)
             return
-        if self._young_bytes + size > self.max_bytes // 2:
-            self._rotate()
-        if rows.old:
+        self._hold(rows, keys, values, size)
+        if rows.old:  # the rows they replace there (after a turn-over, the young ones' were)
             deque(map(rows.old.pop, keys, repeat(None)), maxlen=0)
-        rows.young.update(zip(keys, values, strict=True))
-        rows.young_bytes += size
-        self._young_bytes += size
 
     def _lookup(self, rows: _TableRows, keys: list[bytes]) -> list[object]:
         """The cached values of ``keys``, ``_MISS`` where none is; hits in the old generation move
@@ -215,18 +214,26 @@ class PartitionRows:
         if not misses:
             return found  # type: ignore[return-value]
         if misses == len(keys):
-            values = read(keys)
             fill_keys = keys
+            values = read(keys)
+            found = values  # type: ignore[assignment]
         else:
             missing = list(compress(range(len(found)), map(is_, found, repeat(_MISS))))
             fill_keys = [keys[i] for i in missing]
             values = read(fill_keys)
             for i, value in zip(missing, values, strict=True):
                 found[i] = value
-        with cache.lock:
+        self._fill_unless_written(table, rows, writes, fill_keys, values)
+        return found  # type: ignore[return-value]
+
+    def _fill_unless_written(
+        self, table: str, rows: _TableRows, writes: int, keys: list[bytes], values: list[bytes | None]
+    ) -> None:
+        """Cache what a read that began at write count ``writes`` found, unless a write of the
+        partition, or its invalidation, came since."""
+        with self._cache.lock:
             if self._writes == writes and self._tables.get(table) is rows:
-                cache._fill(rows, fill_keys, values)
-        return values if misses == len(keys) else found  # type: ignore[return-value]
+                self._cache._fill(rows, keys, values)
 
     def _bounded(
         self,
@@ -252,9 +259,7 @@ class PartitionRows:
                 if budget < 0:
                     break
         if fill_keys:
-            with self._cache.lock:
-                if self._writes == writes and self._tables.get(table) is rows:
-                    self._cache._fill(rows, fill_keys, fill_values)
+            self._fill_unless_written(table, rows, writes, fill_keys, fill_values)
         return values
 
     def _judge(self, rows: _TableRows) -> None:
