@@ -287,7 +287,9 @@ def test_a_restart_with_little_space_serves_reads_then_recovers(tmp_path, volume
         job_dir = volume / "data" / "j"
         stray = job_dir / "999999.sst"  # as a failed open leaves a table file its MANIFEST never got
         stray.write_bytes(os.urandom(64 << 10))  # removing it leaves too little room all the same
-        fill(filler, leave=256 << 10)
+        # Less room than one batch's replay (~200 KB, incompressible): a log switch under load can
+        # leave as little as the last batch in the log to replay.
+        fill(filler, leave=64 << 10)
         server = start(tmp_path, volume, RESERVE, port=port_of(server), probe="/healthz")
         http = httpx.Client(base_url=server.url, timeout=30)
         writer.http = http
