@@ -73,7 +73,7 @@ def open_store(settings: Settings) -> Store:
                 settings.rocksdb_target_file_bytes, settings.rocksdb_level_base_bytes, settings.rocksdb_compression
             ),
         )
-    return HeapStore()
+    return HeapStore(incremental_checkpoints=settings.incremental_checkpoints)
 
 
 def open_layout(settings: Settings) -> ReplicaLayout:

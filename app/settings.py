@@ -110,7 +110,11 @@ class Settings(BaseSettings):
     snapshot_compression: Literal["zstd", "none"] = Field(
         default="zstd", description="per-key-group compression of full snapshots"
     )
-    incremental_checkpoints: bool = Field(default=True, description="RocksDB checkpoints upload only new SST files")
+    incremental_checkpoints: bool = Field(
+        default=True,
+        description="RocksDB checkpoints upload only new SST files; heap checkpoints write only the keys changed since "
+        "the last one, over a full base they share",
+    )
     batch_lease_s: float = Field(
         default=60.0,
         ge=0,

@@ -3,7 +3,8 @@
 Flink's roles: :class:`StreamHandle` is a ``StreamStateHandle`` (one file, its size and
 checksum), :class:`KeyGroupsHandle` a ``KeyGroupsStateHandle`` (a stream plus
 ``KeyGroupRangeOffsets``), :class:`IncrementalHandle` an ``IncrementalRemoteKeyedStateHandle``
-(RocksDB files, the SSTs shared between checkpoints). Paths inside a handle are relative
+(RocksDB files, the SSTs shared between checkpoints), :class:`ChangelogHandle` a heap checkpoint
+as a base and the deltas since (Flink's ``ChangelogStateBackendHandle``). Paths inside a handle are relative
 to the snapshot directory that holds the ``_metadata`` (shared files are ``../shared/...``),
 so a savepoint directory can be moved as a whole.
 """
@@ -186,7 +187,50 @@ class IncrementalHandle:
         )
 
 
-KeyedHandle = KeyGroupsHandle | IncrementalHandle
+@dataclass(frozen=True, slots=True)
+class ChangelogHandle:
+    """A heap checkpoint as a changelog (Flink's changelog state backend, materialized): a full
+    ``base`` of some earlier checkpoint, then ``deltas`` in order, each holding the keys that
+    changed since the checkpoint before it with their whole content then. Every stream is a
+    shared file (``../shared/...``), reused by the checkpoints after it until the next base."""
+
+    base: KeyGroupsHandle
+    deltas: tuple[KeyGroupsHandle, ...] = ()
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return self.base.key_group_range
+
+    def streams(self) -> list[KeyGroupsHandle]:
+        """The base, then the deltas in the order they apply."""
+        return [self.base, *self.deltas]
+
+    def under(self, base: str) -> ChangelogHandle:
+        """The handle with every stream's path joined to ``base``."""
+        return ChangelogHandle(_stream_under(self.base, base), tuple(_stream_under(h, base) for h in self.deltas))
+
+    def relative_to(self, base: str) -> ChangelogHandle:
+        """The handle with every stream's path made relative to ``base``."""
+        moved = [replace(h, stream=h.stream.relative_to(base)) for h in self.streams()]
+        return ChangelogHandle(moved[0], tuple(moved[1:]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "changelog", "base": self.base.to_dict(), "deltas": [d.to_dict() for d in self.deltas]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChangelogHandle:
+        base = KeyGroupsHandle.from_dict(data["base"])
+        deltas = tuple(KeyGroupsHandle.from_dict(d) for d in data["deltas"])
+        if any(d.key_group_range != base.key_group_range for d in deltas):
+            raise ValueError("every delta of a changelog covers its base's key groups")
+        return cls(base, deltas)
+
+
+def _stream_under(handle: KeyGroupsHandle, base: str) -> KeyGroupsHandle:
+    return replace(handle, stream=handle.stream.under(base))
+
+
+KeyedHandle = KeyGroupsHandle | IncrementalHandle | ChangelogHandle
 
 
 def keyed_handle_from_dict(data: dict[str, Any]) -> KeyedHandle:
@@ -194,4 +238,6 @@ def keyed_handle_from_dict(data: dict[str, Any]) -> KeyedHandle:
         return KeyGroupsHandle.from_dict(data)
     if data["type"] == "incremental":
         return IncrementalHandle.from_dict(data)
+    if data["type"] == "changelog":
+        return ChangelogHandle.from_dict(data)
     raise ValueError(f"unknown keyed handle type {data['type']!r}")

@@ -15,10 +15,16 @@ from typing import Any, Literal
 
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
-from statehouse.snapshots.handles import IncrementalHandle, KeyedHandle, StreamHandle, keyed_handle_from_dict
+from statehouse.snapshots.handles import (
+    ChangelogHandle,
+    IncrementalHandle,
+    KeyedHandle,
+    StreamHandle,
+    keyed_handle_from_dict,
+)
 from statehouse.snapshots.layout import SnapshotKind
 
-SnapshotFormat = Literal["full", "incremental"]
+SnapshotFormat = Literal["full", "incremental", "changelog"]
 _MAGIC = "statehouse-snapshot"
 _VERSION = 1
 
@@ -51,14 +57,20 @@ class SnapshotMetadata:
     committed_batch: int | None = None  # the micro-batch that epoch applied (None: no commit named one)
 
     def shared_handles(self) -> dict[str, StreamHandle]:
-        return dict(self.keyed.shared) if isinstance(self.keyed, IncrementalHandle) else {}
+        keyed = self.keyed
+        if isinstance(keyed, ChangelogHandle):
+            return {h.stream.path: h.stream for h in keyed.streams()}
+        return dict(keyed.shared) if isinstance(keyed, IncrementalHandle) else {}
 
     def part_files(self) -> list[str]:
         """The part's own files, relative to its snapshot directory (not the shared files it uses,
         nor its ``_metadata``): everything its attempt wrote under the part, so deleting the part
         needs no listing of it."""
         keyed = self.keyed
-        own = [*keyed.private.values()] if isinstance(keyed, IncrementalHandle) else [keyed.stream]
+        if isinstance(keyed, IncrementalHandle):
+            own = [*keyed.private.values()]
+        else:
+            own = [] if isinstance(keyed, ChangelogHandle) else [keyed.stream]
         return sorted(h.path for h in (*own, self.operator))
 
     def to_bytes(self) -> bytes:

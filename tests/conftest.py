@@ -160,9 +160,10 @@ def make_catalog(backend, tmp_path, clock):
     opened = []
 
     def make(replica_index=0, replica_count=1, data_dir=None, incremental=True):
-        """``incremental``: the RocksDB store's checkpoint format (the heap backend's are always full)."""
+        """``incremental``: the store's checkpoint format (RocksDB's incremental one, or the heap
+        backend's changelog; else the full format)."""
         if backend == "heap":
-            store = HeapStore()
+            store = HeapStore(incremental_checkpoints=incremental)
         else:
             store = RocksDBStore(str(data_dir or tmp_path / "data"), incremental_checkpoints=incremental)
         catalog = JobCatalog(store, replica_index=replica_index, replica_count=replica_count, clock=clock)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
 
 from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
+from statehouse.backends.heap.changes import ChangeLog
 from statehouse.backends.reserved import META_TABLE
 from statehouse.protocol.keygroups import KeyGroupRange
 
@@ -168,6 +169,26 @@ class HeapFrozenView(FrozenView):
         group = groups.get(key_group)
         return _sorted_entries(nested, group) if group else iter(())
 
+    def entries(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """One key's ``(secondary, value)`` entries as frozen, in byte order (none: no such key)."""
+        nested, groups = self._captured[table]
+        group = groups.get(key_group)
+        found = None if group is None else group.get(primary)
+        if found is None:
+            return iter(())
+        if not nested:
+            return iter(((b"", found),))
+        return iter(sorted(found.data.items()))
+
+    def key_count(self) -> int:
+        """How many keys (primaries) every keyed table holds together, as frozen."""
+        return sum(
+            len(group)
+            for name, (_n, groups) in self._captured.items()
+            if name != META_TABLE
+            for group in groups.values()
+        )
+
     def release(self) -> None:
         if not self._released:
             self._released = True
@@ -179,13 +200,14 @@ class HeapPartition(StorePartition):
     key group, each container stamped with the version it was made at, so a freeze costs
     O(key groups) and a write copies only a container a live frozen view still shares."""
 
-    def __init__(self, max_parallelism: int) -> None:
+    def __init__(self, max_parallelism: int, *, track_changes: bool = False) -> None:
         self.max_parallelism = max_parallelism
         self._tables: dict[str, _Table] = {META_TABLE: _Table(nested=False)}
         self._version = 0
         self._live_versions: set[int] = set()
         self._required_version = 0  # containers older than this are shared with a view
         self._lock = threading.Lock()  # guards the version bookkeeping only
+        self.changes = ChangeLog() if track_changes else None
 
     # -- reads -------------------------------------------------------------------------
 
@@ -284,6 +306,8 @@ class HeapPartition(StorePartition):
             self._tables[table] = _Table(nested)
 
     def drop_table(self, table: str) -> None:
+        if table in self._tables and self.changes is not None:
+            self.changes.lose(f"table {table!r} dropped")
         self._tables.pop(table, None)
 
     def _writable(self, container: _Container | None) -> _Container:
@@ -301,6 +325,8 @@ class HeapPartition(StorePartition):
 
     def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
         # A frozen view holds its own references to the dicts: dropping them here leaves it whole.
+        if self.changes is not None:
+            self.changes.lose("key groups dropped")
         for table in tables:
             groups = self._tables[table].groups
             for r in ranges:
@@ -314,6 +340,8 @@ class HeapPartition(StorePartition):
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         self._check_tables(iter(flat))
         self._check_tables(op.table for op in ops)
+        if self.changes is not None:
+            self.changes.note_flat(flat)
         for table, changes in flat.items():
             groups = self._tables[table].groups
             writable: dict[int, dict | _Container] = {}  # key group -> where to write, made writable once
@@ -343,6 +371,8 @@ class HeapPartition(StorePartition):
         self._apply(ops)
 
     def _apply(self, ops: list[WriteOp]) -> None:
+        if self.changes is not None:
+            self.changes.note_ops(ops)
         for op in ops:
             t = self._tables[op.table]
             group = t.groups.get(op.key_group)
@@ -390,3 +420,5 @@ class HeapPartition(StorePartition):
 
     def close(self) -> None:
         self._tables.clear()
+        if self.changes is not None:
+            self.changes.lose("closed")

@@ -1,5 +1,6 @@
 """Reading a snapshot part back, by its format: the canonical full format's (here: ranged reads
-of just the wanted key-group sections) and RocksDB's incremental one
+of just the wanted key-group sections), a heap checkpoint's changelog (the same sections of its
+base and deltas, applied in order) and RocksDB's incremental one
 (:class:`~statehouse.backends.rocksdb.snapshot.IncrementalPartRestore`). The restore above
 (``statehouse.backends.checkpointing.restore``) asks :func:`part_reader` for a part's reader and
 loads what it fetches, whichever format and backend wrote it.
@@ -7,13 +8,16 @@ loads what it fetches, whichever format and backend wrote it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from statehouse.backends.base.partition import Guard, StorePartition
 from statehouse.backends.base.snapshot import PartReader
 from statehouse.backends.rocksdb.snapshot import INCREMENTAL_RESTORE
 from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.changelog import fetch_changelog, section_lengths
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.full_format import FetchedKeyGroups, fetch_key_groups
-from statehouse.snapshots.handles import KeyGroupsHandle
+from statehouse.snapshots.handles import ChangelogHandle, KeyGroupsHandle
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
 
@@ -24,6 +28,24 @@ def key_groups_handle(part: SnapshotPart) -> KeyGroupsHandle:
     if not isinstance(keyed, KeyGroupsHandle):
         raise SnapshotCorrupt(f"part {part.directory} is recorded as {part.metadata.format} but holds no full handle")
     return KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
+
+
+def _chunks(
+    part: SnapshotPart, wanted: KeyGroupRange, max_bytes: int, length: Callable[[int], int]
+) -> list[KeyGroupRange]:
+    """``wanted`` ∩ the part's key groups cut into runs of about ``max_bytes`` of sections each."""
+    share = part.metadata.key_group_range.intersection(wanted)
+    if not len(share):
+        return []
+    chunks, start, size = [], share.start, 0
+    for kg in share:
+        section = length(kg)
+        if size and size + section > max_bytes:
+            chunks.append(KeyGroupRange(start, kg - 1))
+            start, size = kg, 0
+        size += section
+    chunks.append(KeyGroupRange(start, share.end))
+    return chunks
 
 
 class FetchedFullPart:
@@ -49,19 +71,8 @@ class FullPartRestore(PartReader):
 
     def chunks(self, part: SnapshotPart, wanted: KeyGroupRange, max_bytes: int) -> list[KeyGroupRange]:
         """The handle knows each section's length before anything is read."""
-        share = part.metadata.key_group_range.intersection(wanted)
-        if not len(share):
-            return []
         offsets = key_groups_handle(part).offsets
-        chunks, start, size = [], share.start, 0
-        for kg in share:
-            length = offsets.section(kg).length
-            if size and size + length > max_bytes:
-                chunks.append(KeyGroupRange(start, kg - 1))
-                start, size = kg, 0
-            size += length
-        chunks.append(KeyGroupRange(start, share.end))
-        return chunks
+        return _chunks(part, wanted, max_bytes, lambda kg: offsets.section(kg).length)
 
     def fetch(
         self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
@@ -71,7 +82,36 @@ class FullPartRestore(PartReader):
 
 FULL_RESTORE = FullPartRestore()
 
-_READERS: dict[SnapshotFormat, PartReader] = {"full": FULL_RESTORE, "incremental": INCREMENTAL_RESTORE}
+
+def changelog_handle(part: SnapshotPart) -> ChangelogHandle:
+    """The part's keyed handle, which must be a changelog, its streams' paths root-relative."""
+    keyed = part.metadata.keyed
+    if not isinstance(keyed, ChangelogHandle):
+        raise SnapshotCorrupt(f"part {part.directory} is recorded as {part.metadata.format} but holds no changelog")
+    return keyed.under(part.directory)
+
+
+class ChangelogPartRestore(PartReader):
+    """A heap checkpoint's changelog: the wanted key groups' sections of its base and of each
+    delta, applied in order as they are read (:mod:`statehouse.snapshots.changelog`)."""
+
+    def chunks(self, part: SnapshotPart, wanted: KeyGroupRange, max_bytes: int) -> list[KeyGroupRange]:
+        handle = changelog_handle(part)
+        return _chunks(part, wanted, max_bytes, lambda kg: section_lengths(handle, kg))
+
+    def fetch(
+        self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
+    ) -> FetchedFullPart:
+        return FetchedFullPart(fetch_changelog(storage, changelog_handle(part), wanted, storage.transfer), work_dir)
+
+
+CHANGELOG_RESTORE = ChangelogPartRestore()
+
+_READERS: dict[SnapshotFormat, PartReader] = {
+    "full": FULL_RESTORE,
+    "incremental": INCREMENTAL_RESTORE,
+    "changelog": CHANGELOG_RESTORE,
+}
 
 
 def part_reader(part: SnapshotPart) -> PartReader:

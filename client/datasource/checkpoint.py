@@ -35,8 +35,9 @@ from statehouse.client.datasource.options import CHECKPOINT_OPTIONS, SourceError
 from statehouse.protocol.errors import StateError
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import find_parts, latest_complete, read_parts
+from statehouse.snapshots.changelog import fetch_changelog
 from statehouse.snapshots.full_format import fetch_key_groups
-from statehouse.snapshots.handles import IncrementalHandle, KeyGroupsHandle
+from statehouse.snapshots.handles import ChangelogHandle, IncrementalHandle, KeyGroupsHandle
 from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.metadata import SnapshotPart
 from statehouse.snapshots.operator_format import OperatorStateData, list_elements
@@ -251,6 +252,9 @@ def part_records(
     if isinstance(keyed, KeyGroupsHandle):
         handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
         yield from fetch_key_groups(storage, handle, wanted).table_records(table)
+        return
+    if isinstance(keyed, ChangelogHandle):
+        yield from fetch_changelog(storage, keyed.under(part.directory), wanted, storage.transfer).table_records(table)
         return
     if isinstance(keyed, IncrementalHandle) and table in keyed.tables:
         yield from _incremental_records(storage, part, table, wanted)

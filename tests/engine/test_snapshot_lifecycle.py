@@ -42,10 +42,14 @@ def test_writes_after_trigger_are_not_blocked_nor_snapshotted(make_catalog, make
     assert dump(catalog.get("orders")) == expected
 
 
-@pytest.mark.parametrize("victim", ["keyed.bin", "operator.bin", "_metadata", ".sst"])
+@pytest.mark.parametrize("victim", ["keyed.bin", "operator.bin", "_metadata", ".sst", "-heap-base"])
 def test_corrupt_file_is_refused_and_state_kept(make_manager, tmp_path, victim):
-    # SST files exist only in incremental (RocksDB) checkpoints; the others are tested on the heap backend.
-    catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")) if victim == ".sst" else HeapStore())
+    # SST files exist only in incremental (RocksDB) checkpoints, a changelog's base in the heap's;
+    # the others are tested on the heap backend's full format.
+    if victim == ".sst":
+        catalog = JobCatalog(RocksDBStore(str(tmp_path / "data")))
+    else:
+        catalog = JobCatalog(HeapStore(incremental_checkpoints=victim == "-heap-base"))
     job, _ = catalog.create("orders", 128)
     populate(job, 100)
     storage = open_storage(str(tmp_path / "cp"))
@@ -70,7 +74,7 @@ def test_corrupt_file_is_refused_and_state_kept(make_manager, tmp_path, victim):
 
 def test_partial_restore_checks_its_sections(make_manager, tmp_path):
     storage = open_storage(str(tmp_path / "cp"))
-    catalog = JobCatalog(HeapStore())
+    catalog = JobCatalog(HeapStore(incremental_checkpoints=False))
     populate(catalog.create("orders", 128)[0], 200)
     manager = make_manager(catalog, storage)
     manager.trigger("orders", 1)

@@ -112,7 +112,7 @@ def test_savepoint_moves_between_backends(make_manager, tmp_path):
 
 def test_partial_restore_reads_about_half(make_manager, tmp_path):
     storage = open_storage(str(tmp_path / "cp"))
-    source = JobCatalog(HeapStore())
+    source = JobCatalog(HeapStore(incremental_checkpoints=False))
     job, _ = source.create("orders", 128)
     populate(job, 3000)
     manager = make_manager(source, storage, compression="none")

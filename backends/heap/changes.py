@@ -1,0 +1,132 @@
+"""Which keys of a heap partition changed between its checkpoints: what a changelog delta holds.
+
+A heap checkpoint as a changelog (``statehouse.backends.heap.snapshot``) writes only the keys
+that changed since the last *completed* checkpoint. The partition notes the key of every write
+here; each checkpoint's freeze *cuts* the log (under the job's lock, so every write is either
+before the cut and in the frozen view, or after it and in the next segment). A checkpoint that
+builds on checkpoint P takes every segment cut after P's: a failed or aborted checkpoint in
+between costs nothing, its keys are in the next delta. Noting more than changed is harmless
+(a delta carries each key's current content); noting less would lose a write, so a change the
+log cannot follow key by key (key groups or a table dropped, a close) *loses* it, and the next
+checkpoint writes a full base.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
+
+from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
+from statehouse.backends.reserved import META_TABLE
+
+log = logging.getLogger(__name__)
+
+# Past this many rows noted in all segments not yet built on, the log is lost and the next
+# checkpoint writes a base: checkpoints failing for long must not let memory grow unbounded.
+MAX_NOTED_ROWS = 4_000_000
+
+Keys = tuple[Sequence[bytes], Sequence[int]] | list[tuple[int, bytes]]
+"""One write's keys of a table: a columnar write's primaries and key groups (its own sequences,
+not copied), or a dict's ``(key group, primary)`` keys."""
+
+Segment = dict[str, list[Keys]]
+"""Per table, the keys of each write since the cut before (repeats and all: merged when read)."""
+
+_KEY_GROUP, _PRIMARY = itemgetter(0), itemgetter(1)
+
+
+class ChangeLog:
+    """The keys written since each checkpoint's cut, in segments named by checkpoint id. Only the
+    partition's writer and the checkpoint's synchronous part call it, under the job's lock. A
+    write's keys are kept as it gave them (a reference, or a list of its dict's keys): a commit
+    pays nothing per row here; the checkpoint merges them off the request path."""
+
+    def __init__(self, max_rows: int = MAX_NOTED_ROWS) -> None:
+        self.max_rows = max_rows
+        self._current: Segment = {}
+        self._segments: list[tuple[int, Segment]] = []
+        self._cuts: set[int] = set()  # the checkpoints cut since the log was last lost
+        self.lost_reason: str | None = None
+
+    def note_flat(self, flat: Mapping[str, FlatChanges]) -> None:
+        for table, changes in flat.items():
+            if table == META_TABLE:
+                continue
+            noted = self._current.get(table)
+            if noted is None:
+                noted = self._current[table] = []
+            if isinstance(changes, RowChanges):
+                noted.append((changes.primaries, changes.key_groups))
+            else:
+                noted.append(list(changes))
+
+    def note_ops(self, ops: Iterable[WriteOp]) -> None:
+        current = self._current
+        for op in ops:
+            if op.table != META_TABLE:
+                current.setdefault(op.table, []).append([(op.key_group, op.primary)])
+
+    def lose(self, reason: str) -> None:
+        """The changes can no longer be told key by key: no checkpoint before now is built on."""
+        if self._cuts:
+            log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
+        self.lost_reason = reason
+        self._current, self._segments, self._cuts = {}, [], set()
+
+    def cut(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` froze the partition: what was noted is its segment."""
+        self._segments.append((checkpoint_id, self._current))
+        self._current = {}
+        self._cuts.add(checkpoint_id)
+        self.lost_reason = None
+        noted = sum(_rows(keys) for _id, segment in self._segments for writes in segment.values() for keys in writes)
+        if noted > self.max_rows:
+            self.lose(f"{noted:,} rows noted since the last completed checkpoint")
+
+    def since(self, checkpoint_id: int) -> list[Segment] | None:
+        """The segments cut after ``checkpoint_id``'s (None: the log did not follow every change
+        since then). Segments up to it are forgotten: a completed checkpoint is never built on
+        by one older than the newest completed."""
+        if checkpoint_id not in self._cuts:
+            return None
+        self._segments = [(i, segment) for i, segment in self._segments if i > checkpoint_id]
+        self._cuts = {i for i in self._cuts if i >= checkpoint_id}
+        return [segment for _id, segment in self._segments]
+
+
+def _rows(keys: Keys) -> int:
+    return len(keys[0]) if isinstance(keys, tuple) else len(keys)
+
+
+def union(segments: list[Segment], most: int) -> dict[str, dict[bytes, int]] | None:
+    """The keys of ``segments`` together, per table each primary once with its key group; None
+    once they are ``most`` or more (then a base is cheaper: the rest is not merged)."""
+    keys: dict[str, dict[bytes, int]] = {}
+    count = 0
+    for segment in segments:
+        for table, writes in segment.items():
+            noted = keys.setdefault(table, {})
+            for written in writes:
+                before = len(noted)
+                if isinstance(written, tuple):
+                    noted.update(zip(written[0], written[1], strict=True))
+                else:
+                    noted.update(zip(map(_PRIMARY, written), map(_KEY_GROUP, written), strict=True))
+                count += len(noted) - before
+                if count >= most:
+                    return None
+    return keys
+
+
+def by_key_group(keys: dict[str, dict[bytes, int]]) -> dict[str, dict[int, list[bytes]]]:
+    """Per table and key group, the primaries of ``keys`` in byte order."""
+    grouped: dict[str, dict[int, list[bytes]]] = {}
+    for table, noted in keys.items():
+        by_group: dict[int, list[bytes]] = {}
+        for primary, kg in noted.items():
+            by_group.setdefault(kg, []).append(primary)
+        for primaries in by_group.values():
+            primaries.sort()
+        grouped[table] = by_group
+    return grouped

@@ -1,0 +1,102 @@
+"""The heap backend's checkpoints as a changelog: a checkpoint writes the keys that changed since
+the last completed one, over a full base it shares with the checkpoints before it (Flink's
+changelog state backend, materialized: FLIP-158). A full snapshot of a heap state costs its whole
+size every checkpoint; a delta costs what changed.
+
+A checkpoint writes a new base instead of a delta when it cannot or should not build on the last
+one: no completed checkpoint of this layout whose cut the partition's log followed
+(:class:`~statehouse.backends.heap.changes.ChangeLog`), half the state or more changed (a delta
+would be as large, and reading it back twice as slow), or the deltas already weigh as much as
+their base (so a restore reads at most about twice the state). Savepoints stay in the canonical
+full format, self-contained.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from statehouse.backends.base.snapshot import SnapshotSource
+from statehouse.backends.heap.changes import by_key_group, union
+from statehouse.backends.heap.partition import HeapPartition
+from statehouse.backends.reserved import keyed_tables
+from statehouse.backends.snapshot.full_format import write_delta, write_key_groups
+from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
+from statehouse.backends.snapshot.operator_format import OperatorSnapshot
+from statehouse.snapshots.full_format import SnapshotHeader
+from statehouse.snapshots.handles import ChangelogHandle
+from statehouse.snapshots.layout import shared_dir
+from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
+from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
+
+log = logging.getLogger(__name__)
+
+BASE_SHARE = 0.5  # a delta of this share of the state's keys or more: a base instead
+MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay few
+
+
+def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> ChangelogHandle | None:
+    """The changelog of ``previous``, root-relative, if a delta can follow it: a changelog of the
+    same key groups and max parallelism whose deltas weigh less than their base."""
+    if previous is None or not isinstance(previous.metadata.keyed, ChangelogHandle):
+        return None
+    metadata = previous.metadata
+    if metadata.key_group_range != job.key_group_range or metadata.max_parallelism != job.max_parallelism:
+        return None
+    chain = metadata.keyed.under(previous.directory)
+    if len(chain.deltas) >= MAX_DELTAS or sum(d.stream.size for d in chain.deltas) >= chain.base.stream.size:
+        return None
+    return chain
+
+
+class ChangelogSnapshotStrategy(JobStrategy):
+    """A heap job's checkpoint: a delta of the keys changed since the last completed checkpoint
+    over that checkpoint's base and deltas, or a new base (see the module)."""
+
+    format: SnapshotFormat = "changelog"
+
+    def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
+        partition = job.partition
+        assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
+        view = partition.freeze()
+        changes, chain, segments = partition.changes, None, None
+        if changes is not None:
+            changes.cut(ctx.checkpoint_id)
+            chain = _builds_on(ctx.previous, job)
+            if chain is not None and ctx.previous is not None:
+                segments = changes.since(ctx.previous.metadata.checkpoint_id)
+        states = descriptor_dicts(job)
+        header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
+        now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
+
+        def body() -> SnapshotResult:
+            keys = None if segments is None else union(segments, max(1, int(BASE_SHARE * view.key_count())))
+            changed = None if keys is None else by_key_group(keys)
+            path = f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-heap-{'delta' if changed is not None else 'base'}"
+            ctx.written.append(path)
+            with ctx.storage.create_output(path) as out:
+                if changed is None:
+                    written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
+                else:
+                    written = write_delta(view.entries, changed, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
+            ctx.check_cancelled()
+            operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
+            if changed is None or chain is None:
+                keyed, reused = ChangelogHandle(written), 0
+            else:
+                keyed = ChangelogHandle(chain.base, (*chain.deltas, written))
+                reused = sum(h.stream.size for h in chain.streams())
+            return SnapshotResult(
+                "changelog",
+                keyed.relative_to(ctx.directory),
+                operator.relative_to(ctx.directory),
+                states,
+                job.max_parallelism,
+                written.stream.size + operator.size,
+                reused,
+            )
+
+        return AsyncSnapshot(view, body)
+
+
+CHANGELOG = ChangelogSnapshotStrategy()

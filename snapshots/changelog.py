@@ -1,0 +1,126 @@
+"""A heap checkpoint written as a changelog, read back: its base merged with its deltas.
+
+A delta is a full-format stream (:mod:`statehouse.snapshots.full_format`) whose sections hold,
+for each key that changed since the checkpoint before it, a *reset* record ``[table id,
+primary]`` and then the key's whole content as of the delta's checkpoint (none: the key was
+deleted). Reading some key groups fetches the same sections of the base and of every delta
+(ranged reads, each checked) and applies the deltas to the base key group by key group, so a
+reader sees the records the full format would have held: in table, primary and secondary order.
+The server's restore and the Spark data source share this reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.full_format import FetchedKeyGroups, SnapshotHeader, fetch_key_groups
+from statehouse.snapshots.handles import ChangelogHandle
+from statehouse.snapshots.storage.base import CheckpointStorage
+
+RESET_RECORD_LENGTH = 2  # [table id, primary]: what follows replaces the key's content
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedDelta:
+    """The fetched sections of one delta, by key group, and its table names in id order."""
+
+    tables: list[str]
+    sections: dict[int, bytes]
+    fetched: FetchedKeyGroups = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedChangelog(FetchedKeyGroups):
+    """Some key groups of a changelog checkpoint: the base's sections, each read with the deltas
+    applied. ``header`` is the newest stream's (the tables and states as of the checkpoint)."""
+
+    base_tables: list[str] = field(default_factory=list)
+    deltas: list[FetchedDelta] = field(default_factory=list)
+
+    def _section(self, kg: int, section: bytes, use_list: bool = True) -> list[Any]:
+        base = FetchedKeyGroups._section(self, kg, section, use_list)  # (a slots dataclass: no bare super())
+        changes = [
+            (d.tables, d.fetched._section(kg, d.sections[kg], use_list)) for d in self.deltas if kg in d.sections
+        ]
+        if not any(records for _tables, records in changes):
+            return self._renumbered(kg, base, self.base_tables)
+        tables = list(self.header.tables)
+        ids = {name: i for i, name in enumerate(tables)}
+        # (table id, primary) -> its records, each [table id, primary, secondary, value]
+        keys: dict[tuple[int, bytes], list[Any]] = {}
+        try:
+            for record in base:
+                table_id = ids.get(self.base_tables[record[0]])
+                if table_id is not None:  # a table since dropped starts a new base, so none is
+                    keys.setdefault((table_id, record[1]), []).append(_with_id(record, table_id, use_list))
+            for names, records in changes:
+                for record in records:
+                    table_id = ids.get(names[record[0]])
+                    if table_id is None:
+                        raise SnapshotCorrupt(
+                            f"a delta of key group {kg} names table {names[record[0]]!r}, not in the newest header"
+                        )
+                    if len(record) == RESET_RECORD_LENGTH:
+                        keys[(table_id, record[1])] = []
+                    else:
+                        keys[(table_id, record[1])].append(_with_id(record, table_id, use_list))
+        except (TypeError, IndexError, KeyError) as exc:
+            raise SnapshotCorrupt(f"key group {kg}: a delta does not apply to its base: {exc}") from None
+        return [record for key in sorted(keys) for record in keys[key]]
+
+    def _renumbered(self, kg: int, records: list[Any], names: list[str]) -> list[Any]:
+        """Records of a stream whose table ids are those of ``names``, under the header's ids."""
+        tables = list(self.header.tables)
+        if names == tables[: len(names)]:
+            return records  # tables are only ever added after the base: its ids stay
+        ids = {name: i for i, name in enumerate(tables)}
+        try:
+            kept = [(ids.get(names[r[0]]), r) for r in records]
+        except (TypeError, IndexError) as exc:
+            raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
+        use_list = isinstance(records[0], list) if records else True
+        return sorted(
+            (_with_id(r, table_id, use_list) for table_id, r in kept if table_id is not None),
+            key=lambda r: (r[0], r[1], r[2]),
+        )
+
+
+def _with_id(record: Any, table_id: int, use_list: bool) -> Any:
+    if record[0] == table_id:
+        return record
+    return [table_id, *record[1:]] if use_list else (table_id, *record[1:])
+
+
+def section_lengths(handle: ChangelogHandle, key_group: int) -> int:
+    """The bytes a read of ``key_group`` fetches: its section in the base and in each delta."""
+    return sum(stream.offsets.section(key_group).length for stream in handle.streams())
+
+
+def fetch_changelog(
+    storage: CheckpointStorage,
+    handle: ChangelogHandle,
+    wanted: KeyGroupRange,
+    each: Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]] | None = None,
+) -> FetchedChangelog:
+    """Fetch ``wanted``'s sections of the base and of every delta (the handle's paths as the
+    storage reads them); ``each``: how to run the fetches (the storage's transfers, at once)."""
+    streams = handle.streams()
+    run = each if each is not None else (lambda fetch, items: [fetch(i) for i in items])
+    fetched: list[FetchedKeyGroups] = run(lambda h: fetch_key_groups(storage, h, wanted), streams)
+    base, deltas = fetched[0], fetched[1:]
+    header: SnapshotHeader = (deltas[-1] if deltas else base).header
+    if any(f.header.key_group_range != base.header.key_group_range for f in deltas):
+        raise SnapshotCorrupt("a delta of a changelog covers other key groups than its base")
+    return FetchedChangelog(
+        header,
+        base.sections,
+        list(base.header.tables),
+        [FetchedDelta(list(d.header.tables), dict(d.sections), d) for d in deltas],
+    )

@@ -1,0 +1,287 @@
+"""Heap checkpoints as a changelog: deltas of the keys changed since the last completed checkpoint
+over a shared full base. Every completed checkpoint must restore exactly what was frozen, whole
+or split over replicas, into either backend; the delta must hold what changed, not the state."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import snapshot as heap_snapshot
+from statehouse.backends.heap.store import HeapStore
+from statehouse.backends.rocksdb.store import RocksDBStore
+from statehouse.snapshots.errors import SnapshotCorrupt
+from statehouse.snapshots.handles import ChangelogHandle
+from statehouse.snapshots.storage import open_storage
+from statehouse.snapshots.stored.descriptors import StateDescriptor
+from tests.support.job_contents import dump, operator_dump
+
+P = 32
+STATES = [
+    StateDescriptor("v", "value"),
+    StateDescriptor("m", "map"),
+    StateDescriptor("l", "list"),
+    StateDescriptor("r", "reducing", key_type="long", function="sum"),
+]
+KEYS = [f"k{i}" for i in range(300)]
+
+
+def _job(clock, store: HeapStore | None = None):
+    catalog = JobCatalog(store or HeapStore(), clock=clock)
+    job, _ = catalog.create("orders", P)
+    for descriptor in STATES:
+        job.register_state(descriptor)
+    return catalog, job
+
+
+def _writes(job, rng: random.Random, n: int) -> None:
+    """``n`` random writes of every kind, through single-key calls and a columnar ``update_many``."""
+    with job.transaction() as tx:
+        for _ in range(n):
+            key, roll = rng.choice(KEYS), rng.random()
+            if roll < 0.25:
+                tx.value("v").update(key, rng.randint(0, 10**6))
+            elif roll < 0.32:
+                tx.value("v").clear(key)
+            elif roll < 0.47:
+                tx.map("m").put(key, rng.choice("abcd"), rng.random())
+            elif roll < 0.54:
+                tx.map("m").remove(key, rng.choice("abcd"))
+            elif roll < 0.58:
+                tx.map("m").clear(key)
+            elif roll < 0.70:
+                tx.list("l").add(key, rng.randint(0, 9))
+            elif roll < 0.73:
+                tx.list("l").clear(key)
+            elif roll < 0.90:
+                tx.reducing("r").add(rng.randint(0, 400), rng.randint(1, 5))
+            else:
+                state = tx.value("v")
+                chosen = rng.sample(KEYS, 20)
+                state.update_many(state.locate_many(chosen, [""] * len(chosen)), [rng.random() for _ in chosen])
+
+
+def _keyed(manager, checkpoint_id: int) -> ChangelogHandle:
+    part = manager._state("orders").completed.get(checkpoint_id)
+    assert part is not None and part.format == "changelog"
+    assert isinstance(part.keyed, ChangelogHandle)
+    return part.keyed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_completed_checkpoint_restores_what_was_frozen(make_manager, tmp_path, clock, seed):
+    """Random writes of every state kind, checkpoints between them (some aborted, some taken while
+    another is uploading), then each completed checkpoint restored: whole into the heap and into
+    RocksDB, and split over two heap replicas. Deltas and new bases both occur."""
+    rng = random.Random(seed)
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage, num_retained=100)
+    frozen: dict[int, tuple[dict, dict]] = {}
+    checkpoint_id = 0
+    for _step in range(50):
+        _writes(job, rng, rng.choice([1, 3, 10, 40]))
+        if rng.random() < 0.5:
+            continue
+        checkpoint_id += 1
+        expected = (dump(job), operator_dump(job))
+        manager.trigger("orders", checkpoint_id)
+        assert manager.wait("orders", checkpoint_id, 30).status == "uploaded"
+        if rng.random() < 0.2:
+            manager.abort("orders", checkpoint_id)  # its keys must be in the next delta
+            continue
+        assert manager.complete("orders", checkpoint_id).status == "completed"
+        frozen[checkpoint_id] = expected
+    handles = {i: _keyed(manager, i) for i in frozen}
+    assert any(h.deltas for h in handles.values()), "no checkpoint wrote a delta"
+    assert len({h.base for h in handles.values()}) > 1, "no checkpoint wrote a new base"
+
+    for i, (expected, expected_operator) in frozen.items():
+        fresh = JobCatalog(HeapStore(), clock=clock)
+        make_manager(fresh, storage).restore("orders", i)
+        assert dump(fresh.get("orders")) == expected, f"checkpoint {i}"
+        assert operator_dump(fresh.get("orders")) == expected_operator
+        fresh.close()
+    last = max(frozen)
+    rocks = JobCatalog(RocksDBStore(str(tmp_path / "rocks")), clock=clock)
+    make_manager(rocks, storage).restore("orders", last)
+    assert dump(rocks.get("orders")) == frozen[last][0]
+    rocks.close()
+    split: dict = {}
+    for index in range(2):
+        half = JobCatalog(HeapStore(), replica_index=index, replica_count=2, clock=clock)
+        make_manager(half, storage).restore("orders", last)
+        split.update(dump(half.get("orders")))
+        half.close()
+    assert split == frozen[last][0]
+    catalog.close()
+
+
+def test_a_delta_holds_what_changed_and_reuses_the_rest(make_manager, tmp_path, clock):
+    """A few keys changed in a large state: the checkpoint uploads a delta of about their size and
+    reuses the base; a restore of it is the state."""
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    with job.transaction() as tx:
+        for i in range(5_000):
+            tx.value("v").update(f"key-{i}", "x" * 100)
+    manager = make_manager(catalog, storage, compression="none")
+    manager.trigger("orders", 1)
+    first = manager.complete("orders", 1)
+    with job.transaction() as tx:
+        for i in range(10):
+            tx.value("v").update(f"key-{i}", "changed")
+        tx.value("v").clear("key-20")
+    expected = dump(job)
+    manager.trigger("orders", 2)
+    manager.complete("orders", 2)
+    base, second = _keyed(manager, 1), _keyed(manager, 2)
+    assert not base.deltas and second.base == base.base and len(second.deltas) == 1
+    metadata = manager._state("orders").completed.get(2)
+    assert metadata.bytes_reused == base.base.stream.size
+    assert second.deltas[0].stream.size < base.base.stream.size / 50
+    assert first.checkpoint_id == 1
+    fresh = JobCatalog(HeapStore(), clock=clock)
+    make_manager(fresh, storage).restore("orders", 2)
+    assert dump(fresh.get("orders")) == expected
+    fresh.close()
+    catalog.close()
+
+
+def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(make_manager, tmp_path, clock, monkeypatch):
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage, compression="none")
+    chains: list[ChangelogHandle] = []
+
+    def checkpoint(keys: range, value: str) -> None:
+        with job.transaction() as tx:
+            for i in keys:
+                tx.value("v").update(f"key-{i}", value)
+        checkpoint_id = len(chains) + 1
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+        chains.append(_keyed(manager, checkpoint_id))
+
+    checkpoint(range(1_000), "a")
+    checkpoint(range(600), "b")  # 60% of the keys: a base again
+    assert not chains[1].deltas and chains[1].base != chains[0].base
+    for n in range(7):  # 30% each: deltas until they weigh as much as the base
+        checkpoint(range(300), f"c{n}")
+    lengths = [len(c.deltas) for c in chains[1:]]
+    assert lengths == [0, 1, 2, 0, 1, 2, 0, 1], lengths  # three deltas of 30% outweigh the base
+    for chain in chains:
+        assert sum(d.stream.size for d in chain.deltas[:-1]) < chain.base.stream.size
+
+    monkeypatch.setattr(heap_snapshot, "MAX_DELTAS", 2)
+    checkpoint(range(1_000), "d")
+    checkpoint(range(10), "e")
+    checkpoint(range(10), "f")
+    checkpoint(range(10), "g")
+    assert [len(c.deltas) for c in chains[-4:]] == [0, 1, 2, 0]
+    catalog.close()
+
+
+def test_changes_it_cannot_follow_start_a_new_base(make_manager, tmp_path, clock):
+    """A dropped state, or key groups dropped (a move), loses the log: the next checkpoint is a
+    base, and it restores the state without the dropped entries."""
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage)
+    _writes(job, random.Random(7), 200)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    job.drop_state("m")
+    manager.trigger("orders", 2)
+    manager.complete("orders", 2)
+    assert not _keyed(manager, 2).deltas
+    _writes_without_maps(job)
+    manager.trigger("orders", 3)
+    manager.complete("orders", 3)
+    assert len(_keyed(manager, 3).deltas) == 1
+    expected = dump(job)
+    fresh = JobCatalog(HeapStore(), clock=clock)
+    make_manager(fresh, storage).restore("orders", 3)
+    assert dump(fresh.get("orders")) == expected
+    fresh.close()
+    catalog.close()
+
+
+def _writes_without_maps(job) -> None:
+    with job.transaction() as tx:
+        tx.value("v").update("k1", "after the drop")
+
+
+def test_retention_deletes_the_bases_and_deltas_no_retained_checkpoint_uses(make_manager, tmp_path, clock):
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage, num_retained=1)
+    rng = random.Random(3)
+    used = set()
+    for checkpoint_id in range(1, 13):
+        _writes(job, rng, 5 if checkpoint_id % 5 else 2_000)
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+        used = {h.stream.path for h in _keyed(manager, checkpoint_id).streams()}
+    manager.drain_deletes(30)
+    shared = {f"../shared/{p.rsplit('/', 1)[1]}" for p in storage.list("orders/shared")}
+    assert shared == used
+
+
+def test_a_corrupt_delta_is_refused_and_the_state_kept(make_manager, tmp_path, clock):
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage)
+    _writes(job, random.Random(5), 300)
+    manager.trigger("orders", 1)
+    manager.complete("orders", 1)
+    _writes(job, random.Random(6), 5)
+    manager.trigger("orders", 2)
+    manager.complete("orders", 2)
+    delta = next(p for p in storage.list("orders/shared") if p.endswith("-heap-delta"))
+    path = tmp_path / "cp" / delta
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    live = dump(job)
+    with pytest.raises(SnapshotCorrupt, match=r"corrupt|checksum"):
+        manager.restore("orders", 2)
+    assert dump(catalog.get("orders")) == live
+    catalog.close()
+
+
+def test_the_data_source_reads_a_changelog_as_the_restore_does(make_manager, tmp_path, clock):
+    """The Spark data source's checkpoint reader reads a changelog part's records: the base with
+    the deltas applied, per key group range, as a restore sees them."""
+    pytest.importorskip("pyspark")
+    from statehouse.client.datasource.checkpoint import part_records
+    from statehouse.protocol.keygroups import KeyGroupRange
+    from statehouse.snapshots.layout import snapshot_dir
+    from statehouse.snapshots.metadata import SnapshotPart
+
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage)
+    rng = random.Random(11)
+    for checkpoint_id in (1, 2, 3):
+        _writes(job, rng, 300 if checkpoint_id == 1 else 20)
+        manager.trigger("orders", checkpoint_id)
+        manager.complete("orders", checkpoint_id)
+    assert len(_keyed(manager, 3).deltas) == 2
+    part = SnapshotPart(snapshot_dir("orders", 3, "checkpoint"), manager._state("orders").completed.get(3))
+    expected = dump(job)
+    for table in ("v", "m", "l"):
+        for wanted in (KeyGroupRange(0, P - 1), KeyGroupRange(5, 9)):
+            read = {
+                (table, kg, primary, secondary): value
+                for columns in part_records(storage, part, table, wanted)
+                for kg, primary, secondary, value in zip(*(_listed(c) for c in columns), strict=True)
+            }
+            assert read == {k: v for k, v in expected.items() if k[0] == table and k[1] in wanted}, (table, wanted)
+    catalog.close()
+
+
+def _listed(column) -> list:
+    return column.to_pylist() if hasattr(column, "to_pylist") else list(column)
