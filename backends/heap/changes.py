@@ -80,7 +80,7 @@ class ChangeLog:
         self._current = {}
         self._cuts.add(checkpoint_id)
         self.lost_reason = None
-        noted = sum(_rows(keys) for _id, segment in self._segments for writes in segment.values() for keys in writes)
+        noted = noted_rows([segment for _id, segment in self._segments])
         if noted > self.max_rows:
             self.lose(f"{noted:,} rows noted since the last completed checkpoint")
 
@@ -97,6 +97,11 @@ class ChangeLog:
 
 def _rows(keys: Keys) -> int:
     return len(keys[0]) if isinstance(keys, tuple) else len(keys)
+
+
+def noted_rows(segments: list[Segment]) -> int:
+    """The rows written in ``segments``, repeats counted (no merge)."""
+    return sum(_rows(keys) for segment in segments for writes in segment.values() for keys in writes)
 
 
 def union(segments: list[Segment], most: int) -> dict[str, dict[bytes, int]] | None:

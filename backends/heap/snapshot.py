@@ -17,7 +17,7 @@ import logging
 import uuid
 
 from statehouse.backends.base.snapshot import SnapshotSource
-from statehouse.backends.heap.changes import by_key_group, union
+from statehouse.backends.heap.changes import by_key_group, noted_rows, union
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import write_delta, write_key_groups
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 BASE_SHARE = 0.5  # a delta of this share of the state's keys or more: a base instead
 MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay few
+REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
 
 
 def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> ChangelogHandle | None:
@@ -70,8 +71,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
         now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
 
         def body() -> SnapshotResult:
-            keys = None if segments is None else union(segments, max(1, int(BASE_SHARE * view.key_count())))
-            changed = None if keys is None else by_key_group(keys)
+            changed = None
+            if segments is not None:
+                state_keys = view.key_count()
+                # Twice as many rows as the state has keys: most keys changed, or a base is
+                # cheaper than the batch was anyway; no need to merge the keys to know.
+                if noted_rows(segments) < REWRITES * state_keys:
+                    keys = union(segments, max(1, int(BASE_SHARE * state_keys)))
+                    changed = None if keys is None else by_key_group(keys)
             path = f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-heap-{'delta' if changed is not None else 'base'}"
             ctx.written.append(path)
             with ctx.storage.create_output(path) as out:
