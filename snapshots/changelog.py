@@ -1,10 +1,11 @@
 """A heap checkpoint written as a changelog, read back: its base merged with its deltas.
 
 A delta is a full-format stream (:mod:`statehouse.snapshots.full_format`) whose sections hold,
-for each key that changed since the checkpoint before it, a *reset* record ``[table id,
-primary]`` and then the key's whole content as of the delta's checkpoint (none: the key was
-deleted). Reading some key groups fetches the same sections of the base and of every delta
-(ranged reads, each checked) and applies the deltas to the base key group by key group, so a
+for each key that changed since the checkpoint before it, the key's whole content as of the
+delta's checkpoint: what the delta holds for a key replaces what the base (and the deltas
+before) held. A key with no entries left is named by a *reset* record ``[table id, primary]``.
+Reading some key groups fetches the same sections of the base and of every delta (ranged reads,
+each checked) and applies the deltas to the base key group by key group, so a
 reader sees the records the full format would have held: in table, primary and secondary order.
 The server's restore and the Spark data source share this reader.
 """
@@ -61,16 +62,19 @@ class FetchedChangelog(FetchedKeyGroups):
                 if table_id is not None:  # a table since dropped starts a new base, so none is
                     keys.setdefault((table_id, record[1]), []).append(_with_id(record, table_id, use_list))
             for names, records in changes:
+                named: set[tuple[int, bytes]] = set()  # the keys this delta replaces
                 for record in records:
                     table_id = ids.get(names[record[0]])
                     if table_id is None:
                         raise SnapshotCorrupt(
                             f"a delta of key group {kg} names table {names[record[0]]!r}, not in the newest header"
                         )
-                    if len(record) == RESET_RECORD_LENGTH:
-                        keys[(table_id, record[1])] = []
-                    else:
-                        keys[(table_id, record[1])].append(_with_id(record, table_id, use_list))
+                    key = (table_id, record[1])
+                    if key not in named:
+                        named.add(key)
+                        keys[key] = []
+                    if len(record) != RESET_RECORD_LENGTH:
+                        keys[key].append(_with_id(record, table_id, use_list))
         except (TypeError, IndexError, KeyError) as exc:
             raise SnapshotCorrupt(f"key group {kg}: a delta does not apply to its base: {exc}") from None
         return [record for key in sorted(keys) for record in keys[key]]

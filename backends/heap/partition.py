@@ -169,16 +169,16 @@ class HeapFrozenView(FrozenView):
         group = groups.get(key_group)
         return _sorted_entries(nested, group) if group else iter(())
 
-    def entries(self, table: str, key_group: int, primary: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """One key's ``(secondary, value)`` entries as frozen, in byte order (none: no such key)."""
-        nested, groups = self._captured[table]
-        group = groups.get(key_group)
+    def values(self, table: str, key_group: int, primaries: Sequence[bytes]) -> list[bytes | None]:
+        """A flat table's value of each primary as frozen (``None``: none)."""
+        group = self._captured[table][1].get(key_group)
+        return [None] * len(primaries) if group is None else list(map(group.get, primaries))
+
+    def entries(self, table: str, key_group: int, primary: bytes) -> list[tuple[bytes, bytes]]:
+        """A nested table's ``(secondary, value)`` entries of one primary as frozen, in byte order."""
+        group = self._captured[table][1].get(key_group)
         found = None if group is None else group.get(primary)
-        if found is None:
-            return iter(())
-        if not nested:
-            return iter(((b"", found),))
-        return iter(sorted(found.data.items()))
+        return [] if found is None else sorted(found.data.items())
 
     def key_count(self) -> int:
         """How many keys (primaries) every keyed table holds together, as frozen."""

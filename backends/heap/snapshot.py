@@ -85,7 +85,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if changed is None:
                     written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
                 else:
-                    written = write_delta(view.entries, changed, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
+                    written = write_delta(view, changed, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
             if changed is None or chain is None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import msgpack
 
@@ -42,15 +42,25 @@ def write_key_groups(
     cancelled: Callable[[], bool] = lambda: False,
 ) -> KeyGroupsHandle:
     """Write the keyed part of ``view`` for the header's key-group range; returns the handle."""
-    return _write_sections(out, header, codec, now_ms, cancelled, lambda table, kg: view.scan(table, kg))
+
+    def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+        return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
+
+    return _write_sections(out, header, codec, now_ms, cancelled, records)
 
 
-KeyEntries = Callable[[str, int, bytes], Iterable[tuple[bytes, bytes]]]
-"""``(table, key group, primary)`` -> the key's ``(secondary, value)`` entries as frozen."""
+class ChangedKeys(Protocol):
+    """A frozen view's current content of the keys a changelog delta holds."""
+
+    def values(self, table: str, key_group: int, primaries: Sequence[bytes]) -> list[bytes | None]:
+        """A flat table's value of each primary (``None``: it has none)."""
+
+    def entries(self, table: str, key_group: int, primary: bytes) -> Iterable[tuple[bytes, bytes]]:
+        """A nested table's ``(secondary, value)`` entries of one primary, in byte order."""
 
 
 def write_delta(
-    entries: KeyEntries,
+    view: ChangedKeys,
     changed: Mapping[str, Mapping[int, Sequence[bytes]]],
     out: CheckpointOutputStream,
     header: SnapshotHeader,
@@ -58,22 +68,42 @@ def write_delta(
     now_ms: int,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> KeyGroupsHandle:
-    """Write a changelog delta (:mod:`statehouse.snapshots.changelog`): for each changed key,
-    per table and key group its primaries in byte order, a reset record and its entries as
-    ``entries`` reads them (none: deleted)."""
+    """Write a changelog delta (:mod:`statehouse.snapshots.changelog`): per table and key group,
+    each changed primary in byte order with its entries as ``view`` holds them, and a reset
+    record ``[table id, primary]`` first where it has none (or may have none once TTL's cleanup
+    drops its expired entries)."""
 
-    def records(table: str, kg: int) -> Iterator[tuple[bytes, bytes | None, bytes | None]]:
-        for primary in changed.get(table, {}).get(kg, ()):
-            yield primary, None, None
-            for secondary, stored in entries(table, kg, primary):
-                yield primary, secondary, stored
+    def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+        primaries = changed.get(table, {}).get(kg)
+        if not primaries:
+            return []
+        if not header.tables[table]:
+            values = view.values(table, kg, primaries)
+            if reset:
+                return [r for p, v in zip(primaries, values, strict=True) for r in _reset_and_value(table_id, p, v)]
+            return [
+                [table_id, p, b"", v] if v is not None else [table_id, p]
+                for p, v in zip(primaries, values, strict=True)
+            ]
+        found = []
+        for primary in primaries:
+            entries = [[table_id, primary, s, v] for s, v in view.entries(table, kg, primary)]
+            if reset or not entries:
+                found.append([table_id, primary])
+            found.extend(entries)
+        return found
 
     return _write_sections(out, header, codec, now_ms, cancelled, records)
 
 
-Records = Callable[[str, int], Iterable[tuple[bytes, Any, Any]]]
-"""``(table, key group)`` -> ``(primary, secondary, stored value)`` in order; a ``None``
-secondary is a changelog's reset record of the primary."""
+def _reset_and_value(table_id: int, primary: bytes, value: bytes | None) -> list[list[Any]]:
+    return [[table_id, primary]] if value is None else [[table_id, primary], [table_id, primary, b"", value]]
+
+
+Records = Callable[[int, str, int, bool], list[list[Any]]]
+"""``(table id, table, key group, reset)`` -> the records of that table's key group, each
+``[table id, primary, secondary, stored value]`` or a changelog's reset ``[table id, primary]``;
+``reset``: TTL's cleanup may drop values, so a delta resets every key it names."""
 
 
 def _write_sections(
@@ -96,17 +126,19 @@ def _write_sections(
     for kg in header.key_group_range:
         if cancelled():
             raise InterruptedError("snapshot cancelled")
-        packed = []
+        packed: list[bytes] = []
         for table_id, table in enumerate(header.tables):
             clean = cleaners.get(table)
-            for primary, secondary, stored in records(table, kg):
-                if secondary is None:
-                    packed.append(pack([table_id, primary]))
-                    continue
-                value = clean(stored, now_ms) if clean is not None else stored
-                if value is None:
-                    continue  # expired: not in the snapshot
-                packed.append(pack([table_id, primary, secondary, value]))
+            found = records(table_id, table, kg, clean is not None)
+            if clean is None:
+                packed.extend(map(pack, found))
+                continue
+            for record in found:
+                if len(record) == 4:
+                    record[3] = clean(record[3], now_ms)
+                    if record[3] is None:
+                        continue  # expired: not in the snapshot
+                packed.append(pack(record))
         section = SECTION.pack(kg, codec.id) + codec.compress(b"".join(packed))
         sections.append(KeyGroupSection(out.tell(), len(section), hashlib.sha256(section).hexdigest()))
         out.write(section)
