@@ -12,9 +12,8 @@ The server's restore and the Spark data source share this reader.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
@@ -23,9 +22,6 @@ from statehouse.snapshots.handles import ChangelogHandle
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 RESET_RECORD_LENGTH = 2  # [table id, primary]: what follows replaces the key's content
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +103,10 @@ def section_lengths(handle: ChangelogHandle, key_group: int) -> int:
     return sum(stream.offsets.section(key_group).length for stream in handle.streams())
 
 
-def fetch_changelog(
-    storage: CheckpointStorage,
-    handle: ChangelogHandle,
-    wanted: KeyGroupRange,
-    each: Callable[[Callable[[_T], _R], Iterable[_T]], list[_R]] | None = None,
-) -> FetchedChangelog:
+def fetch_changelog(storage: CheckpointStorage, handle: ChangelogHandle, wanted: KeyGroupRange) -> FetchedChangelog:
     """Fetch ``wanted``'s sections of the base and of every delta (the handle's paths as the
-    storage reads them); ``each``: how to run the fetches (the storage's transfers, at once)."""
-    streams = handle.streams()
-    run = each if each is not None else (lambda fetch, items: [fetch(i) for i in items])
-    fetched: list[FetchedKeyGroups] = run(lambda h: fetch_key_groups(storage, h, wanted), streams)
+    storage reads them), several streams at once (the storage's transfers)."""
+    fetched = storage.transfer(lambda h: fetch_key_groups(storage, h, wanted), handle.streams())
     base, deltas = fetched[0], fetched[1:]
     header: SnapshotHeader = (deltas[-1] if deltas else base).header
     if any(f.header.key_group_range != base.header.key_group_range for f in deltas):

@@ -68,7 +68,7 @@ class ChangeLog:
                 current.setdefault(op.table, []).append([(op.key_group, op.primary)])
 
     def lose(self, reason: str) -> None:
-        """The changes can no longer be told key by key: no checkpoint before now is built on."""
+        """The changes cannot be told key by key from here on: no checkpoint before now is built on."""
         if self._cuts:
             log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
         self.lost_reason = reason

@@ -39,12 +39,12 @@ REWRITES = 2  # rows written since, per key of the state, from which a base is w
 def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> ChangelogHandle | None:
     """The changelog of ``previous``, root-relative, if a delta can follow it: a changelog of the
     same key groups and max parallelism whose deltas weigh less than their base."""
-    if previous is None or not isinstance(previous.metadata.keyed, ChangelogHandle):
+    if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
         return None
     metadata = previous.metadata
     if metadata.key_group_range != job.key_group_range or metadata.max_parallelism != job.max_parallelism:
         return None
-    chain = metadata.keyed.under(previous.directory)
+    chain = keyed.under(previous.directory)
     if len(chain.deltas) >= MAX_DELTAS or sum(d.stream.size for d in chain.deltas) >= chain.base.stream.size:
         return None
     return chain

@@ -102,7 +102,7 @@ class ChangelogPartRestore(PartReader):
     def fetch(
         self, storage: CheckpointStorage, part: SnapshotPart, wanted: KeyGroupRange, work_dir: str
     ) -> FetchedFullPart:
-        return FetchedFullPart(fetch_changelog(storage, changelog_handle(part), wanted, storage.transfer), work_dir)
+        return FetchedFullPart(fetch_changelog(storage, changelog_handle(part), wanted), work_dir)
 
 
 CHANGELOG_RESTORE = ChangelogPartRestore()

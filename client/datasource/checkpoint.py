@@ -254,7 +254,7 @@ def part_records(
         yield from fetch_key_groups(storage, handle, wanted).table_records(table)
         return
     if isinstance(keyed, ChangelogHandle):
-        yield from fetch_changelog(storage, keyed.under(part.directory), wanted, storage.transfer).table_records(table)
+        yield from fetch_changelog(storage, keyed.under(part.directory), wanted).table_records(table)
         return
     if isinstance(keyed, IncrementalHandle) and table in keyed.tables:
         yield from _incremental_records(storage, part, table, wanted)

@@ -4,6 +4,7 @@ or split over replicas, into either backend; the delta must hold what changed, n
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -73,11 +74,7 @@ def _writes(job, rng: random.Random, n: int) -> None:
 
 def _unexpired(entries: dict, now_ms: int) -> dict:
     """What a snapshot at ``now_ms`` holds of ``entries``: TTL states' expired entries left out."""
-    return {
-        k: v
-        for k, v in entries.items()
-        if k[0] not in ("t", "tm") or split_timestamped(v)[0] + 1_000 > now_ms
-    }
+    return {k: v for k, v in entries.items() if k[0] not in ("t", "tm") or split_timestamped(v)[0] + 1_000 > now_ms}
 
 
 def _keyed(manager, checkpoint_id: int) -> ChangelogHandle:
@@ -192,7 +189,7 @@ def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(make_manage
         checkpoint(range(300), f"c{n}")
     lengths = [len(c.deltas) for c in chains[1:]]
     assert 0 in lengths[2:], lengths  # a few deltas of 30% outweigh the base
-    for before, after in zip(chains[1:], chains[2:], strict=False):
+    for before, after in itertools.pairwise(chains[1:]):
         weight = sum(d.stream.size for d in before.deltas)
         assert len(after.deltas) == (0 if weight >= before.base.stream.size else len(before.deltas) + 1), lengths
 
