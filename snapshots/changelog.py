@@ -48,15 +48,10 @@ class FetchedChangelog(FetchedKeyGroups):
         ]
         if not any(records for _tables, records in changes):
             return self._renumbered(kg, base, self.base_tables)
-        tables = list(self.header.tables)
-        ids = {name: i for i, name in enumerate(tables)}
-        # (table id, primary) -> its records, each [table id, primary, secondary, value]
-        keys: dict[tuple[int, bytes], list[Any]] = {}
+        ids = {name: i for i, name in enumerate(self.header.tables)}
+        # (table id, primary) -> the records the newest delta naming it holds
+        replaced: dict[tuple[int, bytes], list[Any]] = {}
         try:
-            for record in base:
-                table_id = ids.get(self.base_tables[record[0]])
-                if table_id is not None:  # a table since dropped starts a new base, so none is
-                    keys.setdefault((table_id, record[1]), []).append(_with_id(record, table_id, use_list))
             for names, records in changes:
                 named: set[tuple[int, bytes]] = set()  # the keys this delta replaces
                 for record in records:
@@ -68,12 +63,21 @@ class FetchedChangelog(FetchedKeyGroups):
                     key = (table_id, record[1])
                     if key not in named:
                         named.add(key)
-                        keys[key] = []
+                        replaced[key] = []
                     if len(record) != RESET_RECORD_LENGTH:
-                        keys[key].append(_with_id(record, table_id, use_list))
+                        replaced[key].append(_with_id(record, table_id, use_list))
+            gone: dict[int, set[bytes]] = {}
+            for table_id, primary in replaced:
+                gone.setdefault(table_id, set()).add(primary)
+            nothing: set[bytes] = set()
+            kept = [r for r in self._renumbered(kg, base, self.base_tables) if r[1] not in gone.get(r[0], nothing)]
         except (TypeError, IndexError, KeyError) as exc:
             raise SnapshotCorrupt(f"key group {kg}: a delta does not apply to its base: {exc}") from None
-        return [record for key in sorted(keys) for record in keys[key]]
+        # Two sorted runs (the base's records kept, the deltas' sorted), no key in both: one merge,
+        # whose comparisons never reach a value (no two records share table, primary and secondary).
+        kept.extend(sorted(record for records in replaced.values() for record in records))
+        kept.sort()
+        return kept
 
     def _renumbered(self, kg: int, records: list[Any], names: list[str]) -> list[Any]:
         """Records of a stream whose table ids are those of ``names``, under the header's ids."""

@@ -26,9 +26,18 @@ import threading
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import islice, repeat
 
-from statehouse.backends.base.partition import FlatChanges, FrozenView, RowChanges, StorePartition, WriteOp
+from statehouse.backends.base.partition import (
+    Entry,
+    FlatChanges,
+    FrozenView,
+    Guard,
+    RowChanges,
+    StorePartition,
+    WriteOp,
+)
 from statehouse.backends.heap.changes import ChangeLog
 from statehouse.backends.reserved import META_TABLE
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -336,6 +345,29 @@ class HeapPartition(StorePartition):
     def write(self, ops: list[WriteOp]) -> None:
         self._check_tables(op.table for op in ops)
         self._apply(ops)
+
+    def load_entries(self, entries: Iterable[Entry], directory: str, guard: Guard) -> int:
+        with self._untracked("a bulk load"):
+            return super().load_entries(entries, directory, guard)
+
+    def load(self, ops: Iterable[WriteOp]) -> int:
+        with self._untracked("a bulk load"):
+            return super().load(ops)
+
+    @contextmanager
+    def _untracked(self, reason: str) -> Iterator[None]:
+        """Writes the change log does not note, one by one: it is lost (the next checkpoint
+        writes a base), so noting each loaded entry would only cost."""
+        changes = self.changes
+        if changes is None:
+            yield
+            return
+        changes.lose(reason)
+        self.changes = None
+        try:
+            yield
+        finally:
+            self.changes = changes
 
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         self._check_tables(iter(flat))

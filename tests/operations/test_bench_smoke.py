@@ -19,6 +19,7 @@ from bench import (
     checkpoint_transfers,
     checkpoint_writes,
     columnar,
+    heap_changelog,
     http_server,
     latency,
     map_paging,
@@ -132,6 +133,14 @@ def test_precopy_delta(backend):
     out = precopy_delta.main(["--keys", "2000", "--changed", "500", "--runs", "1", "--backend", backend])
     (run,) = out["runs"]  # the script checks that every changed key was read and applied
     assert run["bytes"] > 500 * 100 and all(run[f"{step}_s"] > 0 for step in ("read", "pack", "apply"))
+
+
+def test_heap_changelog():
+    out = heap_changelog.main(["--keys", "2000", "--checkpoints", "2", "--changed", "0.05"])
+    by_format = {r["format"]: r for r in out["results"]}
+    assert set(by_format) == {"changelog", "full"}
+    # a delta of 5% of the keys writes less than the whole state does
+    assert by_format["changelog"]["checkpoint_mb"]["max"] < by_format["full"]["checkpoint_mb"]["min"]
 
 
 @pytest.mark.long

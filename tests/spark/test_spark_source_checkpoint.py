@@ -1,6 +1,6 @@
 """format("statehouse").option("checkpoint", N) on real local Spark, against two real replicas per
 backend whose checkpoints go to real S3 (SeaweedFS): a checkpoint's and a savepoint's keyed state
-(every kind; RocksDB's checkpoints incremental, its savepoints and the heap's checkpoints full) and
+(every kind; RocksDB's checkpoints incremental, its savepoints full, the heap's checkpoints a changelog) and
 operator state read straight from storage (no replica involved) equal the live read at that moment
 and a plain-Python oracle, stay what they were after the live state moves on, a one-key filter
 reads one key group of one part, a million keys read back exactly, and refusals (an unknown
@@ -21,8 +21,9 @@ from tests.support.source_data import STATES, as_dict, fill, fill_operator, firs
 pytestmark = [pytest.mark.http, pytest.mark.spark]
 
 
-# The heap deployment's checkpoints are the full format that the RocksDB deployment's savepoints
-# also are: make test runs the RocksDB deployment (both formats), make test-long both.
+# The heap deployment's checkpoints are a changelog whose base is the full format that the RocksDB
+# deployment's savepoints also are (tests/engine/test_heap_changelog.py reads deltas through the
+# same reader): make test runs the RocksDB deployment (both formats), make test-long both.
 @pytest.fixture(scope="module", params=[pytest.param("heap", marks=pytest.mark.long), "rocksdb"])
 def deployment(request, tmp_path_factory, s3_server):
     """Two replicas on one backend; their checkpoints go to a fresh S3 prefix (RocksDB's are
