@@ -770,6 +770,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="no rescale plan in the query: `statehouse rescale` runs from outside as --grow-at / --shrink-at begin",
     )
+    p.add_argument("--backend", choices=("rocksdb", "heap"), default="rocksdb", help="the replicas' backend")
     p.add_argument(
         "--compact-moving",
         action="store_true",
@@ -852,7 +853,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
     cfg = parse(argv)
     who = "an operator's `statehouse rescale` from outside" if cfg.external else "the driver"
     under = "with no query" if cfg.no_spark else "under a Spark query"
-    print_header(f"Live rescale 2 -> 3 -> 2 {under}, through S3 (SeaweedFS), by {who}")
+    print_header(f"Live rescale 2 -> 3 -> 2 {under}, through S3 (SeaweedFS), by {who}, {cfg.backend} backend")
     timeline = Timeline()
     load = LoadSampler()
     with contextlib.ExitStack() as stack:
@@ -861,7 +862,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         stack.push(functools.partial(keep_logs, workdir))  # runs before the rmtree
         extra = {"STATEHOUSE_RESCALE_COMPACT_MOVING": "true"} if cfg.compact_moving else {}
-        replicas = ReplicaSet(workdir / "replicas", storage, extra=extra)
+        replicas = ReplicaSet(workdir / "replicas", storage, extra=extra, backend=cfg.backend)
         stack.callback(replicas.stop)
         seeds = replicas.start(2)
         new = replicas.add(2, 3, version=2)
