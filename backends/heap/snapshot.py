@@ -20,7 +20,7 @@ from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.heap.changes import by_key_group, noted_rows, union
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.reserved import keyed_tables
-from statehouse.backends.snapshot.full_format import write_delta, write_key_groups
+from statehouse.backends.snapshot.full_format import delta_records, write_key_groups, write_sections
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.snapshots.full_format import SnapshotHeader
@@ -85,7 +85,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if changed is None:
                     written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
                 else:
-                    written = write_delta(view, changed, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
+                    records = delta_records(view, changed, header)
+                    written = write_sections(out, header, ctx.codec, now_ms, ctx.cancel.is_set, records)
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
             if changed is None or chain is None:

@@ -1,7 +1,7 @@
 """The full (canonical) keyed snapshot format, write side: a frozen view's key groups as one
 stream (the format, and its reading, are in ``statehouse.snapshots.full_format``, which a reader
 without a server shares). The same for both backends and savepoints; a heap checkpoint's changelog deltas
-(:func:`write_delta`) share the layout.
+(:func:`delta_records`) share the layout.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ def _cleaners(descriptors: list[StateDescriptor]) -> dict[str, Callable[[bytes, 
     return cleaners
 
 
+Records = Callable[[int, str, int, bool], list[list[Any]]]
+"""``(table id, table, key group, reset)`` -> the records of that table's key group, each
+``[table id, primary, secondary, stored value]`` or a changelog's reset ``[table id, primary]``;
+``reset``: TTL's cleanup may drop values, so a delta resets every key it names."""
+
+
 def write_key_groups(
     view: FrozenView,
     out: CheckpointOutputStream,
@@ -46,7 +52,7 @@ def write_key_groups(
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
         return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
 
-    return _write_sections(out, header, codec, now_ms, cancelled, records)
+    return write_sections(out, header, codec, now_ms, cancelled, records)
 
 
 class ChangedKeys(Protocol):
@@ -59,19 +65,13 @@ class ChangedKeys(Protocol):
         """A nested table's ``(secondary, value)`` entries of one primary, in byte order."""
 
 
-def write_delta(
-    view: ChangedKeys,
-    changed: Mapping[str, Mapping[int, Sequence[bytes]]],
-    out: CheckpointOutputStream,
-    header: SnapshotHeader,
-    codec: Codec,
-    now_ms: int,
-    cancelled: Callable[[], bool] = lambda: False,
-) -> KeyGroupsHandle:
-    """Write a changelog delta (:mod:`statehouse.snapshots.changelog`): per table and key group,
-    each changed primary in byte order with its entries as ``view`` holds them, and a reset
-    record ``[table id, primary]`` first where it has none (or may have none once TTL's cleanup
-    drops its expired entries)."""
+def delta_records(
+    view: ChangedKeys, changed: Mapping[str, Mapping[int, Sequence[bytes]]], header: SnapshotHeader
+) -> Records:
+    """The records of a changelog delta (:mod:`statehouse.snapshots.changelog`) for
+    :func:`write_sections`: per table and key group, each changed primary in byte order with its
+    entries as ``view`` holds them, and a reset record ``[table id, primary]`` first where it has
+    none (or may have none once TTL's cleanup drops its expired entries)."""
 
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
         primaries = changed.get(table, {}).get(kg)
@@ -81,10 +81,8 @@ def write_delta(
             values = view.values(table, kg, primaries)
             if reset:
                 return [r for p, v in zip(primaries, values, strict=True) for r in _reset_and_value(table_id, p, v)]
-            return [
-                [table_id, p, b"", v] if v is not None else [table_id, p]
-                for p, v in zip(primaries, values, strict=True)
-            ]
+            pairs = zip(primaries, values, strict=True)
+            return [[table_id, p, b"", v] if v is not None else [table_id, p] for p, v in pairs]
         found = []
         for primary in primaries:
             entries = [[table_id, primary, s, v] for s, v in view.entries(table, kg, primary)]
@@ -93,20 +91,14 @@ def write_delta(
             found.extend(entries)
         return found
 
-    return _write_sections(out, header, codec, now_ms, cancelled, records)
+    return records
 
 
 def _reset_and_value(table_id: int, primary: bytes, value: bytes | None) -> list[list[Any]]:
     return [[table_id, primary]] if value is None else [[table_id, primary], [table_id, primary, b"", value]]
 
 
-Records = Callable[[int, str, int, bool], list[list[Any]]]
-"""``(table id, table, key group, reset)`` -> the records of that table's key group, each
-``[table id, primary, secondary, stored value]`` or a changelog's reset ``[table id, primary]``;
-``reset``: TTL's cleanup may drop values, so a delta resets every key it names."""
-
-
-def _write_sections(
+def write_sections(
     out: CheckpointOutputStream,
     header: SnapshotHeader,
     codec: Codec,

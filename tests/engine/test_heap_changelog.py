@@ -77,6 +77,11 @@ def _unexpired(entries: dict, now_ms: int) -> dict:
     return {k: v for k, v in entries.items() if k[0] not in ("t", "tm") or split_timestamped(v)[0] + 1_000 > now_ms}
 
 
+def _checkpoint(manager, checkpoint_id: int) -> None:
+    manager.trigger("orders", checkpoint_id)
+    assert manager.complete("orders", checkpoint_id).status == "completed"
+
+
 def _keyed(manager, checkpoint_id: int) -> ChangelogHandle:
     part = manager._state("orders").completed.get(checkpoint_id)
     assert part is not None and part.format == "changelog"
@@ -152,8 +157,7 @@ def test_a_delta_holds_what_changed_and_reuses_the_rest(make_manager, tmp_path, 
             tx.value("v").update(f"key-{i}", "changed")
         tx.value("v").clear("key-20")
     expected = dump(job)
-    manager.trigger("orders", 2)
-    manager.complete("orders", 2)
+    _checkpoint(manager, 2)
     base, second = _keyed(manager, 1), _keyed(manager, 2)
     assert not base.deltas and second.base == base.base and len(second.deltas) == 1
     metadata = manager._state("orders").completed.get(2)
@@ -178,8 +182,7 @@ def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(make_manage
             for i in keys:
                 tx.value("v").update(f"key-{i}", value)
         checkpoint_id = len(chains) + 1
-        manager.trigger("orders", checkpoint_id)
-        manager.complete("orders", checkpoint_id)
+        _checkpoint(manager, checkpoint_id)
         chains.append(_keyed(manager, checkpoint_id))
 
     checkpoint(range(1_000), "a")
@@ -209,15 +212,12 @@ def test_changes_it_cannot_follow_start_a_new_base(make_manager, tmp_path, clock
     catalog, job = _job(clock)
     manager = make_manager(catalog, storage)
     _writes(job, random.Random(7), 200)
-    manager.trigger("orders", 1)
-    manager.complete("orders", 1)
+    _checkpoint(manager, 1)
     job.drop_state("m")
-    manager.trigger("orders", 2)
-    manager.complete("orders", 2)
+    _checkpoint(manager, 2)
     assert not _keyed(manager, 2).deltas
     _writes_without_maps(job)
-    manager.trigger("orders", 3)
-    manager.complete("orders", 3)
+    _checkpoint(manager, 3)
     assert len(_keyed(manager, 3).deltas) == 1
     expected = dump(job)
     fresh = JobCatalog(HeapStore(), clock=clock)
@@ -240,8 +240,7 @@ def test_retention_deletes_the_bases_and_deltas_no_retained_checkpoint_uses(make
     used = set()
     for checkpoint_id in range(1, 13):
         _writes(job, rng, 5 if checkpoint_id % 5 else 2_000)
-        manager.trigger("orders", checkpoint_id)
-        manager.complete("orders", checkpoint_id)
+        _checkpoint(manager, checkpoint_id)
         used = {h.stream.path for h in _keyed(manager, checkpoint_id).streams()}
     manager.drain_deletes(30)
     shared = {f"../shared/{p.rsplit('/', 1)[1]}" for p in storage.list("orders/shared")}
@@ -253,11 +252,9 @@ def test_a_corrupt_delta_is_refused_and_the_state_kept(make_manager, tmp_path, c
     catalog, job = _job(clock)
     manager = make_manager(catalog, storage)
     _writes(job, random.Random(5), 300)
-    manager.trigger("orders", 1)
-    manager.complete("orders", 1)
+    _checkpoint(manager, 1)
     _writes(job, random.Random(6), 5)
-    manager.trigger("orders", 2)
-    manager.complete("orders", 2)
+    _checkpoint(manager, 2)
     delta = next(p for p in storage.list("orders/shared") if p.endswith("-heap-delta"))
     path = tmp_path / "cp" / delta
     data = bytearray(path.read_bytes())
@@ -285,8 +282,7 @@ def test_the_data_source_reads_a_changelog_as_the_restore_does(make_manager, tmp
     rng = random.Random(11)
     for checkpoint_id in (1, 2, 3):
         _writes(job, rng, 300 if checkpoint_id == 1 else 20)
-        manager.trigger("orders", checkpoint_id)
-        manager.complete("orders", checkpoint_id)
+        _checkpoint(manager, checkpoint_id)
     assert len(_keyed(manager, 3).deltas) == 2
     part = SnapshotPart(snapshot_dir("orders", 3, "checkpoint"), manager._state("orders").completed.get(3))
     expected = dump(job)
