@@ -7,14 +7,16 @@ before the cut and in the frozen view, or after it and in the next segment). A c
 builds on checkpoint P takes every segment cut after P's: a failed or aborted checkpoint in
 between costs nothing, its keys are in the next delta. Noting more than changed is harmless
 (a delta carries each key's current content); noting less would lose a write, so a change the
-log cannot follow key by key (key groups or a table dropped, a close) *loses* it, and the next
-checkpoint writes a full base.
+log cannot follow key by key (a table dropped, a close, a restore's bulk load) *loses* it, and the
+next checkpoint writes a full base; key groups dropped or loaded whole (a live rescale's) are noted
+as such, and a checkpoint whose range holds one of them writes a base too.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import itemgetter
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
@@ -30,8 +32,15 @@ Keys = tuple[Sequence[bytes], Sequence[int]] | list[tuple[int, bytes]]
 """One write's keys of a table: a columnar write's primaries and key groups (its own sequences,
 not copied), or a dict's ``(key group, primary)`` keys."""
 
-Segment = dict[str, list[Keys]]
-"""Per table, the keys of each write since the cut before (repeats and all: merged when read)."""
+
+@dataclass
+class Segment:
+    """What was written between two cuts: per table, the keys of each write (repeats and all:
+    merged when read), and the key groups replaced whole (dropped, or bulk-loaded)."""
+
+    keys: dict[str, list[Keys]] = field(default_factory=dict)
+    whole: set[int] = field(default_factory=set)
+
 
 _KEY_GROUP, _PRIMARY = itemgetter(0), itemgetter(1)
 
@@ -44,40 +53,47 @@ class ChangeLog:
 
     def __init__(self, max_rows: int = MAX_NOTED_ROWS) -> None:
         self.max_rows = max_rows
-        self._current: Segment = {}
+        self._current = Segment()
         self._segments: list[tuple[int, Segment]] = []
         self._cuts: set[int] = set()  # the checkpoints cut since the log was last lost
         self.lost_reason: str | None = None
 
     def note_flat(self, flat: Mapping[str, FlatChanges]) -> None:
+        keys = self._current.keys
         for table, changes in flat.items():
             if table == META_TABLE:
                 continue
-            noted = self._current.get(table)
+            noted = keys.get(table)
             if noted is None:
-                noted = self._current[table] = []
+                noted = keys[table] = []
             if isinstance(changes, RowChanges):
                 noted.append((changes.primaries, changes.key_groups))
             else:
                 noted.append(list(changes))
 
     def note_ops(self, ops: Iterable[WriteOp]) -> None:
-        current = self._current
+        keys = self._current.keys
         for op in ops:
             if op.table != META_TABLE:
-                current.setdefault(op.table, []).append([(op.key_group, op.primary)])
+                keys.setdefault(op.table, []).append([(op.key_group, op.primary)])
+
+    def note_whole(self, key_groups: Iterable[int]) -> None:
+        """These key groups were replaced whole (dropped, or loaded in bulk): a checkpoint whose
+        range holds one writes a base (a move loads and drops key groups outside the range its
+        checkpoints cover, which no delta holds anyway)."""
+        self._current.whole.update(key_groups)
 
     def lose(self, reason: str) -> None:
         """The changes cannot be told key by key from here on: no checkpoint before now is built on."""
         if self._cuts:
             log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
         self.lost_reason = reason
-        self._current, self._segments, self._cuts = {}, [], set()
+        self._current, self._segments, self._cuts = Segment(), [], set()
 
     def cut(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` froze the partition: what was noted is its segment."""
         self._segments.append((checkpoint_id, self._current))
-        self._current = {}
+        self._current = Segment()
         self._cuts.add(checkpoint_id)
         self.lost_reason = None
         noted = noted_rows([segment for _id, segment in self._segments])
@@ -101,7 +117,12 @@ def _rows(keys: Keys) -> int:
 
 def noted_rows(segments: list[Segment]) -> int:
     """The rows written in ``segments``, repeats counted (no merge)."""
-    return sum(_rows(keys) for segment in segments for writes in segment.values() for keys in writes)
+    return sum(_rows(keys) for segment in segments for writes in segment.keys.values() for keys in writes)
+
+
+def replaced_whole(segments: list[Segment]) -> set[int]:
+    """The key groups ``segments`` replaced whole."""
+    return set().union(*(segment.whole for segment in segments))
 
 
 def union(segments: list[Segment], most: int) -> dict[str, dict[bytes, int]] | None:
@@ -110,7 +131,7 @@ def union(segments: list[Segment], most: int) -> dict[str, dict[bytes, int]] | N
     keys: dict[str, dict[bytes, int]] = {}
     count = 0
     for segment in segments:
-        for table, writes in segment.items():
+        for table, writes in segment.keys.items():
             noted = keys.setdefault(table, {})
             for written in writes:
                 before = len(noted)

@@ -44,7 +44,8 @@ from statehouse.backends.reserved import META_TABLE
 from statehouse.protocol.keygroups import KeyGroupRange
 
 _MISSING = object()
-_KEY_GROUP_AND_TABLE, _PRIMARY, _VALUE = operator.itemgetter(0, 1), operator.itemgetter(2), operator.itemgetter(4)
+_KEY_GROUP, _KEY_GROUP_AND_TABLE = operator.itemgetter(0), operator.itemgetter(0, 1)
+_PRIMARY, _VALUE = operator.itemgetter(2), operator.itemgetter(4)
 # A run is a tuple, not a list: the cyclic GC stops tracking a tuple of bytes, where it would
 # visit every key of a list on each full collection (~30 ms per million keys indexed).
 Run = tuple[bytes, ...]
@@ -337,7 +338,7 @@ class HeapPartition(StorePartition):
     def drop_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
         # A frozen view holds its own references to the dicts: dropping them here leaves it whole.
         if self.changes is not None:
-            self.changes.lose("key groups dropped")
+            self.changes.note_whole(kg for r in ranges for kg in r)
         for table in tables:
             groups = self._tables[table].groups
             for r in ranges:
@@ -352,14 +353,15 @@ class HeapPartition(StorePartition):
         """Each run of one table's entries of one key group goes into its dict at once (a flat
         table's in one C-level update), ``LOAD_BATCH`` entries per ``guard()``."""
         loaded = 0
-        with self._untracked("a bulk load"):
-            source = iter(entries)
-            while batch := list(islice(source, base_partition.LOAD_BATCH)):
-                self._check_tables(iter({table for _kg, table, _p, _s, _v in batch}))
-                with guard():
-                    for (kg, table), run in groupby(batch, key=_KEY_GROUP_AND_TABLE):
-                        self._load_run(table, kg, list(run))
-                loaded += len(batch)
+        source = iter(entries)
+        while batch := list(islice(source, base_partition.LOAD_BATCH)):
+            self._check_tables(iter({table for _kg, table, _p, _s, _v in batch}))
+            with guard():
+                if self.changes is not None:  # into key groups that held nothing: each is new whole
+                    self.changes.note_whole(set(map(_KEY_GROUP, batch)))
+                for (kg, table), run in groupby(batch, key=_KEY_GROUP_AND_TABLE):
+                    self._load_run(table, kg, list(run))
+            loaded += len(batch)
         return loaded
 
     def _load_run(self, table: str, kg: int, run: list[Entry]) -> None:

@@ -17,7 +17,7 @@ import logging
 import uuid
 
 from statehouse.backends.base.snapshot import SnapshotSource
-from statehouse.backends.heap.changes import by_key_group, noted_rows, union
+from statehouse.backends.heap.changes import by_key_group, noted_rows, replaced_whole, union
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import delta_records, write_key_groups, write_sections
@@ -36,18 +36,18 @@ MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay f
 REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
 
 
-def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> ChangelogHandle | None:
-    """The changelog of ``previous``, root-relative, if a delta can follow it: a changelog of the
-    same key groups and max parallelism whose deltas weigh less than their base."""
+def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[ChangelogHandle | None, str]:
+    """The changelog of ``previous``, root-relative, if a delta can follow it (a changelog of the
+    same key groups and max parallelism whose deltas weigh less than their base); else why not."""
     if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
-        return None
+        return None, "no completed changelog checkpoint to build on"
     metadata = previous.metadata
     if metadata.key_group_range != job.key_group_range or metadata.max_parallelism != job.max_parallelism:
-        return None
+        return None, f"checkpoint {metadata.checkpoint_id} is of another layout"
     chain = keyed.under(previous.directory)
     if len(chain.deltas) >= MAX_DELTAS or sum(d.stream.size for d in chain.deltas) >= chain.base.stream.size:
-        return None
-    return chain
+        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their base"
+    return chain, ""
 
 
 class ChangelogSnapshotStrategy(JobStrategy):
@@ -60,25 +60,32 @@ class ChangelogSnapshotStrategy(JobStrategy):
         partition = job.partition
         assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
         view = partition.freeze()
-        changes, chain, segments = partition.changes, None, None
+        changes, chain, segments, why = partition.changes, None, None, "the partition notes no changes"
         if changes is not None:
             changes.cut(ctx.checkpoint_id)
-            chain = _builds_on(ctx.previous, job)
+            chain, why = _builds_on(ctx.previous, job)
             if chain is not None and ctx.previous is not None:
-                segments = changes.since(ctx.previous.metadata.checkpoint_id)
+                built_on = ctx.previous.metadata.checkpoint_id
+                segments = changes.since(built_on)
+                why = f"the partition's log did not follow every write since checkpoint {built_on}"
+                if segments is not None and any(kg in job.key_group_range for kg in replaced_whole(segments)):
+                    segments, why = None, "key groups of its range were replaced whole"
         states = descriptor_dicts(job)
         header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
         now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
 
         def body() -> SnapshotResult:
-            changed = None
+            changed, reason = None, why
             if segments is not None:
                 state_keys = view.key_count()
+                reason = "half the state's keys or more changed"
                 # Twice as many rows as the state has keys: most keys changed, or a base is
                 # cheaper than the batch was anyway; no need to merge the keys to know.
                 if noted_rows(segments) < REWRITES * state_keys:
                     keys = union(segments, max(1, int(BASE_SHARE * state_keys)))
                     changed = None if keys is None else by_key_group(keys)
+            if changed is None:
+                log.debug("checkpoint %d of job %s writes a base: %s", ctx.checkpoint_id, ctx.job, reason)
             path = f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-heap-{'delta' if changed is not None else 'base'}"
             ctx.written.append(path)
             with ctx.storage.create_output(path) as out:

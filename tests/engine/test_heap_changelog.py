@@ -4,6 +4,7 @@ or split over replicas, into either backend; the delta must hold what changed, n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 
@@ -19,7 +20,7 @@ from statehouse.snapshots.storage import open_storage
 from statehouse.snapshots.stored.codec import split_timestamped
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 from statehouse.snapshots.stored.ttl import TtlConfig
-from tests.support.job_contents import dump, operator_dump
+from tests.support.job_contents import dump, operator_dump, owned_keys
 
 P = 32
 STATES = [
@@ -299,3 +300,45 @@ def test_the_data_source_reads_a_changelog_as_the_restore_does(make_manager, tmp
 
 def _listed(column) -> list:
     return column.to_pylist() if hasattr(column, "to_pylist") else list(column)
+
+
+def test_key_groups_replaced_whole_outside_the_range_leave_deltas_going(make_manager, tmp_path, clock):
+    """A live rescale's load brings key groups the replica does not own yet, and an abort drops
+    them: no checkpoint of the current range holds them, so deltas go on. Key groups of the range
+    dropped whole make the next checkpoint a base."""
+    from statehouse.protocol.keygroups import KeyGroupRange
+
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog = JobCatalog(HeapStore(), replica_index=0, replica_count=2, clock=clock)
+    job, _ = catalog.create("orders", P)
+    for descriptor in STATES:
+        job.register_state(descriptor)
+    assert job.key_group_range == KeyGroupRange(0, 15)
+    manager = make_manager(catalog, storage)
+    owned = owned_keys(job, KEYS)
+
+    def write(value: str, keys: list[str]) -> None:
+        with job.transaction() as tx:
+            for key in keys:
+                tx.value("v").update(key, value)
+                tx.map("m").put(key, value, 1)
+
+    write("a", owned)
+    _checkpoint(manager, 1)
+    incoming = [(kg, "v", f"in-{kg}".encode(), b"", b"\xa1x") for kg in range(16, 20)]
+    job.partition.load_entries(incoming, str(tmp_path), contextlib.nullcontext)
+    write("b", owned[::7])
+    _checkpoint(manager, 2)
+    assert len(_keyed(manager, 2).deltas) == 1
+    expected = dump(job)
+    job.partition.drop_key_groups(["v"], [KeyGroupRange(16, 19)])  # an abort drops what it loaded
+    _checkpoint(manager, 3)
+    assert len(_keyed(manager, 3).deltas) == 2
+    job.partition.drop_key_groups(["v"], [KeyGroupRange(3, 3)])
+    _checkpoint(manager, 4)
+    assert not _keyed(manager, 4).deltas
+    fresh = JobCatalog(HeapStore(), replica_index=0, replica_count=2, clock=clock)
+    make_manager(fresh, storage).restore("orders", 2)
+    assert dump(fresh.get("orders")) == expected
+    fresh.close()
+    catalog.close()
