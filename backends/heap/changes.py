@@ -25,8 +25,9 @@ from statehouse.backends.reserved import META_TABLE
 log = logging.getLogger(__name__)
 
 # Past this many rows noted in all segments not yet built on, the log is lost and the next
-# checkpoint writes a base: checkpoints failing for long must not let memory grow unbounded.
-MAX_NOTED_ROWS = 4_000_000
+# checkpoint writes a base: checkpoints failing for long (or taken no more) must not let memory
+# grow unbounded. A row kept costs a reference, or a key tuple kept alive: ~100 bytes at most.
+MAX_NOTED_ROWS = 2_000_000
 
 Keys = tuple[Sequence[bytes], Sequence[int]] | list[tuple[int, bytes]]
 """One write's keys of a table: a columnar write's primaries and key groups (its own sequences,
@@ -56,9 +57,12 @@ class ChangeLog:
         self._current = Segment()
         self._segments: list[tuple[int, Segment]] = []
         self._cuts: set[int] = set()  # the checkpoints cut since the log was last lost
+        self._noted = 0  # rows in the segments and the current one, repeats counted
         self.lost_reason: str | None = None
 
     def note_flat(self, flat: Mapping[str, FlatChanges]) -> None:
+        if not self._cuts:  # no checkpoint a later one could build on: nothing to note
+            return
         keys = self._current.keys
         for table, changes in flat.items():
             if table == META_TABLE:
@@ -66,29 +70,39 @@ class ChangeLog:
             noted = keys.get(table)
             if noted is None:
                 noted = keys[table] = []
-            if isinstance(changes, RowChanges):
-                noted.append((changes.primaries, changes.key_groups))
-            else:
-                noted.append(list(changes))
+            written: Keys = (
+                (changes.primaries, changes.key_groups) if isinstance(changes, RowChanges) else list(changes)
+            )
+            noted.append(written)
+            self._count(_rows(written))
 
-    def note_ops(self, ops: Iterable[WriteOp]) -> None:
+    def note_ops(self, ops: Sequence[WriteOp]) -> None:
+        if not self._cuts:
+            return
         keys = self._current.keys
         for op in ops:
             if op.table != META_TABLE:
                 keys.setdefault(op.table, []).append([(op.key_group, op.primary)])
+        self._count(len(ops))
 
     def note_whole(self, key_groups: Iterable[int]) -> None:
         """These key groups were replaced whole (dropped, or loaded in bulk): a checkpoint whose
         range holds one writes a base (a move loads and drops key groups outside the range its
         checkpoints cover, which no delta holds anyway)."""
-        self._current.whole.update(key_groups)
+        if self._cuts:
+            self._current.whole.update(key_groups)
+
+    def _count(self, rows: int) -> None:
+        self._noted += rows
+        if self._noted > self.max_rows:
+            self.lose(f"{self._noted:,} rows noted since the last completed checkpoint")
 
     def lose(self, reason: str) -> None:
         """The changes cannot be told key by key from here on: no checkpoint before now is built on."""
         if self._cuts:
             log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
         self.lost_reason = reason
-        self._current, self._segments, self._cuts = Segment(), [], set()
+        self._current, self._segments, self._cuts, self._noted = Segment(), [], set(), 0
 
     def cut(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` froze the partition: what was noted is its segment."""
@@ -96,9 +110,6 @@ class ChangeLog:
         self._current = Segment()
         self._cuts.add(checkpoint_id)
         self.lost_reason = None
-        noted = noted_rows([segment for _id, segment in self._segments])
-        if noted > self.max_rows:
-            self.lose(f"{noted:,} rows noted since the last completed checkpoint")
 
     def since(self, checkpoint_id: int) -> list[Segment] | None:
         """The segments cut after ``checkpoint_id``'s (None: the log did not follow every change
@@ -108,7 +119,9 @@ class ChangeLog:
             return None
         self._segments = [(i, segment) for i, segment in self._segments if i > checkpoint_id]
         self._cuts = {i for i in self._cuts if i >= checkpoint_id}
-        return [segment for _id, segment in self._segments]
+        segments = [segment for _id, segment in self._segments]
+        self._noted = noted_rows([*segments, self._current])
+        return segments
 
 
 def _rows(keys: Keys) -> int:

@@ -342,3 +342,26 @@ def test_key_groups_replaced_whole_outside_the_range_leave_deltas_going(make_man
     assert dump(fresh.get("orders")) == expected
     fresh.close()
     catalog.close()
+
+
+def test_the_log_stays_bounded(make_manager, tmp_path, clock):
+    """Without checkpoints nothing is noted; with checkpoints that never complete, the log is lost
+    past its bound, and the next checkpoint that can complete writes a base."""
+    from statehouse.backends.heap.changes import ChangeLog
+
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    log = job.partition.changes = ChangeLog(max_rows=500)
+    _writes(job, random.Random(1), 2_000)
+    assert log.lost_reason is None and not log._current.keys  # no cut yet: nothing kept
+    manager = make_manager(catalog, storage)
+    _checkpoint(manager, 1)
+    _writes(job, random.Random(2), 20)
+    _checkpoint(manager, 2)
+    assert len(_keyed(manager, 2).deltas) == 1
+    for _ in range(30):  # checkpoints that never complete: each cut keeps its segment
+        _writes(job, random.Random(3), 40)
+    assert log.lost_reason is not None and "rows noted" in log.lost_reason
+    _checkpoint(manager, 3)
+    assert not _keyed(manager, 3).deltas
+    catalog.close()
