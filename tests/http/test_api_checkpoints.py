@@ -169,11 +169,23 @@ def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(request
         http.put("/jobs/j", json={"max_parallelism": 128})
         http.put("/jobs/j/states/total", json={"kind": "reducing", "function": "sum"})
         http.put("/jobs/j/states/seen", json={"kind": "map"})
+        expected = {}
         for i in range(200):
             add(http, "/jobs/j", f"user-{i}", i)
-        http.post("/jobs/j/checkpoints", json={"checkpoint_id": 1, "metadata": {"n": 200}})
-        wait_status(http, "/jobs/j", 1)
-        assert http.post("/jobs/j/checkpoints/1/complete").json()["status"] == "completed"
+            expected[f"user-{i}"] = i
+        # Then a few users change before each later checkpoint: the heap's are deltas over the first.
+        for checkpoint_id in (1, 2, 3):
+            if checkpoint_id > 1:
+                for i in range(checkpoint_id, 200, 37):
+                    add(http, "/jobs/j", f"user-{i}", 10)
+                    expected[f"user-{i}"] += 10
+            http.post("/jobs/j/checkpoints", json={"checkpoint_id": checkpoint_id, "metadata": {"n": 200}})
+            wait_status(http, "/jobs/j", checkpoint_id)
+            assert http.post(f"/jobs/j/checkpoints/{checkpoint_id}/complete").json()["status"] == "completed"
+        assert (
+            http.get("/jobs/j/checkpoints/3").json()["format"]
+            == {"rocksdb": "incremental", "heap": "changelog"}[backend]
+        )
         add(http, "/jobs/j", "user-1", 1000)  # after the checkpoint: may be lost
     finally:
         first.stop(signal.SIGKILL)
@@ -182,13 +194,18 @@ def test_sigkill_after_a_completed_checkpoint_loses_nothing_checkpointed(request
     try:
         http = httpx.Client(base_url=second.url + "/v1", timeout=10)
         assert http.get("/jobs/j").status_code == 404
-        assert http.post("/jobs/j/restore", json={"checkpoint_id": 1}).status_code == 200
-        assert [total(http, "/jobs/j", f"user-{i}") for i in range(200)] == list(range(200))
-        assert http.get("/jobs/j/states/seen/keys/user-3").json() == {"value": {"3": True}}
+        assert http.post("/jobs/j/restore", json={"checkpoint_id": 3}).status_code == 200
+        assert {f"user-{i}": total(http, "/jobs/j", f"user-{i}") for i in range(200)} == expected
+        assert http.get("/jobs/j/states/seen/keys/user-5").json() == {"value": {"5": True}}
+        assert http.get("/jobs/j/states/seen/keys/user-3").json() == {"value": {"3": True, "10": True}}
         assert http.get("/jobs/j").json()["states"] == ["seen", "total"]
         # the new process finds the checkpoint, and the metadata it was triggered with, in storage
         listed = http.get("/jobs/j/checkpoints").json()["items"]
-        assert [(c["checkpoint_id"], c["status"], c["metadata"]) for c in listed] == [(1, "completed", {"n": 200})]
+        assert (listed[-1]["checkpoint_id"], listed[-1]["status"], listed[-1]["metadata"]) == (
+            3,
+            "completed",
+            {"n": 200},
+        )
     finally:
         second.stop()
 
