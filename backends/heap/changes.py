@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
 from statehouse.backends.reserved import META_TABLE
@@ -41,9 +40,6 @@ class Segment:
 
     keys: dict[str, list[Keys]] = field(default_factory=dict)
     whole: set[int] = field(default_factory=set)
-
-
-_KEY_GROUP, _PRIMARY = itemgetter(0), itemgetter(1)
 
 
 class ChangeLog:
@@ -138,32 +134,30 @@ def replaced_whole(segments: list[Segment]) -> set[int]:
     return set().union(*(segment.whole for segment in segments))
 
 
-def union(segments: list[Segment], most: int) -> dict[str, dict[bytes, int]] | None:
-    """The keys of ``segments`` together, per table each primary once with its key group; None
-    once they are ``most`` or more (then a base is cheaper: the rest is not merged)."""
-    keys: dict[str, dict[bytes, int]] = {}
+def union(segments: list[Segment], most: int) -> dict[str, set[tuple[int, bytes]]] | None:
+    """The keys of ``segments`` together, per table each ``(key group, primary)`` once (a primary
+    alone does not name its key group: raw keyed state has one stream per key group, all under one
+    primary); None once they are ``most`` or more (then a base is cheaper: the rest is not merged)."""
+    keys: dict[str, set[tuple[int, bytes]]] = {}
     count = 0
     for segment in segments:
         for table, writes in segment.keys.items():
-            noted = keys.setdefault(table, {})
+            noted = keys.setdefault(table, set())
             for written in writes:
                 before = len(noted)
-                if isinstance(written, tuple):
-                    noted.update(zip(written[0], written[1], strict=True))
-                else:
-                    noted.update(zip(map(_PRIMARY, written), map(_KEY_GROUP, written), strict=True))
+                noted.update(zip(written[1], written[0], strict=True) if isinstance(written, tuple) else written)
                 count += len(noted) - before
                 if count >= most:
                     return None
     return keys
 
 
-def by_key_group(keys: dict[str, dict[bytes, int]]) -> dict[str, dict[int, list[bytes]]]:
+def by_key_group(keys: dict[str, set[tuple[int, bytes]]]) -> dict[str, dict[int, list[bytes]]]:
     """Per table and key group, the primaries of ``keys`` in byte order."""
     grouped: dict[str, dict[int, list[bytes]]] = {}
     for table, noted in keys.items():
         by_group: dict[int, list[bytes]] = {}
-        for primary, kg in noted.items():
+        for kg, primary in noted:
             by_group.setdefault(kg, []).append(primary)
         for primaries in by_group.values():
             primaries.sort()

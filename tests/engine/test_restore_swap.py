@@ -22,9 +22,12 @@ from statehouse.snapshots.stored.descriptors import StateDescriptor
 from tests.support.job_contents import STATES, dump, operator_dump, populate
 
 
-@pytest.fixture(params=[("heap", "full"), ("rocksdb", "full"), ("rocksdb", "incremental")], ids="-".join)
+@pytest.fixture(
+    params=[("heap", "full"), ("heap", "incremental"), ("rocksdb", "full"), ("rocksdb", "incremental")],
+    ids="-".join,
+)
 def layout(request):
-    """A backend and the kind of its checkpoints: incremental ones are RocksDB's alone."""
+    """A backend and the kind of its checkpoints (incremental: RocksDB's, or the heap's changelog)."""
     return request.param
 
 
@@ -110,6 +113,8 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
             fail,
         )  # the full-format reader is unused
         monkeypatch.setattr(*target)
+    if step == "fetch" and manager.get("orders", 1).format == "changelog":  # its base and deltas, each
+        monkeypatch.setattr("statehouse.snapshots.changelog.fetch_key_groups", fail)
     with pytest.raises((OSError, SnapshotCorrupt)):
         manager.restore("orders", 1)
     assert catalog.get("orders") is live

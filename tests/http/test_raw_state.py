@@ -59,9 +59,10 @@ def _snapshot(make_manager, catalogs, storage, kind: str, second: bool):
     return ids[-1]
 
 
-# Incremental checkpoints are RocksDB's alone (the heap backend's are full).
+# Incremental checkpoints: RocksDB's, or the heap backend's changelog.
 SNAPSHOTS = [
     ("heap", "full"),
+    ("heap", "incremental"),
     ("heap", "savepoint"),
     ("rocksdb", "full"),
     ("rocksdb", "incremental"),

@@ -77,7 +77,7 @@ def checkpoint_options(job, checkpoint, storage, endpoint, **options) -> dict[st
 
 
 def formats(job, checkpoint, storage, endpoint) -> set[str]:
-    """The keyed formats of a snapshot's parts ("full" or "incremental")."""
+    """The keyed formats of a snapshot's parts ("full", "incremental" or "changelog")."""
     from statehouse.client.datasource.checkpoint import CheckpointOptions, snapshot_parts
 
     parsed = CheckpointOptions.parse(checkpoint_options(job, checkpoint, storage, endpoint, state="x"))
@@ -96,7 +96,7 @@ def test_keyed_state_from_a_checkpoint_and_a_savepoint(source, deployment, s3_se
     with StatehouseClient(urls) as client:
         j = client.job(job)
         checkpoint = CheckpointCoordinator(j).checkpoint().checkpoint_id
-        assert formats(job, checkpoint, storage, endpoint) == {"incremental" if backend == "rocksdb" else "full"}
+        assert formats(job, checkpoint, storage, endpoint) == {"incremental" if backend == "rocksdb" else "changelog"}
         for state in STATES:
             found = from_checkpoint(source, job, checkpoint, storage, endpoint, state=state, partitions_per_replica=3)
             assert found.schema == live[state].schema, state
