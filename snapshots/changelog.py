@@ -47,7 +47,7 @@ class FetchedChangelog(FetchedKeyGroups):
             (d.tables, d.fetched._section(kg, d.sections[kg], use_list)) for d in self.deltas if kg in d.sections
         ]
         if not any(records for _tables, records in changes):
-            return self._renumbered(kg, base, self.base_tables)
+            return self._renumbered(kg, base, self.base_tables, use_list)
         ids = {name: i for i, name in enumerate(self.header.tables)}
         # (table id, primary) -> the records the newest delta naming it holds
         replaced: dict[tuple[int, bytes], list[Any]] = {}
@@ -70,16 +70,18 @@ class FetchedChangelog(FetchedKeyGroups):
             for table_id, primary in replaced:
                 gone.setdefault(table_id, set()).add(primary)
             nothing: set[bytes] = set()
-            kept = [r for r in self._renumbered(kg, base, self.base_tables) if r[1] not in gone.get(r[0], nothing)]
+            base = self._renumbered(kg, base, self.base_tables, use_list)
+            kept = [r for r in base if r[1] not in gone.get(r[0], nothing)]
         except (TypeError, IndexError, KeyError) as exc:
             raise SnapshotCorrupt(f"key group {kg}: a delta does not apply to its base: {exc}") from None
-        # Two sorted runs (the base's records kept, the deltas' sorted), no key in both: one merge,
-        # whose comparisons never reach a value (no two records share table, primary and secondary).
-        kept.extend(sorted(record for records in replaced.values() for record in records))
+        # The base's records kept are one sorted run, which the sort keeps as such (it only sorts the
+        # deltas' records and merges them in); its comparisons never reach a value, since no two
+        # records share table, primary and secondary.
+        kept.extend(record for records in replaced.values() for record in records)
         kept.sort()
         return kept
 
-    def _renumbered(self, kg: int, records: list[Any], names: list[str]) -> list[Any]:
+    def _renumbered(self, kg: int, records: list[Any], names: list[str], use_list: bool) -> list[Any]:
         """Records of a stream whose table ids are those of ``names``, under the header's ids."""
         tables = list(self.header.tables)
         if names == tables[: len(names)]:
@@ -89,7 +91,6 @@ class FetchedChangelog(FetchedKeyGroups):
             kept = [(ids.get(names[r[0]]), r) for r in records]
         except (TypeError, IndexError) as exc:
             raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
-        use_list = isinstance(records[0], list) if records else True
         return sorted(
             (_with_id(r, table_id, use_list) for table_id, r in kept if table_id is not None),
             key=lambda r: (r[0], r[1], r[2]),

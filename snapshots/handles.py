@@ -112,6 +112,14 @@ class KeyGroupsHandle:
     def key_group_range(self) -> KeyGroupRange:
         return self.offsets.key_group_range
 
+    def under(self, base: str) -> KeyGroupsHandle:
+        """The handle with its stream's path joined to ``base``."""
+        return replace(self, stream=self.stream.under(base))
+
+    def relative_to(self, base: str) -> KeyGroupsHandle:
+        """The handle with its stream's path made relative to ``base``."""
+        return replace(self, stream=self.stream.relative_to(base))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": "key_groups",
@@ -207,12 +215,11 @@ class ChangelogHandle:
 
     def under(self, base: str) -> ChangelogHandle:
         """The handle with every stream's path joined to ``base``."""
-        return ChangelogHandle(_stream_under(self.base, base), tuple(_stream_under(h, base) for h in self.deltas))
+        return ChangelogHandle(self.base.under(base), tuple(h.under(base) for h in self.deltas))
 
     def relative_to(self, base: str) -> ChangelogHandle:
         """The handle with every stream's path made relative to ``base``."""
-        moved = [replace(h, stream=h.stream.relative_to(base)) for h in self.streams()]
-        return ChangelogHandle(moved[0], tuple(moved[1:]))
+        return ChangelogHandle(self.base.relative_to(base), tuple(h.relative_to(base) for h in self.deltas))
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "changelog", "base": self.base.to_dict(), "deltas": [d.to_dict() for d in self.deltas]}
@@ -224,10 +231,6 @@ class ChangelogHandle:
         if any(d.key_group_range != base.key_group_range for d in deltas):
             raise ValueError("every delta of a changelog covers its base's key groups")
         return cls(base, deltas)
-
-
-def _stream_under(handle: KeyGroupsHandle, base: str) -> KeyGroupsHandle:
-    return replace(handle, stream=handle.stream.under(base))
 
 
 KeyedHandle = KeyGroupsHandle | IncrementalHandle | ChangelogHandle

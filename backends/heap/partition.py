@@ -26,7 +26,6 @@ import threading
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from itertools import groupby, islice, repeat
 
 from statehouse.backends.base import partition as base_partition
@@ -383,25 +382,6 @@ class HeapPartition(StorePartition):
             target: dict | _Container = writable.data if writable.index is None else writable
             for _kg, _table, _primary, secondary, value in entries:
                 target[secondary] = value
-
-    def load(self, ops: Iterable[WriteOp]) -> int:
-        with self._untracked("a bulk load"):
-            return super().load(ops)
-
-    @contextmanager
-    def _untracked(self, reason: str) -> Iterator[None]:
-        """Writes the change log does not note, one by one: it is lost (the next checkpoint
-        writes a base), so noting each loaded entry would only cost."""
-        changes = self.changes
-        if changes is None:
-            yield
-            return
-        changes.lose(reason)
-        self.changes = None
-        try:
-            yield
-        finally:
-            self.changes = changes
 
     def write_changes(self, flat: Mapping[str, FlatChanges], ops: list[WriteOp]) -> None:
         self._check_tables(iter(flat))

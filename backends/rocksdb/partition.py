@@ -321,8 +321,6 @@ class RocksDBPartition(StorePartition):
         if budget is None:
             return _read_many(family, keys)
         values = map(family.get, keys)
-        if budget is None:
-            return list(values)
         found: list[bytes | None] = []  # each get copies its value: stop once they pass the budget
         add = found.append
         for value in values:

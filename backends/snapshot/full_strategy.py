@@ -52,7 +52,7 @@ class FullSnapshotStrategy(JobStrategy):
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
             uploaded = keyed.stream.size + operator.size
-            keyed = type(keyed)(keyed.stream.relative_to(ctx.directory), keyed.header, keyed.offsets)
+            keyed = keyed.relative_to(ctx.directory)
             return SnapshotResult(
                 "full", keyed, operator.relative_to(ctx.directory), states, job.max_parallelism, uploaded, 0
             )

@@ -27,7 +27,7 @@ def key_groups_handle(part: SnapshotPart) -> KeyGroupsHandle:
     keyed = part.metadata.keyed
     if not isinstance(keyed, KeyGroupsHandle):
         raise SnapshotCorrupt(f"part {part.directory} is recorded as {part.metadata.format} but holds no full handle")
-    return KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
+    return keyed.under(part.directory)
 
 
 def _chunks(

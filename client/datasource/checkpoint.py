@@ -250,8 +250,7 @@ def part_records(
     as columns: key groups, primaries, secondaries, values."""
     keyed = part.metadata.keyed
     if isinstance(keyed, KeyGroupsHandle):
-        handle = KeyGroupsHandle(keyed.stream.under(part.directory), keyed.header, keyed.offsets)
-        yield from fetch_key_groups(storage, handle, wanted).table_records(table)
+        yield from fetch_key_groups(storage, keyed.under(part.directory), wanted).table_records(table)
         return
     if isinstance(keyed, ChangelogHandle):
         yield from fetch_changelog(storage, keyed.under(part.directory), wanted).table_records(table)
