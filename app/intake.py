@@ -102,31 +102,24 @@ def unsupported(content_type: str | None, accepted: tuple[str, ...]) -> ApiError
     )
 
 
-class Intake:
-    """The ASGI layer that does the three checks above, outside everything that reads a body."""
+class Admission:
+    """The three checks above, for an app's routes: what :class:`Intake` runs for every request,
+    and the data plane's own entry (``app/data_plane.py``) for the requests it takes."""
 
-    def __init__(self, app: ASGIApp, routes: list[Any], max_bytes: int) -> None:
-        self.app = app
+    def __init__(self, routes: list[Any], max_bytes: int) -> None:
         self.routes = body_routes(routes)
         self.max_bytes = max_bytes
         self.too_large = f"request body exceeds {max_bytes} bytes (STATEHOUSE_MAX_BODY_BYTES); send smaller batches"
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        try:
-            declared = self._check(scope)
-        except ApiError as exc:
-            await state_error(Request(scope), exc)(scope, receive, send)
-            return
-        if declared:  # the HTTP parser reads no more than Content-Length, checked above
-            await self.app(scope, receive, send)
-            return
+    def admit(self, scope: Scope, receive: Receive) -> Receive:
+        """Run the checks (:class:`ApiError` when one fails, the body not received) and give the
+        ``receive`` to read the body with: ``receive`` itself when Content-Length declared the
+        body's length (the HTTP parser reads no more), else one that counts what arrives."""
+        if self._check(scope):
+            return receive
         received = 0
 
         async def counting_receive() -> Message:
-            # Without a Content-Length (chunked upload), count while reading.
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -135,7 +128,7 @@ class Intake:
                     raise ApiError("body_too_large", self.too_large)
             return message
 
-        await self.app(scope, counting_receive, send)
+        return counting_receive
 
     def _check(self, scope: Scope) -> bool:
         """The checks; whether the body's length is declared (Content-Length), so already checked."""
@@ -156,3 +149,22 @@ class Intake:
         if int(length) > self.max_bytes:
             raise ApiError("body_too_large", self.too_large)
         return True
+
+
+class Intake:
+    """The ASGI layer that runs :class:`Admission`'s checks, outside everything that reads a body."""
+
+    def __init__(self, app: ASGIApp, admission: Admission) -> None:
+        self.app = app
+        self.admission = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            receive = self.admission.admit(scope, receive)
+        except ApiError as exc:
+            await state_error(Request(scope), exc)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -18,8 +18,9 @@ from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import access_log, openapi, problems
+from statehouse.app.data_plane import DataPlane
 from statehouse.app.dependencies import Service, require_token
-from statehouse.app.intake import Intake
+from statehouse.app.intake import Admission, Intake
 from statehouse.app.metrics import Metrics, MetricsMiddleware
 from statehouse.app.routers import (
     batch,
@@ -175,9 +176,12 @@ class StatehouseAPI(FastAPI):
     Starlette's 500 handler (``MetricsMiddleware`` answers faults itself, see ``server_errors``),
     an exception-telemetry and a body-limit layer (no ``max_body_size``: ``app/intake.py`` bounds
     bodies). Lifespan events go through the whole stack, as FastAPI builds it. It also serves
-    ``openapi.document`` as its OpenAPI document."""
+    ``openapi.document`` as its OpenAPI document, and offers its columnar routes to the server's
+    protocol beside ASGI (:attr:`data_plane`)."""
 
     _entry: ASGIApp | None = None
+    # The columnar routes' entry for the server's own protocol (``app/serve.py``), beside ASGI.
+    data_plane: DataPlane | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         entry = self._entry
@@ -314,8 +318,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # columnar endpoint's fast path is innermost: inside the intake (token, content type and
     # size, checked before the body is received), metrics and 500s.
     access_log.data_plane_routes(data_plane_paths(app.routes))
+    admission = Admission(app.routes, settings.max_body_bytes)
     app.add_middleware(columns.ColumnsFastPath)
-    app.add_middleware(Intake, routes=app.routes, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Intake, admission=admission)
+    app.data_plane = DataPlane(app, admission, metrics)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

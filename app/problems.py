@@ -130,12 +130,16 @@ class ProblemResponse(Response):
     def _render(self) -> bytes:
         return orjson.dumps({"type": self.problem_type, **self.problem})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def address(self, scope: Scope) -> None:
+        """Fill in ``type`` for the request ``scope`` answers (its app's settings, its root path)."""
         sent = problem_type(self.problem["code"], _docs_url(scope), scope.get("root_path", ""))
         if sent != self.problem_type:
             self.problem_type = sent
             self.body = self._render()
             self.headers["content-length"] = str(len(self.body))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.address(scope)
         await super().__call__(scope, receive, send)
 
 

@@ -25,15 +25,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import copy
-from typing import Any, ClassVar
+import re
+from typing import Any, ClassVar, cast
 
 import orjson
 import uvicorn
+from starlette.types import Receive, Scope
 from uvicorn.config import LOGGING_CONFIG
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from statehouse.app import access_log
+from statehouse.app.data_plane import DataPlane
 from statehouse.app.problems import STATUS_BY_CODE, problem_type
 from statehouse.app.settings import Settings, load_settings
 
@@ -141,6 +146,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.data_plane = _data_plane(self.app)
         self._awaiting_head = True  # the next bytes belong to a request head
         self._head_bytes = 0  # of the head being received
         self._body_pending = False  # a head has arrived, the end of its body not yet
@@ -206,6 +212,62 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_head, self._head_bytes, self._body_pending = True, 0, False
         super().on_message_complete()
 
+    # -- the data plane, beside ASGI ------------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # Where uvicorn starts a request's ASGI task (at once, or after a pipelined one before it).
+        plane, scope = self.data_plane, cast(Scope, cycle.scope)  # uvicorn's TypedDict, as ASGI's mapping
+        found = plane.route(scope) if plane is not None and app is self.app else None
+        if found is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        answer = self._answer_data_plane(cycle, plane, found)  # type: ignore[arg-type]  # plane is set
+        context = contextvars.Context() if self.config.reset_contextvars else None
+        task = self.loop.create_task(answer, context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _answer_data_plane(self, cycle: RequestResponseCycle, plane: DataPlane, found: re.Match[str]) -> None:
+        """Answer a data-plane request with ``plane`` (the body read through the cycle, as an ASGI
+        app reads it: flow control and ``Expect: 100-continue`` kept), the response written as
+        one HTTP message with the server's default headers, then the cycle ended as uvicorn ends it."""
+        scope = cast(Scope, cycle.scope)
+        try:
+            response = await plane.answer(scope, cast(Receive, cycle.receive), found)
+            if cycle.disconnected:
+                return
+            if cycle.flow.write_paused:
+                await cycle.flow.drain()
+            cycle.response_started, cycle.waiting_for_100_continue = True, False
+            status = response.status_code
+            if cycle.access_log and not access_log.quiet(scope["method"], scope["path"], status):
+                cycle.access_logger.info(
+                    '%s - "%s %s HTTP/%s" %d',
+                    get_client_addr(cycle.scope),
+                    scope["method"],
+                    get_path_with_query_string(cycle.scope),
+                    scope["http_version"],
+                    status,
+                )
+            message: list[bytes | memoryview] = [STATUS_LINE[status]]
+            for name, value in (*cycle.default_headers, *response.raw_headers):
+                message += (name, b": ", value, b"\r\n")
+            if not cycle.keep_alive:
+                message.append(b"connection: close\r\n")
+            message += (b"\r\n", response.body)
+            self.transport.write(b"".join(message))
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                self.transport.close()
+            cycle.on_response()
+        except BaseException:  # cancelled (shutdown), or the transport failed: as uvicorn's cycle does
+            self.logger.exception("the data plane failed to answer %s %s", scope["method"], scope["path"])
+            self.transport.close()
+            raise
+        finally:
+            cycle.on_response = lambda: None
+
     # -- limits ---------------------------------------------------------------------------------
 
     def _head_size(self) -> int:
@@ -256,6 +318,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._answering():  # else an answer would land inside the running request's
             self.transport.write(_refusal(code, detail, self.docs_url))
         self.transport.close()
+
+
+def _data_plane(app: Any) -> DataPlane | None:
+    """The data plane of the Statehouse app under uvicorn's wrappers (proxy headers, message
+    logging), or None: another app, or one mounted under a root path."""
+    while app is not None:
+        plane = getattr(app, "data_plane", None)
+        if isinstance(plane, DataPlane):
+            return plane if not app.root_path else None
+        app = getattr(app, "app", None)
+    return None
 
 
 def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:

@@ -15,6 +15,7 @@ import re
 import uuid
 
 from prometheus_client import Counter
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from statehouse.app.problems import problem_response
@@ -31,13 +32,13 @@ def request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-async def answer_fault(scope: Scope, receive: Receive, send: Send, errors: Counter) -> None:
+def fault_response(scope: Scope, errors: Counter) -> Response:
     """Log the exception being handled under a request id, count it in ``errors`` (by code), and
-    answer 500 with the id."""
+    give the 500 problem that names the id."""
     rid = request_id(scope)
     log.exception("unhandled error on %s %s (request id %s)", scope.get("method"), scope.get("path"), rid)
     errors.labels("internal_error").inc()
-    response = problem_response(
+    return problem_response(
         500,
         "internal_error",
         f"internal error; the server log has it under request id {rid}",
@@ -45,4 +46,8 @@ async def answer_fault(scope: Scope, receive: Receive, send: Send, errors: Count
         {"X-Request-ID": rid},
         request_id=rid,
     )
-    await response(scope, receive, send)
+
+
+async def answer_fault(scope: Scope, receive: Receive, send: Send, errors: Counter) -> None:
+    """Answer the exception being handled with :func:`fault_response`."""
+    await fault_response(scope, errors)(scope, receive, send)
