@@ -46,6 +46,11 @@ def quiet(method: str, path: str, status: int) -> bool:
     return _quiet and left_out(method, path, status)
 
 
+def quiet_data_plane(status: int) -> bool:
+    """:func:`quiet` for a request known to be the data plane's POST (``app/data_plane.py``'s)."""
+    return _quiet and 200 <= status < 300
+
+
 class QuietDataPlane(logging.Filter):
     """Drops uvicorn's access line of a successful data-plane POST (under ``uvicorn
     statehouse.app.main:app``; ``python -m statehouse.app.serve`` does not make those records)."""

@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import access_log, openapi, problems
-from statehouse.app.data_plane import DataPlane
+from statehouse.app.data_plane import DataPlane, FastPath, FastRoutes
 from statehouse.app.dependencies import Service, require_token
 from statehouse.app.intake import Admission, Intake
 from statehouse.app.metrics import Metrics, MetricsMiddleware
@@ -314,14 +314,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         topology.router,
     ):
         app.include_router(router, dependencies=v1)
-    # Outermost last: metrics see every response and answer unexpected faults (500s). The
-    # columnar endpoint's fast path is innermost: inside the intake (token, content type and
-    # size, checked before the body is received), metrics and 500s.
+    # Outermost last: metrics see every response and answer unexpected faults (500s). The data
+    # plane's fast path is innermost: inside the intake (token, content type and size, checked
+    # before the body is received), metrics and 500s.
     access_log.data_plane_routes(data_plane_paths(app.routes))
     admission = Admission(app.routes, settings.max_body_bytes)
-    app.add_middleware(columns.ColumnsFastPath)
+    fast = FastRoutes([*columns.FAST_ROUTES, *batch.FAST_ROUTES, *timers.FAST_ROUTES])
+    app.add_middleware(FastPath, routes=fast)
     app.add_middleware(Intake, admission=admission)
-    app.data_plane = DataPlane(app, admission, metrics)
+    app.data_plane = DataPlane(app, admission, metrics, fast)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

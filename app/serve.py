@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextvars
 import copy
-import re
 from typing import Any, ClassVar, cast
 
 import orjson
@@ -38,7 +37,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from statehouse.app import access_log
-from statehouse.app.data_plane import DataPlane
+from statehouse.app.data_plane import DataPlane, Found
 from statehouse.app.problems import STATUS_BY_CODE, problem_type
 from statehouse.app.settings import Settings, load_settings
 
@@ -227,7 +226,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    async def _answer_data_plane(self, cycle: RequestResponseCycle, plane: DataPlane, found: re.Match[str]) -> None:
+    async def _answer_data_plane(self, cycle: RequestResponseCycle, plane: DataPlane, found: Found) -> None:
         """Answer a data-plane request with ``plane`` (the body read through the cycle, as an ASGI
         app reads it: flow control and ``Expect: 100-continue`` kept), the response written as
         one HTTP message with the server's default headers, then the cycle ended as uvicorn ends it."""
@@ -240,7 +239,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 await cycle.flow.drain()
             cycle.response_started, cycle.waiting_for_100_continue = True, False
             status = response.status_code
-            if cycle.access_log and not access_log.quiet(scope["method"], scope["path"], status):
+            if cycle.access_log and not access_log.quiet_data_plane(status):
                 cycle.access_logger.info(
                     '%s - "%s %s HTTP/%s" %d',
                     get_client_addr(cycle.scope),

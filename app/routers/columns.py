@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import TypeVar
 
 from fastapi import Request, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statehouse.app import openapi as doc
 from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, STATES_PARAMETER, ColumnarRequest, read_columnar
-from statehouse.app.dependencies import JobDep, Service, ServiceDep, get_job, require_token, service_of
+from statehouse.app.data_plane import FastRoute, route_of
+from statehouse.app.dependencies import JobDep, Service, ServiceDep
 from statehouse.app.models import ColumnsResponse
 from statehouse.app.offload import dispatch
-from statehouse.app.problems import ApiError, state_error
-from statehouse.app.routing import api_router, check_target, data_plane, route_path
+from statehouse.app.problems import ApiError
+from statehouse.app.routing import api_router, data_plane
 from statehouse.app.wire import arrow_response
 from statehouse.backends.attempts import perform
 from statehouse.backends.columns import ColumnOp, StatesColumnOp
-from statehouse.backends.errors import StateError
 from statehouse.backends.job import Job
 from statehouse.protocol.ops import COLUMN_OPS, ColumnOpName
-from statehouse.protocol.routes import JOB_COLUMNS, STATE_COLUMNS, pattern
+from statehouse.protocol.routes import JOB_COLUMNS, STATE_COLUMNS
 
 router = api_router(tags=["batch"])
 
@@ -98,58 +96,20 @@ def _states(request: Request) -> list[str]:
     return raw.split(",")
 
 
-_PATH = pattern(STATE_COLUMNS)
-_STATES_PATH = pattern(JOB_COLUMNS)
-# Their path templates label the metrics, as when FastAPI routes the request.
-_ROUTE, _STATES_ROUTE = router.routes[0], router.routes[1]
+def _known_op(params: dict[str, str], _query: bytes) -> bool:
+    return params["op"] in COLUMN_OPS  # else FastAPI's 422 names the ops
 
 
-def match(scope: Scope) -> re.Match[str] | None:
-    """Whether ``scope`` is ``POST /v1/jobs/{job}/states/{state}/columns/{op}`` (or the several
-    states' route) for a known ``op``: then its route and path parameters are set in ``scope``,
-    as FastAPI's routing sets them (metrics label by the route's template)."""
-    if scope["method"] != "POST":
-        return None
-    path = route_path(scope)
-    found, route = _PATH.fullmatch(path), _ROUTE
-    if found is None:
-        found, route = _STATES_PATH.fullmatch(path), _STATES_ROUTE
-    if found is None or found["op"] not in COLUMN_OPS:
-        return None
-    scope["route"], scope["path_params"] = route, found.groupdict()
-    return found
-
-
-async def respond(scope: Scope, receive: Receive, found: re.Match[str]) -> Response:
-    """The answer to a request :func:`match` found, by the route's own steps in its order:
-    :func:`check_target` (``StrictRoute``), :func:`require_token`, the job lookup
-    (:func:`get_job`), then :func:`serve`; an error as the app's problem handler answers it."""
-    request = Request(scope, receive)
-    try:
-        check_target(scope)
-        await require_token(request)
-        service = service_of(request)
-        return await serve(
-            service, await get_job(service, found["job"]), found.groupdict().get("state"), found["op"], request
-        )
-    except StateError as exc:
-        return state_error(request, exc)
-
-
-class ColumnsFastPath:
-    """The columnar endpoint without FastAPI's routing and dependency solving (~200 µs less
-    server CPU per request, measured in process): an ASGI layer inside the app's middlewares
-    (intake, 500s, metrics) that answers what :func:`match` takes with :func:`respond`.
-    Anything else (an unknown ``op``: FastAPI's 422) goes on to the app. Under ``python -m
-    statehouse.app.serve`` these requests do not come through ASGI at all (``app/data_plane.py``)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = match(scope) if scope["type"] == "http" else None
-        if found is None:
-            await self.app(scope, receive, send)
-            return
-        response = await respond(scope, receive, found)
-        await response(scope, receive, send)
+# The columnar routes without FastAPI's routing (app/data_plane.py): what the executors call most.
+FAST_ROUTES = [
+    FastRoute(
+        route_of(router.routes, columns),
+        _known_op,
+        lambda service, job, request, p: serve(service, job, p["state"], p["op"], request),
+    ),
+    FastRoute(
+        route_of(router.routes, states_columns),
+        _known_op,
+        lambda service, job, request, p: serve(service, job, None, p["op"], request),
+    ),
+]

@@ -4,14 +4,16 @@ the fired timers, list and count them per key group (the rules are in ``backends
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import Path, Query, Request, Response
 from pydantic import BeforeValidator
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
 
 from statehouse.app import openapi as doc
 from statehouse.app.columnar_request import ATTEMPT_PARAMETERS, read_columnar
+from statehouse.app.data_plane import FastRoute, route_of
 from statehouse.app.dependencies import JobDep, ServiceDep
 from statehouse.app.models import (
     AdvanceBody,
@@ -32,11 +34,11 @@ from statehouse.backends.attempts import advance, perform
 from statehouse.backends.job import Job
 from statehouse.backends.staging import AttemptRef
 from statehouse.backends.timer_columns import TimerColumns
-from statehouse.backends.timers import TimeDomain
+from statehouse.backends.timers import TIME_DOMAINS, TimeDomain
 from statehouse.protocol import routes
 from statehouse.protocol.attempts import ATTEMPT_FIELDS
-from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KeyType
-from statehouse.protocol.ops import TimerColumnOpName
+from statehouse.protocol.keygroups import INT64_MAX, INT64_MIN, KEY_TYPES, KeyType
+from statehouse.protocol.ops import TIMER_COLUMN_OPS, TimerColumnOpName
 from statehouse.snapshots.stored import codec
 
 router = api_router(tags=["timers"])
@@ -123,6 +125,31 @@ async def timer_columns(
     await dispatch(job, lambda: perform(job, work, epoch=read.epoch, attempt=read.attempt, size=read.size), work.rows)
     service.metrics.count_ops(Counter({("timer", f"{op}_timer"): work.rows}))
     return read.written(op, work.rows)
+
+
+def _takes(params: dict[str, str], query: bytes) -> bool:
+    """A domain, an op and at most one ``key_type`` FastAPI accepts (else its 422 words the refusal)."""
+    if params["domain"] not in TIME_DOMAINS or params["op"] not in TIMER_COLUMN_OPS:
+        return False
+    key_types = QueryParams(query).getlist("key_type") if b"key_type" in query else []
+    return len(key_types) <= 1 and all(k in KEY_TYPES for k in key_types)
+
+
+# The timers' columns without FastAPI's routing (app/data_plane.py).
+FAST_ROUTES = [
+    FastRoute(
+        route_of(router.routes, timer_columns),
+        _takes,
+        lambda service, job, request, p: timer_columns(  # the values _takes checked
+            service,
+            job,
+            cast(TimeDomain, p["domain"]),
+            cast(TimerColumnOpName, p["op"]),
+            request,
+            cast(KeyType, request.query_params.get("key_type", "string")),
+        ),
+    )
+]
 
 
 @router.post(routes.TIMER_ADVANCE, response_model=AdvanceResponse, responses=doc.ADVANCE)

@@ -19,7 +19,7 @@ import pytest
 from starlette.requests import Request
 from uvicorn.server import ServerState
 
-from statehouse.app import data_plane, serve
+from statehouse.app import serve
 from statehouse.app.data_plane import DataPlane
 from statehouse.app.main import create_app
 from statehouse.app.settings import load_settings
@@ -29,6 +29,7 @@ from tests.support.server import ModuleCommand, ServerProcess, await_ready, free
 pytestmark = [pytest.mark.http]
 
 ARROW = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
 ADMIN, SCOPED, OTHER = "t-admin", "t-scoped", "t-other"
 ENV = {
     "STATEHOUSE_BACKEND": "heap",
@@ -148,6 +149,7 @@ def test_the_entry_answers_as_the_app_does_through_asgi(servers):
     put = _ipc(pa.table({"key": ["a", "b"], "value": [1, 2]}))
     get = _ipc(pa.table({"key": ["b", "a", "c"]}))
     both = _ipc(pa.table({"key": ["a", "z"], "value:n": [5, 6], "value:m": [7, 8]}))
+    timers = _ipc(pa.table({"key": ["a", "b"], "timestamp": pa.array([10, 20], pa.int64())}))
     states = "/v1/jobs/door/columns"
     one = "/v1/jobs/door/states/n/columns"
     sent = [
@@ -168,11 +170,38 @@ def test_the_entry_answers_as_the_app_does_through_asgi(servers):
         request("POST", f"{states}/get", get),  # 422: no states named
         request("POST", "/v1/jobs/door/states/n%ff/columns/get", get),  # 422: not UTF-8
         request("POST", f"{one}/get", _ipc(pa.table({"key": ["a"] * 10}))),
+        request(
+            "POST", "/v1/jobs/door/batch", b'{"ops": [{"op": "get", "state": "n", "key": "a"}]}', content_type=JSON
+        ),
+        request(
+            "POST",
+            "/v1/jobs/door/batch",
+            b'{"ops": [{"op": "put", "state": "n", "key": "q", "value": 9}]}',
+            content_type=JSON,
+        ),
+        request("POST", "/v1/jobs/door/batch", b"[1, 2", content_type=JSON),  # 400 malformed
+        request("POST", "/v1/jobs/door/batch", b'{"ops": 1}', content_type=JSON),  # 422
+        request(
+            "POST",
+            "/v1/jobs/door/batch",
+            b'{"ops": [{"op": "get", "state": "n", "key": "a"}]}',
+            token=OTHER,
+            content_type=JSON,
+        ),  # 403
+        request("POST", "/v1/jobs/door/timers/event/columns/register", timers),
+        request("POST", "/v1/jobs/door/timers/event/columns/delete?key_type=string", timers),
+        request(
+            "POST", "/v1/jobs/door/timers/event/columns/register?key_type=int", timers
+        ),  # 422: the keys are not ints
+        request("POST", "/v1/jobs/door/timers/event/columns/register?key_type=nope", timers),  # FastAPI's 422
+        request("POST", "/v1/jobs/door/timers/never/columns/register", timers),  # FastAPI's 422
+        request("POST", "/v1/jobs/door/timers/processing/columns/nope", timers),  # FastAPI's 422
     ]
     got = {door: comparable(exchange(server, sent)) for door, server in servers.items()}
     assert got["serve"] == got["asgi"]
     statuses = [int(status.split()[1]) for status, _h, _b in got["serve"]]
-    assert statuses == [200, 200, 200, 200, 409, 422, 401, 403, 401, 415, 400, 422, 404, 404, 422, 422, 200, 200]
+    columns = [200, 200, 200, 200, 409, 422, 401, 403, 401, 415, 400, 422, 404, 404, 422, 422, 200]
+    assert statuses == [*columns, 200, 200, 400, 422, 403, 200, 200, 422, 422, 422, 422, 200]
     assert got["serve"][1][2] == {"key": ["b", "a", "c"], "value": [2, 1, None]}
     assert got["serve"][3][2] == {"key": ["b", "a", "c"], "value:m": [None, 7, None], "value:n": [2, 5, None]}
     assert got["serve"][6][1][b"www-authenticate"] == b"Bearer"
@@ -243,7 +272,7 @@ def test_a_fault_is_a_500_that_names_a_request_id(monkeypatch, tmp_path):
     async def fault(*_args: object) -> None:
         raise RuntimeError("a fault")
 
-    monkeypatch.setattr(data_plane.columns, "respond", fault)
+    monkeypatch.setattr(plane.routes, "respond", fault)
     scope = {
         "type": "http",
         "method": "POST",
@@ -286,7 +315,8 @@ def test_the_servers_protocol_takes_the_columnar_routes_and_nothing_else(monkeyp
     assert taken("POST", "/v1/jobs/j/states/s/columns/put") and taken("POST", "/v1/jobs/j/columns/get")
     assert not taken("POST", "/v1/jobs/j/states/s/columns/nope")  # FastAPI's 422, through ASGI
     assert not taken("GET", "/v1/jobs/j/states/s/columns/get")
-    assert not taken("POST", "/v1/jobs/j/batch")
+    assert taken("POST", "/v1/jobs/j/batch") and taken("POST", "/v1/jobs/j/timers/event/columns/register")
+    assert not taken("POST", "/v1/jobs/j/timers/event/columns/nope")
     # Another app (the bench's bare one) has none: every request goes through ASGI.
     bare = serve.config(settings, "127.0.0.1", free_port(), app="bench.bare_asgi:app")
     bare.load()
