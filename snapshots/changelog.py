@@ -103,22 +103,46 @@ def _with_id(record: Any, table_id: int, use_list: bool) -> Any:
     return [table_id, *record[1:]] if use_list else (table_id, *record[1:])
 
 
+@dataclass(frozen=True, slots=True)
+class FetchedChains(FetchedKeyGroups):
+    """Some key groups of a changelog of several chains: each key group read from its chain's."""
+
+    by_key_group: dict[int, FetchedChangelog] = field(default_factory=dict)
+
+    def _section(self, kg: int, section: bytes, use_list: bool = True) -> list[Any]:
+        return self.by_key_group[kg]._section(kg, section, use_list)
+
+
 def section_lengths(handle: ChangelogHandle, key_group: int) -> int:
-    """The bytes a read of ``key_group`` fetches: its section in the base and in each delta."""
-    return sum(stream.offsets.section(key_group).length for stream in handle.streams())
+    """The bytes a read of ``key_group`` fetches: its section in its chain's base and deltas."""
+    return sum(stream.offsets.section(key_group).length for stream in handle.chain_of(key_group).streams())
 
 
-def fetch_changelog(storage: CheckpointStorage, handle: ChangelogHandle, wanted: KeyGroupRange) -> FetchedChangelog:
-    """Fetch ``wanted``'s sections of the base and of every delta (the handle's paths as the
+def fetch_changelog(storage: CheckpointStorage, handle: ChangelogHandle, wanted: KeyGroupRange) -> FetchedKeyGroups:
+    """Fetch ``wanted``'s sections of each chain's base and deltas (the handle's paths as the
     storage reads them), several streams at once (the storage's transfers)."""
-    fetched = storage.transfer(lambda h: fetch_key_groups(storage, h, wanted), handle.streams())
-    base, deltas = fetched[0], fetched[1:]
-    header: SnapshotHeader = (deltas[-1] if deltas else base).header
-    if any(f.header.key_group_range != base.header.key_group_range for f in deltas):
-        raise SnapshotCorrupt("a delta of a changelog covers other key groups than its base")
-    return FetchedChangelog(
-        header,
-        base.sections,
-        list(base.header.tables),
-        [FetchedDelta(list(d.header.tables), dict(d.sections), d) for d in deltas],
-    )
+    chains = [c for c in (chain.restricted(wanted) for chain in handle.chains) if c is not None]
+    if not chains:
+        chains = [handle.chains[0]]  # nothing wanted: the header alone
+    streams = [h for chain in chains for h in chain.streams()]
+    fetched = storage.transfer(lambda h: fetch_key_groups(storage, h, wanted), streams)
+    read: list[FetchedChangelog] = []
+    for chain in chains:
+        base, deltas, fetched = fetched[0], fetched[1 : len(chain.streams())], fetched[len(chain.streams()) :]
+        header: SnapshotHeader = (deltas[-1] if deltas else base).header
+        read.append(
+            FetchedChangelog(
+                header,
+                base.sections,
+                list(base.header.tables),
+                [FetchedDelta(list(d.header.tables), dict(d.sections), d) for d in deltas],
+            )
+        )
+    if len(read) == 1:
+        return read[0]
+    # Every chain ends with the stream of the checkpoint itself: one header, one numbering of tables.
+    header = read[0].header
+    if any(r.header.tables != header.tables for r in read):
+        raise SnapshotCorrupt("the chains of a changelog end with streams of different tables")
+    sections = sorted((kg, s) for r in read for kg, s in r.sections)
+    return FetchedChains(header, sections, {kg: r for r in read for kg, _s in r.sections})

@@ -146,11 +146,11 @@ class FetchedKeyGroups:
 def fetch_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, wanted: KeyGroupRange) -> FetchedKeyGroups:
     """Read and verify the header and the sections of ``wanted`` ∩ the handle's range.
 
-    The whole file is read (and its SHA-256 checked) only when every key group is wanted;
-    otherwise the header and one contiguous ranged read cover exactly the needed sections.
+    The whole file is read (and its SHA-256 checked) only when every key group of the file is
+    wanted; otherwise the header and one contiguous ranged read cover exactly the needed sections.
     """
     part = handle.offsets.intersection(wanted)
-    if part is not None and part.key_group_range == handle.key_group_range:
+    if part is not None and part.key_group_range == handle.key_group_range and handle.whole_stream():
         data = storage.read_verified(handle.stream)
         header_block = data[: handle.header.length]
         chunks = [

@@ -120,6 +120,18 @@ class KeyGroupsHandle:
         """The handle with its stream's path made relative to ``base``."""
         return replace(self, stream=self.stream.relative_to(base))
 
+    def whole_stream(self) -> bool:
+        """Whether its sections are all of its stream's after the header (not a restriction)."""
+        if not self.offsets.sections:
+            return True
+        first, last = self.offsets.sections[0], self.offsets.sections[-1]
+        return first.offset == self.header.length and last.offset + last.length == self.stream.size
+
+    def restricted(self, key_groups: KeyGroupRange) -> KeyGroupsHandle | None:
+        """The same stream's sections of the key groups of ``key_groups`` it has (None: none)."""
+        offsets = self.offsets.intersection(key_groups)
+        return None if offsets is None else replace(self, offsets=offsets)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": "key_groups",
@@ -196,14 +208,19 @@ class IncrementalHandle:
 
 
 @dataclass(frozen=True, slots=True)
-class ChangelogHandle:
-    """A heap checkpoint as a changelog (Flink's changelog state backend, materialized): a full
-    ``base`` of some earlier checkpoint, then ``deltas`` in order, each holding the keys that
-    changed since the checkpoint before it with their whole content then. Every stream is a
-    shared file (``../shared/...``), reused by the checkpoints after it until the next base."""
+class ChangelogChain:
+    """Some key groups of a heap checkpoint: a full ``base`` of an earlier checkpoint, then
+    ``deltas`` in order, each holding the keys that changed since the checkpoint before it with
+    their whole content then. Every stream is a shared file (``../shared/...``), reused by the
+    checkpoints after it until the next base, and restricted to the chain's key groups (a file
+    may hold more: a chain of a layout before a live rescale keeps the key groups that stayed)."""
 
     base: KeyGroupsHandle
     deltas: tuple[KeyGroupsHandle, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(d.key_group_range != self.base.key_group_range for d in self.deltas):
+            raise ValueError("every delta of a changelog chain covers its base's key groups")
 
     @property
     def key_group_range(self) -> KeyGroupRange:
@@ -213,24 +230,95 @@ class ChangelogHandle:
         """The base, then the deltas in the order they apply."""
         return [self.base, *self.deltas]
 
+    def restricted(self, key_groups: KeyGroupRange) -> ChangelogChain | None:
+        """The chain for the key groups of ``key_groups`` it holds (None: it holds none)."""
+        streams = [h.restricted(key_groups) for h in self.streams()]
+        if streams[0] is None:
+            return None
+        return ChangelogChain(streams[0], tuple(h for h in streams[1:] if h is not None))
+
+    def bytes(self) -> tuple[int, int]:
+        """The bytes a read of the whole chain fetches from the base (its header and its key
+        groups' sections), and from the deltas together: a stream's size when not restricted."""
+        base, *deltas = (h.header.length + sum(s.length for s in h.offsets.sections) for h in self.streams())
+        return base, sum(deltas)
+
+    def under(self, base: str) -> ChangelogChain:
+        return ChangelogChain(self.base.under(base), tuple(h.under(base) for h in self.deltas))
+
+    def relative_to(self, base: str) -> ChangelogChain:
+        return ChangelogChain(self.base.relative_to(base), tuple(h.relative_to(base) for h in self.deltas))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "deltas": [d.to_dict() for d in self.deltas]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChangelogChain:
+        return cls(KeyGroupsHandle.from_dict(data["base"]), tuple(KeyGroupsHandle.from_dict(d) for d in data["deltas"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogHandle:
+    """A heap checkpoint as a changelog (Flink's changelog state backend, materialized): one
+    :class:`ChangelogChain` per run of its key groups, in key-group order, together covering its
+    range. One chain, unless a live rescale changed the range: then the key groups the replica
+    held before keep their chain, and the ones it took begin a chain of their own."""
+
+    chains: tuple[ChangelogChain, ...]
+
+    def __post_init__(self) -> None:
+        if not self.chains:
+            raise ValueError("a changelog has at least one chain")
+        for before, after in zip(self.chains, self.chains[1:], strict=False):
+            if after.key_group_range.start != before.key_group_range.end + 1:
+                raise ValueError("a changelog's chains cover adjacent key groups, in order")
+
+    @classmethod
+    def of(cls, base: KeyGroupsHandle, deltas: tuple[KeyGroupsHandle, ...] = ()) -> ChangelogHandle:
+        """A changelog of one chain."""
+        return cls((ChangelogChain(base, deltas),))
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.chains[0].key_group_range.start, self.chains[-1].key_group_range.end)
+
+    @property
+    def base(self) -> KeyGroupsHandle:
+        """The base of a changelog of one chain."""
+        (chain,) = self.chains
+        return chain.base
+
+    @property
+    def deltas(self) -> tuple[KeyGroupsHandle, ...]:
+        """The deltas of a changelog of one chain."""
+        (chain,) = self.chains
+        return chain.deltas
+
+    def streams(self) -> list[KeyGroupsHandle]:
+        """Every chain's streams, chain after chain (a file in two chains is named twice)."""
+        return [h for chain in self.chains for h in chain.streams()]
+
+    def chain_of(self, key_group: int) -> ChangelogChain:
+        return next(c for c in self.chains if key_group in c.key_group_range)
+
     def under(self, base: str) -> ChangelogHandle:
         """The handle with every stream's path joined to ``base``."""
-        return ChangelogHandle(self.base.under(base), tuple(h.under(base) for h in self.deltas))
+        return ChangelogHandle(tuple(c.under(base) for c in self.chains))
 
     def relative_to(self, base: str) -> ChangelogHandle:
         """The handle with every stream's path made relative to ``base``."""
-        return ChangelogHandle(self.base.relative_to(base), tuple(h.relative_to(base) for h in self.deltas))
+        return ChangelogHandle(tuple(c.relative_to(base) for c in self.chains))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "changelog", "base": self.base.to_dict(), "deltas": [d.to_dict() for d in self.deltas]}
+        if len(self.chains) == 1:  # the form before chains, which every reader reads
+            return {"type": "changelog", **self.chains[0].to_dict()}
+        return {"type": "changelog", "chains": [c.to_dict() for c in self.chains]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChangelogHandle:
-        base = KeyGroupsHandle.from_dict(data["base"])
-        deltas = tuple(KeyGroupsHandle.from_dict(d) for d in data["deltas"])
-        if any(d.key_group_range != base.key_group_range for d in deltas):
-            raise ValueError("every delta of a changelog covers its base's key groups")
-        return cls(base, deltas)
+        if "chains" in data:
+            return cls(tuple(ChangelogChain.from_dict(c) for c in data["chains"]))
+        return cls((ChangelogChain.from_dict(data),))
 
 
 KeyedHandle = KeyGroupsHandle | IncrementalHandle | ChangelogHandle

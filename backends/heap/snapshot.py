@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 
 from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.heap.changes import by_key_group, noted_rows, replaced_whole, union
@@ -23,8 +24,9 @@ from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import delta_records, write_key_groups, write_sections
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.full_format import SnapshotHeader
-from statehouse.snapshots.handles import ChangelogHandle
+from statehouse.snapshots.handles import ChangelogChain, ChangelogHandle, KeyGroupsHandle
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
 from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
@@ -36,18 +38,51 @@ MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay f
 REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
 
 
-def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[ChangelogHandle | None, str]:
-    """The changelog of ``previous``, root-relative, if a delta can follow it (a changelog of the
-    same key groups and max parallelism whose deltas weigh less than their base); else why not."""
+def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list[ChangelogChain] | None, str]:
+    """The chains of ``previous``, root-relative and restricted to the job's key groups, if a
+    delta can follow them (a changelog of the same max parallelism holding some of the job's key
+    groups, whose deltas weigh less than their base); else why not. ``previous`` may be of the
+    layout before a live rescale: the key groups that stayed keep their chains."""
     if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
         return None, "no completed changelog checkpoint to build on"
     metadata = previous.metadata
-    if metadata.key_group_range != job.key_group_range or metadata.max_parallelism != job.max_parallelism:
-        return None, f"checkpoint {metadata.checkpoint_id} is of another layout"
-    chain = keyed.under(previous.directory)
-    if len(chain.deltas) >= MAX_DELTAS or sum(d.stream.size for d in chain.deltas) >= chain.base.stream.size:
-        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their base"
-    return chain, ""
+    if metadata.max_parallelism != job.max_parallelism:
+        return None, f"checkpoint {metadata.checkpoint_id} is of another max parallelism"
+    chains = [c for c in (chain.restricted(job.key_group_range) for chain in keyed.chains) if c is not None]
+    if not chains:
+        return None, f"checkpoint {metadata.checkpoint_id} holds none of the job's key groups here"
+    for chain in chains:
+        base, deltas = chain.bytes()
+        if len(chain.deltas) >= MAX_DELTAS or deltas >= base:
+            return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their base"
+    return [chain.under(previous.directory) for chain in chains], ""
+
+
+def _runs(key_groups: Iterable[int]) -> list[KeyGroupRange]:
+    """Sorted key groups as runs of adjacent ones."""
+    runs: list[KeyGroupRange] = []
+    for kg in sorted(key_groups):
+        if runs and runs[-1].end == kg - 1:
+            runs[-1] = KeyGroupRange(runs[-1].start, kg)
+        else:
+            runs.append(KeyGroupRange(kg, kg))
+    return runs
+
+
+def _chained(kept: list[ChangelogChain], whole: set[int], written: KeyGroupsHandle) -> tuple[ChangelogHandle, int]:
+    """The checkpoint's changelog: each kept chain, but for the key groups of ``whole``, with
+    ``written`` as its next delta; a chain of ``written`` alone (their base) for each run of
+    ``whole``. And the bytes of the kept chains it reuses."""
+    chains = [ChangelogChain(h, ()) for run in _runs(whole) if (h := written.restricted(run)) is not None]
+    reused = 0
+    for chain in kept:
+        for run in _runs(kg for kg in chain.key_group_range if kg not in whole):
+            part = chain.restricted(run)
+            delta = written.restricted(run)
+            if part is not None and delta is not None:
+                chains.append(ChangelogChain(part.base, (*part.deltas, delta)))
+                reused += sum(part.bytes())
+    return ChangelogHandle(tuple(sorted(chains, key=lambda c: c.key_group_range.start))), reused
 
 
 class ChangelogSnapshotStrategy(JobStrategy):
@@ -60,16 +95,21 @@ class ChangelogSnapshotStrategy(JobStrategy):
         partition = job.partition
         assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
         view = partition.freeze()
-        changes, chain, segments, why = partition.changes, None, None, "the partition notes no changes"
+        changes, kept, segments, why = partition.changes, None, None, "the partition notes no changes"
+        whole: set[int] = set()  # key groups written whole: the kept chains do not hold them
         if changes is not None:
             changes.cut(ctx.checkpoint_id)
-            chain, why = _builds_on(ctx.previous, job)
-            if chain is not None and ctx.previous is not None:
+            kept, why = _builds_on(ctx.previous, job)
+            if kept is not None and ctx.previous is not None:
                 built_on = ctx.previous.metadata.checkpoint_id
                 segments = changes.since(built_on)
                 why = f"the partition's log did not follow every write since checkpoint {built_on}"
-                if segments is not None and any(kg in job.key_group_range for kg in replaced_whole(segments)):
-                    segments, why = None, "key groups of its range were replaced whole"
+                if segments is not None:
+                    held = {kg for chain in kept for kg in chain.key_group_range}
+                    whole = {kg for kg in job.key_group_range if kg not in held}
+                    whole.update(kg for kg in replaced_whole(segments) if kg in job.key_group_range)
+                    if len(whole) == len(job.key_group_range):
+                        segments, why = None, "every key group of its range was replaced whole"
         states = descriptor_dicts(job)
         header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
         now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
@@ -92,15 +132,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if changed is None:
                     written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
                 else:
-                    records = delta_records(view, changed, header)
+                    records = delta_records(view, changed, header, whole)
                     written = write_sections(out, header, ctx.codec, now_ms, ctx.cancel.is_set, records)
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
-            if changed is None or chain is None:
-                keyed, reused = ChangelogHandle(written), 0
+            if changed is None or kept is None:
+                keyed, reused = ChangelogHandle.of(written), 0
             else:
-                keyed = ChangelogHandle(chain.base, (*chain.deltas, written))
-                reused = sum(h.stream.size for h in chain.streams())
+                keyed, reused = _chained(kept, whole, written)
             return SnapshotResult(
                 "changelog",
                 keyed.relative_to(ctx.directory),

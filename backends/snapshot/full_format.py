@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any, Protocol
 
 import msgpack
@@ -58,6 +58,9 @@ def write_key_groups(
 class ChangedKeys(Protocol):
     """A frozen view's current content of the keys a changelog delta holds."""
 
+    def scan(self, table: str, key_group: int) -> Iterable[tuple[bytes, bytes, bytes]]:
+        """A key group's ``(primary, secondary, value)`` records of a table, in byte order."""
+
     def values(self, table: str, key_group: int, primaries: Sequence[bytes]) -> list[bytes | None]:
         """A flat table's value of each primary (``None``: it has none)."""
 
@@ -66,14 +69,20 @@ class ChangedKeys(Protocol):
 
 
 def delta_records(
-    view: ChangedKeys, changed: Mapping[str, Mapping[int, Sequence[bytes]]], header: SnapshotHeader
+    view: ChangedKeys,
+    changed: Mapping[str, Mapping[int, Sequence[bytes]]],
+    header: SnapshotHeader,
+    whole: Set[int] = frozenset(),
 ) -> Records:
     """The records of a changelog delta (:mod:`statehouse.snapshots.changelog`) for
     :func:`write_sections`: per table and key group, each changed primary in byte order with its
     entries as ``view`` holds them, and a reset record ``[table id, primary]`` first where it has
-    none (or may have none once TTL's cleanup drops its expired entries)."""
+    none (or may have none once TTL's cleanup drops its expired entries). The key groups of
+    ``whole`` are written whole instead, as a base writes them: a chain begins there."""
 
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+        if kg in whole:
+            return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
         primaries = changed.get(table, {}).get(kg)
         if not primaries:
             return []

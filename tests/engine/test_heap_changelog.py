@@ -304,8 +304,8 @@ def _listed(column) -> list:
 
 def test_key_groups_replaced_whole_outside_the_range_leave_deltas_going(make_manager, tmp_path, clock):
     """A live rescale's load brings key groups the replica does not own yet, and an abort drops
-    them: no checkpoint of the current range holds them, so deltas go on. Key groups of the range
-    dropped whole make the next checkpoint a base."""
+    them: no checkpoint of the current range holds them, so deltas go on. A key group of the range
+    dropped whole begins a chain of its own (written whole), the others' chains go on."""
     from statehouse.protocol.keygroups import KeyGroupRange
 
     storage = open_storage(str(tmp_path / "cp"))
@@ -336,11 +336,15 @@ def test_key_groups_replaced_whole_outside_the_range_leave_deltas_going(make_man
     assert len(_keyed(manager, 3).deltas) == 2
     job.partition.drop_key_groups(["v"], [KeyGroupRange(3, 3)])
     _checkpoint(manager, 4)
-    assert not _keyed(manager, 4).deltas
-    fresh = JobCatalog(HeapStore(), replica_index=0, replica_count=2, clock=clock)
-    make_manager(fresh, storage).restore("orders", 2)
-    assert dump(fresh.get("orders")) == expected
-    fresh.close()
+    chains = _keyed(manager, 4).chains
+    assert [c.key_group_range for c in chains] == [KeyGroupRange(0, 2), KeyGroupRange(3, 3), KeyGroupRange(4, 15)]
+    assert [len(c.deltas) for c in chains] == [3, 0, 3]
+    assert chains[1].base.stream == chains[0].deltas[-1].stream  # the checkpoint's own stream
+    for checkpoint_id, state in ((2, expected), (4, dump(job))):
+        fresh = JobCatalog(HeapStore(), replica_index=0, replica_count=2, clock=clock)
+        make_manager(fresh, storage).restore("orders", checkpoint_id)
+        assert dump(fresh.get("orders")) == state
+        fresh.close()
     catalog.close()
 
 

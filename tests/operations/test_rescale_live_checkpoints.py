@@ -163,7 +163,7 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
 
         with StatehouseClient(urls) as client:
             coordinator = CheckpointCoordinator(client.job(JOB))
-            first = coordinator.checkpoint()
+            first, at_first = coordinator.checkpoint(), dict(values)
             parts = {p["replica_index"]: p for p in first.parts}
             # Replica 0 only gives key groups away; replica 1 gives some and gains others, whose files
             # (new to it) go up unless the pre-copy's checkpoints of the old layout carried them.
@@ -214,5 +214,77 @@ def test_what_a_joining_replica_uploaded_ahead_goes_when_the_move_is_aborted(tmp
                 assert move.abort().outcome == "aborted"
             checkpoints = {int(i): 2 for i in checkpoint_ids(stored(settings), 2)}
             assert unreferenced(settings, checkpoints) == set(), seeded
+    finally:
+        replicas.stop()
+
+
+@pytest.mark.parametrize("precopy", [False, True], ids=["cut-only", "precopy"])
+def test_a_heap_replicas_first_checkpoint_after_a_move_builds_on_its_chains(tmp_path, precopy):
+    """A heap replica's checkpoints are a changelog: after a move, the key groups it held before
+    keep their chain (its old base and deltas, in shared files of the old layout's checkpoints),
+    and only the key groups it took are written whole; a joining replica, which held none, writes
+    a base. Grown 2 -> 3, then shrunk 3 -> 2: every checkpoint listed restores to what was
+    written, while the old layout's are retired, and storage holds nothing no checkpoint uses."""
+    settings = {"STATEHOUSE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "STATEHOUSE_NUM_RETAINED": "2"}
+    replicas = ReplicaSet(tmp_path / "replicas", settings, backend="heap")
+    rng = random.Random(45)
+    values = {f"user-{i}": rng.randbytes(200).hex() for i in range(6_000)}
+    try:
+        urls, new = start_with_a_job(replicas, values)
+        with StatehouseClient(urls) as client:
+            before = CheckpointCoordinator(client.job(JOB)).checkpoint()
+            with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
+                grown = move.run().checkpoints[JOB]
+        urls = replicas.urls
+
+        def changed(client: StatehouseClient, step: str) -> None:  # a few keys each time: deltas
+            with client.job(JOB).batch() as batch:
+                for key in list(values)[:: len(values) // 20]:
+                    values[key] = f"{step}-{key}"
+                    batch.put("v", key, values[key])
+
+        def restores(coordinator: CheckpointCoordinator, client: StatehouseClient, checkpoint_id: int) -> None:
+            coordinator.restore(checkpoint_id)
+            with client.job(JOB).batch() as reads:
+                restored = {key: reads.get("v", key) for key in values}
+            assert {key: p.value for key, p in restored.items()} == values
+
+        with StatehouseClient(urls) as client:
+            coordinator = CheckpointCoordinator(client.job(JOB))
+            changed(client, "after-grow")
+            first, at_first = coordinator.checkpoint(), dict(values)
+            parts = {p["replica_index"]: p for p in first.parts}
+            # P=32: replica 0 held 0-15 and keeps 0-10; replica 1 held 16-31, keeps 16-21 and takes
+            # 11-15; replica 2 takes 22-31 and held nothing.
+            assert parts[0]["bytes_reused"] > 10 * parts[0]["bytes_uploaded"], parts[0]
+            assert parts[1]["bytes_reused"] > parts[1]["bytes_uploaded"], parts[1]
+            assert parts[2]["bytes_reused"] == 0, parts[2]
+            assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
+            assert missing(settings, {grown: 2, first.checkpoint_id: 3}) == set()
+            assert unreferenced(settings, {grown: 2, first.checkpoint_id: 3}) == set()
+            changed(client, "later")
+            second = coordinator.checkpoint().checkpoint_id
+            assert [f for f in stored(settings) if "-of-2" in f] == []  # the old layout's retired
+            assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
+            values.clear()
+            values.update(at_first)
+            restores(coordinator, client, first.checkpoint_id)  # its chains name old-layout files
+
+            with LiveRescale(client, 2, [], wait=120, precopy=precopy) as move:
+                shrunk = move.run().checkpoints[JOB]
+        urls = replicas.urls[:2]
+        with StatehouseClient(urls) as client:
+            coordinator = CheckpointCoordinator(client.job(JOB))
+            changed(client, "after-shrink")
+            third = coordinator.checkpoint()
+            # Replica 0 held 0-10 and takes 11-15; replica 1 held 11-21, keeps 16-21 and takes 22-31:
+            # what they take is written whole, what they keep builds on their chains.
+            parts = {p["replica_index"]: p for p in third.parts}
+            assert parts[0]["bytes_reused"] > parts[0]["bytes_uploaded"], parts[0]
+            assert parts[1]["bytes_reused"] > 0.4 * parts[1]["bytes_uploaded"], parts[1]
+            assert third.bytes_uploaded < 0.6 * before.bytes_uploaded
+            assert missing(settings, {shrunk: 3, third.checkpoint_id: 2}) == set()
+            assert unreferenced(settings, {shrunk: 3, third.checkpoint_id: 2}) == set()
+            restores(coordinator, client, third.checkpoint_id)
     finally:
         replicas.stop()
