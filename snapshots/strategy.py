@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.compression import Codec
-from statehouse.snapshots.handles import KeyedHandle, StreamHandle
+from statehouse.snapshots.handles import ChangelogChain, KeyedHandle, StreamHandle
 from statehouse.snapshots.layout import SnapshotKind
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
@@ -40,12 +41,20 @@ class Frozen(Protocol):
 
 @dataclass(frozen=True)
 class Seed:
-    """Shared files of a database uploaded ahead of its first checkpoint (a live rescale's joining
-    replica, once its copy is loaded), by file name, root-relative: that checkpoint reuses those
-    the database still holds, as it reuses a previous checkpoint's."""
+    """Shared files uploaded ahead of a checkpoint (a live rescale's load, once its copy is
+    loaded), by file name, root-relative: that checkpoint reuses what still holds, as it reuses a
+    previous checkpoint's. RocksDB's: the table files of a joining replica's database. The heap's:
+    a base of the key groups the copy loaded (``chains``, root-relative), the partition's change
+    log cut as it was written (``cut``), which the first checkpoint holding them builds on."""
 
     backend_uid: str
     files: dict[str, StreamHandle]
+    chains: tuple[ChangelogChain, ...] = ()
+    cut: tuple[int, int] | None = None
+
+    def key_groups(self) -> list[KeyGroupRange]:
+        """The key groups a heap seed holds (none for a RocksDB one: it holds files)."""
+        return [chain.key_group_range for chain in self.chains]
 
 
 @dataclass
@@ -112,9 +121,22 @@ class SnapshotStrategy(ABC, Generic[JobT]):
         """Before the synchronous part, while the job's writes go on: slow work that makes the
         snapshot cheaper to take or to read."""
 
-    def seed(self, job: JobT, storage: CheckpointStorage, name: str, previous: SnapshotPart | None) -> Seed | None:
+    # Whether a replica that stays through a move seeds the key groups it takes (else only a
+    # joining replica seeds, its whole database).
+    seeds_taken_key_groups: bool = False
+
+    def seed(
+        self,
+        job: JobT,
+        storage: CheckpointStorage,
+        name: str,
+        previous: SnapshotPart | None,
+        key_groups: Sequence[KeyGroupRange] = (),
+        codec: Codec | None = None,
+    ) -> Seed | None:
         """Upload now what the next checkpoint of ``job`` (named ``name`` in storage) would upload
-        as shared files, and that ``previous`` does not hold; None where a strategy shares none."""
+        as shared files, and that ``previous`` does not hold (``key_groups``: what the move's
+        load brought in); None where a strategy shares none."""
         return None
 
     @abstractmethod

@@ -261,8 +261,9 @@ class JobLoad(BaseModel):
     delta_keys: int = Field(default=0, description="keys the deltas changed")
     bytes_seeded: int = Field(
         default=0,
-        description="a joining replica's pre-copy load: bytes of the job's table files uploaded now, which its first "
-        "checkpoint on the new layout reuses instead of uploading them then",
+        description="a pre-copy load: bytes uploaded now (a joining RocksDB replica's table files, a heap replica's "
+        "base of the key groups it takes), which its first checkpoint on the new layout reuses instead of uploading "
+        "them then",
     )
 
 

@@ -23,6 +23,7 @@ import builtins
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,14 +158,18 @@ class CheckpointManager:
             self.snapshots = SnapshotCatalog(self.storage, self.catalog.replica_index, self.catalog.replica_count)
             self._jobs.clear()
 
-    def seed(self, job: str) -> int:
-        """Upload the table files of ``job``'s database that this replica's checkpoints do not hold
-        yet, for its next checkpoint to reuse (a live rescale's joining replica, its copy loaded;
-        the job need not be served). Bytes uploaded."""
+    def seed(self, job: str, key_groups: Sequence[KeyGroupRange], joining: bool) -> int:
+        """Upload what ``job``'s next checkpoint holding ``key_groups`` (what a live rescale's copy
+        loaded here; the job need not be served) would upload and this replica's checkpoints do
+        not hold yet, for that checkpoint to reuse: a joining replica's, or any replica's where
+        the backend seeds the key groups it takes. Bytes uploaded."""
+        strategy = self.catalog.store.snapshot_strategy("checkpoint")
+        if not (joining or strategy.seeds_taken_key_groups):
+            return 0
         live = self.catalog.get(job, serving=False)
         state = self._state(job)
-        seed = self.catalog.store.snapshot_strategy("checkpoint").seed(
-            live, self.storage, job, state.completed.latest_checkpoint()
+        seed = strategy.seed(
+            live, self.storage, job, state.completed.latest_checkpoint(), key_groups=key_groups, codec=self.codec
         )
         if seed is None:
             return 0
@@ -232,7 +237,13 @@ class CheckpointManager:
                 )
             state.known_ids.add(checkpoint_id)
             directory = snapshot_dir(job, checkpoint_id, kind)
-            seed = self._seeds.pop(job, None) if kind == "checkpoint" else None
+            seed = self._seeds.get(job) if kind == "checkpoint" else None
+            if seed is not None and all(r.intersection(live.key_group_range) == r for r in seed.key_groups()):
+                # The first checkpoint that holds its key groups (not the layout before's, taken
+                # during the move) takes it.
+                self._seeds.pop(job)
+            else:
+                seed = None
             if seed is not None:
                 state.completed.register_seed(seed)
             ctx = SnapshotContext(

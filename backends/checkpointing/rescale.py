@@ -416,8 +416,9 @@ class RescaleParticipant:
                 if precopy is not None:
                     self._copied[(version, job)] = dict(precopy)
                     self._rounds[(version, job)] = dict.fromkeys(precopy, 0)
-                    if move.joining:  # no checkpoint of its own holds what it loaded: upload it now
-                        loaded[job]["bytes_seeded"] = self.checkpoints.seed(job)
+                    # No checkpoint of its own holds what it loaded: upload it now, off the cut.
+                    wanted = move.moving_in(self.catalog.get(job, serving=False).max_parallelism, self.index)
+                    loaded[job]["bytes_seeded"] = self.checkpoints.seed(job, wanted, joining=move.joining)
             if precopy is None:
                 self.layout.update_move(phase="loaded", checkpoints=dict(checkpoints))
             return loaded

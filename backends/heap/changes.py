@@ -42,17 +42,29 @@ class Segment:
     whole: set[int] = field(default_factory=set)
 
 
+Cut = tuple[int, int]
+"""Where the log was cut: ``(checkpoint id, 0)`` by a checkpoint's freeze, ``(the newest
+checkpoint id cut before, 1)`` by a seed's (written between two checkpoints)."""
+
+
+def checkpoint_cut(checkpoint_id: int) -> Cut:
+    return (checkpoint_id, 0)
+
+
 class ChangeLog:
-    """The keys written since each checkpoint's cut, in segments named by checkpoint id. Only the
-    partition's writer and the checkpoint's synchronous part call it, under the job's lock. A
-    write's keys are kept as it gave them (a reference, or a list of its dict's keys): a commit
-    pays nothing per row here; the checkpoint merges them off the request path."""
+    """The keys written since each cut, in segments named by their cut. Only the partition's
+    writer and the snapshots' synchronous parts call it, under the job's lock. A write's keys are
+    kept as it gave them (a reference, or a list of its dict's keys): a commit pays nothing per row
+    here; the checkpoint merges them off the request path. A seed's cut stays *pinned* (what was
+    written since it kept) until a checkpoint builds on it: checkpoints of the layout before a move
+    come between a seed and the checkpoint that uses it."""
 
     def __init__(self, max_rows: int = MAX_NOTED_ROWS) -> None:
         self.max_rows = max_rows
         self._current = Segment()
-        self._segments: list[tuple[int, Segment]] = []
-        self._cuts: set[int] = set()  # the checkpoints cut since the log was last lost
+        self._segments: list[tuple[Cut, Segment]] = []
+        self._cuts: set[Cut] = set()  # the cuts since the log was last lost
+        self._pinned: Cut | None = None
         self._noted = 0  # rows in the segments and the current one, repeats counted
         self.lost_reason: str | None = None
 
@@ -99,25 +111,39 @@ class ChangeLog:
             log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
         self.lost_reason = reason
         self._current, self._segments, self._cuts, self._noted = Segment(), [], set(), 0
+        self._pinned = None
 
     def cut(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` froze the partition: what was noted is its segment."""
-        self._segments.append((checkpoint_id, self._current))
+        self._cut(checkpoint_cut(checkpoint_id))
+
+    def cut_seed(self) -> Cut:
+        """A seed froze the partition: its cut, pinned until a checkpoint builds on it."""
+        cut = (max((c[0] for c in self._cuts), default=0), 1)
+        self._cut(cut)
+        self._pinned = cut
+        return cut
+
+    def _cut(self, cut: Cut) -> None:
+        self._segments.append((cut, self._current))
         self._current = Segment()
-        self._cuts.add(checkpoint_id)
+        self._cuts.add(cut)
         self.lost_reason = None
 
-    def since(self, checkpoint_id: int) -> list[Segment] | None:
-        """The segments cut after ``checkpoint_id``'s (None: the log did not follow every change
-        since then). Segments up to it are forgotten: a completed checkpoint is never built on
-        by one older than the newest completed."""
-        if checkpoint_id not in self._cuts:
+    def since(self, cut: Cut) -> list[Segment] | None:
+        """The segments cut after ``cut`` (None: the log did not follow every change since then).
+        Segments up to it are forgotten (up to the pinned seed's, while one is): a completed
+        checkpoint is never built on by one older than the newest completed. Building on the
+        pinned cut unpins it."""
+        if cut not in self._cuts:
             return None
-        self._segments = [(i, segment) for i, segment in self._segments if i > checkpoint_id]
-        self._cuts = {i for i in self._cuts if i >= checkpoint_id}
-        segments = [segment for _id, segment in self._segments]
-        self._noted = noted_rows([*segments, self._current])
-        return segments
+        if cut == self._pinned:
+            self._pinned = None
+        kept = cut if self._pinned is None else min(cut, self._pinned)
+        self._segments = [(c, segment) for c, segment in self._segments if c > kept]
+        self._cuts = {c for c in self._cuts if c >= kept}
+        self._noted = noted_rows([*(segment for _c, segment in self._segments), self._current])
+        return [segment for c, segment in self._segments if c > cut]
 
 
 def _rows(keys: Keys) -> int:

@@ -15,21 +15,24 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from statehouse.backends.base.snapshot import SnapshotSource
-from statehouse.backends.heap.changes import by_key_group, noted_rows, replaced_whole, union
+from statehouse.backends.heap.changes import Cut, by_key_group, checkpoint_cut, noted_rows, replaced_whole, union
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import delta_records, write_key_groups, write_sections
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.full_format import SnapshotHeader
 from statehouse.snapshots.handles import ChangelogChain, ChangelogHandle, KeyGroupsHandle
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
-from statehouse.snapshots.strategy import AsyncSnapshot, SnapshotContext, SnapshotResult
+from statehouse.snapshots.storage.base import CheckpointStorage
+from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SnapshotContext, SnapshotResult
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,18 @@ def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list
         if len(chain.deltas) >= MAX_DELTAS or deltas >= base:
             return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their base"
     return [chain.under(previous.directory) for chain in chains], ""
+
+
+def _seeded(
+    seed: Seed | None, job: SnapshotSource, kept: list[ChangelogChain]
+) -> tuple[list[ChangelogChain], Cut | None]:
+    """A heap seed's chains (a live rescale's, of the key groups its copy loaded) within the job's
+    key groups and outside the kept chains', and where it cut the partition's log."""
+    if seed is None or seed.cut is None:
+        return [], None
+    held = {kg for chain in kept for kg in chain.key_group_range}
+    chains = [c for c in (chain.restricted(job.key_group_range) for chain in seed.chains) if c is not None]
+    return [c for c in chains if not any(kg in held for kg in c.key_group_range)], seed.cut
 
 
 def _runs(key_groups: Iterable[int]) -> list[KeyGroupRange]:
@@ -90,6 +105,46 @@ class ChangelogSnapshotStrategy(JobStrategy):
     over that checkpoint's base and deltas, or a new base (see the module)."""
 
     format: SnapshotFormat = "changelog"
+    seeds_taken_key_groups = True
+
+    def seed(
+        self,
+        job: SnapshotSource,
+        storage: CheckpointStorage,
+        name: str,
+        previous: SnapshotPart | None,
+        key_groups: Sequence[KeyGroupRange] = (),
+        codec: Codec | None = None,
+    ) -> Seed | None:
+        """A base of ``key_groups`` (what a live rescale's copy loaded, not served yet), written
+        now while writes go on, and the partition's log cut as it froze: the first checkpoint
+        that holds them chains on it instead of writing them whole."""
+        partition = job.partition
+        assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
+        wanted = [r for r in key_groups if len(r)]
+        if partition.changes is None or not wanted or codec is None:
+            return None
+        with job.exclusive():
+            view = partition.freeze()
+            cut = partition.changes.cut_seed()
+        try:
+            span = KeyGroupRange(min(r.start for r in wanted), max(r.end for r in wanted))
+            header = SnapshotHeader(
+                job.name, job.max_parallelism, span, keyed_tables(view.tables()), descriptor_dicts(job)
+            )
+
+            def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+                if not any(kg in r for r in wanted):
+                    return []
+                return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
+
+            path = f"{shared_dir(name)}/{uuid.uuid4().hex}-heap-seed"
+            with storage.create_output(path) as out:
+                written = write_sections(out, header, codec, job.clock.now_ms(), lambda: False, records)
+        finally:
+            view.release()
+        chains = tuple(ChangelogChain(h) for r in wanted if (h := written.restricted(r)) is not None)
+        return Seed("heap", {path: written.stream}, chains, cut)
 
     def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
@@ -100,10 +155,13 @@ class ChangelogSnapshotStrategy(JobStrategy):
         if changes is not None:
             changes.cut(ctx.checkpoint_id)
             kept, why = _builds_on(ctx.previous, job)
-            if kept is not None and ctx.previous is not None:
-                built_on = ctx.previous.metadata.checkpoint_id
-                segments = changes.since(built_on)
-                why = f"the partition's log did not follow every write since checkpoint {built_on}"
+            cuts = [checkpoint_cut(ctx.previous.metadata.checkpoint_id)] if kept and ctx.previous else []
+            seeded, seed_cut = _seeded(ctx.seed, job, kept or [])
+            if seeded and seed_cut is not None:
+                kept, cuts = [*(kept or []), *seeded], [*cuts, seed_cut]
+            if kept and cuts:
+                segments = changes.since(min(cuts))
+                why = "the partition's log did not follow every write since the checkpoint (or seed) built on"
                 if segments is not None:
                     held = {kg for chain in kept for kg in chain.key_group_range}
                     whole = {kg for kg in job.key_group_range if kg not in held}

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from statehouse.backends.base.partition import Guard, StorePartition, WriteOp, load_records
 from statehouse.backends.base.snapshot import PartReader, SnapshotSource
@@ -30,6 +30,7 @@ from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.protocol.keygroups import KeyGroupRange
+from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
 from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.layout import shared_dir
@@ -95,7 +96,13 @@ class IncrementalSnapshotStrategy(JobStrategy):
         partition.compact_key_groups(list(keyed_tables(partition.tables())), frozen, self.move_file_bytes)
 
     def seed(
-        self, job: SnapshotSource, storage: CheckpointStorage, name: str, previous: SnapshotPart | None
+        self,
+        job: SnapshotSource,
+        storage: CheckpointStorage,
+        name: str,
+        previous: SnapshotPart | None,
+        key_groups: Sequence[KeyGroupRange] = (),
+        codec: Codec | None = None,
     ) -> Seed | None:
         """The database's table files that ``previous`` lacks, uploaded now under fresh names (a
         joining replica's, after its copy's load: off the query's path, so that the query's first

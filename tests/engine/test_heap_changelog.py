@@ -270,7 +270,8 @@ def test_a_corrupt_delta_is_refused_and_the_state_kept(make_manager, tmp_path, c
 
 def test_the_data_source_reads_a_changelog_as_the_restore_does(make_manager, tmp_path, clock):
     """The Spark data source's checkpoint reader reads a changelog part's records: the base with
-    the deltas applied, per key group range, as a restore sees them."""
+    the deltas applied, per key group range, as a restore sees them; of one chain, and of three
+    (a key group dropped whole begins its own)."""
     pytest.importorskip("pyspark")
     from statehouse.client.datasource.checkpoint import part_records
     from statehouse.protocol.keygroups import KeyGroupRange
@@ -285,16 +286,24 @@ def test_the_data_source_reads_a_changelog_as_the_restore_does(make_manager, tmp
         _writes(job, rng, 300 if checkpoint_id == 1 else 20)
         _checkpoint(manager, checkpoint_id)
     assert len(_keyed(manager, 3).deltas) == 2
-    part = SnapshotPart(snapshot_dir("orders", 3, "checkpoint"), manager._state("orders").completed.get(3))
-    expected = dump(job)
-    for table in ("v", "m", "l"):
-        for wanted in (KeyGroupRange(0, P - 1), KeyGroupRange(5, 9)):
-            read = {
-                (table, kg, primary, secondary): value
-                for columns in part_records(storage, part, table, wanted)
-                for kg, primary, secondary, value in zip(*(_listed(c) for c in columns), strict=True)
-            }
-            assert read == {k: v for k, v in expected.items() if k[0] == table and k[1] in wanted}, (table, wanted)
+    states = {3: dump(job)}
+    job.partition.drop_key_groups(["v", "m", "l"], [KeyGroupRange(7, 7)])
+    _writes(job, rng, 20)
+    _checkpoint(manager, 4)
+    assert len(_keyed(manager, 4).chains) == 3
+    states[4] = dump(job)
+    for checkpoint_id, expected in states.items():
+        metadata = manager._state("orders").completed.get(checkpoint_id)
+        part = SnapshotPart(snapshot_dir("orders", checkpoint_id, "checkpoint"), metadata)
+        for table in ("v", "m", "l"):
+            for wanted in (KeyGroupRange(0, P - 1), KeyGroupRange(5, 9), KeyGroupRange(7, 7)):
+                read = {
+                    (table, kg, primary, secondary): value
+                    for columns in part_records(storage, part, table, wanted)
+                    for kg, primary, secondary, value in zip(*(_listed(c) for c in columns), strict=True)
+                }
+                want = {k: v for k, v in expected.items() if k[0] == table and k[1] in wanted}
+                assert read == want, (checkpoint_id, table, wanted)
     catalog.close()
 
 
