@@ -219,6 +219,9 @@ class HeapPartition(StorePartition):
         self._required_version = 0  # containers older than this are shared with a view
         self._lock = threading.Lock()  # guards the version bookkeeping only
         self.changes = ChangeLog() if track_changes else None
+        # Key groups' containers dropped, freed by reclaim_key_groups: freeing millions of entries
+        # at the drop would hold a live rescale's commit (the job's lock) for as long.
+        self._dropped: list[object] = []
 
     # -- reads -------------------------------------------------------------------------
 
@@ -342,7 +345,14 @@ class HeapPartition(StorePartition):
             groups = self._tables[table].groups
             for r in ranges:
                 for kg in r:
-                    groups.pop(kg, None)
+                    container = groups.pop(kg, None)
+                    if container is not None:
+                        self._dropped.append(container)
+
+    def reclaim_key_groups(self, tables: Sequence[str], ranges: Sequence[KeyGroupRange]) -> None:
+        # One key group's container at a time: the event loop gets the GIL between them.
+        while self._dropped:
+            self._dropped.pop()
 
     def write(self, ops: list[WriteOp]) -> None:
         self._check_tables(op.table for op in ops)
@@ -466,5 +476,6 @@ class HeapPartition(StorePartition):
 
     def close(self) -> None:
         self._tables.clear()
+        self._dropped.clear()
         if self.changes is not None:
             self.changes.lose("closed")
