@@ -57,6 +57,18 @@ class Seed:
         return [chain.key_group_range for chain in self.chains]
 
 
+@dataclass(frozen=True)
+class SeedContext:
+    """Where and what a :class:`Seed` is written: the job's name in ``storage``, this replica's
+    last completed checkpoint of it, the key groups a live rescale's copy loaded, the codec."""
+
+    storage: CheckpointStorage
+    name: str
+    previous: SnapshotPart | None
+    key_groups: Sequence[KeyGroupRange]
+    codec: Codec
+
+
 @dataclass
 class SnapshotContext:
     """Where and how one replica part of one checkpoint is written."""
@@ -125,18 +137,9 @@ class SnapshotStrategy(ABC, Generic[JobT]):
     # joining replica seeds, its whole database).
     seeds_taken_key_groups: bool = False
 
-    def seed(
-        self,
-        job: JobT,
-        storage: CheckpointStorage,
-        name: str,
-        previous: SnapshotPart | None,
-        key_groups: Sequence[KeyGroupRange] = (),
-        codec: Codec | None = None,
-    ) -> Seed | None:
-        """Upload now what the next checkpoint of ``job`` (named ``name`` in storage) would upload
-        as shared files, and that ``previous`` does not hold (``key_groups``: what the move's
-        load brought in); None where a strategy shares none."""
+    def seed(self, job: JobT, ctx: SeedContext) -> Seed | None:
+        """Upload now what the next checkpoint of ``job`` would upload as shared files, and that
+        ``ctx.previous`` does not hold; None where a strategy shares none."""
         return None
 
     @abstractmethod

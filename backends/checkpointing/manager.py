@@ -52,7 +52,7 @@ from statehouse.snapshots.metadata import SnapshotMetadata
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
 from statehouse.snapshots.storage.timeouts import S3Timeouts
-from statehouse.snapshots.strategy import Seed, SnapshotContext
+from statehouse.snapshots.strategy import Seed, SeedContext, SnapshotContext
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,8 @@ class CheckpointManager:
             return 0
         live = self.catalog.get(job, serving=False)
         state = self._state(job)
-        seed = strategy.seed(
-            live, self.storage, job, state.completed.latest_checkpoint(), key_groups=key_groups, codec=self.codec
-        )
+        previous = state.completed.latest_checkpoint()
+        seed = strategy.seed(live, SeedContext(self.storage, job, previous, key_groups, self.codec))
         if seed is None:
             return 0
         with self._lock:

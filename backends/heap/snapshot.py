@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from statehouse.backends.base.snapshot import SnapshotSource
@@ -26,13 +26,11 @@ from statehouse.backends.snapshot.full_format import delta_records, write_key_gr
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.full_format import SnapshotHeader
 from statehouse.snapshots.handles import ChangelogChain, ChangelogHandle, KeyGroupsHandle
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
-from statehouse.snapshots.storage.base import CheckpointStorage
-from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SnapshotContext, SnapshotResult
+from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SeedContext, SnapshotContext, SnapshotResult
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +105,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "changelog"
     seeds_taken_key_groups = True
 
-    def seed(
-        self,
-        job: SnapshotSource,
-        storage: CheckpointStorage,
-        name: str,
-        previous: SnapshotPart | None,
-        key_groups: Sequence[KeyGroupRange] = (),
-        codec: Codec | None = None,
-    ) -> Seed | None:
-        """A base of ``key_groups`` (what a live rescale's copy loaded, not served yet), written
+    def seed(self, job: SnapshotSource, ctx: SeedContext) -> Seed | None:
+        """A base of ``ctx.key_groups`` (what a live rescale's copy loaded, not served yet), written
         now while writes go on, and the partition's log cut as it froze: the first checkpoint
         that holds them chains on it instead of writing them whole."""
         partition = job.partition
         assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
-        wanted = [r for r in key_groups if len(r)]
-        if partition.changes is None or not wanted or codec is None:
+        wanted = [r for r in ctx.key_groups if len(r)]
+        if partition.changes is None or not wanted:
             return None
         with job.exclusive():
             view = partition.freeze()
@@ -138,9 +128,9 @@ class ChangelogSnapshotStrategy(JobStrategy):
                     return []
                 return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
 
-            path = f"{shared_dir(name)}/{uuid.uuid4().hex}-heap-seed"
-            with storage.create_output(path) as out:
-                written = write_sections(out, header, codec, job.clock.now_ms(), lambda: False, records)
+            path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
+            with ctx.storage.create_output(path) as out:
+                written = write_sections(out, header, ctx.codec, job.clock.now_ms(), lambda: False, records)
         finally:
             view.release()
         chains = tuple(ChangelogChain(h) for r in wanted if (h := written.restricted(r)) is not None)

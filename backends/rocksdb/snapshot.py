@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from statehouse.backends.base.partition import Guard, StorePartition, WriteOp, load_records
 from statehouse.backends.base.snapshot import PartReader, SnapshotSource
@@ -30,13 +30,12 @@ from statehouse.backends.rocksdb.partition import RocksDBPartition
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
 from statehouse.backends.snapshot.operator_format import OperatorSnapshot
 from statehouse.protocol.keygroups import KeyGroupRange
-from statehouse.snapshots.compression import Codec
 from statehouse.snapshots.handles import IncrementalHandle, StreamHandle
 from statehouse.snapshots.incremental import IncrementalPartReader
 from statehouse.snapshots.layout import shared_dir
 from statehouse.snapshots.metadata import SnapshotFormat, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
-from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SnapshotContext, SnapshotResult
+from statehouse.snapshots.strategy import AsyncSnapshot, Seed, SeedContext, SnapshotContext, SnapshotResult
 
 
 def reusable_files(previous: SnapshotPart | None, backend_uid: str) -> dict[str, StreamHandle]:
@@ -95,15 +94,7 @@ class IncrementalSnapshotStrategy(JobStrategy):
         partition.flush()
         partition.compact_key_groups(list(keyed_tables(partition.tables())), frozen, self.move_file_bytes)
 
-    def seed(
-        self,
-        job: SnapshotSource,
-        storage: CheckpointStorage,
-        name: str,
-        previous: SnapshotPart | None,
-        key_groups: Sequence[KeyGroupRange] = (),
-        codec: Codec | None = None,
-    ) -> Seed | None:
+    def seed(self, job: SnapshotSource, ctx: SeedContext) -> Seed | None:
         """The database's table files that ``previous`` lacks, uploaded now under fresh names (a
         joining replica's, after its copy's load: off the query's path, so that the query's first
         checkpoint on the new layout uploads only what changed since)."""
@@ -114,9 +105,10 @@ class IncrementalSnapshotStrategy(JobStrategy):
             view = partition.freeze()
         try:
             backend_uid = partition.identity()
-            reusable = reusable_files(previous, backend_uid)
+            reusable = reusable_files(ctx.previous, backend_uid)
             names = [n for n in sorted(os.listdir(view.path)) if _immutable(n) and n not in reusable]
-            targets = _shared_targets(name, names)
+            targets = _shared_targets(ctx.name, names)
+            storage = ctx.storage
             uploads = storage.transfer(lambda n: storage.put_file(targets[n], os.path.join(view.path, n)), names)
             return Seed(backend_uid, dict(zip(names, uploads, strict=True)))
         finally:

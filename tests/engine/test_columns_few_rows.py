@@ -4,7 +4,6 @@ run once with every request on the whole-column path and once with every request
 give the same answers (byte for byte, as Arrow IPC), the same refusals (code, message, row) and
 the same stored bytes, on both backends."""
 
-import io
 import random
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ from statehouse.backends.columns import ColumnOp
 from statehouse.backends.errors import StateError
 from statehouse.backends.limits import Limits
 from statehouse.snapshots.stored.descriptors import StateDescriptor
+from tests.support.arrow_ipc import stream
 
 STATES = (
     StateDescriptor("v", "value"),
@@ -82,13 +82,6 @@ def _requests(owned) -> list[tuple[str, str, pa.Table]]:
     return requests
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
 def _run(job, requests, few_rows: int, monkeypatch) -> list:
     """Every request's answer (IPC bytes), ``None`` (a write) or refusal, with ``FEW_ROWS`` set."""
     monkeypatch.setattr(keyspace, "FEW_ROWS", few_rows)
@@ -100,7 +93,7 @@ def _run(job, requests, few_rows: int, monkeypatch) -> list:
         except StateError as exc:
             outcomes.append((type(exc).__name__, exc.code, str(exc), exc.extra))
             continue
-        outcomes.append(None if values is None else _ipc(work.answer(values)))
+        outcomes.append(None if values is None else stream(work.answer(values)))
     return outcomes
 
 

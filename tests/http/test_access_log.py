@@ -12,6 +12,7 @@ import urllib3
 from statehouse.app.access_log import QuietDataPlane
 from statehouse.app.main import app
 from statehouse.app.routing import data_plane_paths
+from tests.support.arrow_ipc import stream
 from tests.support.server import start_server
 
 pytestmark = [pytest.mark.http]
@@ -19,20 +20,13 @@ pytestmark = [pytest.mark.http]
 ARROW = {"content-type": "application/vnd.apache.arrow.stream"}
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 def _requests(url: str) -> None:
     http = urllib3.PoolManager(retries=False)
     assert http.request("PUT", f"{url}/v1/jobs/j", json={}).status == 201
     assert http.request("PUT", f"{url}/v1/jobs/j/states/s", json={"kind": "value"}).status == 201
-    body = _ipc(pa.table({"key": ["a"], "value": [1]}))
+    body = stream(pa.table({"key": ["a"], "value": [1]}))
     assert http.request("POST", f"{url}/v1/jobs/j/states/s/columns/put", body=body, headers=ARROW).status == 200
-    keys = _ipc(pa.table({"key": ["a"]}))
+    keys = stream(pa.table({"key": ["a"]}))
     assert http.request("POST", f"{url}/v1/jobs/j/states/s/columns/get", body=keys, headers=ARROW).status == 200
     assert (
         http.request("POST", f"{url}/v1/jobs/j/batch", json={"ops": [{"op": "get", "state": "s", "key": "a"}]}).status

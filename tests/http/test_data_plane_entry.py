@@ -23,12 +23,12 @@ from statehouse.app import serve
 from statehouse.app.data_plane import DataPlane
 from statehouse.app.main import create_app
 from statehouse.app.settings import load_settings
+from tests.support.arrow_ipc import ARROW, stream
 from tests.support.raw_http import answer
 from tests.support.server import ModuleCommand, ServerProcess, await_ready, free_port, launch_server, run_module
 
 pytestmark = [pytest.mark.http]
 
-ARROW = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 ADMIN, SCOPED, OTHER = "t-admin", "t-scoped", "t-other"
 ENV = {
@@ -65,13 +65,6 @@ def servers(tmp_path_factory) -> Iterator[dict[str, ServerProcess]]:
     yield started
     for server in started.values():
         server.stop()
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def request(
@@ -146,10 +139,10 @@ def _setup(server: ServerProcess) -> None:
 
 
 def test_the_entry_answers_as_the_app_does_through_asgi(servers):
-    put = _ipc(pa.table({"key": ["a", "b"], "value": [1, 2]}))
-    get = _ipc(pa.table({"key": ["b", "a", "c"]}))
-    both = _ipc(pa.table({"key": ["a", "z"], "value:n": [5, 6], "value:m": [7, 8]}))
-    timers = _ipc(pa.table({"key": ["a", "b"], "timestamp": pa.array([10, 20], pa.int64())}))
+    put = stream(pa.table({"key": ["a", "b"], "value": [1, 2]}))
+    get = stream(pa.table({"key": ["b", "a", "c"]}))
+    both = stream(pa.table({"key": ["a", "z"], "value:n": [5, 6], "value:m": [7, 8]}))
+    timers = stream(pa.table({"key": ["a", "b"], "timestamp": pa.array([10, 20], pa.int64())}))
     states = "/v1/jobs/door/columns"
     one = "/v1/jobs/door/states/n/columns"
     sent = [
@@ -169,7 +162,7 @@ def test_the_entry_answers_as_the_app_does_through_asgi(servers):
         request("POST", "/v1/jobs/door/states/none/columns/get", get),  # 404 state
         request("POST", f"{states}/get", get),  # 422: no states named
         request("POST", "/v1/jobs/door/states/n%ff/columns/get", get),  # 422: not UTF-8
-        request("POST", f"{one}/get", _ipc(pa.table({"key": ["a"] * 10}))),
+        request("POST", f"{one}/get", stream(pa.table({"key": ["a"] * 10}))),
         request(
             "POST", "/v1/jobs/door/batch", b'{"ops": [{"op": "get", "state": "n", "key": "a"}]}', content_type=JSON
         ),
@@ -222,7 +215,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(servers):
 
 def test_expect_continue_connection_close_and_http_1_0(servers):
     server = servers["serve"]
-    put = _ipc(pa.table({"key": ["c"], "value": [3]}))
+    put = stream(pa.table({"key": ["c"], "value": [3]}))
     path = "/v1/jobs/door/states/n/columns/put"
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=BOUND_S) as sock:
@@ -242,7 +235,7 @@ def test_expect_continue_connection_close_and_http_1_0(servers):
 
 def test_the_entrys_requests_count_in_metrics_by_route(servers):
     path = "/v1/jobs/door/states/n/columns/put"
-    put = _ipc(pa.table({"key": ["d"], "value": [4]}))
+    put = stream(pa.table({"key": ["d"], "value": [4]}))
     counted = re.compile(
         rb'statehouse_http_requests_total\{method="POST",route="/v1/jobs/\{job\}/states/\{state\}/columns/\{op\}",'
         rb'status="200"\} (\S+)'

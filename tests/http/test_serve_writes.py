@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
+from tests.support.arrow_ipc import stream
 from tests.support.raw_http import answer
 from tests.support.server import ServerProcess, start_server
 
@@ -23,13 +24,6 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     srv = start_server(tmp_path_factory.mktemp("serve-writes"), {"STATEHOUSE_BACKEND": "heap"})
     yield srv
     srv.stop()
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def request(method: str, path: str, body: bytes = b"", content_type: str = "", close: bool = False) -> bytes:
@@ -66,8 +60,8 @@ def exchange(server: ServerProcess, requests: list[bytes]) -> bytes:
 
 def test_pipelined_answers_arrive_whole_and_in_order(server):
     arrow = "application/vnd.apache.arrow.stream"
-    put = _ipc(pa.table({"key": ["a", "b"], "value": [1, 2]}))
-    get = _ipc(pa.table({"key": ["b", "a", "c"]}))
+    put = stream(pa.table({"key": ["a", "b"], "value": [1, 2]}))
+    get = stream(pa.table({"key": ["b", "a", "c"]}))
     sent = [
         request("PUT", "/v1/jobs/writes", b"{}", "application/json"),
         request("PUT", "/v1/jobs/writes/states/n", b'{"kind": "value"}', "application/json"),

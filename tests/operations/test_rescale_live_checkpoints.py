@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from statehouse.client import StatehouseClient
 from statehouse.client.coordinator import CheckpointCoordinator
+from statehouse.client.global_checkpoints import GlobalCheckpoint
 from statehouse.client.rescale import LiveRescale
 from statehouse.snapshots.catalog import read_metadata
 from statehouse.snapshots.layout import metadata_name, snapshot_dir
@@ -87,6 +88,13 @@ def listed(urls: list[str]) -> dict[int, int]:
     return {c["checkpoint_id"]: c["replica_count"] for c in shown}
 
 
+def read_back(client: StatehouseClient, keys: Iterable[str]) -> dict[str, object]:
+    """The job's value of each key."""
+    with client.job(JOB).batch() as reads:
+        pending = {key: reads.get("v", key) for key in keys}
+    return {key: p.value for key, p in pending.items()}
+
+
 def start_with_a_job(replicas: ReplicaSet, values: dict[str, object]) -> tuple[list[str], str]:
     """Replicas 0 and 1 of 2 holding the job's state ``v`` with ``values``, and an empty replica 2 of 3
     at version 2: the old layout's URLs and the joining replica's."""
@@ -99,6 +107,18 @@ def start_with_a_job(replicas: ReplicaSet, values: dict[str, object]) -> tuple[l
             for key, value in values.items():
                 batch.put("v", key, value)
     return urls, new
+
+
+def checkpointed_then_grown(
+    replicas: ReplicaSet, values: dict[str, object], precopy: bool
+) -> tuple[list[str], GlobalCheckpoint, int]:
+    """:func:`start_with_a_job`, a checkpoint, then a move 2 -> 3: the old layout's URLs, that
+    checkpoint and the move's."""
+    urls, new = start_with_a_job(replicas, values)
+    with StatehouseClient(urls) as client:
+        before = CheckpointCoordinator(client.job(JOB)).checkpoint()
+        with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
+            return urls, before, move.run().checkpoints[JOB]
 
 
 def test_old_layout_checkpoints_stay_restorable_until_the_new_layout_retains_its_own(tmp_path, storage):
@@ -130,9 +150,7 @@ def test_old_layout_checkpoints_stay_restorable_until_the_new_layout_retains_its
         assert checkpoint_ids(files, 3) == {first, *later}
         with StatehouseClient(urls) as client:  # what is listed restores
             CheckpointCoordinator(client.job(JOB)).restore(first)
-            with client.job(JOB).batch() as reads:
-                values = {key: reads.get("v", key) for key in KEYS}
-            assert {key: p.value for key, p in values.items()} == {key: i for i, key in enumerate(KEYS)}
+            assert read_back(client, KEYS) == {key: i for i, key in enumerate(KEYS)}
     finally:
         replicas.stop()
 
@@ -155,11 +173,7 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
     rng = random.Random(44)
     values = {f"user-{i}": rng.randbytes(500).hex() for i in range(24_000)}
     try:
-        urls, new = start_with_a_job(replicas, values)
-        with StatehouseClient(urls) as client:
-            before = CheckpointCoordinator(client.job(JOB)).checkpoint()
-            with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
-                moved = move.run().checkpoints[JOB]
+        urls, before, moved = checkpointed_then_grown(replicas, values, precopy)
 
         with StatehouseClient(urls) as client:
             coordinator = CheckpointCoordinator(client.job(JOB))
@@ -187,9 +201,7 @@ def test_the_first_checkpoint_after_a_move_reuses_what_each_staying_replica_uplo
             assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
             assert unreferenced(settings, {first.checkpoint_id: 3, second: 3}) == set()
             coordinator.restore(first.checkpoint_id)  # the one whose files the old layout uploaded
-            with client.job(JOB).batch() as reads:
-                restored = {key: reads.get("v", key) for key in values}
-            assert {key: p.value for key, p in restored.items()} == values
+            assert read_back(client, values) == values
     finally:
         replicas.stop()
 
@@ -232,11 +244,7 @@ def test_a_heap_replicas_first_checkpoint_after_a_move_builds_on_its_chains(tmp_
     rng = random.Random(45)
     values = {f"user-{i}": rng.randbytes(200).hex() for i in range(6_000)}
     try:
-        urls, new = start_with_a_job(replicas, values)
-        with StatehouseClient(urls) as client:
-            before = CheckpointCoordinator(client.job(JOB)).checkpoint()
-            with LiveRescale(client, 3, [new], wait=120, precopy=precopy) as move:
-                grown = move.run().checkpoints[JOB]
+        _urls, before, grown = checkpointed_then_grown(replicas, values, precopy)
         urls = replicas.urls
 
         def changed(client: StatehouseClient, step: str) -> None:  # a few keys each time: deltas
@@ -247,9 +255,7 @@ def test_a_heap_replicas_first_checkpoint_after_a_move_builds_on_its_chains(tmp_
 
         def restores(coordinator: CheckpointCoordinator, client: StatehouseClient, checkpoint_id: int) -> None:
             coordinator.restore(checkpoint_id)
-            with client.job(JOB).batch() as reads:
-                restored = {key: reads.get("v", key) for key in values}
-            assert {key: p.value for key, p in restored.items()} == values
+            assert read_back(client, values) == values
 
         with StatehouseClient(urls) as client:
             coordinator = CheckpointCoordinator(client.job(JOB))
