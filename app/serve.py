@@ -260,10 +260,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if not cycle.keep_alive:
                 self.transport.close()
             cycle.on_response()
-        except BaseException:  # cancelled (shutdown), or the transport failed: as uvicorn's cycle does
-            self.logger.exception("the data plane failed to answer %s %s", scope["method"], scope["path"])
+        except asyncio.CancelledError:  # the server shut down under it
             self.transport.close()
             raise
+        except Exception:  # the transport failed: logged and closed, as uvicorn's cycle does
+            self.logger.exception("the data plane failed to answer %s %s", scope["method"], scope["path"])
+            self.transport.close()
         finally:
             cycle.on_response = lambda: None
 

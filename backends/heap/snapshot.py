@@ -4,11 +4,17 @@ changelog state backend, materialized: FLIP-158). A full snapshot of a heap stat
 size every checkpoint; a delta costs what changed.
 
 A checkpoint writes a new base instead of a delta when it cannot or should not build on the last
-one: no completed checkpoint of this layout whose cut the partition's log followed
+one: no completed checkpoint whose cut the partition's log followed
 (:class:`~statehouse.backends.heap.changes.ChangeLog`), half the state or more changed (a delta
 would be as large, and reading it back twice as slow), or the deltas already weigh as much as
-their base (so a restore reads at most about twice the state). Savepoints stay in the canonical
+their bases (so a restore reads at most about twice the state). Savepoints stay in the canonical
 full format, self-contained.
+
+A changelog is one chain of base and deltas per run of key groups. After a live rescale, the key
+groups a replica held keep their chains (the last checkpoint it completed may be of the layout
+before), and the ones it took, or any replaced whole, are written whole in the checkpoint's own
+stream: the base of a chain of their own. A live rescale's copy may have seeded them (a base
+written while writes went on, :meth:`ChangelogSnapshotStrategy.seed`): their chain begins there.
 """
 
 from __future__ import annotations
@@ -52,10 +58,10 @@ def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list
     chains = [c for c in (chain.restricted(job.key_group_range) for chain in keyed.chains) if c is not None]
     if not chains:
         return None, f"checkpoint {metadata.checkpoint_id} holds none of the job's key groups here"
-    for chain in chains:
-        base, deltas = chain.bytes()
-        if len(chain.deltas) >= MAX_DELTAS or deltas >= base:
-            return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their base"
+    # What a restore of the whole would read: the bases and the deltas over them, all chains together.
+    bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in chains), strict=True))
+    if deltas >= bases or any(len(chain.deltas) >= MAX_DELTAS for chain in chains):
+        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their bases"
     return [chain.under(previous.directory) for chain in chains], ""
 
 

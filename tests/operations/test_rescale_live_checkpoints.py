@@ -273,10 +273,12 @@ def test_a_heap_replicas_first_checkpoint_after_a_move_builds_on_its_chains(tmp_
                 assert parts[1]["bytes_reused"] > parts[1]["bytes_uploaded"], parts[1]
                 assert parts[2]["bytes_reused"] == 0, parts[2]
                 assert first.bytes_uploaded < 0.6 * before.bytes_uploaded
+            assert listed(urls) == {grown: 2, first.checkpoint_id: 3}  # once retention's deletes are done
             assert missing(settings, {grown: 2, first.checkpoint_id: 3}) == set()
             assert unreferenced(settings, {grown: 2, first.checkpoint_id: 3}) == set()
             changed(client, "later")
             second = coordinator.checkpoint().checkpoint_id
+            assert listed(urls) == {first.checkpoint_id: 3, second: 3}
             assert [f for f in stored(settings) if "-of-2" in f] == []  # the old layout's retired
             assert missing(settings, {first.checkpoint_id: 3, second: 3}) == set()
             values.clear()
@@ -301,6 +303,7 @@ def test_a_heap_replicas_first_checkpoint_after_a_move_builds_on_its_chains(tmp_
                 assert parts[0]["bytes_reused"] > parts[0]["bytes_uploaded"], parts[0]
                 assert parts[1]["bytes_reused"] > 0.4 * parts[1]["bytes_uploaded"], parts[1]
                 assert third.bytes_uploaded < 0.6 * before.bytes_uploaded
+            assert listed(urls) == {shrunk: 3, third.checkpoint_id: 2}
             assert missing(settings, {shrunk: 3, third.checkpoint_id: 2}) == set()
             assert unreferenced(settings, {shrunk: 3, third.checkpoint_id: 2}) == set()
             restores(coordinator, client, third.checkpoint_id)
