@@ -103,6 +103,13 @@ class FetchedKeyGroups:
             except (TypeError, ValueError, IndexError) as exc:
                 raise SnapshotCorrupt(f"key group {kg} section is unreadable: {exc}") from None
 
+    def section_tuples(self) -> Iterator[tuple[int, list[tuple[int, bytes, bytes, bytes]]]]:
+        """Each key group's ``(table id, primary, secondary, value)`` records, a list per section
+        in section order (ids index ``header.tables``): what a bulk load takes a section at a time."""
+        for kg, section in self.sections:
+            with bulk_decoding():
+                yield kg, self._section(kg, section, use_list=False)
+
     def table_records(
         self, table: str
     ) -> Iterator[tuple[list[int], Sequence[bytes], Sequence[bytes], Sequence[bytes]]]:

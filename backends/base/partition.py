@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from itertools import islice
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from statehouse.backends.reserved import META_TABLE
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -217,6 +217,19 @@ class StorePartition(ABC):
         inside ``guard()``; how many. As writes here; a backend may build files in ``directory``
         (which the caller removes) and add them whole."""
         return load_records(self, (WriteOp("put", t, kg, p, s, v) for kg, t, p, s, v in entries), guard)
+
+    def load_sections(
+        self,
+        tables: Sequence[str],
+        sections: Iterable[tuple[int, Sequence[Sequence[Any]]]],
+        directory: str,
+        guard: Guard,
+    ) -> int:
+        """:meth:`load_entries` of a snapshot's sections: per key group (ascending), its records
+        ``(table id, primary, secondary, value)``, ids indexing ``tables``. A backend may take a
+        section at a time."""
+        entries = ((kg, tables[r[0]], r[1], r[2], r[3]) for kg, records in sections for r in records)
+        return self.load_entries(entries, directory, guard)
 
     def load(self, ops: Iterable[WriteOp]) -> int:
         """Bulk-load a restore into a staged partition (nobody reads it until it is promoted, so

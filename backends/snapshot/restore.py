@@ -59,7 +59,8 @@ class FetchedFullPart:
         return dict(self.fetched.header.tables)
 
     def load_into(self, partition: StorePartition, guard: Guard) -> int:
-        return partition.load_entries(self.fetched.records(), self.work_dir, guard)
+        fetched = self.fetched
+        return partition.load_sections(list(fetched.header.tables), fetched.section_tuples(), self.work_dir, guard)
 
     def release(self) -> None:
         """Nothing on disk; the sections go with this object."""

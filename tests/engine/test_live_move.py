@@ -4,6 +4,7 @@ a job's layout, dropping key groups, and merge-restoring moving-in key groups in
 
 from __future__ import annotations
 
+import itertools
 import threading
 import tracemalloc
 
@@ -447,15 +448,15 @@ def test_an_interrupted_load_run_again_loads_the_same(make_catalog, make_manager
     for i in (1, 2):
         _loaded(move, i, catalogs).drop_key_groups(move.moving_in(i))
         small_loads(monkeypatch, 10)
-        real = FetchedKeyGroups.records
+        real, sections = FetchedKeyGroups.section_tuples, itertools.count()
 
-        def failing(self, real=real):
-            for n, record in enumerate(real(self)):
-                if n == 100:
+        def failing(self, real=real, sections=sections):
+            for section in real(self):
+                if next(sections) == 4:
                     raise OSError("the replica died mid-load")
-                yield record
+                yield section
 
-        monkeypatch.setattr(FetchedKeyGroups, "records", failing)
+        monkeypatch.setattr(FetchedKeyGroups, "section_tuples", failing)
         with pytest.raises(OSError, match="mid-load"):
             move.load(i)
         partial = _within(dump_all(catalogs[i].get("orders", serving=False)), move.moving_in(i))
@@ -599,17 +600,17 @@ def test_a_load_into_a_live_job_lets_its_writes_go_on(make_catalog, make_manager
             wrote.set()
             n += 1
 
-    real = FetchedKeyGroups.records
+    real, sections = FetchedKeyGroups.section_tuples, itertools.count()
 
     def announced(self):
         loading.set()
-        for n, record in enumerate(real(self)):
-            if n == 20:  # the first batch is in: a write goes between it and the next
+        for section in real(self):
+            if next(sections) == 1:  # the first section is in: a write goes between it and the next
                 wrote.clear()
-                assert wrote.wait(60), "the writer never got the job between two batches"
-            yield record
+                assert wrote.wait(60), "the writer never got the job between two sections"
+            yield section
 
-    monkeypatch.setattr(FetchedKeyGroups, "records", announced)
+    monkeypatch.setattr(FetchedKeyGroups, "section_tuples", announced)
     thread = threading.Thread(target=writer)
     thread.start()
     try:
