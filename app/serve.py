@@ -33,6 +33,7 @@ import orjson
 import uvicorn
 from starlette.types import Receive, Scope
 from uvicorn.config import LOGGING_CONFIG
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
@@ -240,6 +241,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.response_started, cycle.waiting_for_100_continue = True, False
             status = response.status_code
             if cycle.access_log and not access_log.quiet_data_plane(status):
+                await self._forwarded(scope)
                 cycle.access_logger.info(
                     '%s - "%s %s HTTP/%s" %d',
                     get_client_addr(cycle.scope),
@@ -268,6 +270,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
         finally:
             cycle.on_response = lambda: None
+
+    async def _forwarded(self, scope: Scope) -> None:
+        """The client (and scheme) as uvicorn's proxy-header layer, which the data plane skips, sets
+        them in ``scope`` (``X-Forwarded-For`` from a trusted proxy): for an access line only."""
+        if self.config.proxy_headers:
+            await ProxyHeadersMiddleware(_nothing, self.config.forwarded_allow_ips)(scope, _nothing, _nothing)
 
     # -- limits ---------------------------------------------------------------------------------
 
@@ -319,6 +327,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._answering():  # else an answer would land inside the running request's
             self.transport.write(_refusal(code, detail, self.docs_url))
         self.transport.close()
+
+
+async def _nothing(*_args: Any) -> Any:
+    return None
 
 
 def _data_plane(app: Any) -> DataPlane | None:

@@ -317,3 +317,21 @@ def test_the_servers_protocol_takes_the_columnar_routes_and_nothing_else(monkeyp
         bare.http_protocol_class(config=bare, server_state=ServerState(), app_state={}, _loop=loop).data_plane is None
     )
     loop.close()
+
+
+def test_a_refused_requests_access_line_names_the_client_as_uvicorn_does(servers):
+    """Refusals are logged (successes are not, by default); behind a trusted proxy the line names
+    the client ``X-Forwarded-For`` gives, as uvicorn's proxy-header layer, which the entry skips,
+    would have it."""
+    path = "/v1/jobs/door/states/n/columns/put"
+    refused = request(
+        "POST", path, stream(pa.table({"key": ["e"], "value": [5]})), token=None, x_forwarded_for="203.0.113.7"
+    )
+    lines = {}
+    for door, server in servers.items():
+        exchange(server, [refused])
+        lines[door] = [line for line in server.log().splitlines() if "203.0.113.7" in line and path in line]
+    assert [line.split("INFO:")[-1].strip() for line in lines["serve"]] == [
+        line.split("INFO:")[-1].strip() for line in lines["asgi"]
+    ]
+    assert len(lines["serve"]) == 1 and '" 401' in lines["serve"][0], lines
