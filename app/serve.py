@@ -27,7 +27,7 @@ import argparse
 import asyncio
 import contextvars
 import copy
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import orjson
 import uvicorn
@@ -41,6 +41,9 @@ from statehouse.app import access_log
 from statehouse.app.data_plane import DataPlane, Found
 from statehouse.app.problems import STATUS_BY_CODE, problem_type
 from statehouse.app.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # uvicorn's scope type, for the checker only (a private module)
+    from uvicorn._types import HTTPScope
 
 APP = "statehouse.app.main:app"
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
@@ -241,7 +244,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.response_started, cycle.waiting_for_100_continue = True, False
             status = response.status_code
             if cycle.access_log and not access_log.quiet_data_plane(status):
-                await self._forwarded(scope)
+                await self._forwarded(cycle.scope)
                 cycle.access_logger.info(
                     '%s - "%s %s HTTP/%s" %d',
                     get_client_addr(cycle.scope),
@@ -271,7 +274,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         finally:
             cycle.on_response = lambda: None
 
-    async def _forwarded(self, scope: Scope) -> None:
+    async def _forwarded(self, scope: HTTPScope) -> None:
         """The client (and scheme) as uvicorn's proxy-header layer, which the data plane skips, sets
         them in ``scope`` (``X-Forwarded-For`` from a trusted proxy): for an access line only."""
         if self.config.proxy_headers:
