@@ -218,13 +218,7 @@ class StorePartition(ABC):
         (which the caller removes) and add them whole."""
         return load_records(self, (WriteOp("put", t, kg, p, s, v) for kg, t, p, s, v in entries), guard)
 
-    def load_sections(
-        self,
-        tables: Sequence[str],
-        sections: Iterable[tuple[int, Sequence[Sequence[Any]]]],
-        directory: str,
-        guard: Guard,
-    ) -> int:
+    def load_sections(self, tables: Sequence[str], sections: Sections, directory: str, guard: Guard) -> int:
         """:meth:`load_entries` of a snapshot's sections: per key group (ascending), its records
         ``(table id, primary, secondary, value)``, ids indexing ``tables``. A backend may take a
         section at a time."""
@@ -266,6 +260,9 @@ class StorePartition(ABC):
 
 # A stored entry as a snapshot holds it: (key group, table, primary, secondary, value).
 Entry = tuple[int, str, bytes, bytes, bytes]
+# A snapshot's sections as a bulk load takes them: per key group, its records
+# ``(table id, primary, secondary, value)``.
+Sections = Iterable[tuple[int, Sequence[Sequence[Any]]]]
 # Writes a load makes at once: each goes under its guard (a live job's lock), so a replica's
 # requests go on between them, and memory holds one batch.
 LOAD_BATCH = 5_000

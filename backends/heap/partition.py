@@ -27,7 +27,6 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import groupby, islice, repeat
-from typing import Any
 
 from statehouse.backends.base import partition as base_partition
 from statehouse.backends.base.partition import (
@@ -36,6 +35,7 @@ from statehouse.backends.base.partition import (
     FrozenView,
     Guard,
     RowChanges,
+    Sections,
     StorePartition,
     WriteOp,
 )
@@ -375,13 +375,7 @@ class HeapPartition(StorePartition):
             loaded += len(batch)
         return loaded
 
-    def load_sections(
-        self,
-        tables: Sequence[str],
-        sections: Iterable[tuple[int, Sequence[Sequence[Any]]]],
-        directory: str,
-        guard: Guard,
-    ) -> int:
+    def load_sections(self, tables: Sequence[str], sections: Sections, directory: str, guard: Guard) -> int:
         """A section at a time, each table's run of it into its dict at once: a flat table's
         primaries and values as two columns, one C-level update, no Python step per entry."""
         loaded = 0
