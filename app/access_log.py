@@ -36,8 +36,12 @@ _quiet = False  # the mode is "control" (set by :func:`configure`)
 
 def left_out(method: object, path: object, status: object) -> bool:
     """Whether ``control`` leaves out the line of this request: a successful data-plane POST."""
-    succeeded = isinstance(status, int) and 200 <= status < 300
+    succeeded = isinstance(status, int) and _succeeded(status)
     return method == "POST" and succeeded and isinstance(path, str) and _DATA_PLANE.search(path) is not None
+
+
+def _succeeded(status: int) -> bool:
+    return 200 <= status < 300
 
 
 def quiet(method: str, path: str, status: int) -> bool:
@@ -48,7 +52,7 @@ def quiet(method: str, path: str, status: int) -> bool:
 
 def quiet_data_plane(status: int) -> bool:
     """:func:`quiet` for a request known to be the data plane's POST (``app/data_plane.py``'s)."""
-    return _quiet and 200 <= status < 300
+    return _quiet and _succeeded(status)
 
 
 class QuietDataPlane(logging.Filter):

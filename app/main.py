@@ -176,11 +176,11 @@ class StatehouseAPI(FastAPI):
     Starlette's 500 handler (``MetricsMiddleware`` answers faults itself, see ``server_errors``),
     an exception-telemetry and a body-limit layer (no ``max_body_size``: ``app/intake.py`` bounds
     bodies). Lifespan events go through the whole stack, as FastAPI builds it. It also serves
-    ``openapi.document`` as its OpenAPI document, and offers its columnar routes to the server's
+    ``openapi.document`` as its OpenAPI document, and offers its data-plane routes to the server's
     protocol beside ASGI (:attr:`data_plane`)."""
 
     _entry: ASGIApp | None = None
-    # The columnar routes' entry for the server's own protocol (``app/serve.py``), beside ASGI.
+    # The data-plane routes' entry for the server's own protocol (``app/serve.py``), beside ASGI.
     data_plane: DataPlane | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

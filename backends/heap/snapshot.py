@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from typing import Any
 
 from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.heap.changes import Cut, by_key_group, checkpoint_cut, noted_rows, replaced_whole, union
@@ -128,12 +127,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
             header = SnapshotHeader(
                 job.name, job.max_parallelism, span, keyed_tables(view.tables()), descriptor_dicts(job)
             )
-
-            def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
-                if not any(kg in r for r in wanted):
-                    return []
-                return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
-
+            # A delta of no changed key, the wanted key groups whole: their base.
+            records = delta_records(view, {}, header, {kg for r in wanted for kg in r})
             path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
             with ctx.storage.create_output(path) as out:
                 written = write_sections(out, header, ctx.codec, job.clock.now_ms(), lambda: False, records)

@@ -50,9 +50,14 @@ def write_key_groups(
     """Write the keyed part of ``view`` for the header's key-group range; returns the handle."""
 
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
-        return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
+        return _scanned(view, table_id, table, kg)
 
     return write_sections(out, header, codec, now_ms, cancelled, records)
+
+
+def _scanned(view: FrozenView | ChangedKeys, table_id: int, table: str, kg: int) -> list[list[Any]]:
+    """A key group's records of a table, whole, as a base holds them."""
+    return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
 
 
 class ChangedKeys(Protocol):
@@ -82,7 +87,7 @@ def delta_records(
 
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
         if kg in whole:
-            return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
+            return _scanned(view, table_id, table, kg)
         primaries = changed.get(table, {}).get(kg)
         if not primaries:
             return []

@@ -71,6 +71,13 @@ def test_the_data_plane_is_the_routes_flagged_so():
     }
 
 
+def test_the_routes_answered_beside_asgi_are_the_data_plane():
+    """Those routes' successes are left out of the log by their status alone (``app/serve.py``):
+    the fast routes must be the routes flagged as the data plane, no more."""
+    assert app.data_plane is not None
+    assert {fast.route.path for fast in app.data_plane.routes.routes} == set(data_plane_paths(app.routes))
+
+
 def test_the_filter_reads_uvicorns_access_record():  # the app made (imported above) gave the routes
     def record(method: str, path: str, status: int) -> logging.LogRecord:
         args = ("127.0.0.1:5000", method, path, "1.1", status)
