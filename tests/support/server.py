@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import signal
@@ -120,10 +121,30 @@ def stop_process(process: Process, sig: int = signal.SIGTERM, timeout: float = 1
     return process.returncode
 
 
+# Under pytest-xdist each worker draws ports from a range of its own, below the ephemeral ports
+# (32768 on) and SeaweedFS's (tests/support/s3server.py: 20000 on): a port is picked, then bound
+# by the server it is for, and a port the kernel hands out can be taken in between by another
+# worker's server, whose answers the test would read as its own.
+_WORKER_PORTS = 1_000
+_next_port = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    base = 10_000 + int(worker[2:]) * _WORKER_PORTS
+    for _ in range(_WORKER_PORTS):
+        port = base + next(_next_port) % _WORKER_PORTS
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + _WORKER_PORTS - 1}")
 
 
 @dataclass
