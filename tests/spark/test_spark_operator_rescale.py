@@ -7,9 +7,10 @@ input file per micro-batch as the test drops them in. Meanwhile, as an operator 
 ``statehouse rescale --to 3`` (the joining replica started empty first, as docs/operations.md says), started
 while a micro-batch's commit is held in flight (the move's prepare waits for the batch); ``--to 2`` between a
 batch's commit and its checkpoint, after which the removed replica is stopped and its data deleted before that
-checkpoint goes out (it fails, and is taken again on the new layout); and ``--to 3`` again, started as a file is
-dropped, with the joining replica SIGKILLed once loaded and kept down until the old replicas committed and a batch
-began meanwhile, then restarted, and the move finished with ``--resume``. Around the cuts: a task failing after
+checkpoint goes out (it fails, and is taken again on the new layout); and ``--to 3`` again, the command
+paused once the move is prepared while the next micro-batch begins (it waits for the move), then resumed, with the
+joining replica SIGKILLed once loaded and kept down until the old replicas committed, then restarted, and the move
+finished with ``--resume``. Around the cuts: a task failing after
 its writes (Spark retries it) after each one, and the driver SIGKILLed mid-task once the removed replica is gone,
 then restarted from the same Spark checkpoint location. A plain client (built once, with the original URLs) adds
 1 to counters of another job the whole time, and keeps being acknowledged after each move; in make test-long,
@@ -336,24 +337,31 @@ def test_operator_rescales_under_a_running_query_match_the_oracle(
         feeder.limit = REGROW_AFTER + 1
         joining = replica_set.add(2, 3, version=topology(seeds[0])["version"] + 1)  # empty again, same place
 
-        # Grow 2 -> 3 again, started as a file is dropped, the next file once the move is prepared (its batch
-        # meets the move); the joining replica is SIGKILLed once it has loaded, and stays down until the old
-        # replicas have committed and a batch has begun meanwhile (restarted, it commits itself). That batch
-        # is the gated file's, or the one before it when it began after the prepare (and now waits: hence
-        # the bound).
+        # Grow 2 -> 3 again. The operator's command is paused (SIGSTOP, as a suspended terminal) once the move is
+        # prepared, the moving key groups frozen: the next file's micro-batch begins and waits for the move.
+        # Resumed, the command goes on; the joining replica is SIGKILLed once it has loaded, and stays down
+        # until the old replicas have committed and the waiting batch has looked again (restarted, it commits
+        # itself).
         driver.await_marker(f"done-{REGROW_AFTER}", query)
         regrow, regrow_log = operator.start("--to", "3", "--urls", ",".join(seeds), "--urls-new", joining.url)
-        feeder.limit = REGROW_AFTER + 2
         operator.await_line(regrow, regrow_log, "prepared:")
-        feeder.limit = BATCHES
+        regrow.send_signal(signal.SIGSTOP)
+        try:
+            waits = driver.waits()
+            feeder.limit = REGROW_AFTER + 2
+            driver.await_marker(f"begun-{REGROW_AFTER + 1}", query)
+            driver.await_wait(waits, query, within=LIMIT)
+            assert "waits for a live rescale" in driver.logs[-1].read_text(errors="replace"), driver.tail()
+        finally:
+            regrow.send_signal(signal.SIGCONT)
         operator.await_line(regrow, regrow_log, "loaded:")
         waits = driver.waits()
         replica_set.servers[2].stop(signal.SIGKILL)
         # Unless the move committed on it before the kill landed (then it is restarted at once).
         if operator.await_line(regrow, regrow_log, "waiting (unreachable) for commit", or_end=True):
-            driver.await_marker(f"begun-{REGROW_AFTER + 2}", query, or_end=True, within=10)
-            driver.await_wait(waits, query, within=5)  # the batch waits, for the move or the replica
+            driver.await_wait(waits, query, within=5)  # the batch waits again, for the move or the replica
         replica_set.restart(2)
+        feeder.limit = BATCHES
         code = operator.finish(regrow)
         assert code in (0, 4), regrow_log.read_text()  # 4: a replica did not commit; --resume finishes
         code, shown = operator.run("--resume", "--urls", ",".join(seeds))
