@@ -197,3 +197,63 @@ def test_numbers_packed_at_once_are_the_packers_bytes():
         assert numbers.longest == max(map(len, numbers.payloads)) and not numbers.deletes
     for values in ([2**32], [0, 128], [1, -1], [True], [1, 2.0], [float("nan")], [2**63], [None, 1.0], []):
         assert pack_numbers(values) is None, values
+
+
+def test_numbers_unpacked_at_once_are_the_stored_numbers():
+    """Stored floats, or stored ints of any msgpack format within int64, decode in numpy to the
+    numbers ``decode_value`` gives, absent rows marked; anything else is left to it (``None``)."""
+    from statehouse.backends.columnar_codec import unpack_numbers
+    from statehouse.snapshots.stored.codec import pack_value
+
+    rnd = random.Random(3)
+    ints = (lambda: rnd.randint(-40, 130), lambda: rnd.randint(-(2**15), 2**16), lambda: rnd.randint(-(2**31), 2**32))
+    ints += (lambda: rnd.randint(-(2**63), 2**63 - 1),)
+    floats = (lambda: rnd.uniform(-1e6, 1e6), lambda: -0.0, lambda: 1e308, lambda: 5e-324)
+    for _ in range(400):
+        makers = rnd.choice((ints, floats))
+        values = [None if rnd.random() < 0.2 else rnd.choice(makers)() for _ in range(rnd.randint(1, 40))]
+        if all(v is None for v in values):
+            continue
+        numbers, absent = unpack_numbers([None if v is None else pack_value(v) for v in values])
+        for row, value in enumerate(values):
+            assert (absent is not None and absent[row]) == (value is None)
+            if value is not None:
+                assert numbers[row] == value and type(numbers[row].item()) is type(value), (row, value)
+    for stored in (
+        [pack_value(1.5), pack_value(2)], [pack_value("x")], [pack_value(True)], [pack_value(2**63)],
+        [b"\xcd\x00"], [b"\xcb\x00"], [pack_value(1) + pack_value(2)], [None, None], [],
+    ):  # fmt: skip
+        assert unpack_numbers(stored) is None, stored
+
+
+def test_sums_at_once_are_sum_add_row_by_row():
+    """``sums_at_once`` gives exactly what ``Sum.add`` gives each row (an absent accumulator
+    takes the value as it is, -0.0 too), or ``None`` where the fold must go row by row."""
+    from statehouse.backends.keyed.base import sums_at_once
+    from statehouse.snapshots.stored.codec import pack_value
+    from statehouse.snapshots.stored.functions import Sum
+
+    rnd = random.Random(5)
+    add = Sum().add
+    for _ in range(300):
+        floats = rnd.random() < 0.5
+        make = (
+            (lambda: rnd.choice((rnd.uniform(-1e3, 1e3), -0.0, 0.0)))
+            if floats
+            else (lambda: rnd.randint(-(2**40), 2**40))
+        )
+        rows = rnd.randint(1, 30)
+        accs = [None if rnd.random() < 0.3 else make() for _ in range(rows)]
+        values = [make() for _ in range(rows)]
+        sums = sums_at_once([None if a is None else pack_value(a) for a in accs], values)
+        assert sums is not None
+        expected = [add(a, v) for a, v in zip(accs, values, strict=True)]
+        got = sums.tolist()
+        assert got == expected and [type(s) for s in got] == [type(e) for e in expected]
+        assert [str(s) for s in got] == [str(e) for e in expected]  # -0.0 stays -0.0
+    for accs, values in (
+        ([1.5], [2]), ([1], [2.5]), ([None], [True]), ([None], [1, 2.0]), ([2**62 + 1], [1]), ([None], [2**63]),
+        ([1e308], [1e308]), ([None], [float("nan")]), (["x"], [1]),
+    ):  # fmt: skip
+        stored = [None if a is None else pack_value(a) for a in accs]
+        assert sums_at_once(stored, values) is None, (accs, values)
