@@ -163,10 +163,11 @@ class RowCache:
                 if in_old.count(_MISS) < len(keys):
                     moved = [(i, value) for i, value in enumerate(in_old) if value is not _MISS and found[i] is _MISS]
                 if moved:
-                    moved_keys = [keys[i] for i, _ in moved]
-                    moved_values: list[bytes | None] = [value for _, value in moved]  # type: ignore[misc]
-                    for key in moved_keys:
+                    # Once each: a read may name a key twice (two rows of it in one request).
+                    taken: dict[bytes, bytes | None] = {keys[i]: value for i, value in moved}  # type: ignore[misc]
+                    for key in taken:
                         del old[key]
+                    moved_keys, moved_values = list(taken), list(taken.values())
                     size = _size(moved_keys, moved_values)
                     rows.old_bytes -= size
                     self._old_bytes -= size

@@ -176,6 +176,21 @@ def test_the_cache_holds_at_most_its_budget():
     assert cache._lookup(table, big[:10]).count(row_cache._MISS) == 10
 
 
+def test_a_read_that_names_a_key_twice_moves_its_old_row_once():
+    """Two rows of one key in a request (a list state's two adds, say), its row in the old
+    generation: both answered, the row moved to the young generation once, counted once."""
+    cache = RowCache(200_000)
+    table = cache._new_table()
+    with cache.lock:
+        cache._fill(table, [b"twice", b"other"], [b"v" * 40, b"w" * 40])
+        cache._rotate()  # both rows now in the old generation
+    held = cache.size
+    assert cache._lookup(table, [b"twice", b"missing", b"twice"]) == [b"v" * 40, row_cache._MISS, b"v" * 40]
+    assert b"twice" in table.young and b"twice" not in table.old and b"other" in table.old
+    assert cache.size == held  # moved, not held twice
+    assert cache._lookup(table, [b"twice", b"twice"]) == [b"v" * 40] * 2
+
+
 def test_a_table_that_finds_few_of_its_rows_reads_past_the_cache(tmp_path, monkeypatch):
     """Reads spread over far more rows than the cache holds: after its warm-up window the table
     reads past the cache; writes meanwhile are read back once it uses the cache again. A table
