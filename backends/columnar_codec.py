@@ -14,7 +14,6 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any, NamedTuple, TypeAlias, cast
 
 import numpy as np
@@ -30,11 +29,9 @@ __all__ = [
     "Packed",
     "encode_primaries",
     "pack_column",
-    "pack_number_array",
     "pack_numbers",
     "prefixed",
     "unpack_column",
-    "unpack_numbers",
 ]
 
 # A part of every row's bytes: unsigned ints (big-endian, one per row), bytes (the same in every
@@ -240,22 +237,6 @@ _INT_FORMATS = (
     (-0x8000_0000, -0x8001, 0xD2, ">i4"),
 )
 _FLOAT64 = 0xCB
-_FLOAT64_ROW = np.dtype([("m", "u1"), ("v", ">f8")])
-# msgpack's int markers past the fixints: the field's width and sign.
-_INT_FIELDS = {
-    0xCC: (1, False),
-    0xCD: (2, False),
-    0xCE: (4, False),
-    0xCF: (8, False),
-    0xD0: (1, True),
-    0xD1: (2, True),
-    0xD2: (4, True),
-    0xD3: (8, True),
-}
-# Bytes of a stored int by its first byte (0: not an int with a field).
-_INT_SIZES = np.zeros(256, np.int64)
-for _marker, (_width, _signed) in _INT_FIELDS.items():
-    _INT_SIZES[_marker] = _width + 1
 
 
 def pack_numbers(values: Sequence[Any]) -> Packed | None:
@@ -265,23 +246,18 @@ def pack_numbers(values: Sequence[Any]) -> Packed | None:
     gives, one by one. ``None`` otherwise (pack them one by one: checks included)."""
     kinds = set(map(type, values))
     if kinds == {float}:
-        return pack_number_array(np.array(values, np.float64))
+        numbers = np.array(values, np.float64)
+        if not np.isfinite(numbers).all():
+            return None  # refused by the checks, with the row named
+        rows = np.empty(len(values), np.dtype([("m", "u1"), ("v", ">f8")]))
+        rows["m"], rows["v"] = _FLOAT64, numbers
+        return Packed(rows.view("V9").tolist(), 9, False)
     if kinds != {int}:
         return None
     try:
-        return pack_number_array(np.array(values, np.int64))
+        numbers = np.array(values, np.int64)
     except OverflowError:
         return None
-
-
-def pack_number_array(numbers: np.ndarray) -> Packed | None:
-    """:func:`pack_numbers` of a float64 or int64 array (not empty)."""
-    if numbers.dtype == np.float64:
-        if not np.isfinite(numbers).all():
-            return None  # refused by the checks, with the row named
-        rows = np.empty(len(numbers), _FLOAT64_ROW)
-        rows["m"], rows["v"] = _FLOAT64, numbers
-        return Packed(rows.view("V9").tolist(), 9, False)
     low, high = int(numbers.min()), int(numbers.max())
     found = next((f for f in _INT_FORMATS if f[0] <= low and high <= f[1]), None)
     if found is None:
@@ -290,63 +266,9 @@ def pack_number_array(numbers: np.ndarray) -> Packed | None:
     width = np.dtype(field).itemsize
     if marker is None:
         return Packed(numbers.astype(field).view("V1").tolist(), 1, False)
-    rows = np.empty(len(numbers), np.dtype([("m", "u1"), ("v", field)]))
+    rows = np.empty(len(values), np.dtype([("m", "u1"), ("v", field)]))
     rows["m"], rows["v"] = marker, numbers
     return Packed(rows.view(f"V{width + 1}").tolist(), width + 1, False)
-
-
-def unpack_numbers(payloads: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """``codec.decode_value`` of stored values in numpy at once, when the present ones are all
-    msgpack float64 (a float64 array) or all msgpack ints in int64's range (an int64 array), each
-    exactly one value: the numbers (0 where absent) and which rows are absent (``None``: none is).
-    ``None`` otherwise, and when no value is present (decode them one by one)."""
-    present = [payload for payload in payloads if payload is not None]
-    if not present:
-        return None
-    count = len(payloads)
-    absent = None
-    if len(present) < count:
-        absent = np.fromiter(map(operator.is_, payloads, repeat(None)), bool, count)
-    joined = b"".join(present)
-    lengths = np.fromiter(map(len, present), np.int64, len(present))
-    if (lengths == 9).all():  # float64s, if every one has its marker
-        rows = np.frombuffer(joined, _FLOAT64_ROW)
-        if (rows["m"] == _FLOAT64).all():
-            return _spread(rows["v"].astype(np.float64), absent, count), absent
-    numbers = _unpack_ints(np.frombuffer(joined, np.uint8), lengths)
-    return None if numbers is None else (_spread(numbers, absent, count), absent)
-
-
-def _unpack_ints(data: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
-    """The msgpack ints one after the other in ``data`` (each of ``lengths`` bytes), as int64;
-    ``None`` if one is not an int of exactly its length, or is past int64."""
-    starts = np.cumsum(lengths) - lengths
-    markers = data[starts].astype(np.int64)
-    fixint = (markers < 0x80) | (markers >= 0xE0)
-    expected = np.where(fixint, 1, _INT_SIZES[markers])
-    if not np.array_equal(expected, lengths):
-        return None  # another type, or a value of another length than its header says
-    numbers = np.where(markers >= 0xE0, markers - 0x100, markers)
-    for marker, (width, signed) in _INT_FIELDS.items():
-        rows = np.flatnonzero(markers == marker)
-        if not len(rows):
-            continue
-        if marker == 0xCF and (data[starts[rows] + 1] >= 0x80).any():
-            return None  # an unsigned 64-bit value past int64
-        field = big_endian(data, starts[rows] + 1, width)  # int64: an 8-byte field wraps as two's complement
-        if signed and width < 8:
-            field = np.where(field >= 1 << (8 * width - 1), field - (1 << (8 * width)), field)
-        numbers[rows] = field
-    return numbers
-
-
-def _spread(numbers: np.ndarray, absent: np.ndarray | None, count: int) -> np.ndarray:
-    """The present rows' ``numbers`` laid out over ``count`` rows, 0 where ``absent``."""
-    if absent is None:
-        return numbers
-    spread = np.zeros(count, numbers.dtype)
-    spread[~absent] = numbers
-    return spread
 
 
 def _headers(lengths: np.ndarray, binary: bool) -> list[_Part]:

@@ -7,10 +7,8 @@ from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
-
 from statehouse.backends.base.transaction import PartitionTransaction
-from statehouse.backends.columnar_codec import pack_number_array, pack_numbers, unpack_numbers
+from statehouse.backends.columnar_codec import pack_numbers
 from statehouse.backends.errors import StateError
 from statehouse.backends.keyed.cleaner import ttl_cleaner
 from statehouse.backends.keyspace import KeySpace, Rows
@@ -268,25 +266,15 @@ class KeyedState:
                 f"row {row}", row=row
             )
         values = self._inputs(values)
-        payloads = self._payloads_many(rows, secondaries, for_update=True)
-        # Every key once? A primary names its key group: the primaries (and secondaries) say it,
-        # without a tuple per row.
-        once = set(rows.primaries if secondaries is None else zip(rows.primaries, secondaries, strict=True))
-        sums = sums_at_once(payloads, values) if function.name == "sum" and len(once) == len(rows) else None
-        if sums is not None:
-            packed = pack_number_array(sums)
-            records = self._records_of(*packed) if packed is not None else self._records_many(sums.tolist())
-            self._tx.put_many(self._table, rows.key_groups, rows.primaries, records, secondaries)
-            if not answer:
-                return None
-            self._answer.charge(sum(map(len, records)))
-            return sums.tolist()
-        accs = decode_many(payloads)
+        accs = self._read_many(rows, secondaries, for_update=True)
         secs = secondaries if secondaries is not None else [b""] * len(rows)
         add = function.add
         int64_sum = function.name == "sum" and self.descriptor.value_type == "int64"
         if int64_sum:  # a sum of int64 values must stay an int64
             add = lambda acc, value: COERCE["int64"](function.add(acc, value))  # noqa: E731
+        # Every key once? A primary names its key group: the primaries (and secondaries) say it,
+        # without a tuple per row.
+        once = set(rows.primaries if secondaries is None else zip(rows.primaries, secondaries, strict=True))
         try:
             after: list[Any] | None = None  # each row's accumulator after its fold
             if len(once) == len(rows):  # every key once: one add per row, maybe vectorized
@@ -325,42 +313,6 @@ class KeyedState:
             records = self._records_many(after)
         self._answer.charge(sum(map(len, records)))
         return after
-
-
-# A sum of ints computed in numpy stays far inside int64 when both terms do.
-_SAFE_INT = 1 << 62
-
-
-def sums_at_once(payloads: Sequence[bytes | None], values: Sequence[Any]) -> np.ndarray | None:
-    """Each row's ``Sum.add`` (its stored accumulator, ``None`` when absent, plus its value) in
-    numpy at once, when the values are all floats and the accumulators all msgpack float64, or
-    all ints far inside int64 (a sum that cannot leave it): the same numbers as row by row.
-    ``None`` otherwise (and for a result that is not finite), for the row-by-row fold."""
-    kinds = set(map(type, values))
-    if kinds == {float}:
-        numbers = np.array(values, np.float64)
-    elif kinds == {int}:
-        try:
-            numbers = np.array(values, np.int64)
-        except OverflowError:
-            return None
-    else:
-        return None
-    absent: np.ndarray | None
-    if payloads.count(None) == len(payloads):  # every key new: its first value is its sum
-        accs, absent = np.zeros_like(numbers), np.ones(len(numbers), bool)
-    else:
-        stored = unpack_numbers(payloads)
-        if stored is None or stored[0].dtype != numbers.dtype:
-            return None
-        accs, absent = stored
-    if numbers.dtype == np.int64:
-        if ((numbers < -_SAFE_INT) | (numbers > _SAFE_INT) | (accs < -_SAFE_INT) | (accs > _SAFE_INT)).any():
-            return None
-        return accs + numbers
-    # An absent accumulator takes the value as it is (0.0 + -0.0 would be 0.0).
-    sums = accs + numbers if absent is None else np.where(absent, numbers, accs + numbers)
-    return sums if np.isfinite(sums).all() else None
 
 
 def pack_or_none(value: Any) -> bytes | None:
