@@ -142,6 +142,10 @@ class SnapshotStrategy(ABC, Generic[JobT]):
         ``ctx.previous`` does not hold; None where a strategy shares none."""
         return None
 
+    def unseed(self, job: JobT, seed: Seed) -> None:
+        """``seed`` will not be used (its move aborted): let go of what the backend keeps for it
+        (its files are deleted by the caller). Nothing by default."""
+
     @abstractmethod
     def prepare(self, job: JobT, ctx: SnapshotContext) -> AsyncSnapshot:
         """The synchronous part, with the job's writes held off: freeze, capture meta info,

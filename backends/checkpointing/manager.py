@@ -20,6 +20,7 @@ read best side by side.)
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from statehouse.backends.checkpointing.pending import PendingCheckpoint
 from statehouse.backends.checkpointing.restore import MergeRestore, RestoreOperation
 from statehouse.backends.checkpointing.retention import CompletedCheckpoints
 from statehouse.backends.checkpointing.runner import SnapshotStrategyRunner
-from statehouse.backends.errors import JobReplaced
+from statehouse.backends.errors import JobNotFound, JobReplaced
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import read_parts
@@ -180,10 +181,14 @@ class CheckpointManager:
         return sum(h.size for h in seed.files.values())
 
     def discard_seeds(self) -> None:
-        """Delete the files uploaded ahead of checkpoints that will not come (a move aborted)."""
+        """Let go of the seeds of checkpoints that will not come (a move aborted): what the backend
+        keeps for them, and their files."""
         with self._lock:
             seeds, self._seeds = self._seeds, {}
+        strategy = self.catalog.store.snapshot_strategy("checkpoint")
         for job, seed in seeds.items():
+            with contextlib.suppress(JobNotFound):  # a job deleted meanwhile keeps nothing
+                strategy.unseed(self.catalog.get(job, serving=False), seed)
             self._delete_seed(job, seed)
 
     def _delete_seed(self, job: str, seed: Seed) -> None:

@@ -124,6 +124,12 @@ class ChangeLog:
         self._pinned = cut
         return cut
 
+    def unpin(self, cut: Cut) -> None:
+        """A seed's cut no checkpoint will build on (its move aborted): what was noted since it is
+        kept no longer for it (the next checkpoint lets it go)."""
+        if self._pinned == cut:
+            self._pinned = None
+
     def _cut(self, cut: Cut) -> None:
         self._segments.append((cut, self._current))
         self._current = Segment()

@@ -137,6 +137,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
         chains = tuple(ChangelogChain(h) for r in wanted if (h := written.restricted(r)) is not None)
         return Seed("heap", {path: written.stream}, chains, cut)
 
+    def unseed(self, job: SnapshotSource, seed: Seed) -> None:
+        """The seed's cut stays pinned no longer: the log would keep every change since it until
+        its bound, then lose them all (a base)."""
+        partition = job.partition
+        if isinstance(partition, HeapPartition) and partition.changes is not None and seed.cut is not None:
+            with job.exclusive():
+                partition.changes.unpin(seed.cut)
+
     def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
         assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 
 import pytest
@@ -377,4 +378,30 @@ def test_the_log_stays_bounded(make_manager, tmp_path, clock):
     assert log.lost_reason is not None and "rows noted" in log.lost_reason
     _checkpoint(manager, 3)
     assert not _keyed(manager, 3).deltas
+    catalog.close()
+
+
+def test_a_seed_of_an_aborted_move_pins_the_log_no_longer(make_manager, tmp_path, clock, caplog):
+    """A heap seed pins the change log at its cut until a checkpoint builds on it. A move that
+    aborts (``discard_seeds``) lets the pin go: each completed checkpoint lets go of what was
+    noted before it, instead of the log keeping every change since the seed until its bound."""
+    from statehouse.backends.heap.changes import ChangeLog
+    from statehouse.protocol.keygroups import KeyGroupRange
+
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    log = job.partition.changes = ChangeLog(max_rows=1_500)
+    manager = make_manager(catalog, storage)
+    _writes(job, random.Random(1), 200)
+    _checkpoint(manager, 1)
+    assert manager.seed("orders", [KeyGroupRange(0, 7)], joining=False) > 0
+    assert log._pinned is not None
+    manager.discard_seeds()
+    assert log._pinned is None
+    rng = random.Random(2)
+    caplog.set_level(logging.INFO, logger="statehouse.backends.heap.changes")
+    for checkpoint_id in range(2, 12):  # ~2,900 rows noted in all: past the bound, were they all kept
+        _writes(job, rng, 100)
+        _checkpoint(manager, checkpoint_id)
+    assert "heap changelog lost" not in caplog.text
     catalog.close()
