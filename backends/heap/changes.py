@@ -125,8 +125,8 @@ class ChangeLog:
         return cut
 
     def unpin(self, cut: Cut) -> None:
-        """A seed's cut no checkpoint will build on (its move aborted): what was noted since it is
-        kept no longer for it (the next checkpoint lets it go)."""
+        """A seed's cut no checkpoint will build on (its move aborted): unpinned, so that the next
+        checkpoint lets go of what was noted since it."""
         if self._pinned == cut:
             self._pinned = None
 

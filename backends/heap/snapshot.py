@@ -138,8 +138,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
         return Seed("heap", {path: written.stream}, chains, cut)
 
     def unseed(self, job: SnapshotSource, seed: Seed) -> None:
-        """The seed's cut stays pinned no longer: the log would keep every change since it until
-        its bound, then lose them all (a base)."""
+        """Unpin the seed's cut: pinned, the log would keep every change since it until its bound,
+        then lose them all (a base)."""
         partition = job.partition
         if isinstance(partition, HeapPartition) and partition.changes is not None and seed.cut is not None:
             with job.exclusive():
