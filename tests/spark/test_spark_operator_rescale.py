@@ -1,20 +1,19 @@
 """The test that matters for rescaling by anyone, at any time: an operator rescales the replica set from outside,
 three times, while a real local Spark exactly-once query runs, and the query never notices more than a wait.
 
-The query (tests/support/operator_query.py, the user-features job of docs/spark.md: ``exactly_once`` + ``with_state``,
-``local[2,2]``) is configured with the set's ORIGINAL two URLs throughout, also after its restart, and takes one
-input file per micro-batch as the test drops them in. Meanwhile, as an operator would, the test runs the CLI:
-``statehouse rescale --to 3`` (the joining replica started empty first, as docs/operations.md says), started
-while a micro-batch's commit is held in flight (the move's prepare waits for the batch); ``--to 2`` between a
-batch's commit and its checkpoint, after which the removed replica is stopped and its data deleted before that
-checkpoint goes out (it fails, and is taken again on the new layout); and ``--to 3`` again, the command
-paused once the move is prepared while the next micro-batch begins (it waits for the move), then resumed, with the
-joining replica SIGKILLed once loaded and kept down until the old replicas committed, then restarted, and the move
-finished with ``--resume``. Around the cuts: a task failing after
-its writes (Spark retries it) after each one, and the driver SIGKILLed mid-task once the removed replica is gone,
-then restarted from the same Spark checkpoint location. A plain client (built once, with the original URLs) adds
-1 to counters of another job the whole time, and keeps being acknowledged after each move; in make test-long,
-16 such clients at once, each adding to keys of its own.
+The query (tests/support/operator_query.py, the user-features job of docs/spark.md: ``exactly_once`` +
+``with_state``, ``local[2,2]``) is configured with the set's ORIGINAL two URLs throughout, also after its restart,
+and takes one input file per micro-batch as the test drops them in. Meanwhile, as an operator would, the test runs
+the CLI: ``statehouse rescale --to 3`` (the joining replica started empty first, as docs/operations.md says),
+started while a micro-batch's commit is held in flight (the move's prepare waits for the batch); ``--to 2`` between
+a batch's commit and its checkpoint, after which the removed replica is stopped and its data deleted before that
+checkpoint goes out (it fails, and is taken again on the new layout); and ``--to 3`` again, the command paused once
+the move is prepared while the next micro-batch begins (it waits for the move), then resumed, with the joining
+replica SIGKILLed once loaded and kept down until the old replicas committed, then restarted, and the move finished
+with ``--resume``. Around the cuts: a task failing after its writes (Spark retries it) after each one, and the
+driver SIGKILLed mid-task once the removed replica is gone, then restarted from the same Spark checkpoint location.
+A plain client (built once, with the original URLs) adds 1 to counters of another job the whole time, and keeps
+being acknowledged after each move; in make test-long, 16 such clients at once, each adding to keys of its own.
 
 Afterwards: the query never failed (exit 0; only the deliberately killed run -9), it waited at a batch boundary
 for a move at least once and retook the checkpoint the shrink failed (its log says so), every user's state equals
