@@ -388,32 +388,32 @@ class HeapPartition(StorePartition):
                 if self.changes is not None:  # into key groups that held nothing: each is new whole
                     self.changes.note_whole((kg,))
                 for table, run in runs:
-                    t = self._tables[table]
-                    if t.nested:
+                    if self._tables[table].nested:
                         self._load_run(table, kg, [(kg, table, r[1], r[2], r[3]) for r in run])
-                        continue
-                    container = t.groups[kg] = self._writable(t.groups.get(kg))
-                    keys: dict | _Container = container.data if container.index is None else container
-                    _ids, primaries, _secondaries, values = zip(*run, strict=True)
-                    if isinstance(keys, dict):
-                        keys.update(zip(primaries, values, strict=True))
                     else:
-                        for primary, value in zip(primaries, values, strict=True):
-                            keys[primary] = value
+                        _ids, primaries, _secondaries, values = zip(*run, strict=True)
+                        self._load_flat(table, kg, primaries, values)
             loaded += len(records)
         return loaded
 
+    def _load_flat(self, table: str, kg: int, primaries: Iterable[bytes], values: Iterable[bytes]) -> None:
+        """A flat table's run of one key group into its dict at once (one C-level update; an
+        indexed container, which tracks its key set, a key at a time)."""
+        groups = self._tables[table].groups
+        container = groups[kg] = self._writable(groups.get(kg))
+        if container.index is None:
+            container.data.update(zip(primaries, values, strict=True))
+            return
+        for primary, value in zip(primaries, values, strict=True):
+            container[primary] = value
+
     def _load_run(self, table: str, kg: int, run: list[Entry]) -> None:
         t = self._tables[table]
-        container = t.groups[kg] = self._writable(t.groups.get(kg))
-        if not t.nested and container.index is None:
-            container.data.update(zip(map(_PRIMARY, run), map(_VALUE, run), strict=True))
-            return
-        keys: dict | _Container = container.data if container.index is None else container
         if not t.nested:
-            for _kg, _table, primary, _secondary, value in run:
-                keys[primary] = value
+            self._load_flat(table, kg, map(_PRIMARY, run), map(_VALUE, run))
             return
+        container = t.groups[kg] = self._writable(t.groups.get(kg))
+        keys: dict | _Container = container.data if container.index is None else container
         for primary, entries in groupby(run, key=_PRIMARY):
             found = container.data.get(primary)
             writable = self._writable(found)

@@ -141,7 +141,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
         """Unpin the seed's cut: pinned, the log would keep every change since it until its bound,
         then lose them all (a base)."""
         partition = job.partition
-        if isinstance(partition, HeapPartition) and partition.changes is not None and seed.cut is not None:
+        assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
+        if partition.changes is not None and seed.cut is not None:
             with job.exclusive():
                 partition.changes.unpin(seed.cut)
 
