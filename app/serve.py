@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextvars
 import copy
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import orjson
@@ -278,7 +279,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The client (and scheme) as uvicorn's proxy-header layer, which the data plane skips, sets
         them in ``scope`` (``X-Forwarded-For`` from a trusted proxy): for an access line only."""
         if self.config.proxy_headers:
-            await ProxyHeadersMiddleware(_nothing, self.config.forwarded_allow_ips)(scope, _nothing, _nothing)
+            trusted = self.config.forwarded_allow_ips
+            await _proxy_layer(tuple(trusted) if isinstance(trusted, list) else trusted)(scope, _nothing, _nothing)
 
     # -- limits ---------------------------------------------------------------------------------
 
@@ -334,6 +336,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 async def _nothing(*_args: Any) -> Any:
     return None
+
+
+@functools.cache
+def _proxy_layer(trusted: str | tuple[str, ...]) -> ProxyHeadersMiddleware:
+    """uvicorn's proxy-header layer over no app, made once per trusted-hosts setting (it parses
+    them): what it sets in a scope is what the server's own layer would."""
+    return ProxyHeadersMiddleware(_nothing, list(trusted) if isinstance(trusted, tuple) else trusted)
 
 
 def _data_plane(app: Any) -> DataPlane | None:
