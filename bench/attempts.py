@@ -40,10 +40,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from bench.common import Summary, keys, print_header, source_tree, statehouse, table, write_json
+from bench.common import Summary, keys, print_header, process_cpu_ns, source_tree, statehouse, table, write_json
 from statehouse.client import StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.coordinator import (
@@ -59,23 +58,9 @@ STATE = "total"
 PATHS = ("old", "new")
 JOBS = {"old": "eo-direct", "new": "eo-staged"}
 PHASES = ("begin", "tasks", "commit", "checkpoint")
-_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 # -- measuring --------------------------------------------------------------------------
-
-
-def process_cpu_ns(pid: int) -> int:
-    """CPU time of process ``pid``, every thread (exited ones too), in ns.
-
-    The process's CPU clock (``clock_getcpuclockid``): /proc/<pid>/stat's utime+stime count
-    10 ms ticks, a quantum of 10 us per op on a 1,000-op micro-batch. Falls back to them
-    where the clock cannot be read."""
-    try:
-        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
-    except OSError:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_NS
 
 
 class RequestCounter:

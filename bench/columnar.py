@@ -53,7 +53,18 @@ import msgpack
 import pyarrow as pa
 import urllib3
 
-from bench.common import KEY_BYTES, REPO, VALUE_BYTES, Summary, keys, print_header, redis_server, statehouse, table
+from bench.common import (
+    KEY_BYTES,
+    REPO,
+    VALUE_BYTES,
+    Summary,
+    keys,
+    print_header,
+    process_cpu_ns,
+    redis_server,
+    statehouse,
+    table,
+)
 from bench.common import write_json as save_json
 from statehouse.client import StatehouseClient
 from statehouse.client.config import ClientConfig
@@ -66,17 +77,6 @@ STATE = "v"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 BACKENDS = ("heap", "rocksdb")
 ROW_PATH = "row batch (msgpack client)"
-_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_ns(pid: int) -> int:
-    """CPU time of process ``pid`` (every thread), in ns: its CPU clock, which is /proc/<pid>/stat's
-    utime+stime without their 10 ms ticks; the ticks where the clock cannot be read."""
-    try:
-        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
-    except OSError:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_NS
 
 
 # -- the cases ------------------------------------------------------------------------------

@@ -138,6 +138,23 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps({"machine": machine_info(), **data}, indent=2, default=str))
 
 
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of process ``pid``, every thread (exited ones too), in ns: its CPU clock
+    (``clock_getcpuclockid``). /proc/<pid>/stat's utime+stime, which count 10 ms ticks, where the
+    clock cannot be read (0 once the process is gone)."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+    except OSError:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return (int(fields[11]) + int(fields[12])) * _TICK_NS
+
+
 # -- servers ------------------------------------------------------------------------------
 
 

@@ -24,8 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.columnar import process_cpu_ns
-from bench.common import Summary, print_header, table, wait_ready, write_json
+from bench.common import Summary, print_header, process_cpu_ns, table, wait_ready, write_json
 from bench.loadgen import http_request, run_load
 from tests.support.server import REPO, free_port
 

@@ -33,26 +33,15 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import msgpack
 
-from bench.common import print_header, statehouse, table, write_json
+from bench.common import print_header, process_cpu_ns, statehouse, table, write_json
 
 JOB, STATE, KEY = "paging", "m", "big"
 MSGPACK = "application/msgpack"
-_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_ns(pid: int) -> int:
-    """CPU time of process ``pid`` (every thread), in ns (its CPU clock; ticks where unreadable)."""
-    try:
-        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
-    except OSError:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * _TICK_NS
 
 
 def user_key(i: int) -> str:

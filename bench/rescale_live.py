@@ -79,8 +79,7 @@ from typing import Any
 
 import httpx
 
-from bench.columnar import process_cpu_ns
-from bench.common import print_header, s3_settings, table, write_json
+from bench.common import print_header, process_cpu_ns, s3_settings, table, write_json
 from docs.examples import user_features
 from statehouse.client import ClientConfig, StatehouseClient
 from statehouse.client.global_checkpoints import CheckpointCoordinator

@@ -100,7 +100,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import RedisServer, Summary, print_header, redis_process, statehouse, table, write_json
+from bench.common import (
+    RedisServer,
+    Summary,
+    print_header,
+    process_cpu_ns,
+    redis_process,
+    statehouse,
+    table,
+    write_json,
+)
 from bench.state import dir_bytes
 from docs.examples.user_features_columnar import PartitionEnd, with_partition_end
 from statehouse.client import ClientConfig, StatehouseClient
@@ -497,15 +506,6 @@ def _stat(pid: int) -> tuple[int, str, int, int] | None:
     name = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw[raw.rindex(")") + 2 :].split()
     return int(fields[1]), name, int(fields[19]), (int(fields[11]) + int(fields[12])) * _TICK_NS
-
-
-def process_cpu_ns(pid: int) -> int:
-    """CPU time of process ``pid`` (every thread), from its CPU clock (ns resolution)."""
-    try:
-        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
-    except OSError:
-        stat = _stat(pid)
-        return stat[3] if stat else 0
 
 
 class SparkCpu:

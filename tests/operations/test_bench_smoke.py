@@ -13,6 +13,7 @@ import pytest
 
 from bench import (
     attempts,
+    batch_chain,
     batch_ops,
     checkpoint_churn,
     checkpoint_cost,
@@ -117,6 +118,14 @@ def test_attempts_quick():
     assert (runs["old"]["requests"]["commit"], runs["new"]["requests"]["commit"]) == (0, 4)  # prepare + commit x 2
     for run in runs.values():
         assert run["requests"]["tasks"] > 0 and run["phases"]["tasks"]["server_cpu_s"] > 0
+
+
+def test_batch_chain_quick():
+    out = batch_chain.main(["--quick"])  # every user's state is checked against the events
+    assert {r["backend"] for r in out["results"]} == {"heap", "rocksdb"}
+    for result in out["results"]:
+        assert all(result["wall_ms"][link] > 0 for link in batch_chain.LINKS)
+        assert result["cpu_ms"]["tasks"] > 0
 
 
 def test_columnar():
