@@ -144,6 +144,7 @@ def run(backend: str, users: int, cfg: argparse.Namespace) -> dict[str, Any]:
         "mean_wall_ms": statistics.fmean(map(sum, zip(*walls.values(), strict=True))) * 1e3,
         "mean_cpu_ms": statistics.fmean(map(sum, zip(*cpus.values(), strict=True))) * 1e3,
         "batches": cfg.batches,
+        "samples_ms": {link: [round(w * 1e3, 2) for w in walls[link]] for link in LINKS},
     }
 
 
