@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from itertools import repeat
 from typing import Any, Protocol
 
 import msgpack
@@ -33,10 +35,12 @@ def _cleaners(descriptors: list[StateDescriptor]) -> dict[str, Callable[[bytes, 
     return cleaners
 
 
-Records = Callable[[int, str, int, bool], list[list[Any]]]
-"""``(table id, table, key group, reset)`` -> the records of that table's key group, each
-``[table id, primary, secondary, stored value]`` or a changelog's reset ``[table id, primary]``;
-``reset``: TTL's cleanup may drop values, so a delta resets every key it names."""
+Record = Sequence[Any]
+"""``[table id, primary, secondary, stored value]``, or a changelog's reset ``[table id, primary]``
+(a list or a tuple: msgpack writes both as an array)."""
+Records = Callable[[int, str, int, bool], list[Record]]
+"""``(table id, table, key group, reset)`` -> the records of that table's key group; ``reset``:
+TTL's cleanup may drop values, so a delta resets every key it names."""
 
 
 def write_key_groups(
@@ -49,15 +53,15 @@ def write_key_groups(
 ) -> KeyGroupsHandle:
     """Write the keyed part of ``view`` for the header's key-group range; returns the handle."""
 
-    def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+    def records(table_id: int, table: str, kg: int, reset: bool) -> list[Record]:
         return _scanned(view, table_id, table, kg)
 
     return write_sections(out, header, codec, now_ms, cancelled, records)
 
 
-def _scanned(view: FrozenView | ChangedKeys, table_id: int, table: str, kg: int) -> list[list[Any]]:
-    """A key group's records of a table, whole, as a base holds them."""
-    return [[table_id, p, s, v] for p, s, v in view.scan(table, kg)]
+def _scanned(view: FrozenView | ChangedKeys, table_id: int, table: str, kg: int) -> list[Record]:
+    """A key group's records of a table, whole, as a base holds them (tuples made in a C loop)."""
+    return list(map(operator.add, repeat((table_id,)), view.scan(table, kg)))
 
 
 class ChangedKeys(Protocol):
@@ -85,7 +89,7 @@ def delta_records(
     none (or may have none once TTL's cleanup drops its expired entries). The key groups of
     ``whole`` are written whole instead, as a base writes them: a chain begins there."""
 
-    def records(table_id: int, table: str, kg: int, reset: bool) -> list[list[Any]]:
+    def records(table_id: int, table: str, kg: int, reset: bool) -> list[Record]:
         if kg in whole:
             return _scanned(view, table_id, table, kg)
         primaries = changed.get(table, {}).get(kg)
@@ -97,7 +101,7 @@ def delta_records(
                 return [r for p, v in zip(primaries, values, strict=True) for r in _reset_and_value(table_id, p, v)]
             pairs = zip(primaries, values, strict=True)
             return [[table_id, p, b"", v] if v is not None else [table_id, p] for p, v in pairs]
-        found = []
+        found: list[Record] = []
         for primary in primaries:
             entries = [[table_id, primary, s, v] for s, v in view.entries(table, kg, primary)]
             if reset or not entries:
@@ -106,6 +110,25 @@ def delta_records(
         return found
 
     return records
+
+
+def _cleaned(found: list[Record], clean: Callable[[bytes, int], bytes | None], now_ms: int) -> list[Record]:
+    """``found`` with TTL's full-snapshot cleanup applied to each value; expired ones left out."""
+    kept: list[Record] = []
+    for record in found:
+        if len(record) == 4:
+            value = clean(record[3], now_ms)
+            if value is None:
+                continue  # expired: not in the snapshot
+            record = (*record[:3], value)
+        kept.append(record)
+    return kept
+
+
+def _packed_one_after_another(packer: msgpack.Packer, records: list[Record]) -> bytes:
+    """Each record's msgpack, one after the other: the array of them packed in one call, less the
+    array's header (an array's items are its elements' packings back to back)."""
+    return packer.pack(records)[len(packer.pack_array_header(len(records))) :]
 
 
 def _reset_and_value(table_id: int, primary: bytes, value: bytes | None) -> list[list[Any]]:
@@ -127,7 +150,7 @@ def write_sections(
     out.write(head_block)
     head_section = KeyGroupSection(0, len(head_block), hashlib.sha256(head_block).hexdigest())
     cleaners = _cleaners([StateDescriptor.from_dict(d) for d in header.states])
-    pack = msgpack.Packer(use_bin_type=True).pack
+    packer = msgpack.Packer(use_bin_type=True)
     sections = []
     for kg in header.key_group_range:
         if cancelled():
@@ -136,15 +159,10 @@ def write_sections(
         for table_id, table in enumerate(header.tables):
             clean = cleaners.get(table)
             found = records(table_id, table, kg, clean is not None)
-            if clean is None:
-                packed.extend(map(pack, found))
-                continue
-            for record in found:
-                if len(record) == 4:
-                    record[3] = clean(record[3], now_ms)
-                    if record[3] is None:
-                        continue  # expired: not in the snapshot
-                packed.append(pack(record))
+            if clean is not None:
+                found = _cleaned(found, clean, now_ms)
+            if found:
+                packed.append(_packed_one_after_another(packer, found))
         section = SECTION.pack(kg, codec.id) + codec.compress(b"".join(packed))
         sections.append(KeyGroupSection(out.tell(), len(section), hashlib.sha256(section).hexdigest()))
         out.write(section)
