@@ -6,6 +6,7 @@ only what it reads. The section records which codec wrote it, so readers need no
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,13 +27,24 @@ class Codec:
     def compress(self, data: bytes) -> bytes:
         if self.name == "none" or not data:
             return data
-        # ZstdCompressor objects are not thread-safe; creating one is cheap.
-        return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
+        return _ZSTD.compressor.compress(data)
 
     def decompress(self, data: bytes) -> bytes:
         if self.name == "none" or not data:
             return data
-        return zstandard.ZstdDecompressor().decompress(data)
+        return _ZSTD.decompressor.decompress(data)
+
+
+class _Zstd(threading.local):
+    """This thread's zstd compressor and decompressor: they are not thread-safe, and making one
+    costs several times a key group section's compression (~18 µs against ~3)."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+_ZSTD = _Zstd()
 
 
 NONE = Codec("none", 0)
