@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, tree in trees.items():
         with contextlib.ExitStack() as stack:
             env = stack.enter_context(source_tree(tree)) if tree else {}
+            if cfg.stats:
+                Path(cfg.stats).mkdir(parents=True, exist_ok=True)
             keep = f"{cfg.stats}/{name}" if cfg.stats else None
             measured = out["calls"][name] = calls(cfg.requests, env, keep, cfg.rows)
         for op, found in measured.items():
