@@ -56,8 +56,8 @@ class ChangeLog:
     writer and the snapshots' synchronous parts call it, under the job's lock. A write's keys are
     kept as it gave them (a reference, or a list of its dict's keys): a commit pays nothing per row
     here; the checkpoint merges them off the request path. A seed's cut stays *pinned* (what was
-    written since it kept) until a checkpoint builds on it: checkpoints of the layout before a move
-    come between a seed and the checkpoint that uses it."""
+    written since it kept) until a checkpoint takes the seed: checkpoints of the layout before a
+    move come between a seed and the checkpoint that uses it."""
 
     def __init__(self, max_rows: int = MAX_NOTED_ROWS) -> None:
         self.max_rows = max_rows
@@ -125,8 +125,8 @@ class ChangeLog:
         return cut
 
     def unpin(self, cut: Cut) -> None:
-        """A seed's cut no checkpoint will build on (its move aborted): unpinned, so that the next
-        checkpoint lets go of what was noted since it."""
+        """A seed's cut no checkpoint will build on (its move aborted, or a checkpoint took the
+        seed): unpinned, so that the next checkpoint lets go of what was noted since it."""
         if self._pinned == cut:
             self._pinned = None
 

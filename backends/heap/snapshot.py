@@ -168,6 +168,10 @@ class ChangelogSnapshotStrategy(JobStrategy):
                     whole.update(kg for kg in replaced_whole(segments) if kg in job.key_group_range)
                     if len(whole) == len(job.key_group_range):
                         segments, why = None, "every key group of its range was replaced whole"
+            if ctx.seed is not None and ctx.seed.cut is not None:
+                # The seed is taken: no later checkpoint builds on its cut (since() unpins only
+                # the cut it is given, here maybe the older checkpoint's).
+                changes.unpin(ctx.seed.cut)
         states = descriptor_dicts(job)
         header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
         now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze

@@ -405,3 +405,30 @@ def test_a_seed_of_an_aborted_move_pins_the_log_no_longer(make_manager, tmp_path
         _checkpoint(manager, checkpoint_id)
     assert "heap changelog lost" not in caplog.text
     catalog.close()
+
+
+def test_a_seed_taken_by_a_checkpoint_pins_the_log_no_longer(make_manager, tmp_path, clock, caplog):
+    """The checkpoint that takes a heap seed lets go of its pin, whether it chains on the seed's
+    base or on chains it holds already (a staying replica's): the seed is nobody's afterwards,
+    and a pin left behind would keep every change since it until the log's bound."""
+    from statehouse.backends.heap.changes import ChangeLog
+    from statehouse.protocol.keygroups import KeyGroupRange
+
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    log = job.partition.changes = ChangeLog(max_rows=1_500)
+    manager = make_manager(catalog, storage)
+    _writes(job, random.Random(1), 200)
+    _checkpoint(manager, 1)
+    assert manager.seed("orders", [KeyGroupRange(0, 7)], joining=False) > 0
+    assert log._pinned is not None
+    _writes(job, random.Random(2), 100)
+    _checkpoint(manager, 2)  # takes the seed
+    assert log._pinned is None
+    rng = random.Random(3)
+    caplog.set_level(logging.INFO, logger="statehouse.backends.heap.changes")
+    for checkpoint_id in range(3, 13):  # ~2,900 rows noted in all: past the bound, were they all kept
+        _writes(job, rng, 100)
+        _checkpoint(manager, checkpoint_id)
+    assert "heap changelog lost" not in caplog.text
+    catalog.close()
