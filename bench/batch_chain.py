@@ -16,13 +16,20 @@ What the whole job adds to the no-state job per micro-batch (bench 9's rows/s) i
 plus Spark's side of the tasks (its Arrow exchange with the Python workers, the client's
 grouping); what this bench does not time is Spark.
 
+``--runs N`` repeats every configuration on a fresh replica (medians over the rounds);
+``--before DIR`` runs the same micro-batches against a server of the source tree ``DIR`` (``git
+worktree add --detach /tmp/base <commit>``) in the same rounds, the order alternating.
+
     .venv/bin/python -m bench.batch_chain --users 10000,1000000 --backends heap,rocksdb
+    .venv/bin/python -m bench.batch_chain --users 10000 --backends heap --runs 3 --before /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.common import print_header, process_cpu_ns, statehouse, table, write_json
+from bench.common import print_header, process_cpu_ns, source_tree, statehouse, table, write_json
 from statehouse.client import StatehouseClient
 from statehouse.client.attempts import CommitMessage, TaskAttempt
 from statehouse.client.coordinator import BatchPlan, MicroBatchCoordinator
@@ -86,10 +93,16 @@ def micro_batches(
         yield per_task
 
 
-def run(backend: str, users: int, cfg: argparse.Namespace) -> dict[str, Any]:
-    """Warm-up and timed micro-batches on a fresh replica: wall and replica CPU per link."""
+def run(backend: str, users: int, cfg: argparse.Namespace, tree: str | None = None) -> dict[str, Any]:
+    """Warm-up and timed micro-batches on a fresh replica (``tree``: its server runs that source
+    tree's statehouse): wall and replica CPU per link."""
     workdir = Path(tempfile.mkdtemp(prefix="statehouse-bench-chain-"))
-    with statehouse(backend, {"STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints")}, workdir) as server:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        env = {"STATEHOUSE_CHECKPOINT_DIR": str(workdir / "checkpoints")}
+        if tree:
+            env.update(stack.enter_context(source_tree(tree)))
+        server = stack.enter_context(statehouse(backend, env, workdir))
         driver = StatehouseClient([server.url])
         job = driver.create_job(JOB, 128)
         for state, descriptor in STATES.items():
@@ -135,10 +148,13 @@ def run(backend: str, users: int, cfg: argparse.Namespace) -> dict[str, Any]:
         for client in (driver, *task_clients):
             client.close()
     return {
+        "tree": "before" if tree else "after",
         "backend": backend,
         "users": users,
         "wall_ms": {link: statistics.median(walls[link]) * 1e3 for link in LINKS},
         "cpu_ms": {link: statistics.median(cpus[link]) * 1e3 for link in LINKS},
+        "chain_wall_ms": sum(statistics.median(walls[link]) for link in LINKS) * 1e3,
+        "chain_cpu_ms": sum(statistics.median(cpus[link]) for link in LINKS) * 1e3,
         # A checkpoint that writes a new base (heap) or a compaction's files costs more than most:
         # the means over the micro-batches, beside the medians.
         "mean_wall_ms": statistics.fmean(map(sum, zip(*walls.values(), strict=True))) * 1e3,
@@ -146,6 +162,19 @@ def run(backend: str, users: int, cfg: argparse.Namespace) -> dict[str, Any]:
         "batches": cfg.batches,
         "samples_ms": {link: [round(w * 1e3, 2) for w in walls[link]] for link in LINKS},
     }
+
+
+def summary(runs: list[dict[str, Any]], events: int) -> list[str]:
+    """One configuration's cells: medians over its rounds, each wall ms (replica CPU ms)."""
+
+    def median(field: str, link: str | None = None) -> float:
+        return statistics.median(r[field][link] if link else r[field] for r in runs)
+
+    cells = [f"{median('wall_ms', link):.1f} ({median('cpu_ms', link):.1f})" for link in LINKS]
+    cells.append(f"{median('chain_wall_ms'):.1f} ({median('chain_cpu_ms'):.1f})")
+    cells.append(f"{median('mean_wall_ms'):.1f} ({median('mean_cpu_ms'):.1f})")
+    cells.append(f"{median('mean_cpu_ms') * 1e3 / events:.2f}")
+    return cells
 
 
 def check(driver: StatehouseClient, names: np.ndarray, totals: np.ndarray, counts: np.ndarray) -> None:
@@ -168,6 +197,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=20, help="timed micro-batches")
     p.add_argument("--warmup", type=int, default=3, help="micro-batches before the timed ones")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", type=int, default=1, help="rounds (a fresh replica per configuration and tree)")
+    p.add_argument("--before", help="a source tree whose server runs the same micro-batches, in the same rounds")
     p.add_argument("--quick", action="store_true", help="smoke run: 3 micro-batches of 500 events, 100 users")
     p.add_argument("--json")
     cfg = p.parse_args(argv)
@@ -180,22 +211,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parse(argv)
     print_header("The replica's part of a micro-batch's critical path (begin, tasks, commit, checkpoint)")
     results = []
-    for backend in cfg.backends:
-        for users in cfg.users:
-            result = run(backend, users, cfg)
-            results.append(result)
-            print(f"  {backend} {users:,} users: {result['mean_wall_ms']:.1f} ms per micro-batch", flush=True)
-    headers = ["backend", "users", *(f"{link} ms (CPU)" for link in LINKS), "chain ms (CPU)"]
+    trees = [None, cfg.before] if cfg.before else [None]
+    for round_ in range(cfg.runs):
+        for backend in cfg.backends:
+            for users in cfg.users:
+                for tree in trees if round_ % 2 == 0 else trees[::-1]:  # the order alternates per round
+                    result = run(backend, users, cfg, tree) | {"round": round_}
+                    results.append(result)
+                    label = f"round {round_ + 1} {backend} {users:,} users {result['tree']}"
+                    print(f"  {label}: {result['mean_wall_ms']:.1f} ms per micro-batch", flush=True)
+    headers = ["tree", "backend", "users", *(f"{link} ms (CPU)" for link in LINKS), "chain ms (CPU)"]
     headers += ["mean chain ms (CPU)", "mean CPU µs per event"]
     rows = []
-    for r in results:
-        wall, cpu = r["wall_ms"], r["cpu_ms"]
-        cells = [f"{wall[link]:.1f} ({cpu[link]:.1f})" for link in LINKS]
-        chain = f"{sum(wall.values()):.1f} ({sum(cpu.values()):.1f})"
-        mean = f"{r['mean_wall_ms']:.1f} ({r['mean_cpu_ms']:.1f})"
-        per_event = f"{r['mean_cpu_ms'] * 1e3 / cfg.events:.2f}"
-        rows.append([r["backend"], f"{r['users']:,}", *cells, chain, mean, per_event])
-    print()
+    for (tree, backend, users), runs in itertools.groupby(
+        sorted(results, key=lambda r: (r["backend"], r["users"], r["tree"])),
+        key=lambda r: (r["tree"], r["backend"], r["users"]),
+    ):
+        rows.append([tree, backend, f"{users:,}", *summary(list(runs), cfg.events)])
+    print(f"\nmedians of {cfg.runs} round(s)")
     print(table(headers, rows))
     write_json(cfg.json, {"benchmark": "batch_chain", "config": vars(cfg), "results": results})
     return {"results": results}
