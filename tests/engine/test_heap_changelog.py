@@ -381,10 +381,13 @@ def test_the_log_stays_bounded(make_manager, tmp_path, clock):
     catalog.close()
 
 
-def test_a_seed_of_an_aborted_move_pins_the_log_no_longer(make_manager, tmp_path, clock, caplog):
-    """A heap seed pins the change log at its cut until a checkpoint builds on it. A move that
-    aborts (``discard_seeds``) lets the pin go: each completed checkpoint lets go of what was
-    noted before it, instead of the log keeping every change since the seed until its bound."""
+@pytest.mark.parametrize("ends", ["the move aborts", "a checkpoint takes it"])
+def test_a_seed_pins_the_log_no_longer_once_it_ends(make_manager, tmp_path, clock, caplog, ends):
+    """A heap seed pins the change log at its cut until a checkpoint takes it. A move that aborts
+    (``discard_seeds``) lets the pin go, and so does the checkpoint that takes the seed, whether
+    it chains on the seed's base or on chains it holds already (a staying replica's, whose older
+    cut it builds on): each completed checkpoint then lets go of what was noted before it,
+    instead of the log keeping every change since the seed until its bound."""
     from statehouse.backends.heap.changes import ChangeLog
     from statehouse.protocol.keygroups import KeyGroupRange
 
@@ -396,34 +399,11 @@ def test_a_seed_of_an_aborted_move_pins_the_log_no_longer(make_manager, tmp_path
     _checkpoint(manager, 1)
     assert manager.seed("orders", [KeyGroupRange(0, 7)], joining=False) > 0
     assert log._pinned is not None
-    manager.discard_seeds()
-    assert log._pinned is None
-    rng = random.Random(2)
-    caplog.set_level(logging.INFO, logger="statehouse.backends.heap.changes")
-    for checkpoint_id in range(2, 12):  # ~2,900 rows noted in all: past the bound, were they all kept
-        _writes(job, rng, 100)
-        _checkpoint(manager, checkpoint_id)
-    assert "heap changelog lost" not in caplog.text
-    catalog.close()
-
-
-def test_a_seed_taken_by_a_checkpoint_pins_the_log_no_longer(make_manager, tmp_path, clock, caplog):
-    """The checkpoint that takes a heap seed lets go of its pin, whether it chains on the seed's
-    base or on chains it holds already (a staying replica's): the seed is nobody's afterwards,
-    and a pin left behind would keep every change since it until the log's bound."""
-    from statehouse.backends.heap.changes import ChangeLog
-    from statehouse.protocol.keygroups import KeyGroupRange
-
-    storage = open_storage(str(tmp_path / "cp"))
-    catalog, job = _job(clock)
-    log = job.partition.changes = ChangeLog(max_rows=1_500)
-    manager = make_manager(catalog, storage)
-    _writes(job, random.Random(1), 200)
-    _checkpoint(manager, 1)
-    assert manager.seed("orders", [KeyGroupRange(0, 7)], joining=False) > 0
-    assert log._pinned is not None
-    _writes(job, random.Random(2), 100)
-    _checkpoint(manager, 2)  # takes the seed
+    if ends == "the move aborts":
+        manager.discard_seeds()
+    else:
+        _writes(job, random.Random(2), 100)
+        _checkpoint(manager, 2)
     assert log._pinned is None
     rng = random.Random(3)
     caplog.set_level(logging.INFO, logger="statehouse.backends.heap.changes")
