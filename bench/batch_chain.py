@@ -82,8 +82,8 @@ def micro_batches(
         np.add.at(counts, drawn, 1)
         per_task = []
         for task in range(tasks):
-            mine = drawn[task_of[drawn] == task]
-            frame = pd.DataFrame({"user_id": names[mine], "amount": amounts[task_of[drawn] == task]})
+            mine = task_of[drawn] == task
+            frame = pd.DataFrame({"user_id": names[drawn[mine]], "amount": amounts[mine]})
             per_task.append(
                 [
                     frame.iloc[i : i + batch_rows].groupby("user_id", sort=False)["amount"].agg(["sum", "size"])

@@ -139,12 +139,10 @@ class ChangeLog:
     def since(self, cut: Cut) -> list[Segment] | None:
         """The segments cut after ``cut`` (None: the log did not follow every change since then).
         Segments up to it are forgotten (up to the pinned seed's, while one is): a completed
-        checkpoint is never built on by one older than the newest completed. Building on the
-        pinned cut unpins it."""
+        checkpoint is never built on by one older than the newest completed. The checkpoint that
+        takes a seed unpins its cut (:meth:`unpin`) once it has its segments."""
         if cut not in self._cuts:
             return None
-        if cut == self._pinned:
-            self._pinned = None
         kept = cut if self._pinned is None else min(cut, self._pinned)
         self._segments = [(c, segment) for c, segment in self._segments if c > kept]
         self._cuts = {c for c in self._cuts if c >= kept}

@@ -169,8 +169,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
                     if len(whole) == len(job.key_group_range):
                         segments, why = None, "every key group of its range was replaced whole"
             if ctx.seed is not None and ctx.seed.cut is not None:
-                # The seed is taken: no later checkpoint builds on its cut (since() unpins only
-                # the cut it is given, here maybe the older checkpoint's).
+                # The seed is taken: no later checkpoint builds on its cut, whichever cut this one
+                # built on (a staying replica's older checkpoint's, for the key groups it held).
                 changes.unpin(ctx.seed.cut)
         states = descriptor_dicts(job)
         header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, keyed_tables(view.tables()), states)
