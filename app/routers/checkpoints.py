@@ -4,7 +4,6 @@ notifyCheckpointAborted / initializeState), one replica's part of each."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, Path, Query, Response
@@ -110,7 +109,6 @@ WaitMs = Annotated[
     ),
     BeforeValidator(canonical_index),
 ]
-_WAIT_STEP_S = 0.002  # how often a waiting request looks again: an upload takes 10 ms or more
 
 
 @router.get(routes.CHECKPOINT, response_model=CheckpointInfoModel, responses=doc.GET_CHECKPOINT)
@@ -122,11 +120,11 @@ async def get_checkpoint(service: ServiceDep, job: JobName, checkpoint_id: Check
 async def _waited(service: Service, job: str, checkpoint_id: int, wait_ms: int) -> CheckpointInfo:
     """The checkpoint's info once its upload has ended, or after ``wait_ms``."""
     info = service.checkpoints.get(job, checkpoint_id)
-    # Looked at again on the event loop, not waited for in a worker thread: waiting requests
-    # then hold no thread, however many there are.
-    deadline = time.monotonic() + wait_ms / 1000
-    while info.status == "in_progress" and (left := deadline - time.monotonic()) > 0:
-        await asyncio.sleep(min(_WAIT_STEP_S, left))
+    ended = service.checkpoints.ended(job, checkpoint_id) if info.status == "in_progress" and wait_ms else None
+    if ended is not None:
+        # Woken by the upload's end on the event loop, not waited for in a worker thread: waiting
+        # requests then hold no thread, however many there are.
+        await asyncio.wait([asyncio.wrap_future(ended)], timeout=wait_ms / 1000)
         info = service.checkpoints.get(job, checkpoint_id)
     return info
 

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from statehouse.backends.checkpointing.info import PENDING, CheckpointInfo
+from statehouse.backends.checkpointing.info import PENDING, CheckpointInfo, CheckpointStatus
 from statehouse.backends.errors import StateError
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.metadata import SnapshotMetadata
@@ -29,7 +29,8 @@ class PendingCheckpoint:
         self._info = info
         self.ctx = ctx
         self.started = time.monotonic()
-        self.future: Future[None] | None = None
+        self.future: Future[None] | None = None  # the upload's: done once it has discarded what it must
+        self.ended: Future[None] = Future()  # done once the report has left in_progress
         self.result: SnapshotResult | None = None
         self._lock = threading.Lock()
 
@@ -59,6 +60,11 @@ class PendingCheckpoint:
         with self._lock:
             return dataclasses.replace(self._info)
 
+    def _set_status(self, status: CheckpointStatus) -> None:
+        self._info.status = status
+        if status != "in_progress" and not self.ended.done():
+            self.ended.set_result(None)
+
     def _elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
 
@@ -69,7 +75,7 @@ class PendingCheckpoint:
                 return  # abort discards the files
             if result is not None:
                 self.result = result
-                self._info.status = "uploaded"
+                self._set_status("uploaded")
                 self._info.bytes_uploaded = result.bytes_uploaded
                 self._info.bytes_reused = result.bytes_reused
                 self._info.committed_epoch = result.committed_epoch
@@ -87,7 +93,7 @@ class PendingCheckpoint:
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
-        self._info.status = "failed"
+        self._set_status("failed")
         detail = exc.detail if isinstance(exc, StateError) else str(exc)
         self._info.error = f"{type(exc).__name__}: {detail}"
         self._info.duration_ms = self._elapsed_ms()
@@ -126,7 +132,7 @@ class PendingCheckpoint:
 
     def mark_completed(self) -> CheckpointInfo:
         with self._lock:
-            self._info.status = "completed"
+            self._set_status("completed")
             return dataclasses.replace(self._info)
 
     def abort(self, wait_s: float = 0.0) -> None:
@@ -140,7 +146,7 @@ class PendingCheckpoint:
             self.ctx.cancel.set()
         self.wait(wait_s)
         with self._lock:
-            self._info.status = "aborted"
+            self._set_status("aborted")
             running = self.future is not None and not self.future.done()
         if running and self.future is not None:
             log.warning("checkpoint %s still uploading after abort; its files go when it ends", self.checkpoint_id)

@@ -25,10 +25,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from statehouse.client import StatehouseClient
@@ -295,5 +297,51 @@ def test_one_replicas_checkpoint_over_a_silent_link_fails_with_the_uploads_error
             assert "Read timeout" in str(failed.value), failed.value
             link.set()
             assert coordinator.checkpoint().checkpoint_id == 3
+    finally:
+        heal_and_stop(link, replicas)
+
+
+def test_long_polls_on_a_stuck_upload_hold_no_thread_and_answer_when_it_ends(
+    tmp_path: Path, link: FaultyProxy, s3_location: str
+) -> None:
+    """Many requests wait (``wait_ms``) on one upload that the silent link holds: more of them than the
+    replica's worker threads, yet a write answers meanwhile; a short wait answers ``in_progress`` when
+    it is over; the upload's end (here its failure at the replica's S3 read timeout) answers every long
+    wait at once, well before the wait would have run out."""
+    settings = {"STATEHOUSE_S3_READ_TIMEOUT_S": "3", "STATEHOUSE_S3_MAX_ATTEMPTS": "1"}
+    replicas = start_set(tmp_path, link, s3_location, 1, **settings)
+    waiters, long_wait_ms, short_wait_ms = 60, 10_000, 500  # anyio's worker threads: 40
+    try:
+        url = f"{replicas.urls[0]}/v1/jobs/{JOB}/checkpoints"
+        with StatehouseClient(replicas.urls) as client:
+            job = client.job(JOB)
+            add_to_every_key(job, "x")
+            CheckpointCoordinator(job).checkpoint()  # the replica has listed the storage once
+            add_to_every_key(job, "y")
+            link.set(drop=True)
+            with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=waiters + 2)) as http:
+                triggered = http.post(url, json={"checkpoint_id": 2})
+                assert triggered.status_code == 202, triggered.text
+
+                def wait(wait_ms: int) -> tuple[str, float]:
+                    info = http.get(f"{url}/2", params={"wait_ms": wait_ms}).json()
+                    return info["status"], time.monotonic()
+
+                with ThreadPoolExecutor(waiters + 1) as pool:
+                    started = time.monotonic()
+                    long_waits = [pool.submit(wait, long_wait_ms) for _ in range(waiters)]
+                    short_status, short_end = pool.submit(wait, short_wait_ms).result()
+                    assert short_status == "in_progress"
+                    assert short_end - started >= short_wait_ms / 1000
+                    time.sleep(0.5)  # every long wait is in the replica by now
+                    assert not any(f.done() for f in long_waits), [f.result() for f in long_waits if f.done()][:3]
+                    add_to_every_key(job, "z")  # a write answers while they all wait
+                    ended = [f.result() for f in long_waits]
+            assert {status for status, _ in ended} == {"failed"}, ended
+            ends = [end for _, end in ended]
+            assert max(ends) - started < 0.8 * long_wait_ms / 1000, (
+                "the waits ran out instead of ending with the upload"
+            )
+            assert max(ends) - min(ends) < 2.0, "the waits did not all end with the upload"
     finally:
         heal_and_stop(link, replicas)
