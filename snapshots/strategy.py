@@ -60,15 +60,13 @@ class Seed:
 @dataclass(frozen=True)
 class SeedContext:
     """Where and what a :class:`Seed` is written: the job's name in ``storage``, this replica's
-    last completed checkpoint of it, the key groups (a live rescale's copy loaded, or all of the
-    job's for a materialization), the codec."""
+    last completed checkpoint of it, the key groups a live rescale's copy loaded, the codec."""
 
     storage: CheckpointStorage
     name: str
     previous: SnapshotPart | None
     key_groups: Sequence[KeyGroupRange]
     codec: Codec
-    cancel: threading.Event = field(default_factory=threading.Event)  # set: stop writing, fail
 
 
 @dataclass
@@ -143,12 +141,6 @@ class SnapshotStrategy(ABC, Generic[JobT]):
         """Upload now what the next checkpoint of ``job`` would upload as shared files, and that
         ``ctx.previous`` does not hold; None where a strategy shares none."""
         return None
-
-    def materialization_due(self, previous: SnapshotPart) -> bool:
-        """Whether a :meth:`seed` of all of the job's key groups, written in the background after
-        its checkpoint ``previous``, would spare a later checkpoint writing the same inline
-        (Flink's periodic materialization of a changelog); never, by default."""
-        return False
 
     def unseed(self, job: JobT, seed: Seed) -> None:
         """``seed`` will not be used (its move aborted): let go of what the backend keeps for it

@@ -44,11 +44,6 @@ log = logging.getLogger(__name__)
 BASE_SHARE = 0.5  # a delta of this share of the state's keys or more: a base instead
 MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay few
 REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
-# Deltas of this share of their bases (or chains half as long as allowed): a new base is written in
-# the background, for a later checkpoint to chain on instead of writing one inline.
-MATERIALIZE_SHARE = 0.5
-# Bases smaller than this are written inline: ~100 ms of a checkpoint at most, not worth a thread.
-MATERIALIZE_MIN_BYTES = 4 << 20
 
 
 def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list[ChangelogChain] | None, str]:
@@ -71,22 +66,16 @@ def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list
     return [chain.under(previous.directory) for chain in chains], ""
 
 
-def _seeded(seed: Seed | None, job: SnapshotSource) -> tuple[list[ChangelogChain], Cut | None]:
-    """A heap seed's chains within the job's key groups (a live rescale's, of the key groups its
-    copy loaded; a materialization's, of them all), and where it cut the partition's log."""
+def _seeded(
+    seed: Seed | None, job: SnapshotSource, kept: list[ChangelogChain]
+) -> tuple[list[ChangelogChain], Cut | None]:
+    """A heap seed's chains (a live rescale's, of the key groups its copy loaded) within the job's
+    key groups and outside the kept chains', and where it cut the partition's log."""
     if seed is None or seed.cut is None:
         return [], None
-    return [c for c in (chain.restricted(job.key_group_range) for chain in seed.chains) if c is not None], seed.cut
-
-
-def _outside(chains: list[ChangelogChain], key_groups: set[int]) -> list[ChangelogChain]:
-    """The chains for their key groups that are not in ``key_groups``."""
-    return [
-        part
-        for chain in chains
-        for run in _runs(kg for kg in chain.key_group_range if kg not in key_groups)
-        if (part := chain.restricted(run)) is not None
-    ]
+    held = {kg for chain in kept for kg in chain.key_group_range}
+    chains = [c for c in (chain.restricted(job.key_group_range) for chain in seed.chains) if c is not None]
+    return [c for c in chains if not any(kg in held for kg in c.key_group_range)], seed.cut
 
 
 def _runs(key_groups: Iterable[int]) -> list[KeyGroupRange]:
@@ -144,7 +133,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
             records = delta_records(view, {}, header, {kg for r in wanted for kg in r})
             path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
             with ctx.storage.create_output(path) as out:
-                written = write_sections(out, header, ctx.codec, job.clock.now_ms(), ctx.cancel.is_set, records)
+                written = write_sections(out, header, ctx.codec, job.clock.now_ms(), lambda: False, records)
         except BaseException:
             with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
                 self.unseed(job, Seed("heap", {}, (), cut))
@@ -153,14 +142,6 @@ class ChangelogSnapshotStrategy(JobStrategy):
             view.release()
         chains = tuple(ChangelogChain(h) for r in wanted if (h := written.restricted(r)) is not None)
         return Seed("heap", {path: written.stream}, chains, cut)
-
-    def materialization_due(self, previous: SnapshotPart) -> bool:
-        keyed = previous.metadata.keyed
-        if not isinstance(keyed, ChangelogHandle):
-            return False
-        bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in keyed.chains), strict=True))
-        long_chain = any(len(chain.deltas) >= MAX_DELTAS // 2 for chain in keyed.chains)
-        return bases >= MATERIALIZE_MIN_BYTES and (deltas >= MATERIALIZE_SHARE * bases or long_chain)
 
     def unseed(self, job: SnapshotSource, seed: Seed) -> None:
         """Unpin the seed's cut: pinned, the log would keep every change since it until its bound,
@@ -181,12 +162,9 @@ class ChangelogSnapshotStrategy(JobStrategy):
             changes.cut(ctx.checkpoint_id)
             kept, why = _builds_on(ctx.previous, job)
             cuts = [checkpoint_cut(ctx.previous.metadata.checkpoint_id)] if kept and ctx.previous else []
-            seeded, seed_cut = _seeded(ctx.seed, job)
+            seeded, seed_cut = _seeded(ctx.seed, job, kept or [])
             if seeded and seed_cut is not None:
-                # A seed's key groups chain on it (a materialization's replace the kept chains):
-                # the log since its cut holds what changed after it.
-                kept = _outside(kept or [], {kg for chain in seeded for kg in chain.key_group_range})
-                kept, cuts = [*kept, *seeded], [*(cuts if kept else []), seed_cut]
+                kept, cuts = [*(kept or []), *seeded], [*cuts, seed_cut]
             if kept and cuts:
                 segments = changes.since(min(cuts))
                 why = "the partition's log did not follow every write since the checkpoint (or seed) built on"
