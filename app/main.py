@@ -61,6 +61,7 @@ problem+json with a stable `code`."""
 
 
 def open_store(settings: Settings) -> Store:
+    """The replica's store of the configured backend, with its settings."""
     if settings.backend == "rocksdb":
         return RocksDBStore(
             settings.data_dir,
@@ -74,7 +75,9 @@ def open_store(settings: Settings) -> Store:
                 settings.rocksdb_target_file_bytes, settings.rocksdb_level_base_bytes, settings.rocksdb_compression
             ),
         )
-    return HeapStore(incremental_checkpoints=settings.incremental_checkpoints)
+    return HeapStore(
+        incremental_checkpoints=settings.incremental_checkpoints, delta_weight=settings.heap_changelog_delta_weight
+    )
 
 
 def open_layout(settings: Settings) -> ReplicaLayout:

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from statehouse.app.access_log import AccessLog
 from statehouse.app.tokens import Grant, TokenError, parse_tokens
+from statehouse.backends.heap.snapshot import DELTA_WEIGHT
 from statehouse.backends.rocksdb import row_cache
 from statehouse.backends.rocksdb.database import Compression, TableFiles
 from statehouse.protocol.routes import LISTING_PAGE
@@ -114,6 +115,14 @@ class Settings(BaseSettings):
         default=True,
         description="RocksDB checkpoints upload only new SST files; heap checkpoints write only the keys changed since "
         "the last one, over a full base they share",
+    )
+    heap_changelog_delta_weight: float = Field(
+        default=DELTA_WEIGHT,
+        gt=0,
+        le=16,
+        description="heap backend: a checkpoint writes a new full base once the deltas since the last one weigh this "
+        "many times the base; a restore reads at most 1 + this times the state's bytes, and a larger weight writes "
+        "bases less often",
     )
     batch_lease_s: float = Field(
         default=60.0,

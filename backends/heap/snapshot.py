@@ -44,12 +44,17 @@ log = logging.getLogger(__name__)
 BASE_SHARE = 0.5  # a delta of this share of the state's keys or more: a base instead
 MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay few
 REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
+# The deltas' weight, as a multiple of their bases, from which a checkpoint writes a new base: a
+# restore reads at most 1 + this times the state (the settings' heap_changelog_delta_weight).
+DELTA_WEIGHT = 1.0
 
 
-def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list[ChangelogChain] | None, str]:
+def _builds_on(
+    previous: SnapshotPart | None, job: SnapshotSource, delta_weight: float
+) -> tuple[list[ChangelogChain] | None, str]:
     """The chains of ``previous``, root-relative and restricted to the job's key groups, if a
     delta can follow them (a changelog of the same max parallelism holding some of the job's key
-    groups, whose deltas weigh less than their base); else why not. ``previous`` may be of the
+    groups, whose deltas weigh less than ``delta_weight`` times their bases); else why not. ``previous`` may be of the
     layout before a live rescale: the key groups that stayed keep their chains."""
     if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
         return None, "no completed changelog checkpoint to build on"
@@ -61,8 +66,8 @@ def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list
         return None, f"checkpoint {metadata.checkpoint_id} holds none of the job's key groups here"
     # What a restore of the whole would read: the bases and the deltas over them, all chains together.
     bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in chains), strict=True))
-    if deltas >= bases or any(len(chain.deltas) >= MAX_DELTAS for chain in chains):
-        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh as much as their bases"
+    if deltas >= delta_weight * bases or any(len(chain.deltas) >= MAX_DELTAS for chain in chains):
+        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh {delta_weight:g}x their bases or more"
     return [chain.under(previous.directory) for chain in chains], ""
 
 
@@ -112,6 +117,11 @@ class ChangelogSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "changelog"
     seeds_taken_key_groups = True
 
+    def __init__(self, delta_weight: float = DELTA_WEIGHT) -> None:
+        if not delta_weight > 0:
+            raise ValueError(f"delta_weight must be positive; got {delta_weight}")
+        self.delta_weight = delta_weight
+
     def seed(self, job: SnapshotSource, ctx: SeedContext) -> Seed | None:
         """A base of ``ctx.key_groups`` (what a live rescale's copy loaded, not served yet), written
         now while writes go on, and the partition's log cut as it froze: the first checkpoint
@@ -160,7 +170,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
         whole: set[int] = set()  # key groups written whole: the kept chains do not hold them
         if changes is not None:
             changes.cut(ctx.checkpoint_id)
-            kept, why = _builds_on(ctx.previous, job)
+            kept, why = _builds_on(ctx.previous, job, self.delta_weight)
             cuts = [checkpoint_cut(ctx.previous.metadata.checkpoint_id)] if kept and ctx.previous else []
             seeded, seed_cut = _seeded(ctx.seed, job, kept or [])
             if seeded and seed_cut is not None:
@@ -219,6 +229,3 @@ class ChangelogSnapshotStrategy(JobStrategy):
             )
 
         return AsyncSnapshot(view, body)
-
-
-CHANGELOG = ChangelogSnapshotStrategy()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from statehouse.backends.base.partition import StorePartition
 from statehouse.backends.base.store import Store
 from statehouse.backends.heap.partition import HeapPartition
-from statehouse.backends.heap.snapshot import CHANGELOG
+from statehouse.backends.heap.snapshot import DELTA_WEIGHT, ChangelogSnapshotStrategy
 from statehouse.backends.snapshot.full_strategy import FULL, JobStrategy
 from statehouse.protocol.keygroups import default_max_parallelism
 from statehouse.snapshots.layout import SnapshotKind
@@ -18,8 +18,9 @@ class HeapStore(Store):
 
     name = "heap"
 
-    def __init__(self, incremental_checkpoints: bool = True) -> None:
+    def __init__(self, incremental_checkpoints: bool = True, delta_weight: float = DELTA_WEIGHT) -> None:
         self.incremental_checkpoints = incremental_checkpoints  # checkpoints as a changelog
+        self.changelog = ChangelogSnapshotStrategy(delta_weight)
 
     def existing(self) -> list[str]:
         return []
@@ -31,7 +32,7 @@ class HeapStore(Store):
         """Nothing on disk; the partition is dropped with its job."""
 
     def snapshot_strategy(self, kind: SnapshotKind) -> JobStrategy:
-        return CHANGELOG if kind == "checkpoint" and self.incremental_checkpoints else FULL
+        return self.changelog if kind == "checkpoint" and self.incremental_checkpoints else FULL
 
     def open_staging(self, job: str, max_parallelism: int) -> HeapPartition:
         return HeapPartition(max_parallelism, track_changes=self.incremental_checkpoints)

@@ -173,9 +173,14 @@ def test_a_delta_holds_what_changed_and_reuses_the_rest(make_manager, tmp_path, 
     catalog.close()
 
 
-def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(make_manager, tmp_path, clock, monkeypatch):
+@pytest.mark.parametrize("weight", [1.0, 2.0])
+def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(
+    make_manager, tmp_path, clock, monkeypatch, weight
+):
+    """A base when 60% of the keys changed; deltas of 30% each until they weigh ``weight`` times
+    their base (STATEHOUSE_HEAP_CHANGELOG_DELTA_WEIGHT); a base after MAX_DELTAS deltas."""
     storage = open_storage(str(tmp_path / "cp"))
-    catalog, job = _job(clock)
+    catalog, job = _job(clock, HeapStore(delta_weight=weight))
     manager = make_manager(catalog, storage, compression="none")
     chains: list[ChangelogHandle] = []
 
@@ -190,13 +195,15 @@ def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(make_manage
     checkpoint(range(1_000), "a")
     checkpoint(range(600), "b")  # 60% of the keys: a base again
     assert not chains[1].deltas and chains[1].base != chains[0].base
-    for n in range(7):  # 30% each: deltas until they weigh as much as the base
+    for n in range(int(7 * weight)):  # 30% each: deltas until they weigh `weight` times the base
         checkpoint(range(300), f"c{n}")
     lengths = [len(c.deltas) for c in chains[1:]]
     assert 0 in lengths[2:], lengths  # a few deltas of 30% outweigh the base
+    assert max(lengths) > 3 * weight - 1, lengths
     for before, after in itertools.pairwise(chains[1:]):
-        weight = sum(d.stream.size for d in before.deltas)
-        assert len(after.deltas) == (0 if weight >= before.base.stream.size else len(before.deltas) + 1), lengths
+        deltas = sum(d.stream.size for d in before.deltas)
+        new_base = deltas >= weight * before.base.stream.size
+        assert len(after.deltas) == (0 if new_base else len(before.deltas) + 1), lengths
 
     monkeypatch.setattr(heap_snapshot, "MAX_DELTAS", 2)
     checkpoint(range(1_000), "d")

@@ -77,6 +77,10 @@ BAD = {
             "above its bucket"
         ],
     ),
+    "a delta weight of nothing": (
+        {"STATEHOUSE_HEAP_CHANGELOG_DELTA_WEIGHT": "0"},
+        ["STATEHOUSE_HEAP_CHANGELOG_DELTA_WEIGHT='0' must be > 0.0"],
+    ),
     "a misspelled variable": (
         {"STATEHOUSE_BAKEND": "heap"},
         ["STATEHOUSE_BAKEND='heap' is not a setting: did you mean STATEHOUSE_BACKEND?"],
