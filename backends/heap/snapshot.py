@@ -54,8 +54,9 @@ def _builds_on(
 ) -> tuple[list[ChangelogChain] | None, str]:
     """The chains of ``previous``, root-relative and restricted to the job's key groups, if a
     delta can follow them (a changelog of the same max parallelism holding some of the job's key
-    groups, whose deltas weigh less than ``delta_weight`` times their bases); else why not. ``previous`` may be of the
-    layout before a live rescale: the key groups that stayed keep their chains."""
+    groups, whose deltas weigh less than ``delta_weight`` times their bases); else why not.
+    ``previous`` may be of the layout before a live rescale: the key groups that stayed keep
+    their chains."""
     if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
         return None, "no completed changelog checkpoint to build on"
     metadata = previous.metadata
