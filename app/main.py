@@ -76,7 +76,9 @@ def open_store(settings: Settings) -> Store:
             ),
         )
     return HeapStore(
-        incremental_checkpoints=settings.incremental_checkpoints, delta_weight=settings.heap_changelog_delta_weight
+        incremental_checkpoints=settings.incremental_checkpoints,
+        delta_weight=settings.heap_changelog_delta_weight,
+        background_bases=settings.heap_background_bases,
     )
 
 

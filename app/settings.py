@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         "many times the base; a restore reads at most 1 + this times the state's bytes, and a larger weight writes "
         "bases less often",
     )
+    heap_background_bases: bool = Field(
+        default=False,
+        description="heap backend: once a checkpoint's deltas weigh half of what makes a base, a forked child writes "
+        "the new base from the fork's memory while the replica goes on, instead of a checkpoint writing it inline "
+        "later (a long micro-batch at a large state); needs room for a second copy of the replica's memory while it "
+        "writes, and is skipped where the memory limit leaves none",
+    )
     batch_lease_s: float = Field(
         default=60.0,
         ge=0,

@@ -143,16 +143,18 @@ _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 def process_cpu_ns(pid: int) -> int:
     """CPU time of process ``pid``, every thread (exited ones too), in ns: its CPU clock
-    (``clock_getcpuclockid``). /proc/<pid>/stat's utime+stime, which count 10 ms ticks, where the
+    (``clock_getcpuclockid``), plus its children's that it waited for (a heap replica's forked
+    base writers; /proc/<pid>/stat's cutime+cstime, in 10 ms ticks). Its utime+stime where the
     clock cannot be read (0 once the process is gone)."""
     try:
-        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0
-        return (int(fields[11]) + int(fields[12])) * _TICK_NS
+        fields = []
+    children = (int(fields[13]) + int(fields[14])) * _TICK_NS if fields else 0
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2) + children  # CPUCLOCK_SCHED of the whole process
+    except OSError:
+        return (int(fields[11]) + int(fields[12])) * _TICK_NS + children if fields else 0
 
 
 # -- servers ------------------------------------------------------------------------------

@@ -60,13 +60,17 @@ class Seed:
 @dataclass(frozen=True)
 class SeedContext:
     """Where and what a :class:`Seed` is written: the job's name in ``storage``, this replica's
-    last completed checkpoint of it, the key groups a live rescale's copy loaded, the codec."""
+    last completed checkpoint of it, the key groups (a live rescale's copy loaded, or all of the
+    job's for a materialization), the codec; a materialization's stop and its local scratch
+    directory's parent (None: the system's)."""
 
     storage: CheckpointStorage
     name: str
     previous: SnapshotPart | None
     key_groups: Sequence[KeyGroupRange]
     codec: Codec
+    cancel: threading.Event = field(default_factory=threading.Event)
+    scratch: str | None = None
 
 
 @dataclass
@@ -140,6 +144,18 @@ class SnapshotStrategy(ABC, Generic[JobT]):
     def seed(self, job: JobT, ctx: SeedContext) -> Seed | None:
         """Upload now what the next checkpoint of ``job`` would upload as shared files, and that
         ``ctx.previous`` does not hold; None where a strategy shares none."""
+        return None
+
+    def materialization_due(self, previous: SnapshotPart) -> bool:
+        """Whether a new base of the job, written in the background after its checkpoint
+        ``previous`` (:meth:`materialize`), would spare a later checkpoint writing one inline;
+        never, by default."""
+        return False
+
+    def materialize(self, job: JobT, ctx: SeedContext) -> Seed | None:
+        """A seed of all of the job's key groups written in the background while writes go on
+        (Flink's periodic materialization of a changelog); None where the strategy has none, or
+        cannot write one now."""
         return None
 
     def unseed(self, job: JobT, seed: Seed) -> None:

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ from statehouse.backends.checkpointing.restore import MergeRestore, RestoreOpera
 from statehouse.backends.checkpointing.retention import CompletedCheckpoints
 from statehouse.backends.checkpointing.runner import SnapshotStrategyRunner
 from statehouse.backends.errors import JobNotFound, JobReplaced
+from statehouse.backends.job import Job
+from statehouse.backends.snapshot.full_strategy import JobStrategy
 from statehouse.protocol.errors import InvalidArgument
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.catalog import read_parts
@@ -50,7 +52,7 @@ from statehouse.snapshots.errors import (
     CheckpointNotReady,
 )
 from statehouse.snapshots.layout import SnapshotKind, metadata_name, part_name, snapshot_dir
-from statehouse.snapshots.metadata import SnapshotMetadata
+from statehouse.snapshots.metadata import SnapshotMetadata, SnapshotPart
 from statehouse.snapshots.storage.base import CheckpointStorage
 from statehouse.snapshots.storage.locations import RestoreLocations
 from statehouse.snapshots.storage.timeouts import S3Timeouts
@@ -118,6 +120,11 @@ class CheckpointManager:
         self._held_version: int | None = None
         # Per job, files uploaded ahead of its next checkpoint here (kept across a relayout).
         self._seeds: dict[str, Seed] = {}
+        # Bases written in the background, one at a time: the job one is written for, its stop.
+        self._materializer = ThreadPoolExecutor(1, thread_name_prefix="materialize")
+        self._materializing: set[str] = set()
+        self._cancel_seeds = threading.Event()
+        self._closed = False
         storage.sweep_abandoned()  # S3: abort what a failed or killed process left uploading (billed)
 
     @property
@@ -191,6 +198,61 @@ class CheckpointManager:
             with contextlib.suppress(JobNotFound):  # a job deleted meanwhile keeps nothing
                 strategy.unseed(self.catalog.get(job, serving=False), seed)
             self._delete_seed(job, seed)
+
+    def _materialize_if_due(self, job: str, state: _JobCheckpoints) -> None:
+        """Have the backend write a new base of the job in the background if it says one is due
+        after its latest checkpoint (a heap's deltas grew to half what makes a base): a later
+        checkpoint chains on it (as on a live rescale's seed) instead of writing one inline, on
+        a micro-batch's path. One at a time on the replica; none during a live rescale or while
+        a seed waits for its checkpoint."""
+        strategy = self.catalog.store.snapshot_strategy("checkpoint")
+        previous = state.completed.latest_checkpoint()
+        if previous is None or not strategy.materialization_due(previous):
+            return
+        with self._lock:
+            if self._closed or job in self._seeds or self._materializing or self._held_version is not None:
+                return
+            self._materializing.add(job)
+        try:
+            live = self.catalog.get(job, serving=False)
+            self._materializer.submit(self._materialize, job, live, state, strategy, previous)
+        except BaseException:
+            with self._lock:
+                self._materializing.discard(job)
+            raise
+
+    def _materialize(
+        self, job: str, live: Job, state: _JobCheckpoints, strategy: JobStrategy, previous: SnapshotPart
+    ) -> None:
+        """The background part of :meth:`_materialize_if_due`: the seed, kept for the job's next
+        checkpoint unless something made it moot meanwhile (a base written inline, a restore, a
+        move), then its files are deleted."""
+        ctx = SeedContext(
+            self.storage, job, previous, [live.key_group_range], self.codec, self._cancel_seeds, self.work_dir
+        )
+        try:
+            seed = strategy.materialize(live, ctx)
+        except Exception as exc:  # the checkpoints go on: one writes the base inline when due
+            log.warning("the background base of job %s failed: %s", job, exc)
+            return
+        finally:
+            with self._lock:
+                self._materializing.discard(job)
+        if seed is None:
+            return
+        latest = state.completed.latest_checkpoint()
+        with self._lock:
+            current = self._jobs.get(job) is state and self.catalog.get(job, serving=False) is live
+            due = latest is not None and strategy.materialization_due(latest)
+            kept = current and due and job not in self._seeds and self._held_version is None and not self._closed
+            if kept:
+                self._seeds[job] = seed
+        if kept:
+            log.info("a new base of job %s is written: its next checkpoint chains on it", job)
+            return
+        self._delete_seed(job, seed)
+        with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
+            strategy.unseed(live, seed)
 
     def _delete_seed(self, job: str, seed: Seed) -> None:
         try:
@@ -365,7 +427,10 @@ class CheckpointManager:
         state = self._state(job)
         self.wait(job, checkpoint_id, self.complete_timeout_s)
         with state.finishing:
-            return self._complete(state, job, checkpoint_id)
+            info = self._complete(state, job, checkpoint_id)
+        if info.kind == "checkpoint":
+            self._materialize_if_due(job, state)
+        return info
 
     def _complete(self, state: _JobCheckpoints, job: str, checkpoint_id: int) -> CheckpointInfo:
         info = self.get(job, checkpoint_id)  # as it is now: another completion may have subsumed it
@@ -518,7 +583,12 @@ class CheckpointManager:
     # -- shutdown ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for in-flight uploads and deletes (graceful shutdown); the storage stays open."""
+        """Wait for in-flight uploads and deletes (graceful shutdown); the storage stays open. A
+        base being written in the background is stopped."""
+        with self._lock:
+            self._closed = True
+        self._cancel_seeds.set()
+        self._materializer.shutdown(wait=True)
         self._runner.close()
         self._cleaner.close()
 

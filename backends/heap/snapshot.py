@@ -20,14 +20,20 @@ written while writes went on, :meth:`ChangelogSnapshotStrategy.seed`): their cha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable
 
 from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.errors import JobReplaced
 from statehouse.backends.heap.changes import Cut, by_key_group, checkpoint_cut, noted_rows, replaced_whole, union
+from statehouse.backends.heap.materialize import fork_writer, wait_for
 from statehouse.backends.heap.partition import HeapPartition
+from statehouse.backends.memory import room_for_a_copy
 from statehouse.backends.reserved import keyed_tables
 from statehouse.backends.snapshot.full_format import delta_records, write_key_groups, write_sections
 from statehouse.backends.snapshot.full_strategy import JobStrategy, descriptor_dicts, write_operator_state
@@ -47,6 +53,13 @@ REWRITES = 2  # rows written since, per key of the state, from which a base is w
 # The deltas' weight, as a multiple of their bases, from which a checkpoint writes a new base: a
 # restore reads at most 1 + this times the state (the settings' heap_changelog_delta_weight).
 DELTA_WEIGHT = 1.0
+# Deltas of this share of the weight that makes a base (or chains half as long as allowed): a new
+# base is written in the background (:mod:`~statehouse.backends.heap.materialize`), for a later
+# checkpoint to chain on instead of writing one inline.
+MATERIALIZE_SHARE = 0.5
+# Bases smaller than this are written inline: ~100 ms of a checkpoint at most, not worth a fork.
+MATERIALIZE_MIN_BYTES = 4 << 20
+MATERIALIZE_TIMEOUT_S = 1800.0  # a writer still going after this is killed (a base inline instead)
 
 
 def _builds_on(
@@ -72,16 +85,22 @@ def _builds_on(
     return [chain.under(previous.directory) for chain in chains], ""
 
 
-def _seeded(
-    seed: Seed | None, job: SnapshotSource, kept: list[ChangelogChain]
-) -> tuple[list[ChangelogChain], Cut | None]:
-    """A heap seed's chains (a live rescale's, of the key groups its copy loaded) within the job's
-    key groups and outside the kept chains', and where it cut the partition's log."""
+def _seeded(seed: Seed | None, job: SnapshotSource) -> tuple[list[ChangelogChain], Cut | None]:
+    """A heap seed's chains within the job's key groups (a live rescale's, of the key groups its
+    copy loaded; a materialization's, of them all), and where it cut the partition's log."""
     if seed is None or seed.cut is None:
         return [], None
-    held = {kg for chain in kept for kg in chain.key_group_range}
-    chains = [c for c in (chain.restricted(job.key_group_range) for chain in seed.chains) if c is not None]
-    return [c for c in chains if not any(kg in held for kg in c.key_group_range)], seed.cut
+    return [c for c in (chain.restricted(job.key_group_range) for chain in seed.chains) if c is not None], seed.cut
+
+
+def _outside(chains: list[ChangelogChain], key_groups: set[int]) -> list[ChangelogChain]:
+    """The chains for their key groups that are not in ``key_groups``."""
+    return [
+        part
+        for chain in chains
+        for run in _runs(kg for kg in chain.key_group_range if kg not in key_groups)
+        if (part := chain.restricted(run)) is not None
+    ]
 
 
 def _runs(key_groups: Iterable[int]) -> list[KeyGroupRange]:
@@ -118,10 +137,11 @@ class ChangelogSnapshotStrategy(JobStrategy):
     format: SnapshotFormat = "changelog"
     seeds_taken_key_groups = True
 
-    def __init__(self, delta_weight: float = DELTA_WEIGHT) -> None:
+    def __init__(self, delta_weight: float = DELTA_WEIGHT, background_bases: bool = False) -> None:
         if not delta_weight > 0:
             raise ValueError(f"delta_weight must be positive; got {delta_weight}")
         self.delta_weight = delta_weight
+        self.background_bases = background_bases  # bases written by forked children (materialize)
 
     def seed(self, job: SnapshotSource, ctx: SeedContext) -> Seed | None:
         """A base of ``ctx.key_groups`` (what a live rescale's copy loaded, not served yet), written
@@ -154,6 +174,55 @@ class ChangelogSnapshotStrategy(JobStrategy):
         chains = tuple(ChangelogChain(h) for r in wanted if (h := written.restricted(r)) is not None)
         return Seed("heap", {path: written.stream}, chains, cut)
 
+    def materialization_due(self, previous: SnapshotPart) -> bool:
+        keyed = previous.metadata.keyed
+        if not self.background_bases or not isinstance(keyed, ChangelogHandle):
+            return False
+        bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in keyed.chains), strict=True))
+        long_chain = any(len(chain.deltas) >= MAX_DELTAS // 2 for chain in keyed.chains)
+        return bases >= MATERIALIZE_MIN_BYTES and (
+            deltas >= MATERIALIZE_SHARE * self.delta_weight * bases or long_chain
+        )
+
+    def materialize(self, job: SnapshotSource, ctx: SeedContext) -> Seed | None:
+        """A base of all of the job's key groups, written by a forked child from the fork's memory
+        while writes go on (:mod:`~statehouse.backends.heap.materialize`), and the log cut at the
+        fork; None where memory leaves no room for the fork's copy."""
+        partition = job.partition
+        assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
+        if partition.changes is None or not room_for_a_copy():
+            return None
+        if ctx.scratch is not None:
+            os.makedirs(ctx.scratch, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix="statehouse-base-", dir=ctx.scratch)
+        try:
+            path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
+            with job.exclusive():
+                view = partition.freeze()
+                cut = partition.changes.cut_seed()
+                header = SnapshotHeader(
+                    job.name,
+                    job.max_parallelism,
+                    job.key_group_range,
+                    keyed_tables(view.tables()),
+                    descriptor_dicts(job),
+                )
+                try:
+                    pid = fork_writer(view, header, ctx.codec, job.clock.now_ms(), scratch, path)
+                finally:
+                    view.release()  # the child holds the fork's copy
+            try:
+                written = wait_for(pid, scratch, ctx.cancel, MATERIALIZE_TIMEOUT_S)
+                stream = ctx.storage.put_file(path, os.path.join(scratch, path))
+            except BaseException:
+                with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
+                    self.unseed(job, Seed("heap", {}, (), cut))
+                raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        written = dataclasses.replace(written, stream=stream)
+        return Seed("heap", {path: stream}, (ChangelogChain(written),), cut)
+
     def unseed(self, job: SnapshotSource, seed: Seed) -> None:
         """Unpin the seed's cut: pinned, the log would keep every change since it until its bound,
         then lose them all (a base)."""
@@ -173,9 +242,12 @@ class ChangelogSnapshotStrategy(JobStrategy):
             changes.cut(ctx.checkpoint_id)
             kept, why = _builds_on(ctx.previous, job, self.delta_weight)
             cuts = [checkpoint_cut(ctx.previous.metadata.checkpoint_id)] if kept and ctx.previous else []
-            seeded, seed_cut = _seeded(ctx.seed, job, kept or [])
+            seeded, seed_cut = _seeded(ctx.seed, job)
             if seeded and seed_cut is not None:
-                kept, cuts = [*(kept or []), *seeded], [*cuts, seed_cut]
+                # A seed's key groups chain on it (a materialization's in place of the kept chains):
+                # the log since its cut holds what changed after it.
+                kept = _outside(kept or [], {kg for chain in seeded for kg in chain.key_group_range})
+                kept, cuts = [*kept, *seeded], [*(cuts if kept else []), seed_cut]
             if kept and cuts:
                 segments = changes.since(min(cuts))
                 why = "the partition's log did not follow every write since the checkpoint (or seed) built on"

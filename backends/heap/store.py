@@ -18,9 +18,11 @@ class HeapStore(Store):
 
     name = "heap"
 
-    def __init__(self, incremental_checkpoints: bool = True, delta_weight: float = DELTA_WEIGHT) -> None:
+    def __init__(
+        self, incremental_checkpoints: bool = True, delta_weight: float = DELTA_WEIGHT, background_bases: bool = False
+    ) -> None:
         self.incremental_checkpoints = incremental_checkpoints  # checkpoints as a changelog
-        self.changelog = ChangelogSnapshotStrategy(delta_weight)
+        self.changelog = ChangelogSnapshotStrategy(delta_weight, background_bases)
 
     def existing(self) -> list[str]:
         return []

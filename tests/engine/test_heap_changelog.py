@@ -91,14 +91,24 @@ def _keyed(manager, checkpoint_id: int) -> ChangelogHandle:
     return part.keyed
 
 
+def _background_done(manager) -> None:
+    """Wait until the manager's background base, if one is being written, is done with."""
+    manager._materializer.submit(lambda: None).result(60)
+
+
+@pytest.mark.parametrize("materialize", [False, True], ids=["inline bases", "background bases"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_completed_checkpoint_restores_what_was_frozen(make_manager, tmp_path, clock, seed):
+def test_every_completed_checkpoint_restores_what_was_frozen(
+    make_manager, tmp_path, clock, monkeypatch, seed, materialize
+):
     """Random writes of every state kind, checkpoints between them (some aborted, some taken while
     another is uploading), then each completed checkpoint restored: whole into the heap and into
-    RocksDB, and split over two heap replicas. Deltas and new bases both occur."""
+    RocksDB, and split over two heap replicas. Deltas and new bases both occur; with background
+    bases (of any size here), checkpoints also chain on bases forked children wrote between them."""
+    monkeypatch.setattr(heap_snapshot, "MATERIALIZE_MIN_BYTES", 0)  # any base, however small
     rng = random.Random(seed)
     storage = open_storage(str(tmp_path / "cp"))
-    catalog, job = _job(clock)
+    catalog, job = _job(clock, HeapStore(background_bases=materialize))
     manager = make_manager(catalog, storage, num_retained=100)
     frozen: dict[int, tuple[dict, dict, int]] = {}
     checkpoint_id = 0
@@ -116,9 +126,13 @@ def test_every_completed_checkpoint_restores_what_was_frozen(make_manager, tmp_p
             continue
         assert manager.complete("orders", checkpoint_id).status == "completed"
         frozen[checkpoint_id] = expected
+        if rng.random() < 0.7:
+            _background_done(manager)  # else writes and checkpoints go on while it is written
     handles = {i: _keyed(manager, i) for i in frozen}
     assert any(h.deltas for h in handles.values()), "no checkpoint wrote a delta"
     assert len({h.base for h in handles.values()}) > 1, "no checkpoint wrote a new base"
+    on_seeds = sum("-heap-seed" in h.base.stream.path for h in handles.values())
+    assert bool(on_seeds) == materialize, on_seeds
 
     # An entry that expired after the checkpoint that last wrote it may stay (cleanup is
     # best-effort, as of each write): every entry alive at the checkpoint must be there as it was.
@@ -440,4 +454,102 @@ def test_a_seed_that_fails_lets_its_pin_go(make_manager, tmp_path, clock):
     with pytest.raises(OSError, match="storage down"):
         manager.seed("orders", [KeyGroupRange(0, 7)], joining=False)
     assert job.partition.changes._pinned is None
+    catalog.close()
+
+
+def _seed_files(storage) -> list[str]:
+    return [p for p in storage.list("") if p.endswith("-heap-seed")]
+
+
+@pytest.mark.parametrize("meanwhile", ["deltas", "an inline base", "a restore"])
+def test_a_background_base_is_chained_on_unless_made_moot(make_manager, tmp_path, clock, monkeypatch, meanwhile):
+    """Once a checkpoint's deltas weigh half what makes a base, a forked child writes a new base
+    from the fork's memory while writes and checkpoints go on; the first checkpoint after it is
+    uploaded chains on it, a delta of what changed since the fork. Unless a checkpoint wrote a
+    base inline meanwhile, or a restore replaced the state: then it is dropped, its file deleted.
+    Every checkpoint restores what was frozen."""
+    from statehouse.snapshots.storage.local import LocalStorage
+    from tests.support.gated import gated
+
+    monkeypatch.setattr(heap_snapshot, "MATERIALIZE_MIN_BYTES", 0)
+    storage = gated(LocalStorage, str(tmp_path / "cp"), gates=lambda path: path.endswith("-heap-seed"))
+    catalog, job = _job(clock, HeapStore(background_bases=True))
+    (tmp_path / "work").mkdir()
+    manager = make_manager(catalog, storage, num_retained=100, compression="none", work_dir=str(tmp_path / "work"))
+    frozen: dict[int, dict] = {}
+
+    def checkpoint(keys: range, value: str) -> ChangelogHandle:
+        with job.transaction() as tx:
+            for i in keys:
+                tx.value("v").update(f"key-{i}", value)
+        checkpoint_id = max(frozen, default=0) + 1
+        frozen[checkpoint_id] = dump(job)
+        _checkpoint(manager, checkpoint_id)
+        return _keyed(manager, checkpoint_id)
+
+    first = checkpoint(range(1_000), "a")
+    assert not first.deltas
+    checkpoint(range(300), "b")
+    checkpoint(range(300), "c")  # two deltas of 30%: half of what makes a base, one is forked
+    assert manager._materializing == {"orders"}  # its upload waits at the gate
+    if meanwhile == "deltas":
+        during = checkpoint(range(200, 400), "d")
+        assert during.base == first.base and len(during.deltas) == 3
+    elif meanwhile == "an inline base":
+        during = checkpoint(range(600), "d")  # most keys changed: a base inline
+        assert not during.deltas and during.base != first.base
+    else:
+        manager.restore("orders", 2)
+        job = catalog.get("orders")
+    storage.gate.set()
+    _background_done(manager)
+    after = checkpoint(range(50), "e")
+    if meanwhile == "deltas":
+        assert "-heap-seed" in after.base.stream.path and len(after.deltas) == 1
+        assert len(_seed_files(storage)) == 1
+    else:
+        assert "-heap-seed" not in after.base.stream.path
+        assert _seed_files(storage) == []
+    assert not list((tmp_path / "work").iterdir()), "the writer's scratch directory stayed"
+    for checkpoint_id, expected in frozen.items():
+        if meanwhile == "a restore" and checkpoint_id == 3:
+            continue  # replaced by the restore: retained, but not what the job went on from
+        fresh = JobCatalog(HeapStore(), clock=clock)
+        make_manager(fresh, storage).restore("orders", checkpoint_id)
+        assert dump(fresh.get("orders")) == expected, f"checkpoint {checkpoint_id}"
+        fresh.close()
+    catalog.close()
+
+
+@pytest.mark.parametrize("why", ["the writer fails", "no room for the fork's copy"])
+def test_no_background_base_leaves_the_checkpoints_as_they_were(make_manager, tmp_path, clock, monkeypatch, why):
+    """A forked writer that fails, or memory without room for the fork's copy: no base is kept,
+    the log is not left pinned, and the checkpoints go on, writing their base inline when due."""
+    from statehouse.backends.heap import materialize
+
+    monkeypatch.setattr(heap_snapshot, "MATERIALIZE_MIN_BYTES", 0)
+    if why == "the writer fails":
+
+        def failing(*args, **kwargs):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(materialize, "write_key_groups", failing)
+    else:
+        monkeypatch.setattr(heap_snapshot, "room_for_a_copy", lambda: False)
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock, HeapStore(background_bases=True))
+    manager = make_manager(catalog, storage, num_retained=100, work_dir=str(tmp_path / "work"))
+    rng = random.Random(5)
+    for checkpoint_id in range(1, 12):
+        _writes(job, rng, 60)
+        expected = _unexpired(dump(job), clock.now_ms())
+        _checkpoint(manager, checkpoint_id)
+        _background_done(manager)
+        assert job.partition.changes._pinned is None
+        assert manager._seeds == {}
+    assert _seed_files(storage) == []
+    fresh = JobCatalog(HeapStore(), clock=clock)
+    make_manager(fresh, storage).restore("orders", 11)
+    assert _unexpired(dump(fresh.get("orders")), clock.now_ms()) == expected
+    fresh.close()
     catalog.close()
