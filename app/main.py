@@ -43,9 +43,10 @@ from statehouse.backends.base.store import Store
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.manager import CheckpointManager
 from statehouse.backends.checkpointing.rescale import RescaleParticipant
-from statehouse.backends.checkpointing.restore import remove_leftovers
+from statehouse.backends.checkpointing.restore import STAGING_PREFIX, remove_leftovers
 from statehouse.backends.errors import StateError
 from statehouse.backends.heap import HeapStore
+from statehouse.backends.heap.materialize import SCRATCH_PREFIX
 from statehouse.backends.limits import Limits
 from statehouse.backends.rocksdb import RocksDBStore, TableFiles
 from statehouse.backends.topology import DataDirLock, ReplicaLayout, TopologyError
@@ -131,16 +132,19 @@ def open_catalog(settings: Settings, layout: ReplicaLayout | None = None) -> Job
 
 
 def restore_work_dir(settings: Settings) -> str:
-    """Restores stage downloaded snapshots beside the state (the data volume), not in /tmp; what
-    a restore killed mid-way left there is removed (no restore runs yet).
+    """Restores stage downloaded snapshots beside the state (the data volume), not in /tmp, and a
+    heap's forked base writers write there; what a process killed mid-way left is removed
+    (nothing runs yet).
 
     "$" cannot occur in a job name, so no job's directory can collide with it.
     """
     path = os.path.join(settings.data_dir, "$restore")
     os.makedirs(path, exist_ok=True)
-    removed = remove_leftovers(path)
+    removed = remove_leftovers(path, (STAGING_PREFIX, SCRATCH_PREFIX))
     if removed:
-        log.warning("removed %d restore staging copies a killed process left in %s", len(removed), path)
+        log.warning(
+            "removed %d staging copies (restores', base writers') a killed process left in %s", len(removed), path
+        )
     return path
 
 

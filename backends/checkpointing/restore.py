@@ -293,14 +293,14 @@ def _insufficient(exc: OSError) -> InsufficientStorage:
     )
 
 
-def remove_leftovers(work_dir: str) -> list[str]:
-    """Remove the staging directories of restores a killed process left in ``work_dir`` (each a
-    copy of a replica's snapshot); only directories of this module's name pattern, nothing else.
-    Call it before any restore can run. Returns the names removed."""
+def remove_leftovers(work_dir: str, prefixes: tuple[str, ...] = (STAGING_PREFIX,)) -> list[str]:
+    """Remove the directories a killed process left in ``work_dir``: a restore's staging copies
+    (each a copy of a replica's snapshot), and those of the other ``prefixes`` given; nothing
+    else. Call it before anything can write there. Returns the names removed."""
     removed = []
     for name in sorted(os.listdir(work_dir)):
         path = os.path.join(work_dir, name)
-        if name.startswith(STAGING_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
+        if name.startswith(prefixes) and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(name)
     return removed

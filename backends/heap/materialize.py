@@ -30,6 +30,7 @@ from statehouse.snapshots.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
 
+SCRATCH_PREFIX = "statehouse-base-"  # a writer's local directory (one a killed replica left: removed at start)
 _HANDLE = "handle.json"  # the written stream's handle, as the child leaves it in its scratch directory
 _ERROR = "error.txt"  # why the child failed, for the parent's error
 _POLL_S = 0.02

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from statehouse.backends.base.snapshot import SnapshotSource
 from statehouse.backends.errors import JobReplaced
 from statehouse.backends.heap.changes import Cut, by_key_group, checkpoint_cut, noted_rows, replaced_whole, union
-from statehouse.backends.heap.materialize import fork_writer, wait_for
+from statehouse.backends.heap.materialize import SCRATCH_PREFIX, fork_writer, wait_for
 from statehouse.backends.heap.partition import HeapPartition
 from statehouse.backends.memory import room_for_a_copy
 from statehouse.backends.reserved import keyed_tables
@@ -194,7 +194,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
             return None
         if ctx.scratch is not None:
             os.makedirs(ctx.scratch, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix="statehouse-base-", dir=ctx.scratch)
+        scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=ctx.scratch)
         try:
             path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
             with job.exclusive():

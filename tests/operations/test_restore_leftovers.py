@@ -1,6 +1,7 @@
 """A restore SIGKILLed mid-way leaves its staging copy of the snapshot in
-``$STATEHOUSE_DATA_DIR/$restore/statehouse-restore-*``; the next start removes it (and nothing
-else there), and the job is as it was before the restore."""
+``$STATEHOUSE_DATA_DIR/$restore/statehouse-restore-*`` (and a heap's forked base writer its
+``statehouse-base-*``); the next start removes them (and nothing else there), and the job is as
+it was before the restore."""
 
 from __future__ import annotations
 
@@ -73,11 +74,13 @@ def test_a_restore_killed_midway_leaves_nothing_after_a_restart(tmp_path, backen
         else:
             pytest.fail("never saw a restore's staging directory: the restore is too fast to kill mid-way")
         assert _staging(work), "the killed restore left no staging copy: nothing to test"
+        (work / "statehouse-base-k1ll3d").mkdir()  # as a heap's forked base writer killed with it leaves
         server = start_server(tmp_path, env, port=int(server.url.rsplit(":", 1)[1]))
         http = httpx.Client(base_url=server.url + "/v1", timeout=60)
         assert _staging(work) == []
         assert (work / "operator-notes").read_text() == "not the service's"
-        assert "removed 1 restore staging copies" in server.log()
+        assert not (work / "statehouse-base-k1ll3d").exists()
+        assert "removed 2 staging copies (restores', base writers')" in server.log()
         if backend == "heap":  # the heap backend's state went with the process: restore it
             http.post(f"{job}/restore", json={"checkpoint_id": 1}).raise_for_status()
         reads = [{"op": "get", "state": "v", "key": k} for k in written]
