@@ -200,15 +200,13 @@ class ChangelogSnapshotStrategy(JobStrategy):
             with job.exclusive():
                 view = partition.freeze()
                 cut = partition.changes.cut_seed()
-                header = SnapshotHeader(
-                    job.name,
-                    job.max_parallelism,
-                    job.key_group_range,
-                    keyed_tables(view.tables()),
-                    descriptor_dicts(job),
-                )
                 try:
+                    tables, states = keyed_tables(view.tables()), descriptor_dicts(job)
+                    header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, tables, states)
                     pid = fork_writer(view, header, ctx.codec, job.clock.now_ms(), scratch, path)
+                except BaseException:  # no child (the fork refused): nothing will take the cut
+                    partition.changes.unpin(cut)
+                    raise
                 finally:
                     view.release()  # the child holds the fork's copy
             try:

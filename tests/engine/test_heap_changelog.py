@@ -521,10 +521,10 @@ def test_a_background_base_is_chained_on_unless_made_moot(make_manager, tmp_path
     catalog.close()
 
 
-@pytest.mark.parametrize("why", ["the writer fails", "no room for the fork's copy"])
+@pytest.mark.parametrize("why", ["the writer fails", "the fork fails", "no room for the fork's copy"])
 def test_no_background_base_leaves_the_checkpoints_as_they_were(make_manager, tmp_path, clock, monkeypatch, why):
-    """A forked writer that fails, or memory without room for the fork's copy: no base is kept,
-    the log is not left pinned, and the checkpoints go on, writing their base inline when due."""
+    """A forked writer that fails, a fork refused, or memory without room for the fork's copy: no
+    base is kept, the log is not left pinned, and the checkpoints go on, writing their base inline when due."""
     from statehouse.backends.heap import materialize
 
     monkeypatch.setattr(heap_snapshot, "MATERIALIZE_MIN_BYTES", 0)
@@ -534,6 +534,12 @@ def test_no_background_base_leaves_the_checkpoints_as_they_were(make_manager, tm
             raise OSError("disk full")
 
         monkeypatch.setattr(materialize, "write_key_groups", failing)
+    elif why == "the fork fails":
+
+        def no_fork():
+            raise OSError(12, "Cannot allocate memory")
+
+        monkeypatch.setattr(materialize.os, "fork", no_fork)
     else:
         monkeypatch.setattr(heap_snapshot, "room_for_a_copy", lambda: False)
     storage = open_storage(str(tmp_path / "cp"))
