@@ -251,8 +251,7 @@ class CheckpointManager:
             log.info("a new base of job %s is written: its next checkpoint chains on it", job)
             return
         self._delete_seed(job, seed)
-        with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
-            strategy.unseed(live, seed)
+        strategy.unseed(live, seed)
 
     def _delete_seed(self, job: str, seed: Seed) -> None:
         try:

@@ -78,11 +78,27 @@ def _builds_on(
     chains = [c for c in (chain.restricted(job.key_group_range) for chain in keyed.chains) if c is not None]
     if not chains:
         return None, f"checkpoint {metadata.checkpoint_id} holds none of the job's key groups here"
-    # What a restore of the whole would read: the bases and the deltas over them, all chains together.
-    bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in chains), strict=True))
+    bases, deltas = _weights(chains)
     if deltas >= delta_weight * bases or any(len(chain.deltas) >= MAX_DELTAS for chain in chains):
         return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh {delta_weight:g}x their bases or more"
     return [chain.under(previous.directory) for chain in chains], ""
+
+
+def _weights(chains: Iterable[ChangelogChain]) -> tuple[int, int]:
+    """What a restore of the whole would read: the bases' bytes and the deltas' over them, all
+    chains together."""
+    bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in chains), strict=True))
+    return bases, deltas
+
+
+def _let_go(job: SnapshotSource, cut: Cut) -> None:
+    """Unpin a seed's cut no checkpoint will take. A job a restore replaced has nothing to unpin:
+    its log went with it."""
+    partition = job.partition
+    assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
+    if partition.changes is not None:
+        with contextlib.suppress(JobReplaced), job.exclusive():
+            partition.changes.unpin(cut)
 
 
 def _seeded(seed: Seed | None, job: SnapshotSource) -> tuple[list[ChangelogChain], Cut | None]:
@@ -166,8 +182,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
             with ctx.storage.create_output(path) as out:
                 written = write_sections(out, header, ctx.codec, job.clock.now_ms(), lambda: False, records)
         except BaseException:
-            with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
-                self.unseed(job, Seed("heap", {}, (), cut))
+            _let_go(job, cut)
             raise
         finally:
             view.release()
@@ -178,7 +193,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
         keyed = previous.metadata.keyed
         if not self.background_bases or not isinstance(keyed, ChangelogHandle):
             return False
-        bases, deltas = (sum(weights) for weights in zip(*(chain.bytes() for chain in keyed.chains), strict=True))
+        bases, deltas = _weights(keyed.chains)
         long_chain = any(len(chain.deltas) >= MAX_DELTAS // 2 for chain in keyed.chains)
         return bases >= MATERIALIZE_MIN_BYTES and (
             deltas >= MATERIALIZE_SHARE * self.delta_weight * bases or long_chain
@@ -195,8 +210,9 @@ class ChangelogSnapshotStrategy(JobStrategy):
         if ctx.scratch is not None:
             os.makedirs(ctx.scratch, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=ctx.scratch)
+        path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
+        cut: Cut | None = None
         try:
-            path = f"{shared_dir(ctx.name)}/{uuid.uuid4().hex}-heap-seed"
             with job.exclusive():
                 view = partition.freeze()
                 cut = partition.changes.cut_seed()
@@ -204,18 +220,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
                     tables, states = keyed_tables(view.tables()), descriptor_dicts(job)
                     header = SnapshotHeader(job.name, job.max_parallelism, job.key_group_range, tables, states)
                     pid = fork_writer(view, header, ctx.codec, job.clock.now_ms(), scratch, path)
-                except BaseException:  # no child (the fork refused): nothing will take the cut
-                    partition.changes.unpin(cut)
-                    raise
                 finally:
                     view.release()  # the child holds the fork's copy
-            try:
-                written = wait_for(pid, scratch, ctx.cancel, MATERIALIZE_TIMEOUT_S)
-                stream = ctx.storage.put_file(path, os.path.join(scratch, path))
-            except BaseException:
-                with contextlib.suppress(JobReplaced):  # a replaced job's log went with it
-                    self.unseed(job, Seed("heap", {}, (), cut))
-                raise
+            written = wait_for(pid, scratch, ctx.cancel, MATERIALIZE_TIMEOUT_S)
+            stream = ctx.storage.put_file(path, os.path.join(scratch, path))
+        except BaseException:  # no base (the fork refused, the writer failed, the upload): no taker for the cut
+            if cut is not None:
+                _let_go(job, cut)
+            raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         written = dataclasses.replace(written, stream=stream)
@@ -224,11 +236,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
     def unseed(self, job: SnapshotSource, seed: Seed) -> None:
         """Unpin the seed's cut: pinned, the log would keep every change since it until its bound,
         then lose them all (a base)."""
-        partition = job.partition
-        assert isinstance(partition, HeapPartition), "the heap store only opens heap partitions"
-        if partition.changes is not None and seed.cut is not None:
-            with job.exclusive():
-                partition.changes.unpin(seed.cut)
+        if seed.cut is not None:
+            _let_go(job, seed.cut)
 
     def prepare(self, job: SnapshotSource, ctx: SnapshotContext) -> AsyncSnapshot:
         partition = job.partition
