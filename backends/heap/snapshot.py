@@ -5,10 +5,13 @@ size every checkpoint; a delta costs what changed.
 
 A checkpoint writes a new base instead of a delta when it cannot or should not build on the last
 one: no completed checkpoint whose cut the partition's log followed
-(:class:`~statehouse.backends.heap.changes.ChangeLog`), half the state or more changed (a delta
-would be as large, and reading it back twice as slow), or the deltas already weigh as much as
-their bases (so a restore reads at most about twice the state). Savepoints stay in the canonical
-full format, self-contained.
+(:class:`~statehouse.backends.heap.changes.ChangeLog`), or half the state or more changed (a delta
+would be as large, and reading it back twice as slow). Otherwise the deltas are kept within a
+weight of their bases (so a restore reads at most about twice the state) a slice at a time: a
+checkpoint whose deltas would outweigh their bases writes whole, beside its delta, the slices of
+key groups whose deltas weigh most against their bases, as many as bring the weight back under.
+No micro-batch pays for a whole new base; each rewrites an eighth of the state now and then.
+Savepoints stay in the canonical full format, self-contained.
 
 A changelog is one chain of base and deltas per run of key groups. After a live rescale, the key
 groups a replica held keep their chains (the last checkpoint it completed may be of the layout
@@ -19,8 +22,10 @@ written while writes went on, :meth:`ChangelogSnapshotStrategy.seed`): their cha
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import shutil
@@ -50,9 +55,10 @@ log = logging.getLogger(__name__)
 BASE_SHARE = 0.5  # a delta of this share of the state's keys or more: a base instead
 MAX_DELTAS = 64  # deltas over one base at most: a restore's ranged reads stay few
 REWRITES = 2  # rows written since, per key of the state, from which a base is written unmerged
-# The deltas' weight, as a multiple of their bases, from which a checkpoint writes a new base: a
-# restore reads at most 1 + this times the state (the settings' heap_changelog_delta_weight).
+# The deltas' weight, as a multiple of their bases, past which a checkpoint rewrites key groups
+# whole: a restore reads at most 1 + this times the state (the settings' heap_changelog_delta_weight).
 DELTA_WEIGHT = 1.0
+SLICES = 8  # the runs of a job's key groups a checkpoint rewrites whole, each on its own
 # Deltas of this share of the weight that makes a base (or chains half as long as allowed): a new
 # base is written in the background (:mod:`~statehouse.backends.heap.materialize`), for a later
 # checkpoint to chain on instead of writing one inline.
@@ -62,14 +68,11 @@ MATERIALIZE_MIN_BYTES = 4 << 20
 MATERIALIZE_TIMEOUT_S = 1800.0  # a writer still going after this is killed (a base inline instead)
 
 
-def _builds_on(
-    previous: SnapshotPart | None, job: SnapshotSource, delta_weight: float
-) -> tuple[list[ChangelogChain] | None, str]:
+def _builds_on(previous: SnapshotPart | None, job: SnapshotSource) -> tuple[list[ChangelogChain] | None, str]:
     """The chains of ``previous``, root-relative and restricted to the job's key groups, if a
     delta can follow them (a changelog of the same max parallelism holding some of the job's key
-    groups, whose deltas weigh less than ``delta_weight`` times their bases); else why not.
-    ``previous`` may be of the layout before a live rescale: the key groups that stayed keep
-    their chains."""
+    groups); else why not. ``previous`` may be of the layout before a live rescale: the key groups
+    that stayed keep their chains."""
     if previous is None or not isinstance(keyed := previous.metadata.keyed, ChangelogHandle):
         return None, "no completed changelog checkpoint to build on"
     metadata = previous.metadata
@@ -78,10 +81,51 @@ def _builds_on(
     chains = [c for c in (chain.restricted(job.key_group_range) for chain in keyed.chains) if c is not None]
     if not chains:
         return None, f"checkpoint {metadata.checkpoint_id} holds none of the job's key groups here"
-    bases, deltas = _weights(chains)
-    if deltas >= delta_weight * bases or any(len(chain.deltas) >= MAX_DELTAS for chain in chains):
-        return None, f"the deltas of checkpoint {metadata.checkpoint_id} weigh {delta_weight:g}x their bases or more"
     return [chain.under(previous.directory) for chain in chains], ""
+
+
+def slices(key_groups: KeyGroupRange) -> list[KeyGroupRange]:
+    """``key_groups`` cut in ``SLICES`` runs as even as can be (fewer when it has fewer)."""
+    count = min(SLICES, len(key_groups))
+    bounds = [key_groups.start + len(key_groups) * i // count for i in range(count + 1)]
+    return [KeyGroupRange(start, end - 1) for start, end in itertools.pairwise(bounds)]
+
+
+def rebased(
+    kept: list[ChangelogChain], key_groups: KeyGroupRange, changed: dict[int, int], keys: int, delta_weight: float
+) -> set[int]:
+    """The key groups a checkpoint over ``kept`` writes whole, a slice (:func:`slices`) at a time,
+    so that its chains' deltas, its own among them (``changed``: the keys it writes per key group,
+    of a state of ``keys`` keys), weigh at most ``delta_weight`` times their bases: any slice whose
+    chain has ``MAX_DELTAS`` deltas already, then the slices whose deltas weigh most against their
+    bases, as many as it takes."""
+    base: dict[int, int] = {}
+    deltas: dict[int, int] = {}
+    full: set[int] = set()  # key groups whose chain has no room for one more delta
+    for chain in kept:
+        streams = [h.offsets.sections for h in chain.streams()]
+        for kg, first, *rest in zip(chain.key_group_range, *streams, strict=True):
+            base[kg], deltas[kg] = first.length, sum(section.length for section in rest)
+        if len(chain.deltas) >= MAX_DELTAS:
+            full.update(chain.key_group_range)
+    per_key = sum(base.values()) / max(1, keys)  # what a changed key's record adds to a delta
+    weighed = []  # per slice: its key groups that kept chains hold, their bases' bytes, their deltas' to be
+    for run in slices(key_groups):
+        held = [kg for kg in run if kg in base]
+        weighed.append(
+            (held, sum(base[kg] for kg in held), sum(deltas[kg] + per_key * changed.get(kg, 0) for kg in held))
+        )
+    bound = delta_weight * sum(b for _held, b, _d in weighed)
+    total = sum(d for _held, _b, d in weighed)
+    # Full chains first, then the heaviest against its base (a slice of no base bytes: last).
+    weighed.sort(key=lambda s: (full.isdisjoint(s[0]), -(s[2] / s[1] if s[1] else 0.0)))
+    whole: set[int] = set()
+    for held, _base, weight in weighed:
+        if total <= bound and full.isdisjoint(held):
+            break
+        whole.update(held)
+        total -= weight
+    return whole
 
 
 def _weights(chains: Iterable[ChangelogChain]) -> tuple[int, int]:
@@ -247,7 +291,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
         whole: set[int] = set()  # key groups written whole: the kept chains do not hold them
         if changes is not None:
             changes.cut(ctx.checkpoint_id)
-            kept, why = _builds_on(ctx.previous, job, self.delta_weight)
+            kept, why = _builds_on(ctx.previous, job)
             cuts = [checkpoint_cut(ctx.previous.metadata.checkpoint_id)] if kept and ctx.previous else []
             seeded, seed_cut = _seeded(ctx.seed, job)
             if seeded and seed_cut is not None:
@@ -273,8 +317,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
         now_ms = job.clock.now_ms()  # TTL cleanup judges expiry as of the freeze
 
         def body() -> SnapshotResult:
-            changed, reason = None, why
-            if segments is not None:
+            changed, reason, rewritten = None, why, whole
+            if segments is not None and kept is not None:
                 state_keys = view.key_count()
                 reason = "half the state's keys or more changed"
                 # Twice as many rows as the state has keys: most keys changed, or a base is
@@ -282,6 +326,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if noted_rows(segments) < REWRITES * state_keys:
                     keys = union(segments, max(1, int(BASE_SHARE * state_keys)))
                     changed = None if keys is None else by_key_group(keys)
+                if changed is not None:
+                    counts = collections.Counter[int]()
+                    for by_group in changed.values():
+                        counts.update({kg: len(primaries) for kg, primaries in by_group.items()})
+                    held = _outside(kept, whole)
+                    rewritten = whole | rebased(held, job.key_group_range, counts, state_keys, self.delta_weight)
+                    if len(rewritten) == len(job.key_group_range):
+                        changed, reason = None, f"every chain's deltas weigh {self.delta_weight:g}x its base or more"
             if changed is None:
                 log.debug("checkpoint %d of job %s writes a base: %s", ctx.checkpoint_id, ctx.job, reason)
             path = f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-heap-{'delta' if changed is not None else 'base'}"
@@ -290,14 +342,14 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if changed is None:
                     written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
                 else:
-                    records = delta_records(view, changed, header, whole)
+                    records = delta_records(view, changed, header, rewritten)
                     written = write_sections(out, header, ctx.codec, now_ms, ctx.cancel.is_set, records)
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))
             if changed is None or kept is None:
                 keyed, reused = ChangelogHandle.of(written), 0
             else:
-                keyed, reused = _chained(kept, whole, written)
+                keyed, reused = _chained(kept, rewritten, written)
             return SnapshotResult(
                 "changelog",
                 keyed.relative_to(ctx.directory),

@@ -5,7 +5,6 @@ or split over replicas, into either backend; the delta must hold what changed, n
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import random
 
@@ -129,9 +128,11 @@ def test_every_completed_checkpoint_restores_what_was_frozen(
         if rng.random() < 0.7:
             _background_done(manager)  # else writes and checkpoints go on while it is written
     handles = {i: _keyed(manager, i) for i in frozen}
-    assert any(h.deltas for h in handles.values()), "no checkpoint wrote a delta"
-    assert len({h.base for h in handles.values()}) > 1, "no checkpoint wrote a new base"
-    on_seeds = sum("-heap-seed" in h.base.stream.path for h in handles.values())
+    chains = [chain for h in handles.values() for chain in h.chains]
+    assert any(chain.deltas for chain in chains), "no checkpoint wrote a delta"
+    assert len({chain.base.stream for chain in chains}) > 1, "no checkpoint wrote a new base"
+    assert materialize or any(len(h.chains) > 1 for h in handles.values()), "no checkpoint rewrote a slice"
+    on_seeds = sum("-heap-seed" in chain.base.stream.path for chain in chains)
     assert bool(on_seeds) == materialize, on_seeds
 
     # An entry that expired after the checkpoint that last wrote it may stay (cleanup is
@@ -187,44 +188,56 @@ def test_a_delta_holds_what_changed_and_reuses_the_rest(make_manager, tmp_path, 
     catalog.close()
 
 
+def _weighs(handle: ChangelogHandle) -> tuple[int, int]:
+    """The bytes of a changelog's key-group sections: in its chains' bases, in their deltas."""
+    lengths = [[sum(s.length for s in h.offsets.sections) for h in chain.streams()] for chain in handle.chains]
+    return sum(first for first, *_rest in lengths), sum(sum(rest) for _first, *rest in lengths)
+
+
 @pytest.mark.parametrize("weight", [1.0, 2.0])
-def test_a_new_base_when_most_keys_changed_or_the_deltas_outweigh_it(
+def test_deltas_stay_within_their_weight_a_slice_rewritten_at_a_time(
     make_manager, tmp_path, clock, monkeypatch, weight
 ):
-    """A base when 60% of the keys changed; deltas of 30% each until they weigh ``weight`` times
-    their base (STATEHOUSE_HEAP_CHANGELOG_DELTA_WEIGHT); a base after MAX_DELTAS deltas."""
+    """A base when 60% of the keys changed. Then deltas of 30% each: none rewritten until they would
+    weigh more than ``weight`` times their base (STATEHOUSE_HEAP_CHANGELOG_DELTA_WEIGHT), then a
+    slice of key groups rewritten whole beside a delta, never the whole state at once; and a
+    chain of MAX_DELTAS deltas rewritten."""
     storage = open_storage(str(tmp_path / "cp"))
     catalog, job = _job(clock, HeapStore(delta_weight=weight))
     manager = make_manager(catalog, storage, compression="none")
-    chains: list[ChangelogHandle] = []
+    handles: list[ChangelogHandle] = []
 
     def checkpoint(keys: range, value: str) -> None:
         with job.transaction() as tx:
             for i in keys:
                 tx.value("v").update(f"key-{i}", value)
-        checkpoint_id = len(chains) + 1
+        checkpoint_id = len(handles) + 1
         _checkpoint(manager, checkpoint_id)
-        chains.append(_keyed(manager, checkpoint_id))
+        handles.append(_keyed(manager, checkpoint_id))
 
     checkpoint(range(1_000), "a")
     checkpoint(range(600), "b")  # 60% of the keys: a base again
-    assert not chains[1].deltas and chains[1].base != chains[0].base
-    for n in range(int(7 * weight)):  # 30% each: deltas until they weigh `weight` times the base
-        checkpoint(range(300), f"c{n}")
-    lengths = [len(c.deltas) for c in chains[1:]]
-    assert 0 in lengths[2:], lengths  # a few deltas of 30% outweigh the base
-    assert max(lengths) > 3 * weight - 1, lengths
-    for before, after in itertools.pairwise(chains[1:]):
-        deltas = sum(d.stream.size for d in before.deltas)
-        new_base = deltas >= weight * before.base.stream.size
-        assert len(after.deltas) == (0 if new_base else len(before.deltas) + 1), lengths
+    assert len(handles[1].chains) == 1 and not handles[1].chains[0].deltas
+    assert handles[1].chains[0].base != handles[0].chains[0].base
+    for n in range(int(12 * weight)):
+        checkpoint(range(300), f"c{n:02}")  # 30% each
+    rewritten = []  # per checkpoint: the key groups it wrote whole
+    for handle in handles[2:]:
+        own = next(chain.deltas[-1].stream for chain in handle.chains if chain.deltas)
+        rewritten.append(sum(len(c.key_group_range) for c in handle.chains if c.base.stream == own))
+    first = next(i for i, n in enumerate(rewritten) if n)
+    assert first == int(weight / 0.3), rewritten  # the deltas that fit within `weight` bases: none rewritten
+    for handle in handles[2:]:
+        bases, deltas = _weighs(handle)
+        assert deltas <= weight * bases * 1.05, (bases, deltas)
+        assert any(chain.deltas for chain in handle.chains), "the whole state rewritten at once"
+    assert len({chain.base.stream for handle in handles for chain in handle.chains}) > 4
 
     monkeypatch.setattr(heap_snapshot, "MAX_DELTAS", 2)
     checkpoint(range(1_000), "d")
-    checkpoint(range(10), "e")
-    checkpoint(range(10), "f")
-    checkpoint(range(10), "g")
-    assert [len(c.deltas) for c in chains[-4:]] == [0, 1, 2, 0]
+    for value in "efg":
+        checkpoint(range(10), value)
+    assert [[len(c.deltas) for c in h.chains] for h in handles[-4:]] == [[0], [1], [2], [0]]
     catalog.close()
 
 
