@@ -120,15 +120,15 @@ class Settings(BaseSettings):
         default=DELTA_WEIGHT,
         gt=0,
         le=16,
-        description="heap backend: a checkpoint writes a new full base once the deltas since the last one weigh this "
-        "many times the base; a restore reads at most 1 + this times the state's bytes, and a larger weight writes "
-        "bases less often",
+        description="heap backend: the most a changelog's deltas may weigh, as a multiple of their bases; a checkpoint "
+        "that would pass it rewrites the heaviest slices of key groups whole. A restore reads at most 1 + this times "
+        "the state's bytes; a larger weight rewrites less often",
     )
     heap_background_bases: bool = Field(
         default=False,
-        description="heap backend: once a checkpoint's deltas weigh half of what makes a base, a forked child writes "
-        "the new base from the fork's memory while the replica goes on, instead of a checkpoint writing it inline "
-        "later (a long micro-batch at a large state); needs room for a second copy of the replica's memory while it "
+        description="heap backend: once a checkpoint's deltas weigh half of their bound, a forked child writes "
+        "a new base from the fork's memory while the replica goes on, instead of checkpoints rewriting slices of it "
+        "inline later; needs room for a second copy of the replica's memory while it "
         "writes, and is skipped where the memory limit leaves none",
     )
     batch_lease_s: float = Field(
