@@ -10,7 +10,8 @@ would be as large, and reading it back twice as slow). Otherwise the deltas are 
 weight of their bases (so a restore reads at most about twice the state) a slice at a time: a
 checkpoint whose deltas would outweigh their bases writes whole, beside its delta, the slices of
 key groups whose deltas weigh most against their bases, as many as bring the weight back under.
-No micro-batch pays for a whole new base; each rewrites an eighth of the state now and then.
+A micro-batch's checkpoint rewrites a slice or two (an eighth of the state each) now and then,
+the whole state only when every slice is due at once.
 Savepoints stay in the canonical full format, self-contained.
 
 A changelog is one chain of base and deltas per run of key groups. After a live rescale, the key
@@ -333,7 +334,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
                     held = _outside(kept, whole)
                     rewritten = whole | rebased(held, job.key_group_range, counts, state_keys, self.delta_weight)
                     if len(rewritten) == len(job.key_group_range):
-                        changed, reason = None, f"every chain's deltas weigh {self.delta_weight:g}x its base or more"
+                        changed, reason = None, "every slice of key groups is due to be rewritten"
             if changed is None:
                 log.debug("checkpoint %d of job %s writes a base: %s", ctx.checkpoint_id, ctx.job, reason)
             path = f"{shared_dir(ctx.job)}/{uuid.uuid4().hex}-heap-{'delta' if changed is not None else 'base'}"
