@@ -5,26 +5,31 @@ A heap job of ``--keys`` keys (a value state, 100-byte values) takes a checkpoin
 writes, through the columnar path). For each format (``STATEHOUSE_INCREMENTAL_CHECKPOINTS``
 on: a changelog; off: the full format): the CPU of the process per checkpoint (every thread:
 the freeze, the write, the upload to a local directory), the bytes written, and a restore of the
-last checkpoint into a fresh heap replica (CPU and bytes read), which a changelog pays for by
+last checkpoint into a fresh heap replica (CPU, bytes read and read requests), which a changelog pays for by
 reading its base and deltas.
 
     .venv/bin/python -m bench.heap_changelog --keys 1000000 --checkpoints 8 --changed 0.05
+
+``--s3``: the checkpoints in SeaweedFS S3 (started here) instead of a local directory, where each
+read request pays a round trip.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import shutil
 import tempfile
 import time
 from typing import Any
 
-from bench.common import Summary, print_header, table, write_json
+from bench.common import Summary, print_header, s3_settings, table, write_json
 from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.checkpointing.manager import CheckpointManager
 from statehouse.backends.heap.store import HeapStore
-from statehouse.snapshots.storage import open_storage
+from statehouse.snapshots.storage import CheckpointStorage, open_storage
 from statehouse.snapshots.stored.descriptors import StateDescriptor
 
 JOB = "changelog"
@@ -39,10 +44,17 @@ def _write(job: Any, keys: list[str], rng: random.Random) -> None:
             state.update_many(state.locate_many(chunk, [""] * len(chunk)), [rng.randbytes(50).hex() for _ in chunk])
 
 
-def measure(incremental: bool, cfg: argparse.Namespace, seed: int) -> dict[str, Any]:
+def _storage(workdir: str, s3: dict[str, str] | None) -> CheckpointStorage:
+    if s3 is None:
+        return open_storage(f"{workdir}/checkpoints")
+    location = f"{s3['STATEHOUSE_CHECKPOINT_DIR']}/{os.path.basename(workdir)}"
+    return open_storage(location, s3_endpoint_url=s3["STATEHOUSE_S3_ENDPOINT_URL"])
+
+
+def measure(incremental: bool, cfg: argparse.Namespace, seed: int, s3: dict[str, str] | None) -> dict[str, Any]:
     rng = random.Random(seed)
     workdir = tempfile.mkdtemp(prefix="bench-changelog-")
-    storage = open_storage(f"{workdir}/checkpoints")
+    storage = _storage(workdir, s3)
     catalog = JobCatalog(HeapStore(incremental_checkpoints=incremental))
     manager = CheckpointManager(catalog, storage, num_retained=2)
     try:
@@ -64,9 +76,10 @@ def measure(incremental: bool, cfg: argparse.Namespace, seed: int) -> dict[str, 
         last = cfg.checkpoints + 1
         fresh = JobCatalog(HeapStore(incremental_checkpoints=incremental))
         restorer = CheckpointManager(fresh, storage)
-        started, wall = time.process_time(), time.perf_counter()
+        started, wall, reads = time.process_time(), time.perf_counter(), storage.reads
         restored = restorer.restore(JOB, last)
         restore_cpu, restore_wall = time.process_time() - started, time.perf_counter() - wall
+        reads = storage.reads - reads
         restorer.close()
         fresh.close()
         return {
@@ -75,6 +88,7 @@ def measure(incremental: bool, cfg: argparse.Namespace, seed: int) -> dict[str, 
             "restore_s_cpu": restore_cpu,
             "restore_s_wall": restore_wall,
             "restore_bytes_read": restored.bytes_read,
+            "restore_reads": reads,
         }
     finally:
         manager.close()
@@ -88,6 +102,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--checkpoints", type=int, default=8, help="checkpoints after the first, each after a batch")
     p.add_argument("--changed", type=float, default=0.05, help="fraction of keys a batch rewrites")
+    p.add_argument("--s3", action="store_true", help="checkpoints in SeaweedFS S3 started here")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: changelog, full")
     p.add_argument("--json")
     return p.parse_args(argv)
 
@@ -96,20 +112,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parse(argv)
     print_header("Heap checkpoints: a changelog against full snapshots (in process)")
     results = []
-    for name, incremental in FORMATS.items():
-        runs = [measure(incremental, cfg, seed) for seed in range(cfg.runs)]
-        results.append(
-            {
-                "format": name,
-                "checkpoint_ms_cpu": Summary([ms for r in runs for ms in r["checkpoint_ms_cpu"]]),
-                "checkpoint_mb": Summary([b / 1e6 for r in runs for b in r["checkpoint_bytes"]]),
-                "restore_s_cpu": Summary([r["restore_s_cpu"] for r in runs]),
-                "restore_s_wall": Summary([r["restore_s_wall"] for r in runs]),
-                "restore_mb_read": Summary([r["restore_bytes_read"] / 1e6 for r in runs]),
-            }
-        )
+    with contextlib.ExitStack() as stack:
+        s3 = None
+        if cfg.s3:
+            s3 = s3_settings(stack, None, "changelog")
+            os.environ.update({k: v for k, v in s3.items() if k.startswith("AWS_")})
+        for name in cfg.formats.split(","):
+            runs = [measure(FORMATS[name], cfg, seed, s3) for seed in range(cfg.runs)]
+            results.append(
+                {
+                    "format": name,
+                    "checkpoint_ms_cpu": Summary([ms for r in runs for ms in r["checkpoint_ms_cpu"]]),
+                    "checkpoint_mb": Summary([b / 1e6 for r in runs for b in r["checkpoint_bytes"]]),
+                    "restore_s_cpu": Summary([r["restore_s_cpu"] for r in runs]),
+                    "restore_s_wall": Summary([r["restore_s_wall"] for r in runs]),
+                    "restore_mb_read": Summary([r["restore_bytes_read"] / 1e6 for r in runs]),
+                    "restore_reads": Summary([r["restore_reads"] for r in runs]),
+                }
+            )
     headers = ["format", "keys", "changed per checkpoint", "checkpoint ms CPU", "checkpoint MB"]
-    headers += ["restore s CPU", "restore s wall", "restore MB read"]
+    headers += ["restore s CPU", "restore s wall", "restore MB read", "restore reads"]
     rows = [
         [
             r["format"],
@@ -120,6 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["restore_s_cpu"].fmt(digits=2),
             r["restore_s_wall"].fmt(digits=2),
             r["restore_mb_read"].fmt(digits=1),
+            r["restore_reads"].fmt(digits=0),
         ]
         for r in results
     ]

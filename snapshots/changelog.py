@@ -17,8 +17,8 @@ from typing import Any
 
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
-from statehouse.snapshots.full_format import FetchedKeyGroups, SnapshotHeader, fetch_key_groups
-from statehouse.snapshots.handles import ChangelogHandle
+from statehouse.snapshots.full_format import FetchedKeyGroups, SnapshotHeader, fetch_restrictions
+from statehouse.snapshots.handles import ChangelogHandle, KeyGroupSection, StreamHandle
 from statehouse.snapshots.storage.base import CheckpointStorage
 
 RESET_RECORD_LENGTH = 2  # [table id, primary]: what follows replaces the key's content
@@ -125,7 +125,14 @@ def fetch_changelog(storage: CheckpointStorage, handle: ChangelogHandle, wanted:
     if not chains:
         chains = [handle.chains[0]]  # nothing wanted: the header alone
     streams = [h for chain in chains for h in chain.streams()]
-    fetched = storage.transfer(lambda h: fetch_key_groups(storage, h, wanted), streams)
+    # A file several chains name (a delta written after their bases) is read once for them all.
+    shared: dict[tuple[StreamHandle, KeyGroupSection], list[int]] = {}
+    for i, h in enumerate(streams):
+        shared.setdefault((h.stream, h.header), []).append(i)
+    files = list(shared.values())
+    by_file = storage.transfer(lambda f: fetch_restrictions(storage, [streams[i] for i in f], wanted), files)
+    placed = {i: part for f, parts in zip(files, by_file, strict=True) for i, part in zip(f, parts, strict=True)}
+    fetched = [placed[i] for i in range(len(streams))]
     read: list[FetchedChangelog] = []
     for chain in chains:
         base, deltas, fetched = fetched[0], fetched[1 : len(chain.streams())], fetched[len(chain.streams()) :]

@@ -14,13 +14,14 @@ A stream is::
                        byte order (table id = index in the header's table list)
 
 The handle records the header's and every section's offset, length and SHA-256 (Flink's
-``KeyGroupRangeOffsets``), so a restore of a sub-range reads the header plus one contiguous
-byte range and verifies exactly what it read. Stored bytes are backend-independent, so any
-backend restores any full snapshot.
+``KeyGroupRangeOffsets``), so a restore of a sub-range reads the header and one contiguous
+byte range (one read when they are close) and verifies exactly what it read. Stored bytes are
+backend-independent, so any backend restores any full snapshot.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import struct
 from collections.abc import Iterator, Sequence
@@ -32,7 +33,7 @@ import msgpack
 from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.compression import codec_by_id
 from statehouse.snapshots.errors import SnapshotCorrupt
-from statehouse.snapshots.handles import KeyGroupsHandle
+from statehouse.snapshots.handles import KeyGroupRangeOffsets, KeyGroupsHandle
 from statehouse.snapshots.storage.base import CheckpointStorage, check_bytes
 from statehouse.snapshots.stored.record_columns import bulk_decoding
 
@@ -151,29 +152,58 @@ class FetchedKeyGroups:
 
 
 def fetch_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, wanted: KeyGroupRange) -> FetchedKeyGroups:
-    """Read and verify the header and the sections of ``wanted`` ∩ the handle's range.
+    """Read and verify the header and the sections of ``wanted`` ∩ the handle's range."""
+    return fetch_restrictions(storage, [handle], wanted)[0]
 
-    The whole file is read (and its SHA-256 checked) only when every key group of the file is
-    wanted; otherwise the header and one contiguous ranged read cover exactly the needed sections.
+
+def _section_regions(path: str, part: KeyGroupRangeOffsets) -> list[tuple[int, int, str, str]]:
+    return [
+        (s.offset, s.length, s.sha256, f"{path} key group {kg}")
+        for kg, s in zip(part.key_group_range, part.sections, strict=True)
+    ]
+
+
+def fetch_restrictions(
+    storage: CheckpointStorage, handles: Sequence[KeyGroupsHandle], wanted: KeyGroupRange
+) -> list[FetchedKeyGroups]:
+    """:func:`fetch_key_groups` for each of ``handles``: restrictions of one stream (one header)
+    to key groups of their own, as the chains of a changelog name a shared file, read together.
+
+    The header and the wanted sections are regions of the file read in as few ranged reads as
+    waste at most half of what they fetch: a gap between two regions is read with them when it
+    is no larger than what the read holds before it (a request costs more than a few bytes). A
+    read that spans the whole file is checked against the file's SHA-256; otherwise the header
+    and each section against their own.
     """
-    part = handle.offsets.intersection(wanted)
-    if part is not None and part.key_group_range == handle.key_group_range and handle.whole_stream():
-        data = storage.read_verified(handle.stream)
-        header_block = data[: handle.header.length]
-        chunks = [
-            (kg, data[s.offset : s.offset + s.length])
-            for kg, s in zip(part.key_group_range, part.sections, strict=True)
-        ]
-        return FetchedKeyGroups(parse_header(header_block), chunks)
-    header_block = storage.read_range_verified(handle.stream, 0, handle.header.length, handle.header.sha256)
-    header = parse_header(header_block)
-    if part is None:
-        return FetchedKeyGroups(header, [])
-    first, last = part.sections[0], part.sections[-1]
-    span = storage.read_existing(handle.stream, first.offset, last.offset + last.length - first.offset)
-    chunks = []
-    for kg, section in zip(part.key_group_range, part.sections, strict=True):
-        chunk = span[section.offset - first.offset : section.offset - first.offset + section.length]
-        check_bytes(f"{handle.stream.path} key group {kg}", chunk, section.length, section.sha256)
-        chunks.append((kg, chunk))
-    return FetchedKeyGroups(header, chunks)
+    stream, header_block = handles[0].stream, handles[0].header
+    if any(h.stream != stream or h.header != header_block for h in handles):
+        raise ValueError("restrictions of different streams or headers")
+    parts = [h.offsets.intersection(wanted) for h in handles]
+    # (offset, length, sha256, what) of the header, then of each wanted section, by part
+    header_region = (header_block.offset, header_block.length, header_block.sha256, stream.path)
+    wanted_regions = [_section_regions(stream.path, p) if p is not None else [] for p in parts]
+    spans: list[list[int]] = []  # [start, end] of each read, in file order
+    for start, length, _sha, _what in sorted([header_region, *(r for rs in wanted_regions for r in rs)]):
+        if spans and start - spans[-1][1] <= spans[-1][1] - spans[-1][0]:
+            spans[-1][1] = max(spans[-1][1], start + length)
+        else:
+            spans.append([start, start + length])
+    whole = spans == [[0, stream.size]]
+    if whole:
+        reads = [(0, storage.read_verified(stream))]
+    else:
+        reads = [(start, storage.read_existing(stream, start, end - start)) for start, end in spans]
+    starts = [start for start, _data in reads]
+
+    def region(offset: int, length: int, sha256: str, what: str) -> bytes:
+        start, data = reads[bisect.bisect_right(starts, offset) - 1]
+        chunk = data[offset - start : offset - start + length]
+        if not whole:  # else the file's own checksum covered it
+            check_bytes(what, chunk, length, sha256)
+        return chunk
+
+    header = parse_header(region(*header_region))
+    return [
+        FetchedKeyGroups(header, [(kg, region(*r)) for kg, r in zip(p.key_group_range, rs, strict=True)] if p else [])
+        for p, rs in zip(parts, wanted_regions, strict=True)
+    ]

@@ -86,10 +86,14 @@ class CheckpointStorage(ABC):
         self._counter_lock = threading.Lock()
         self.bytes_read = 0  # counters for metrics and tests
         self.bytes_written = 0
+        self.reads = 0  # files or ranges of them read (GET requests on S3)
 
-    def _count(self, read: int = 0, written: int = 0) -> None:
+    def _count(self, read: int | None = None, written: int = 0) -> None:
+        """Count a read of ``read`` bytes (one request) or ``written`` bytes written."""
         with self._counter_lock:
-            self.bytes_read += read
+            if read is not None:
+                self.bytes_read += read
+                self.reads += 1
             self.bytes_written += written
 
     # -- primitives each storage implements ------------------------------------------------

@@ -14,6 +14,7 @@ from statehouse.backends.catalog import JobCatalog
 from statehouse.backends.heap import snapshot as heap_snapshot
 from statehouse.backends.heap.store import HeapStore
 from statehouse.backends.rocksdb.store import RocksDBStore
+from statehouse.protocol.keygroups import KeyGroupRange
 from statehouse.snapshots.errors import SnapshotCorrupt
 from statehouse.snapshots.handles import ChangelogHandle
 from statehouse.snapshots.storage import open_storage
@@ -238,6 +239,52 @@ def test_deltas_stay_within_their_weight_a_slice_rewritten_at_a_time(
     for value in "efg":
         checkpoint(range(10), value)
     assert [[len(c.deltas) for c in h.chains] for h in handles[-4:]] == [[0], [1], [2], [0]]
+    catalog.close()
+
+
+def test_a_restore_reads_each_file_of_its_chains_once(make_manager, tmp_path, clock):
+    """Slices rewritten in turn leave chains that name the same delta files, each for its own key
+    groups: a restore (whole, or a replica's half) reads each file in one or two ranged requests
+    for all of them, fetching at most twice the bytes of what it needs, and restores the state."""
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock, HeapStore(delta_weight=1.0))
+    manager = make_manager(catalog, storage, compression="none")
+    for n in range(12):
+        with job.transaction() as tx:
+            for i in range(1_000 if n == 0 else 300):
+                tx.value("v").update(f"key-{(i * 7 + n) % 1_000}", f"v{n}")
+        _checkpoint(manager, n + 1)
+    handle = _keyed(manager, 12)
+    assert len(handle.chains) > 2 and len({c.base.stream for c in handle.chains}) > 2
+    expected = dump(job)
+    read: list[tuple[str, int]] = []
+    plain = storage.read
+
+    def counted(path: str, offset: int = 0, length: int | None = None) -> bytes:
+        data = plain(path, offset, length)
+        read.append((path.rsplit("/", 1)[-1], len(data)))
+        return data
+
+    storage.read = counted  # type: ignore[method-assign]
+    restored: dict = {}
+    for index, count in [(0, 1), (0, 2), (1, 2)]:
+        read.clear()
+        fresh = JobCatalog(HeapStore(), replica_index=index, replica_count=count, clock=clock)
+        make_manager(fresh, storage).restore("orders", 12)
+        if count == 2:
+            restored.update(dump(fresh.get("orders")))
+        else:
+            assert dump(fresh.get("orders")) == expected
+        fresh.close()
+        wanted = KeyGroupRange.for_operator(P, count, index)
+        used = [h for c in handle.chains if (r := c.restricted(wanted)) for h in r.streams()]
+        streams = {h.stream.path.rsplit("/", 1)[-1] for h in used}
+        needed = sum(h.header.length + sum(s.length for s in h.offsets.sections) for h in used)
+        by_file = [path for path, _n in read if path in streams]
+        assert all(by_file.count(path) <= 2 for path in streams), sorted(by_file)
+        assert len(by_file) < sum(len(c.streams()) for c in handle.chains), "a file read once per chain"
+        assert sum(n for path, n in read if path in streams) <= 2 * needed
+    assert restored == expected
     catalog.close()
 
 

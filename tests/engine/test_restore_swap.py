@@ -114,7 +114,7 @@ def test_a_failing_step_leaves_the_live_job_as_it_was(setup, monkeypatch, step):
         )  # the full-format reader is unused
         monkeypatch.setattr(*target)
     if step == "fetch" and manager.get("orders", 1).format == "changelog":  # its base and deltas, each
-        monkeypatch.setattr("statehouse.snapshots.changelog.fetch_key_groups", fail)
+        monkeypatch.setattr("statehouse.snapshots.changelog.fetch_restrictions", fail)
     with pytest.raises((OSError, SnapshotCorrupt)):
         manager.restore("orders", 1)
     assert catalog.get("orders") is live
