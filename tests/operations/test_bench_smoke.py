@@ -21,6 +21,7 @@ from bench import (
     checkpoint_writes,
     columnar,
     heap_changelog,
+    heap_lookup,
     http_server,
     latency,
     map_paging,
@@ -150,6 +151,13 @@ def test_heap_changelog():
     assert set(by_format) == {"changelog", "full"}
     # a delta of 5% of the keys writes less than the whole state does
     assert by_format["changelog"]["checkpoint_mb"]["max"] < by_format["full"]["checkpoint_mb"]["min"]
+    assert all(r["restore_reads"]["min"] > 0 for r in out["results"])
+
+
+@pytest.mark.long
+def test_heap_lookup():
+    out = heap_lookup.main(["--keys", "5000", "--requests", "5", "--rounds", "1"])  # checks every way's answers
+    assert set(out["results"]) == {"dicts", "sorted hashes", "hash index"}
 
 
 @pytest.mark.long
