@@ -50,10 +50,11 @@ def test_ranged_reads_and_multipart(s3_server, s3_location):
             out.write(big[i : i + (1 << 20)])
         handle = out.close_and_get_handle()
     assert handle.size == len(big)
-    before = storage.bytes_read
+    before, requests = storage.bytes_read, storage.reads
     assert storage.read("x/big.bin", 1000, 10) == big[1000:1010]
     assert storage.bytes_read - before == 10
     assert storage.read_verified(handle) == big
+    assert storage.reads - requests == 2  # one request each (what a restore's read count counts)
     assert storage.list("x") == ["x/big.bin"] and storage.exists("x/big.bin")
     storage.delete(["x/big.bin"])
     assert storage.list("x") == []
