@@ -120,13 +120,6 @@ class KeyGroupsHandle:
         """The handle with its stream's path made relative to ``base``."""
         return replace(self, stream=self.stream.relative_to(base))
 
-    def whole_stream(self) -> bool:
-        """Whether its sections are all of its stream's after the header (not a restriction)."""
-        if not self.offsets.sections:
-            return True
-        first, last = self.offsets.sections[0], self.offsets.sections[-1]
-        return first.offset == self.header.length and last.offset + last.length == self.stream.size
-
     def restricted(self, key_groups: KeyGroupRange) -> KeyGroupsHandle | None:
         """The same stream's sections of the key groups of ``key_groups`` it has (None: none)."""
         offsets = self.offsets.intersection(key_groups)

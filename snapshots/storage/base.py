@@ -197,12 +197,6 @@ class CheckpointStorage(ABC):
         except FileNotFoundError:
             raise SnapshotCorrupt(f"snapshot file {handle.path!r} is missing from {self.location}") from None
 
-    def read_range_verified(self, handle: StreamHandle, offset: int, length: int, sha256: str) -> bytes:
-        """A section of a file that carries its own checksum (e.g. one key group)."""
-        data = self.read_existing(handle, offset, length)
-        check_bytes(f"{handle.path}@{offset}", data, length, sha256)
-        return data
-
     def sweep_abandoned(self) -> int:
         """Clean up what failed or killed uploads left invisible in storage (S3: in-progress
         multipart uploads, billed until aborted); the number cleaned. Local and memory storage
