@@ -70,7 +70,8 @@ v2 paths and ``applyInPandasWithState``). ``nostate`` keeps none.
 Each round runs every path once, the order reversed every other round; ratios are taken per
 round, then their median. ``--prefill``: a state that has run for weeks; before each query every
 user of the workload is stored (a zero total and count, through the columnar door or Redis's
-``MSET``; not timed), so that events spread over, say, 10,000,000 users read stored keys. Each run
+``MSET``; not timed), so that events spread over, say, 10,000,000 users read stored keys; the
+query starts once the servers are idle (RocksDB's flushes and compactions of the fill ended). Each run
 also reports the server's resident memory and the replicas' data on disk.
 
     .venv/bin/python -m bench.spark_columnar --runs 3 --users 10000   # every path, ~15 min
@@ -597,6 +598,21 @@ def check_values(path: str, expected: pd.DataFrame, totals: Any, counts: Any) ->
 
 
 PREFILL_CHUNK = 250_000  # users stored per request (per state) by --prefill
+SETTLE_IDLE = 0.05  # a server that used less than this share of a core over SETTLE_WINDOW s is idle
+SETTLE_WINDOW = 2.0
+SETTLE_MOST = 600.0  # seconds the settle waits at most
+
+
+def settle(pids: set[int]) -> float:
+    """Wait until the servers ``pids`` are idle (RocksDB's flushes and compactions of the prefill
+    ended), so that the query's time and CPU are its own; seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < SETTLE_MOST:
+        before = sum(process_cpu_ns(p) for p in pids)
+        time.sleep(SETTLE_WINDOW)
+        if sum(process_cpu_ns(p) for p in pids) - before < SETTLE_IDLE * SETTLE_WINDOW * 1e9:
+            break
+    return time.perf_counter() - started
 
 
 def prefill(path: str, job: str, users: int, config: ClientConfig, redis: dict[str, RedisServer]) -> float:
@@ -696,6 +712,7 @@ def measure(
     redis_pids = {server.process.pid for server in redis.values()}
     # The path's own server: its CPU is the "server" column; every server is kept out of Spark's.
     pids = statehouse_pids if path in STATEHOUSE_PATHS else {redis[path].process.pid} if path in REDIS_PATHS else set()
+    settled_s = settle(pids) if prefill_users else 0.0
     urls = [server.url for server in servers]
     checkpoint = workdir / f"chk-{job}"
     requests_before = sum(requests_served(u) for u in urls)
@@ -730,6 +747,7 @@ def measure(
         "spark_cpu_s": spark_cpu.seconds(),
         "requests": requests,
         "prefill_s": prefill_s,
+        "settled_s": settled_s,
         **footprint,
     }
 
@@ -859,7 +877,8 @@ def main(argv: list[str] | None = None, spark: Any = None) -> dict[str, Any]:
                                 + ", ".join(f"{k} {v:.2f} s" for k, v in run["spark_cpu_s"].items())
                                 + f", {run['requests'] / run['micro_batches']:.0f} requests/micro-batch"
                                 + f", server RSS {run['server_rss_mb']:,.0f} MB, disk {run['server_disk_mb']:,.0f} MB"
-                                + (f", prefilled in {run['prefill_s']:.0f} s" if cfg.prefill else ""),
+                                + (f", prefilled in {run['prefill_s']:.0f} s" if cfg.prefill else "")
+                                + (f", settled in {run['settled_s']:.0f} s" if cfg.prefill else ""),
                                 flush=True,
                             )
             finally:

@@ -252,3 +252,14 @@ def test_spark_source(spark):
 def test_spark_columnar_redis(spark):
     runs = _spark_columnar_quick(spark, ["redis", "redis-pipelined", "redis-aof"])
     assert all(runs[path][0]["server_cpu_s"] > 0 for path in runs)  # redis-server's own CPU
+
+
+@needs_redis
+@pytest.mark.long
+def test_spark_columnar_prefilled(spark):
+    """``--prefill``: every user stored first (Statehouse and Redis), the query started once the
+    servers are idle; the script checks each path's sums and counts over the prefilled state."""
+    out = spark_columnar.main(["--quick", "--prefill", "--paths", "columnar,redis-pipelined"], spark=spark)
+    for path, (run,) in out["runs"][100].items():
+        assert run["rows"] == 1000 and run["prefill_s"] > 0, path
+        assert 0 < run["settled_s"] < spark_columnar.SETTLE_MOST, path
