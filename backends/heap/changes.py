@@ -2,8 +2,10 @@
 
 A heap checkpoint as a changelog (``statehouse.backends.heap.snapshot``) writes only the keys
 that changed since the last *completed* checkpoint. The partition notes the key of every write
-here; each checkpoint's freeze *cuts* the log (under the job's lock, so every write is either
-before the cut and in the frozen view, or after it and in the next segment). A checkpoint that
+here, and a flat table's write its values too (the delta then takes a key's last value from
+the log, not from the frozen dicts: cache misses at millions of keys); each checkpoint's freeze
+*cuts* the log (under the job's lock, so every write is either before the cut and in the frozen
+view, or after it and in the next segment). A checkpoint that
 builds on checkpoint P takes every segment cut after P's: a failed or aborted checkpoint in
 between costs nothing, its keys are in the next delta. Noting more than changed is harmless
 (a delta carries each key's current content); noting less would lose a write, so a change the
@@ -17,29 +19,56 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 
 from statehouse.backends.base.partition import FlatChanges, RowChanges, WriteOp
 from statehouse.backends.reserved import META_TABLE
 
 log = logging.getLogger(__name__)
 
+_KEY_GROUP = itemgetter(0)  # of a (key group, primary) key
+
 # Past this many rows noted in all segments not yet built on, the log is lost and the next
 # checkpoint writes a base: checkpoints failing for long (or taken no more) must not let memory
 # grow unbounded. A row kept costs a reference, or a key tuple kept alive: ~100 bytes at most.
 MAX_NOTED_ROWS = 2_000_000
+# The values a write left are kept while those kept in all segments weigh less than this (a value
+# a later write replaced stays alive for the log alone); past it, writes note their keys only.
+MAX_NOTED_VALUE_BYTES = 256 << 20
 
 Keys = tuple[Sequence[bytes], Sequence[int]] | list[tuple[int, bytes]]
 """One write's keys of a table: a columnar write's primaries and key groups (its own sequences,
 not copied), or a dict's ``(key group, primary)`` keys."""
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One write's keys of a table, and where it kept them the values it left (``None`` for a
+    key it deleted) and their bytes; ``values`` None: read them from the frozen view."""
+
+    keys: Keys
+    values: Sequence[bytes | None] | None = None
+    value_bytes: int = 0
+
+
 @dataclass
 class Segment:
-    """What was written between two cuts: per table, the keys of each write (repeats and all:
-    merged when read), and the key groups replaced whole (dropped, or bulk-loaded)."""
+    """What was written between two cuts: per table, each write (repeats and all: merged when
+    read), and the key groups replaced whole (dropped, or bulk-loaded)."""
 
-    keys: dict[str, list[Keys]] = field(default_factory=dict)
+    keys: dict[str, list[Written]] = field(default_factory=dict)
     whole: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Changed:
+    """The keys of several segments together, per table: each ``(key group, primary)`` once with
+    the last value the log kept of it, and the key groups where a write kept no values (the
+    frozen view holds theirs)."""
+
+    values: dict[str, dict[tuple[int, bytes], bytes | None]]
+    unread: dict[str, set[int]]
 
 
 Cut = tuple[int, int]
@@ -66,6 +95,7 @@ class ChangeLog:
         self._cuts: set[Cut] = set()  # the cuts since the log was last lost
         self._pinned: Cut | None = None
         self._noted = 0  # rows in the segments and the current one, repeats counted
+        self._value_bytes = 0  # the bytes of the values they keep
         self.lost_reason: str | None = None
 
     def note_flat(self, flat: Mapping[str, FlatChanges]) -> None:
@@ -78,10 +108,17 @@ class ChangeLog:
             noted = keys.get(table)
             if noted is None:
                 noted = keys[table] = []
-            written: Keys = (
-                (changes.primaries, changes.key_groups) if isinstance(changes, RowChanges) else list(changes)
-            )
-            noted.append(written)
+            if isinstance(changes, RowChanges):
+                written: Keys = (changes.primaries, changes.key_groups)
+                values: Sequence[bytes | None] = changes.records
+            else:
+                written, values = list(changes), list(changes.values())
+            size = sum(map(len, filter(None, values)))  # C loops: ~20 ns a row
+            if self._value_bytes + size <= MAX_NOTED_VALUE_BYTES:
+                self._value_bytes += size
+                noted.append(Written(written, values, size))
+            else:
+                noted.append(Written(written))
             self._count(_rows(written))
 
     def note_ops(self, ops: Sequence[WriteOp]) -> None:
@@ -90,7 +127,7 @@ class ChangeLog:
         keys = self._current.keys
         for op in ops:
             if op.table != META_TABLE:
-                keys.setdefault(op.table, []).append([(op.key_group, op.primary)])
+                keys.setdefault(op.table, []).append(Written([(op.key_group, op.primary)]))
         self._count(len(ops))
 
     def note_whole(self, key_groups: Iterable[int]) -> None:
@@ -111,6 +148,7 @@ class ChangeLog:
             log.info("heap changelog lost (%s): the next checkpoint writes a full base", reason)
         self.lost_reason = reason
         self._current, self._segments, self._cuts, self._noted = Segment(), [], set(), 0
+        self._value_bytes = 0
         self._pinned = None
 
     def cut(self, checkpoint_id: int) -> None:
@@ -146,7 +184,9 @@ class ChangeLog:
         kept = cut if self._pinned is None else min(cut, self._pinned)
         self._segments = [(c, segment) for c, segment in self._segments if c > kept]
         self._cuts = {c for c in self._cuts if c >= kept}
-        self._noted = noted_rows([*(segment for _c, segment in self._segments), self._current])
+        kept_segments = [*(segment for _c, segment in self._segments), self._current]
+        self._noted = noted_rows(kept_segments)
+        self._value_bytes = sum(w.value_bytes for seg in kept_segments for ws in seg.keys.values() for w in ws)
         return [segment for c, segment in self._segments if c > cut]
 
 
@@ -156,7 +196,7 @@ def _rows(keys: Keys) -> int:
 
 def noted_rows(segments: list[Segment]) -> int:
     """The rows written in ``segments``, repeats counted (no merge)."""
-    return sum(_rows(keys) for segment in segments for writes in segment.keys.values() for keys in writes)
+    return sum(_rows(w.keys) for segment in segments for writes in segment.keys.values() for w in writes)
 
 
 def replaced_whole(segments: list[Segment]) -> set[int]:
@@ -164,32 +204,41 @@ def replaced_whole(segments: list[Segment]) -> set[int]:
     return set().union(*(segment.whole for segment in segments))
 
 
-def union(segments: list[Segment], most: int) -> dict[str, set[tuple[int, bytes]]] | None:
+def union(segments: list[Segment], most: int) -> Changed | None:
     """The keys of ``segments`` together, per table each ``(key group, primary)`` once (a primary
     alone does not name its key group: raw keyed state has one stream per key group, all under one
-    primary); None once they are ``most`` or more (then a base is cheaper: the rest is not merged)."""
-    keys: dict[str, set[tuple[int, bytes]]] = {}
+    primary) with its last kept value; None once they are ``most`` or more (then a base is
+    cheaper: the rest is not merged)."""
+    found = Changed({}, {})
     count = 0
     for segment in segments:
         for table, writes in segment.keys.items():
-            noted = keys.setdefault(table, set())
+            noted = found.values.setdefault(table, {})
             for written in writes:
                 before = len(noted)
-                noted.update(zip(written[1], written[0], strict=True) if isinstance(written, tuple) else written)
+                keys = written.keys
+                pairs = zip(keys[1], keys[0], strict=True) if isinstance(keys, tuple) else keys
+                if written.values is None:
+                    noted.update(zip(pairs, repeat(None)))
+                    groups = keys[1] if isinstance(keys, tuple) else map(_KEY_GROUP, keys)
+                    found.unread.setdefault(table, set()).update(groups)
+                else:
+                    noted.update(zip(pairs, written.values, strict=True))
                 count += len(noted) - before
                 if count >= most:
                     return None
-    return keys
+    return found
 
 
-def by_key_group(keys: dict[str, set[tuple[int, bytes]]]) -> dict[str, dict[int, list[bytes]]]:
-    """Per table and key group, the primaries of ``keys`` in byte order."""
-    grouped: dict[str, dict[int, list[bytes]]] = {}
-    for table, noted in keys.items():
-        by_group: dict[int, list[bytes]] = {}
-        for kg, primary in noted:
-            by_group.setdefault(kg, []).append(primary)
-        for primaries in by_group.values():
-            primaries.sort()
+def by_key_group(changed: Changed) -> dict[str, dict[int, dict[bytes, bytes | None]]]:
+    """Per table and key group, the changed primaries of ``changed`` and their values."""
+    grouped: dict[str, dict[int, dict[bytes, bytes | None]]] = {}
+    for table, noted in changed.values.items():
+        by_group: dict[int, dict[bytes, bytes | None]] = {}
+        for (kg, primary), value in noted.items():
+            group = by_group.get(kg)
+            if group is None:
+                group = by_group[kg] = {}
+            group[primary] = value
         grouped[table] = by_group
     return grouped

@@ -319,6 +319,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
 
         def body() -> SnapshotResult:
             changed, reason, rewritten = None, why, whole
+            unread: dict[str, set[int]] = {}
             if segments is not None and kept is not None:
                 state_keys = view.key_count()
                 reason = "half the state's keys or more changed"
@@ -327,10 +328,11 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if noted_rows(segments) < REWRITES * state_keys:
                     keys = union(segments, max(1, int(BASE_SHARE * state_keys)))
                     changed = None if keys is None else by_key_group(keys)
+                    unread = {} if keys is None else keys.unread
                 if changed is not None:
                     counts = collections.Counter[int]()
                     for by_group in changed.values():
-                        counts.update({kg: len(primaries) for kg, primaries in by_group.items()})
+                        counts.update({kg: len(group) for kg, group in by_group.items()})
                     held = _outside(kept, whole)
                     rewritten = whole | rebased(held, job.key_group_range, counts, state_keys, self.delta_weight)
                     if len(rewritten) == len(job.key_group_range):
@@ -343,7 +345,7 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 if changed is None:
                     written = write_key_groups(view, out, header, ctx.codec, now_ms, ctx.cancel.is_set)
                 else:
-                    records = delta_records(view, changed, header, rewritten)
+                    records = delta_records(view, changed, header, rewritten, unread)
                     written = write_sections(out, header, ctx.codec, now_ms, ctx.cancel.is_set, records)
             ctx.check_cancelled()
             operator = write_operator_state(ctx, OperatorSnapshot.from_view(view))

@@ -79,24 +79,32 @@ class ChangedKeys(Protocol):
 
 def delta_records(
     view: ChangedKeys,
-    changed: Mapping[str, Mapping[int, Sequence[bytes]]],
+    changed: Mapping[str, Mapping[int, Mapping[bytes, bytes | None]]],
     header: SnapshotHeader,
     whole: Set[int] = frozenset(),
+    unread: Mapping[str, Set[int]] | None = None,
 ) -> Records:
     """The records of a changelog delta (:mod:`statehouse.snapshots.changelog`) for
     :func:`write_sections`: per table and key group, each changed primary in byte order with its
-    entries as ``view`` holds them, and a reset record ``[table id, primary]`` first where it has
-    none (or may have none once TTL's cleanup drops its expired entries). The key groups of
-    ``whole`` are written whole instead, as a base writes them: a chain begins there."""
+    entries, and a reset record ``[table id, primary]`` first where it has none (or may have none
+    once TTL's cleanup drops its expired entries). A flat table's value is the one ``changed``
+    gives (``None``: none), but in the key groups ``unread`` names per table, whose values
+    ``view`` holds; a nested table's entries are ``view``'s. The key groups of ``whole`` are
+    written whole instead, as a base writes them: a chain begins there."""
+    unread = unread or {}
 
     def records(table_id: int, table: str, kg: int, reset: bool) -> list[Record]:
         if kg in whole:
             return _scanned(view, table_id, table, kg)
-        primaries = changed.get(table, {}).get(kg)
-        if not primaries:
+        group = changed.get(table, {}).get(kg)
+        if not group:
             return []
+        primaries = sorted(group)
         if not header.tables[table]:
-            values = view.values(table, kg, primaries)
+            if kg in unread.get(table, ()):
+                values = view.values(table, kg, primaries)
+            else:
+                values = list(map(group.__getitem__, primaries))
             if reset:
                 return [r for p, v in zip(primaries, values, strict=True) for r in _reset_and_value(table_id, p, v)]
             pairs = zip(primaries, values, strict=True)

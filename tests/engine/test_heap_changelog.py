@@ -11,7 +11,9 @@ import random
 import pytest
 
 from statehouse.backends.catalog import JobCatalog
+from statehouse.backends.heap import changes as heap_changes
 from statehouse.backends.heap import snapshot as heap_snapshot
+from statehouse.backends.heap.partition import HeapFrozenView
 from statehouse.backends.heap.store import HeapStore
 from statehouse.backends.rocksdb.store import RocksDBStore
 from statehouse.protocol.keygroups import KeyGroupRange
@@ -156,6 +158,36 @@ def test_every_completed_checkpoint_restores_what_was_frozen(
         split.update(dump(half.get("orders")))
         half.close()
     assert _unexpired(split, frozen[last][2]) == frozen[last][0]
+    catalog.close()
+
+
+@pytest.mark.parametrize("bound", [None, 100, 0], ids=["values kept", "some kept", "none kept"])
+def test_a_delta_takes_the_values_its_log_kept(make_manager, tmp_path, clock, monkeypatch, bound):
+    """A delta takes a flat table's changed values from the change log while the values it keeps
+    stay within their byte bound, and past it from the frozen view: the view is read for no flat
+    key when every write's values were kept (the single-key writes and the columnar ones alike),
+    and either way every completed checkpoint restores what was frozen."""
+    if bound is not None:
+        monkeypatch.setattr(heap_changes, "MAX_NOTED_VALUE_BYTES", bound)
+    read = []
+    values = HeapFrozenView.values
+    monkeypatch.setattr(HeapFrozenView, "values", lambda view, *args: read.append(args) or values(view, *args))
+    rng = random.Random(7)
+    storage = open_storage(str(tmp_path / "cp"))
+    catalog, job = _job(clock)
+    manager = make_manager(catalog, storage, num_retained=100)
+    frozen = {}
+    for checkpoint_id in range(1, 9):
+        _writes(job, rng, 40)
+        frozen[checkpoint_id] = (_unexpired(dump(job), clock.now_ms()), clock.now_ms())
+        _checkpoint(manager, checkpoint_id)
+    assert sum(len(chain.deltas) for chain in _keyed(manager, 8).chains) > 0, "no checkpoint wrote a delta"
+    assert (not read) if bound is None else read
+    for checkpoint_id, (expected, then) in frozen.items():
+        fresh = JobCatalog(HeapStore(), clock=clock)
+        make_manager(fresh, storage).restore("orders", checkpoint_id)
+        assert _unexpired(dump(fresh.get("orders")), then) == expected, f"checkpoint {checkpoint_id}"
+        fresh.close()
     catalog.close()
 
 
