@@ -68,6 +68,17 @@ def _free_base_port() -> int:
     raise RuntimeError("no free ports for SeaweedFS")
 
 
+def s3_env(endpoint: str, prefix: str, bucket: str = BUCKET) -> dict[str, str]:
+    """The settings that point a Statehouse replica at SeaweedFS S3 on ``endpoint``, under ``prefix``."""
+    return {
+        "STATEHOUSE_CHECKPOINT_DIR": f"s3://{bucket}/{prefix}",
+        "STATEHOUSE_S3_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
 class SeaweedS3:
     def __init__(self, binary: str) -> None:
         self.binary = binary
