@@ -5,9 +5,9 @@ that changed since the last *completed* checkpoint. The partition notes the key 
 here, and a flat table's write its values too (the delta then takes a key's last value from
 the log, not from the frozen dicts: cache misses at millions of keys); each checkpoint's freeze
 *cuts* the log (under the job's lock, so every write is either before the cut and in the frozen
-view, or after it and in the next segment). A checkpoint that
-builds on checkpoint P takes every segment cut after P's: a failed or aborted checkpoint in
-between costs nothing, its keys are in the next delta. Noting more than changed is harmless
+view, or after it and in the next segment). A checkpoint that builds on checkpoint P takes every
+segment cut after P's: a failed or aborted checkpoint in between costs nothing, its keys are in
+the next delta. Noting more than changed is harmless
 (a delta carries each key's current content); noting less would lose a write, so a change the
 log cannot follow key by key (a table dropped, a close, a restore's bulk load) *loses* it, and the
 next checkpoint writes a full base; key groups dropped or loaded whole (a live rescale's) are noted
@@ -17,7 +17,7 @@ as such, and a checkpoint whose range holds one of them writes a base too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
@@ -186,7 +186,7 @@ class ChangeLog:
         self._cuts = {c for c in self._cuts if c >= kept}
         kept_segments = [*(segment for _c, segment in self._segments), self._current]
         self._noted = noted_rows(kept_segments)
-        self._value_bytes = sum(w.value_bytes for seg in kept_segments for ws in seg.keys.values() for w in ws)
+        self._value_bytes = sum(w.value_bytes for w in _writes(kept_segments))
         return [segment for c, segment in self._segments if c > cut]
 
 
@@ -194,9 +194,13 @@ def _rows(keys: Keys) -> int:
     return len(keys[0]) if isinstance(keys, tuple) else len(keys)
 
 
+def _writes(segments: list[Segment]) -> Iterator[Written]:
+    return (w for segment in segments for writes in segment.keys.values() for w in writes)
+
+
 def noted_rows(segments: list[Segment]) -> int:
     """The rows written in ``segments``, repeats counted (no merge)."""
-    return sum(_rows(w.keys) for segment in segments for writes in segment.keys.values() for w in writes)
+    return sum(_rows(w.keys) for w in _writes(segments))
 
 
 def replaced_whole(segments: list[Segment]) -> set[int]:

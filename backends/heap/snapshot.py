@@ -327,8 +327,8 @@ class ChangelogSnapshotStrategy(JobStrategy):
                 # cheaper than the batch was anyway; no need to merge the keys to know.
                 if noted_rows(segments) < REWRITES * state_keys:
                     keys = union(segments, max(1, int(BASE_SHARE * state_keys)))
-                    changed = None if keys is None else by_key_group(keys)
-                    unread = {} if keys is None else keys.unread
+                    if keys is not None:
+                        changed, unread = by_key_group(keys), keys.unread
                 if changed is not None:
                     counts = collections.Counter[int]()
                     for by_group in changed.values():

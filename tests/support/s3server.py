@@ -103,9 +103,10 @@ class SeaweedS3:
         """Start it (again, with its files) and wait until it stores an object. A process that
         exits before (a port it binds still held by the one just killed) is started again."""
         for attempt in range(3):
+            if attempt:
+                time.sleep(attempt)  # the ports the exited process held, let go
             if self._started(deadline=time.monotonic() + 60):
                 return
-            time.sleep(1 + attempt)
         raise RuntimeError(f"SeaweedFS S3 exited three times before it came up on {self.endpoint}: {self._tail()}")
 
     def _started(self, deadline: float) -> bool:
